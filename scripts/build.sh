@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Configures and builds with the default preset (build/, executables in build/bin/).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CCACHE_DIR="${CCACHE_DIR:-$HOME/.ccache}"
+cmake --preset default >/dev/null
+cmake --build --preset default -j "$(nproc)"

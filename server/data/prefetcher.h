@@ -1,0 +1,20 @@
+// Reads a source ahead on a background thread, so the forward pass does not wait on I/O
+// (or on decoding) when it need not.
+#pragma once
+
+#include <memory>
+
+#include "server/data/batch_source.h"
+
+namespace recal::data {
+
+// Wraps `inner` so that up to `depth` batches (at least 1) are read ahead on one
+// background thread. Results come out in order, errors included: the first error (or
+// the end of the data) is returned at its place in the sequence and again on every later
+// call, and the background thread stops there. Destroying the wrapper early stops the
+// thread after at most the one inner Next() call in progress; nothing leaks. Exceptions
+// thrown by `inner` become INTERNAL errors. num_samples() and Describe() are taken from
+// `inner` once, up front, so they never race with the thread.
+std::unique_ptr<BatchSource> Prefetched(std::unique_ptr<BatchSource> inner, int depth);
+
+}  // namespace recal::data

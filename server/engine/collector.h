@@ -1,0 +1,70 @@
+// Collects BatchNorm statistics for one recalibration. The rewritten graph calls Observe()
+// in place of every aten::batch_norm; each job has its own collector.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <c10/util/Optional.h>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/status.h"
+#include "server/engine/layer_stats.h"
+
+namespace recal::engine {
+
+struct Layer {
+  std::string name;      // module path ("layer1.0.bn1"), or the running-mean key for functional BN
+  std::string mean_key;  // state_dict keys of the buffers
+  std::string var_key;
+  int64_t channels = 0;
+  bool excluded = false;
+  int64_t calls = 0;          // executions, excluded layers included
+  int64_t refined_calls = 0;  // executions whose statistics were recomputed in float64
+  LayerStats stats;
+};
+
+class Collector {
+ public:
+  // `buffer_names`: every buffer of the observed module by its data pointer; only running
+  // statistics that are buffers can be written back. `included(name)` picks the layers.
+  Collector(std::unordered_map<const void*, std::string> buffer_names,
+            std::function<bool(const std::string&)> included);
+
+  // Layers known before running (modules with running_mean and running_var buffers), so
+  // that a layer forward never reaches is reported as unused.
+  void DeclareLayer(const at::Tensor& running_mean, const at::Tensor& running_var);
+
+  at::Tensor Observe(const at::Tensor& input, const c10::optional<at::Tensor>& weight,
+                     const c10::optional<at::Tensor>& bias, const at::Tensor& running_mean,
+                     const at::Tensor& running_var, bool training, double momentum, double eps,
+                     bool cudnn_enabled);
+
+  // Names the batch in errors about non-finite activations.
+  void set_batch_index(int64_t index) { batch_index_ = index; }
+  // The first non-finite activation seen, with its layer and batch.
+  absl::Status failure() const;
+
+  // Layers in the order they were declared or first seen.
+  const std::vector<std::unique_ptr<Layer>>& layers() const { return layers_; }
+
+ private:
+  Layer* FindOrAddLayer(const at::Tensor& running_mean, const at::Tensor& running_var);
+
+  std::unordered_map<const void*, std::string> buffer_names_;
+  std::function<bool(const std::string&)> included_;
+  mutable std::mutex mu_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::unordered_map<const void*, Layer*> by_mean_buffer_;
+  std::atomic<int64_t> batch_index_{0};
+  absl::Status failure_;
+};
+
+}  // namespace recal::engine

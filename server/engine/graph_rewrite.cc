@@ -1,0 +1,117 @@
+#include "server/engine/graph_rewrite.h"
+
+#include <functional>
+#include <set>
+
+#include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/passes/inliner.h>
+
+#include "absl/strings/str_cat.h"
+#include "server/engine/observed_batch_norm.h"
+
+namespace recal::engine {
+namespace {
+
+using torch::jit::Block;
+using torch::jit::Graph;
+using torch::jit::Node;
+
+// Visits every node, nested blocks first; safe against the visitor destroying the node.
+void ForEachNode(Block* block, const std::function<void(Node*)>& visit) {
+  for (auto it = block->nodes().begin(); it != block->nodes().end();) {
+    Node* node = *it++;
+    for (Block* inner : node->blocks()) ForEachNode(inner, visit);
+    visit(node);
+  }
+}
+
+bool IsDropoutLike(const Node* node) {
+  static const std::set<std::string> kinds = {
+      "aten::dropout",        "aten::dropout_",        "aten::feature_dropout",
+      "aten::feature_dropout_", "aten::alpha_dropout", "aten::alpha_dropout_",
+      "aten::feature_alpha_dropout", "aten::feature_alpha_dropout_"};
+  return kinds.count(node->kind().toQualString()) > 0;
+}
+
+void ReplaceBatchNorm(Graph& graph, Node* node, int64_t collector) {
+  torch::jit::WithInsertPoint guard(node);
+  std::vector<torch::jit::NamedValue> args(node->inputs().begin(), node->inputs().end());
+  args.emplace_back(c10::IValue(collector));
+  torch::jit::Value* observed =
+      graph.insert(c10::Symbol::fromQualString(kObservedBatchNormOp), args);
+  observed->setType(node->output()->type());
+  node->output()->replaceAllUsesWith(observed);
+  node->destroy();
+}
+
+}  // namespace
+
+absl::StatusOr<RewriteCounts> InstrumentForward(torch::jit::Module& module, int64_t collector,
+                                                v1::ModuleMode mode) {
+  if (!module.find_method("forward")) {
+    return absl::InvalidArgumentError("the model has no forward method");
+  }
+  std::shared_ptr<Graph> graph = module.get_method("forward").graph();
+  torch::jit::Inline(*graph);
+
+  std::vector<Node*> batch_norms;
+  RewriteCounts counts;
+  const bool fix_dropout = mode == v1::EVAL || mode == v1::TRAIN;
+  bool frozen_statistics = false;
+  ForEachNode(graph->block(), [&](Node* node) {
+    if (node->kind() == c10::Symbol::fromQualString("aten::batch_norm")) {
+      // Inputs: input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn.
+      if (node->input(3)->node()->kind() == c10::prim::Constant &&
+          node->input(3)->type()->kind() == c10::TypeKind::TensorType) {
+        frozen_statistics = true;
+      }
+      batch_norms.push_back(node);
+    } else if (fix_dropout && IsDropoutLike(node)) {
+      torch::jit::WithInsertPoint guard(node);
+      node->replaceInput(2, graph->insertConstant(mode == v1::TRAIN));
+      ++counts.dropouts;
+    }
+  });
+  if (batch_norms.empty()) {
+    return absl::InvalidArgumentError(
+        "the model's forward has no BatchNorm (no aten::batch_norm after inlining); a frozen or "
+        "optimized-for-inference model has its BatchNorm folded into convolutions: export the "
+        "model before torch.jit.freeze");
+  }
+  if (frozen_statistics) {
+    return absl::InvalidArgumentError(
+        "the model's BatchNorm statistics are constants, not buffers (a frozen model, "
+        "torch.jit.freeze): they cannot be written back; export the model before freezing");
+  }
+  for (Node* node : batch_norms) ReplaceBatchNorm(*graph, node, collector);
+  counts.batch_norms = static_cast<int>(batch_norms.size());
+  return counts;
+}
+
+std::vector<std::string> RecalOpsIn(const torch::jit::Module& module) {
+  std::set<std::string> found;
+  std::set<const torch::jit::Function*> seen;
+  std::function<void(Block*)> scan = [&](Block* block) {
+    ForEachNode(block, [&](Node* node) {
+      if (node->kind().is_aten() || node->kind().is_prim()) {
+        if (node->kind() == c10::prim::CallFunction) {
+          // Free functions reached from methods are compiled into the archive too.
+          auto fn_type = node->input(0)->type()->cast<c10::FunctionType>();
+          if (fn_type && seen.insert(fn_type->function()).second) {
+            scan(torch::jit::toGraphFunction(*fn_type->function()).graph()->block());
+          }
+        }
+        return;
+      }
+      if (node->kind().ns().toUnqualString() == std::string(kRecalOpNamespace)) {
+        found.insert(node->kind().toQualString());
+      }
+    });
+  };
+  for (const auto& sub : module.modules()) {
+    for (const auto& method : sub.get_methods()) scan(method.graph()->block());
+  }
+  return {found.begin(), found.end()};
+}
+
+}  // namespace recal::engine

@@ -1,0 +1,30 @@
+// Instruments a loaded TorchScript module so that every BatchNorm reports to a Collector.
+#pragma once
+
+#include <cstdint>
+
+#include <torch/script.h>
+
+#include "absl/status/statusor.h"
+#include "recal/v1/report.pb.h"
+
+namespace recal::engine {
+
+struct RewriteCounts {
+  int batch_norms = 0;  // aten::batch_norm nodes now calling recal::observed_batch_norm
+  int dropouts = 0;     // dropout-like nodes whose `train` argument was fixed by the mode
+};
+
+// Inlines `forward` and replaces each aten::batch_norm with recal::observed_batch_norm bound
+// to `collector`; with mode EVAL or TRAIN fixes the `train` argument of dropout-like nodes
+// (traced models bake the mode in as a constant). Must run before the first forward: an
+// executor built earlier would never see the rewrite. Fails if there is no BatchNorm, or if
+// its statistics are constants (a frozen model).
+absl::StatusOr<RewriteCounts> InstrumentForward(torch::jit::Module& module, int64_t collector,
+                                                v1::ModuleMode mode);
+
+// Names of Recal operators anywhere in the module's methods and their callees; a model to be
+// saved must have none.
+std::vector<std::string> RecalOpsIn(const torch::jit::Module& module);
+
+}  // namespace recal::engine

@@ -1,0 +1,39 @@
+// Everything accumulated for one BatchNorm layer, and the estimates made from it.
+#pragma once
+
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+
+#include "recal/v1/report.pb.h"
+#include "server/engine/moments.h"
+
+namespace recal::engine {
+
+class LayerStats {
+ public:
+  // One execution of the layer: n elements per channel (numel / C), with that call's
+  // float64 mean and biased (population) variance per channel.
+  void AddCall(int64_t n, const at::Tensor& mean, const at::Tensor& biased_var);
+  // Exact for any split of the calls between two accumulators.
+  void Merge(const LayerStats& other);
+
+  int64_t calls() const { return static_cast<int64_t>(call_means_.count()); }
+  int64_t samples() const { return static_cast<int64_t>(population_.count()); }
+
+  // The new running statistics (float64, [C]); only when calls() > 0.
+  at::Tensor mean(v1::Estimator estimator) const;
+  at::Tensor var(v1::Estimator estimator) const;
+
+  // Largest standard error over channels, relative to the channel's std (for the mean) or
+  // variance (for the variance), from the spread of per-call statistics. Infinite with
+  // fewer than two calls. Channels with zero variance are left out.
+  double RelStdError() const;
+
+ private:
+  Moments population_;  // every element counts once
+  Moments call_means_;  // one value per call: its mean
+  Moments call_vars_;   // one value per call: its unbiased variance
+};
+
+}  // namespace recal::engine

@@ -1,0 +1,28 @@
+#include "server/engine/moments.h"
+
+#include <ATen/ATen.h>
+
+namespace recal::engine {
+
+void Moments::Add(double count, const at::Tensor& mean, const at::Tensor& m2) {
+  if (count <= 0) return;
+  if (count_ == 0) {
+    count_ = count;
+    mean_ = mean.to(at::kDouble, /*non_blocking=*/false, /*copy=*/true);
+    m2_ = m2.to(at::kDouble, /*non_blocking=*/false, /*copy=*/true);
+    return;
+  }
+  const double total = count_ + count;
+  at::Tensor delta = mean - mean_;
+  mean_.add_(delta, count / total);
+  m2_.add_(m2).add_(delta.square_(), count_ * count / total);
+  count_ = total;
+}
+
+void Moments::Merge(const Moments& other) { Add(other.count_, other.mean_, other.m2_); }
+
+at::Tensor Moments::population_variance() const { return m2_ / count_; }
+
+at::Tensor Moments::sample_variance() const { return m2_ / (count_ - 1); }
+
+}  // namespace recal::engine

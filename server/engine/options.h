@@ -1,0 +1,35 @@
+// What a caller can choose about one recalibration.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "recal/v1/report.pb.h"
+
+namespace recal::engine {
+
+struct Options {
+  v1::Estimator estimator = v1::POPULATION;
+  v1::ModuleMode modules = v1::EVAL;
+  // Layers (module paths, e.g. "layer1.0.bn1") to recalibrate: those matching `include`
+  // (empty = all) and not matching `exclude` (empty = none). ECMAScript regular
+  // expressions, searched anywhere in the name (as Python's re.search).
+  std::string include;
+  std::string exclude;
+  // Batches to use. Unset: up to kDefaultMaxBatches, fewer if the data ends first. Set: the
+  // data must have that many unless allow_short_data.
+  std::optional<int64_t> max_batches;
+  bool allow_short_data = false;
+  // Stop once every layer's statistics have this relative standard error (0 = never),
+  // judged after at least min_batches_for_target batches.
+  double target_rel_error = 0;
+  int64_t min_batches_for_target = 10;
+  std::string device = "cpu";  // "cpu" or "cuda:N"
+  int threads = 0;             // intra-op threads; 0 = LibTorch's default
+};
+
+// fvcore's default number of batches for precise BN.
+inline constexpr int64_t kDefaultMaxBatches = 200;
+
+}  // namespace recal::engine

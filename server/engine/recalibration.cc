@@ -1,0 +1,309 @@
+#include "server/engine/recalibration.h"
+
+#include <chrono>
+#include <regex>
+#include <sstream>
+#include <unordered_map>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/script.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/atomic_file.h"
+#include "server/engine/collector.h"
+#include "server/engine/graph_rewrite.h"
+#include "server/engine/report.h"
+#include "server/engine/torch_error.h"
+#include "server/formats/safetensors.h"
+
+namespace recal::engine {
+namespace {
+
+absl::StatusOr<c10::Device> ParseDevice(const std::string& name) {
+  try {
+    c10::Device device(name);
+    if (device.is_cuda() && !at::hasCUDA()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("device ", name, " requested, but this LibTorch build has no CUDA"));
+    }
+    if (!device.is_cpu() && !device.is_cuda()) {
+      return absl::InvalidArgumentError(absl::StrCat("device ", name, ": use cpu or cuda:N"));
+    }
+    return device;
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("bad device '", name, "': use cpu or cuda:N"));
+  }
+}
+
+absl::StatusOr<std::function<bool(const std::string&)>> LayerFilter(const Options& options) {
+  try {
+    auto include = std::make_shared<std::regex>(options.include);
+    auto exclude = std::make_shared<std::regex>(options.exclude);
+    const bool any_include = !options.include.empty();
+    const bool any_exclude = !options.exclude.empty();
+    return [=](const std::string& name) {
+      return (!any_include || std::regex_search(name, *include)) &&
+             !(any_exclude && std::regex_search(name, *exclude));
+    };
+  } catch (const std::regex_error& e) {
+    return absl::InvalidArgumentError(absl::StrCat("bad --include/--exclude expression: ", e.what()));
+  }
+}
+
+absl::StatusOr<torch::jit::Module> LoadArchive(const std::string& path, const c10::Device& device) {
+  try {
+    return torch::jit::load(path, device);
+  } catch (const std::exception& e) {
+    return TorchErrorStatus(absl::StrCat("cannot load TorchScript archive ", path), e);
+  }
+}
+
+// The tensor attribute at a state_dict key ("layer1.0.bn1.running_mean") of `module`.
+absl::StatusOr<at::Tensor> BufferAt(const torch::jit::Module& module, const std::string& key) {
+  std::vector<std::string> parts = absl::StrSplit(key, '.');
+  torch::jit::Module owner = module;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    if (!owner.hasattr(parts[i]) || !owner.attr(parts[i]).isModule()) {
+      return absl::InternalError(absl::StrCat("no submodule ", parts[i], " on the way to ", key));
+    }
+    owner = owner.attr(parts[i]).toModule();
+  }
+  if (!owner.hasattr(parts.back()) || !owner.attr(parts.back()).isTensor()) {
+    return absl::InternalError(absl::StrCat("no tensor ", key, " in the model"));
+  }
+  return owner.attr(parts.back()).toTensor();
+}
+
+double Seconds(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
+
+}  // namespace
+
+Recalibration::Recalibration(std::string model_path, Options options)
+    : model_path_(std::move(model_path)), options_(std::move(options)) {}
+
+Recalibration::~Recalibration() = default;
+
+absl::StatusOr<std::unique_ptr<Recalibration>> Recalibration::Create(const std::string& model_path,
+                                                                     const Options& options) {
+  auto device = ParseDevice(options.device);
+  if (!device.ok()) return device.status();
+  auto included = LayerFilter(options);
+  if (!included.ok()) return included.status();
+  if (options.max_batches && *options.max_batches < 1) {
+    return absl::InvalidArgumentError("max_batches must be at least 1");
+  }
+  if (options.target_rel_error < 0) {
+    return absl::InvalidArgumentError("target_rel_error must not be negative");
+  }
+  if (options.threads > 0) at::set_num_threads(options.threads);
+
+  std::unique_ptr<Recalibration> run(new Recalibration(model_path, options));
+  run->device_ = *device;
+  auto module = LoadArchive(model_path, *device);
+  if (!module.ok()) return module.status();
+  run->observed_ = std::make_unique<torch::jit::Module>(std::move(*module));
+  torch::jit::Module& observed = *run->observed_;
+
+  if (options.modules == v1::EVAL) observed.eval();
+  if (options.modules == v1::TRAIN) observed.train(true);
+
+  std::unordered_map<const void*, std::string> buffer_names;
+  for (const auto& buffer : observed.named_buffers(/*recurse=*/true)) {
+    buffer_names.emplace(buffer.value.data_ptr(), buffer.name);
+  }
+  run->collector_ = std::make_unique<Collector>(std::move(buffer_names), *included);
+  for (const auto& sub : observed.named_modules()) {
+    const torch::jit::Module& m = sub.value;
+    if (m.hasattr("running_mean") && m.hasattr("running_var") && m.attr("running_mean").isTensor() &&
+        m.attr("running_var").isTensor()) {
+      run->collector_->DeclareLayer(m.attr("running_mean").toTensor(),
+                                    m.attr("running_var").toTensor());
+    }
+  }
+  try {
+    auto counts = InstrumentForward(observed, reinterpret_cast<int64_t>(run->collector_.get()),
+                                    options.modules);
+    if (!counts.ok()) return counts.status();
+  } catch (const std::exception& e) {
+    return TorchErrorStatus("cannot instrument the model's BatchNorm layers", e);
+  }
+  return run;
+}
+
+absl::Status Recalibration::Feed(const std::vector<at::Tensor>& inputs) {
+  const auto start = std::chrono::steady_clock::now();
+  if (inputs.empty() || inputs[0].dim() == 0) {
+    return absl::InvalidArgumentError("a batch needs at least one input with a batch dimension");
+  }
+  collector_->set_batch_index(batches_);
+  std::vector<c10::IValue> args;
+  args.reserve(inputs.size());
+  for (const at::Tensor& input : inputs) args.emplace_back(input.to(device_));
+  try {
+    at::NoGradGuard no_grad;
+    observed_->forward(std::move(args));
+  } catch (const std::exception& e) {
+    absl::Status failure = collector_->failure();
+    if (!failure.ok()) return failure;
+    return TorchErrorStatus(absl::StrCat("forward failed on batch ", batches_), e);
+  }
+  ++batches_;
+  samples_ += inputs[0].size(0);
+  seconds_ += Seconds(start);
+  return absl::OkStatus();
+}
+
+double Recalibration::RelStdError() const {
+  double worst = 0;
+  for (const auto& layer : collector_->layers()) {
+    if (layer->excluded || layer->stats.calls() == 0) continue;
+    worst = std::max(worst, layer->stats.RelStdError());
+  }
+  return worst;
+}
+
+absl::Status Recalibration::Run(const NextBatchFn& next_batch,
+                                const std::function<void(const Progress&)>& on_progress,
+                                const std::atomic<bool>* cancelled) {
+  const int64_t limit = options_.max_batches.value_or(kDefaultMaxBatches);
+  const bool check_precision = options_.target_rel_error > 0;
+  while (batches_ < limit) {
+    if (cancelled && cancelled->load()) return absl::CancelledError("cancelled");
+    auto batch = next_batch();
+    if (!batch.ok()) return batch.status();
+    if (!*batch) {
+      if (options_.max_batches && !options_.allow_short_data) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the data has only ", batches_, " batches (", samples_, " samples), fewer than "
+            "max_batches=", limit, "; ask for fewer batches or allow short data to use what there is"));
+      }
+      break;
+    }
+    if (absl::Status fed = Feed(**batch); !fed.ok()) return fed;
+    const bool judge = check_precision && batches_ >= options_.min_batches_for_target;
+    const double rel = (judge || on_progress) ? RelStdError() : 0;
+    if (on_progress) on_progress({batches_, samples_, limit, seconds_, rel});
+    if (judge && rel <= options_.target_rel_error) {
+      stopped_early_ = batches_ < limit;
+      break;
+    }
+  }
+  if (batches_ == 0) return absl::InvalidArgumentError("the data has no samples");
+  bool any_ran = false, any_recalibrated = false;
+  for (const auto& layer : collector_->layers()) {
+    any_ran |= layer->calls > 0;
+    any_recalibrated |= layer->stats.calls() > 0;
+  }
+  if (!any_ran) {
+    return absl::InvalidArgumentError(
+        "no BatchNorm layer with running statistics ran in any forward pass");
+  }
+  if (!any_recalibrated) {
+    return absl::InvalidArgumentError("every BatchNorm layer that ran is left out by include/exclude");
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Recalibration::FinalBuffers() const {
+  std::vector<std::pair<std::string, at::Tensor>> buffers;
+  for (const auto& layer : collector_->layers()) {
+    auto old_mean = BufferAt(*observed_, layer->mean_key);
+    auto old_var = BufferAt(*observed_, layer->var_key);
+    if (!old_mean.ok() || !old_var.ok()) continue;
+    if (layer->excluded || layer->stats.calls() == 0) {
+      buffers.emplace_back(layer->mean_key, old_mean->cpu());
+      buffers.emplace_back(layer->var_key, old_var->cpu());
+    } else {
+      buffers.emplace_back(layer->mean_key,
+                           layer->stats.mean(options_.estimator).to(old_mean->scalar_type()).cpu());
+      buffers.emplace_back(layer->var_key,
+                           layer->stats.var(options_.estimator).to(old_var->scalar_type()).cpu());
+    }
+  }
+  return buffers;
+}
+
+absl::Status Recalibration::WriteModel(const std::string& path) const {
+  // A second, never rewritten copy: the observed one calls recal:: operators that nobody
+  // else can load, and clone() would share its compilation unit.
+  auto target = LoadArchive(model_path_, c10::Device(c10::kCPU));
+  if (!target.ok()) return target.status();
+  {
+    at::NoGradGuard no_grad;
+    for (const auto& [key, value] : FinalBuffers()) {
+      auto buffer = BufferAt(*target, key);
+      if (!buffer.ok()) return buffer.status();
+      buffer->copy_(value);
+    }
+  }
+  std::vector<std::string> recal_ops = RecalOpsIn(*target);
+  if (!recal_ops.empty()) {
+    return absl::InternalError(absl::StrCat("refusing to save a model that calls ",
+                                            absl::StrJoin(recal_ops, ", ")));
+  }
+  std::ostringstream bytes;
+  try {
+    target->save(bytes);
+    std::istringstream reread(bytes.str());
+    torch::jit::Module reloaded = torch::jit::load(reread);
+    for (const auto& [key, value] : FinalBuffers()) {
+      auto buffer = BufferAt(reloaded, key);
+      if (!buffer.ok() || !buffer->equal(value)) {
+        return absl::InternalError(absl::StrCat("the saved model does not hold the new ", key));
+      }
+    }
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("the recalibrated model does not save and reload: ",
+                                            TorchErrorLine(e)));
+  }
+  return WriteFileAtomically(path, bytes.str());
+}
+
+absl::Status Recalibration::WriteBatchNormBuffers(const std::string& path) const {
+  std::vector<std::pair<std::string, at::Tensor>> buffers = FinalBuffers();
+  std::vector<formats::SafetensorsEntry> entries;
+  for (auto& [key, value] : buffers) {
+    value = value.contiguous();
+    // Running statistics are floating point; write them in their own precision.
+    const char* dtype = value.scalar_type() == at::kDouble ? "F64"
+                        : value.scalar_type() == at::kHalf ? "F16"
+                        : value.scalar_type() == at::kBFloat16 ? "BF16" : "F32";
+    if (value.scalar_type() != at::kFloat && std::string(dtype) == "F32") value = value.to(at::kFloat);
+    entries.push_back({key, dtype, value.sizes().vec(),
+                       absl::string_view(static_cast<const char*>(value.data_ptr()),
+                                         value.numel() * value.element_size())});
+  }
+  return formats::WriteSafetensors(path, entries, {{"format", "pt"}, {"producer", "recal"}});
+}
+
+v1::RunReport Recalibration::Report() const {
+  v1::RunReport report;
+  report.set_model(model_path_);
+  report.set_estimator(options_.estimator);
+  report.set_modules(options_.modules);
+  report.set_device(options_.device);
+  report.set_batches(batches_);
+  report.set_samples(samples_);
+  report.set_stopped_early(stopped_early_);
+  report.set_seconds(seconds_);
+  report.set_samples_per_second(seconds_ > 0 ? samples_ / seconds_ : 0);
+  for (const auto& layer : collector_->layers()) {
+    auto old_mean = BufferAt(*observed_, layer->mean_key);
+    auto old_var = BufferAt(*observed_, layer->var_key);
+    if (!old_mean.ok() || !old_var.ok()) continue;
+    v1::LayerReport* out = report.add_layers();
+    DescribeLayer(*layer, *old_mean, *old_var, options_.estimator, batches_, out);
+    if (!out->used()) report.add_unused_layers(layer->name);
+    if (out->used() && !out->excluded()) {
+      report.set_layers_recalibrated(report.layers_recalibrated() + 1);
+    }
+  }
+  return report;
+}
+
+}  // namespace recal::engine

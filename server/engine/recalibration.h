@@ -1,0 +1,88 @@
+// One recalibration: load a TorchScript model, feed it batches with every BatchNorm
+// normalising by batch statistics, and produce the model with exact population statistics,
+// the BatchNorm buffers alone, and a report. LibTorch only: no RPC, storage or job notions.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "recal/v1/report.pb.h"
+#include "server/engine/options.h"
+
+namespace torch::jit {
+struct Module;
+}
+
+namespace recal::engine {
+
+class Collector;
+
+// The next batch (its positional inputs), std::nullopt when the data has ended.
+using NextBatchFn = std::function<absl::StatusOr<std::optional<std::vector<at::Tensor>>>()>;
+
+struct Progress {
+  int64_t batches = 0;
+  int64_t samples = 0;
+  int64_t max_batches = 0;  // the most batches this run will use
+  double seconds = 0;
+  double rel_std_error = 0;  // worst layer so far (infinite before two batches)
+};
+
+class Recalibration {
+ public:
+  // Loads the archive at `model_path` and instruments a private copy of it.
+  static absl::StatusOr<std::unique_ptr<Recalibration>> Create(const std::string& model_path,
+                                                               const Options& options);
+  ~Recalibration();
+
+  // One forward pass over one batch, accumulating every BatchNorm's statistics.
+  absl::Status Feed(const std::vector<at::Tensor>& inputs);
+
+  // Feeds batches until the data ends, max_batches is reached or the statistics are precise
+  // enough (Options). `cancelled` is checked between batches.
+  absl::Status Run(const NextBatchFn& next_batch,
+                   const std::function<void(const Progress&)>& on_progress = nullptr,
+                   const std::atomic<bool>* cancelled = nullptr);
+
+  // Worst relative standard error over the layers recalibrated so far.
+  double RelStdError() const;
+
+  // Writes the original archive with the new statistics, atomically, after proving that the
+  // result loads and references no Recal operator.
+  absl::Status WriteModel(const std::string& path) const;
+  // The new running_mean / running_var of every BatchNorm layer, keyed as in state_dict().
+  absl::Status WriteBatchNormBuffers(const std::string& path) const;
+  // The report (the caller adds what it knows of the data: data, batch_size).
+  v1::RunReport Report() const;
+
+  int64_t batches() const { return batches_; }
+  int64_t samples() const { return samples_; }
+
+ private:
+  Recalibration(std::string model_path, Options options);
+  // Every layer's buffers after recalibration: new statistics where it was recalibrated,
+  // the stored ones where it was unused or excluded.
+  std::vector<std::pair<std::string, at::Tensor>> FinalBuffers() const;
+
+  std::string model_path_;
+  Options options_;
+  c10::Device device_{c10::kCPU};
+  std::unique_ptr<Collector> collector_;
+  std::unique_ptr<torch::jit::Module> observed_;
+  int64_t batches_ = 0;
+  int64_t samples_ = 0;
+  double seconds_ = 0;
+  bool stopped_early_ = false;
+};
+
+}  // namespace recal::engine

@@ -1,0 +1,169 @@
+// recal-run: the engine on local files, no server. Recalibrates one TorchScript model and
+// writes the model, the BatchNorm buffers and the report.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "server/data/batch_source.h"
+#include "server/data/prefetcher.h"
+#include "server/engine/recalibration.h"
+#include "server/engine/report.h"
+
+ABSL_FLAG(std::string, model, "", "TorchScript archive to recalibrate (torch.jit.save)");
+ABSL_FLAG(std::string, data, "",
+          "data spec: npy:PATH | safetensors:PATH[:key,key...] | torch:PATH | "
+          "synthetic:SHAPE[,seed=S] (SHAPE per sample, e.g. 3x224x224)");
+ABSL_FLAG(std::string, out, "", "where to write the recalibrated TorchScript archive");
+ABSL_FLAG(std::string, bn_out, "", "optional: the BatchNorm buffers alone, as .safetensors");
+ABSL_FLAG(std::string, report, "", "optional: the report, as JSON");
+ABSL_FLAG(int64_t, batch_size, 32, "samples per forward pass");
+ABSL_FLAG(int64_t, max_batches, 0,
+          "batches to use; 0: up to 200, fewer if the data ends first. A positive value must "
+          "be available unless --allow_short_data");
+ABSL_FLAG(bool, allow_short_data, false, "with --max_batches: use what there is if the data is shorter");
+ABSL_FLAG(std::string, estimator, "population",
+          "population (every sample weighs the same; exact) | batch_average (every batch "
+          "weighs the same, as PaddleVideo and torch.optim.swa_utils.update_bn)");
+ABSL_FLAG(std::string, modules, "eval",
+          "what non-BatchNorm modules do: eval | train | as_saved");
+ABSL_FLAG(std::string, include, "", "recalibrate only layers whose name matches this regex");
+ABSL_FLAG(std::string, exclude, "", "leave layers whose name matches this regex as they are");
+ABSL_FLAG(double, target_rel_error, 0,
+          "stop once every layer's statistics have this relative standard error (0: never)");
+ABSL_FLAG(std::string, device, "cpu", "cpu | cuda:N");
+ABSL_FLAG(int32_t, threads, 0, "intra-op threads (0: LibTorch's default)");
+ABSL_FLAG(int32_t, prefetch, 2, "batches read ahead on a background thread (0: none)");
+
+namespace {
+
+using recal::engine::Options;
+
+absl::StatusOr<Options> OptionsFromFlags() {
+  Options options;
+  const std::string estimator = absl::GetFlag(FLAGS_estimator);
+  if (estimator == "population") {
+    options.estimator = recal::v1::POPULATION;
+  } else if (estimator == "batch_average") {
+    options.estimator = recal::v1::BATCH_AVERAGE;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--estimator=", estimator, ": use population or batch_average"));
+  }
+  const std::string modules = absl::GetFlag(FLAGS_modules);
+  if (modules == "eval") {
+    options.modules = recal::v1::EVAL;
+  } else if (modules == "train") {
+    options.modules = recal::v1::TRAIN;
+  } else if (modules == "as_saved") {
+    options.modules = recal::v1::AS_SAVED;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("--modules=", modules, ": use eval, train or as_saved"));
+  }
+  options.include = absl::GetFlag(FLAGS_include);
+  options.exclude = absl::GetFlag(FLAGS_exclude);
+  if (absl::GetFlag(FLAGS_max_batches) < 0) return absl::InvalidArgumentError("--max_batches must be >= 0");
+  if (absl::GetFlag(FLAGS_max_batches) > 0) options.max_batches = absl::GetFlag(FLAGS_max_batches);
+  options.allow_short_data = absl::GetFlag(FLAGS_allow_short_data);
+  options.target_rel_error = absl::GetFlag(FLAGS_target_rel_error);
+  options.device = absl::GetFlag(FLAGS_device);
+  options.threads = absl::GetFlag(FLAGS_threads);
+  return options;
+}
+
+// Progress on stderr: a line per second at most, and one at the end.
+class ProgressPrinter {
+ public:
+  void operator()(const recal::engine::Progress& p) {
+    const auto now = std::chrono::steady_clock::now();
+    if (p.batches < p.max_batches && now - last_ < std::chrono::seconds(1)) return;
+    last_ = now;
+    std::string rel = std::isfinite(p.rel_std_error)
+                          ? absl::StrFormat("%.2g", p.rel_std_error) : std::string("-");
+    std::cerr << absl::StrFormat("recal-run: batch %d/%d  %d samples  %.1f samples/s  rel.err %s\n",
+                                 p.batches, p.max_batches, p.samples,
+                                 p.seconds > 0 ? p.samples / p.seconds : 0.0, rel);
+  }
+
+ private:
+  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+};
+
+absl::Status RunMain() {
+  const std::string model = absl::GetFlag(FLAGS_model);
+  const std::string data = absl::GetFlag(FLAGS_data);
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (model.empty() || data.empty() || out.empty()) {
+    return absl::InvalidArgumentError("--model, --data and --out are required (see --help)");
+  }
+  const int64_t batch_size = absl::GetFlag(FLAGS_batch_size);
+  if (batch_size < 1) return absl::InvalidArgumentError("--batch_size must be at least 1");
+  auto options = OptionsFromFlags();
+  if (!options.ok()) return options.status();
+
+  auto source = recal::data::OpenBatchSource(data, batch_size);
+  if (!source.ok()) return source.status();
+  const std::optional<int64_t> samples = (*source)->num_samples();
+  if (options->max_batches && samples && !options->allow_short_data &&
+      (*samples + batch_size - 1) / batch_size < *options->max_batches) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        (*source)->Describe(), " has ", *samples, " samples: ", (*samples + batch_size - 1) / batch_size,
+        " batches of ", batch_size, ", fewer than --max_batches=", *options->max_batches,
+        "; pass --allow_short_data to use what there is"));
+  }
+  std::cerr << "recal-run: data " << (*source)->Describe() << "\n";
+  std::unique_ptr<recal::data::BatchSource> batches =
+      absl::GetFlag(FLAGS_prefetch) > 0
+          ? recal::data::Prefetched(std::move(*source), absl::GetFlag(FLAGS_prefetch))
+          : std::move(*source);
+
+  auto run = recal::engine::Recalibration::Create(model, *options);
+  if (!run.ok()) return run.status();
+  ProgressPrinter progress;
+  absl::Status ran = (*run)->Run([&] { return batches->Next(); }, std::ref(progress));
+  if (!ran.ok()) return ran;
+
+  if (absl::Status s = (*run)->WriteModel(out); !s.ok()) return s;
+  if (const std::string bn_out = absl::GetFlag(FLAGS_bn_out); !bn_out.empty()) {
+    if (absl::Status s = (*run)->WriteBatchNormBuffers(bn_out); !s.ok()) return s;
+  }
+  recal::v1::RunReport report = (*run)->Report();
+  report.set_data(data);
+  report.set_batch_size(batch_size);
+  if (const std::string path = absl::GetFlag(FLAGS_report); !path.empty()) {
+    if (absl::Status s = recal::engine::WriteReportJson(path, report); !s.ok()) return s;
+  }
+  std::cerr << absl::StrFormat(
+      "recal-run: recalibrated %d BatchNorm layers (%d unused) from %d batches, %d samples, "
+      "in %.2f s; wrote %s\n",
+      report.layers_recalibrated(), report.unused_layers_size(), report.batches(), report.samples(),
+      report.seconds(), out);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "recalibrates the BatchNorm statistics of a TorchScript model on local data\n"
+      "  recal-run --model M.pt --data npy:X.npy --out OUT.pt [--bn_out BN.safetensors] "
+      "[--report R.json] [options]");
+  absl::ParseCommandLine(argc, argv);
+  absl::Status status = RunMain();
+  if (!status.ok()) {
+    std::string message(status.message());
+    for (char& c : message) if (c == '\n') c = ' ';
+    std::cerr << "recal-run: " << message << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,93 @@
+#include "server/data/data_spec.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace recal::data {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using Scheme = DataSpec::Scheme;
+
+std::string Message(const absl::Status& s) { return std::string(s.message()); }
+
+TEST(DataSpec, ParsesFileSchemes) {
+  absl::StatusOr<DataSpec> s = ParseDataSpec("npy:/data/x.npy");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->scheme, Scheme::kNpy);
+  EXPECT_EQ(s->path, "/data/x.npy");
+  s = ParseDataSpec("torch:rel/x.pt");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->scheme, Scheme::kTorch);
+  EXPECT_EQ(s->path, "rel/x.pt");
+}
+
+TEST(DataSpec, ParsesSafetensorsKeys) {
+  absl::StatusOr<DataSpec> s = ParseDataSpec("safetensors:/d/x.safetensors");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->path, "/d/x.safetensors");
+  EXPECT_TRUE(s->keys.empty());
+  s = ParseDataSpec("safetensors:/d/x.safetensors:images,labels");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->path, "/d/x.safetensors");
+  EXPECT_THAT(s->keys, ElementsAre("images", "labels"));
+}
+
+TEST(DataSpec, TrailingColonAllowsColonsInSafetensorsPath) {
+  absl::StatusOr<DataSpec> s = ParseDataSpec("safetensors:/d/a:b.safetensors:");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->path, "/d/a:b.safetensors");
+  EXPECT_TRUE(s->keys.empty());
+  EXPECT_EQ(DataSpecToString(*s), "safetensors:/d/a:b.safetensors:");
+}
+
+TEST(DataSpec, ParsesSyntheticShapeAndSeed) {
+  absl::StatusOr<DataSpec> s = ParseDataSpec("synthetic:3x224x224");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->scheme, Scheme::kSynthetic);
+  EXPECT_THAT(s->sample_shape, ElementsAre(3, 224, 224));
+  EXPECT_EQ(s->seed, 0u);
+  s = ParseDataSpec("synthetic:10,seed=18446744073709551615");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_THAT(s->sample_shape, ElementsAre(10));
+  EXPECT_EQ(s->seed, 18446744073709551615u);
+  EXPECT_EQ(DataSpecToString(*s), "synthetic:10,seed=18446744073709551615");
+}
+
+TEST(DataSpec, RejectsUnknownSchemeListingTheKnownOnes) {
+  absl::StatusOr<DataSpec> s = ParseDataSpec("parquet:/x");
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(s.status()), HasSubstr("unknown scheme 'parquet'"));
+  EXPECT_THAT(Message(s.status()), HasSubstr("synthetic:SHAPE[,seed=S]"));
+  EXPECT_THAT(Message(ParseDataSpec("/data/x.npy").status()), HasSubstr("no scheme"));
+}
+
+TEST(DataSpec, RejectsEmptyPaths) {
+  for (const char* spec : {"npy:", "torch:", "safetensors:", "safetensors::a"}) {
+    absl::StatusOr<DataSpec> s = ParseDataSpec(spec);
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << spec;
+    EXPECT_THAT(Message(s.status()), HasSubstr("empty path")) << spec;
+  }
+  EXPECT_THAT(Message(ParseDataSpec("safetensors:/x:a,,b").status()), HasSubstr("empty key"));
+}
+
+TEST(DataSpec, RejectsBadShapes) {
+  for (const char* spec : {"synthetic:", "synthetic:3x0", "synthetic:3xx4", "synthetic:-3", "synthetic:3x+4",
+                           "synthetic:3.5", "synthetic:abc", "synthetic:100000x100000"}) {
+    EXPECT_EQ(ParseDataSpec(spec).status().code(), absl::StatusCode::kInvalidArgument) << spec;
+  }
+  EXPECT_THAT(Message(ParseDataSpec("synthetic:3x0").status()), HasSubstr("positive integers joined by 'x'"));
+}
+
+TEST(DataSpec, RejectsBadSeeds) {
+  for (const char* spec : {"synthetic:3,seed=", "synthetic:3,seed=-1", "synthetic:3,seed=x",
+                           "synthetic:3,seed=18446744073709551616", "synthetic:3,seed=1,seed=2",
+                           "synthetic:3,sed=1"}) {
+    EXPECT_EQ(ParseDataSpec(spec).status().code(), absl::StatusCode::kInvalidArgument) << spec;
+  }
+  EXPECT_THAT(Message(ParseDataSpec("synthetic:3,seed=x").status()), HasSubstr("seed 'x'"));
+}
+
+}  // namespace
+}  // namespace recal::data

@@ -1,0 +1,75 @@
+#include "tests/data/test_util.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace recal::testing {
+
+TempDir::TempDir() {
+  const char* base = std::getenv("TMPDIR");
+  std::string templ = absl::StrCat(base != nullptr && *base != '\0' ? base : "/tmp", "/recal_test_XXXXXX");
+  char* made = ::mkdtemp(templ.data());
+  if (made == nullptr) ADD_FAILURE() << "mkdtemp failed for " << templ;
+  path_ = templ;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+std::string TempDir::File(absl::string_view name) const { return absl::StrCat(path_, "/", name); }
+
+std::vector<std::string> TempDir::List() const {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(path_)) {
+    names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+void WriteBytes(const std::string& path, absl::string_view bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!out) ADD_FAILURE() << "cannot write " << path;
+}
+
+std::string ReadBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+int RunPython(const std::string& script, const std::string& dir) {
+  const std::string script_path = absl::StrCat(dir, "/make.py");
+  WriteBytes(script_path, script);
+  const std::string cmd = absl::StrCat(RECAL_PYTHON, " ", script_path, " ", dir);
+  const int rc = std::system(cmd.c_str());
+  std::remove(script_path.c_str());
+  return rc;
+}
+
+std::string NpyFile(absl::string_view dict, absl::string_view data, int major_version) {
+  const size_t prefix = major_version == 1 ? 10 : 12;
+  std::string header(dict);
+  header.append((64 - (prefix + header.size() + 1) % 64) % 64, ' ');
+  header += '\n';
+  std::string out("\x93NUMPY", 6);
+  out += static_cast<char>(major_version);
+  out += '\0';
+  const size_t len = header.size();
+  for (size_t i = 0; i < prefix - 8; ++i) out += static_cast<char>((len >> (8 * i)) & 0xff);
+  return absl::StrCat(out, header, data);
+}
+
+}  // namespace recal::testing

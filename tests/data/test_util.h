@@ -1,0 +1,51 @@
+// Helpers shared by the data-layer tests: a scratch directory, raw file I/O, and running
+// Debian's python3 to make real files with numpy / torch.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+
+namespace recal::testing {
+
+// A fresh directory under $TMPDIR (or /tmp), removed with its contents on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  const std::string& path() const { return path_; }
+  std::string File(absl::string_view name) const;
+  std::vector<std::string> List() const;  // file names, sorted
+
+ private:
+  std::string path_;
+};
+
+void WriteBytes(const std::string& path, absl::string_view bytes);
+std::string ReadBytes(const std::string& path);
+
+// Runs `script` with RECAL_PYTHON; the script gets the directory as sys.argv[1]. Returns
+// the exit status (0 = success).
+int RunPython(const std::string& script, const std::string& dir);
+
+// Little-endian bytes of a vector of trivially copyable values.
+template <typename T>
+std::string BytesOf(const std::vector<T>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+// The same bytes, viewed in place (for SafetensorsEntry, which does not own its bytes).
+template <typename T>
+absl::string_view ViewOf(const std::vector<T>& v) {
+  return absl::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+// A .npy file: magic, version, header dict (padded so the data is 64-byte aligned), data.
+std::string NpyFile(absl::string_view dict, absl::string_view data, int major_version = 1);
+
+}  // namespace recal::testing

@@ -1,0 +1,292 @@
+// Engine behaviour on small modules defined in C++: precision on ill-conditioned channels,
+// outcomes (unused, excluded, non-finite, short data, no BatchNorm, frozen, bad archives),
+// batch limits, early stopping, concurrent runs and what gets written.
+#include "server/engine/recalibration.h"
+
+#include <fstream>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/passes/freeze_module.h>
+#include <torch/script.h>
+
+#include "server/engine/graph_rewrite.h"
+#include "tests/engine/test_util.h"
+
+namespace recal::engine {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::FeedFrom;
+using testing::MakeBatchNorm;
+using testing::ReadSafetensors;
+using testing::SaveModule;
+using testing::TempDir;
+
+// Two BatchNorm layers in sequence, `first` and `second`, plus one never called.
+torch::jit::Module MakeNet(int64_t channels) {
+  torch::jit::Module net("Net");
+  net.register_attribute("training", c10::BoolType::get(), true);
+  net.register_module("first", MakeBatchNorm(channels));
+  net.register_module("second", MakeBatchNorm(channels));
+  net.register_module("spare", MakeBatchNorm(channels));
+  net.define(R"(
+def forward(self, x):
+    return self.second.forward(self.first.forward(x) * 2.0 + 1.0)
+)");
+  return net;
+}
+
+// Per-channel float64 statistics of several batches taken together.
+std::pair<at::Tensor, at::Tensor> Float64Stats(const std::vector<at::Tensor>& batches) {
+  std::vector<at::Tensor> flat;
+  for (const at::Tensor& b : batches) flat.push_back(b.transpose(0, 1).reshape({b.size(1), -1}));
+  at::Tensor all = at::cat(flat, 1).to(at::kDouble);
+  return {all.mean(1), all.var(1, /*unbiased=*/false)};
+}
+
+absl::StatusOr<std::unique_ptr<Recalibration>> RunOn(const std::string& model,
+                                                      std::vector<at::Tensor> batches,
+                                                      Options options = {}) {
+  auto run = Recalibration::Create(model, options);
+  if (!run.ok()) return run.status();
+  absl::Status ran = (*run)->Run(FeedFrom(std::move(batches)));
+  if (!ran.ok()) return ran;
+  return run;
+}
+
+void ExpectRelClose(const at::Tensor& actual, const at::Tensor& expected, double rel) {
+  at::Tensor a = actual.to(at::kDouble), e = expected.to(at::kDouble);
+  at::Tensor err = (a - e).abs() / e.abs().clamp_min(1e-30);
+  EXPECT_LE(err.max().item<double>(), rel) << "actual " << a << "\nexpected " << e;
+}
+
+// Means are judged relative to the channel's scale, max(|mean|, std): a mean near zero has
+// no meaningful relative error of its own.
+void ExpectStatsClose(std::map<std::string, at::Tensor>& written, const std::string& layer,
+                      const std::pair<at::Tensor, at::Tensor>& expected, double rel) {
+  const auto& [mean, var] = expected;
+  at::Tensor scale = at::maximum(mean.abs(), var.sqrt());
+  at::Tensor mean_err = (written[layer + "running_mean"].to(at::kDouble) - mean).abs() / scale;
+  EXPECT_LE(mean_err.max().item<double>(), rel) << layer << " mean " << written[layer + "running_mean"];
+  ExpectRelClose(written[layer + "running_var"], var, rel);
+}
+
+TEST(Recalibration, IllConditionedChannelsMatchFloat64) {
+  // |mean| / std = 1e4 in (N, C) and channels-last inputs, where LibTorch's float32 CPU
+  // kernels are off by 3e-4 and 9e-2 of the variance.
+  const std::string dir = TempDir("ill");
+  const std::string model = SaveModule(MakeBatchNorm(6), dir + "/bn.pt");
+  at::manual_seed(0);
+  const at::Tensor offsets = at::tensor({1e4, -1e4, 3e3, 0.0, 1e4, 5.0});
+  for (bool channels_last : {false, true}) {
+    std::vector<at::Tensor> batches;
+    for (int i = 0; i < 5; ++i) {
+      if (channels_last) {
+        batches.push_back((at::randn({16, 6, 20, 20}, at::kDouble) + offsets.view({1, 6, 1, 1}))
+                              .to(at::kFloat)
+                              .contiguous(at::MemoryFormat::ChannelsLast));
+      } else {
+        batches.push_back((at::randn({4096, 6}, at::kDouble) + offsets).to(at::kFloat));
+      }
+    }
+    auto run = RunOn(model, batches);
+    ASSERT_TRUE(run.ok()) << run.status();
+    ASSERT_TRUE((*run)->WriteBatchNormBuffers(dir + "/bn.safetensors").ok());
+    auto written = ReadSafetensors(dir + "/bn.safetensors");
+    ExpectStatsClose(written, "", Float64Stats(batches), 1e-5);
+    v1::RunReport report = (*run)->Report();
+    ASSERT_EQ(report.layers_size(), 1);
+    EXPECT_EQ(report.layers(0).refined_calls(), 5);
+  }
+}
+
+TEST(Recalibration, OrdinaryChannelsTakeTheFusedKernelsStatistics) {
+  const std::string dir = TempDir("ordinary");
+  const std::string model = SaveModule(MakeNet(3), dir + "/net.pt");
+  at::manual_seed(1);
+  std::vector<at::Tensor> batches = {at::randn({8, 3, 5, 5}), at::randn({8, 3, 5, 5}),
+                                     at::randn({3, 3, 5, 5})};
+  auto run = RunOn(model, batches);
+  ASSERT_TRUE(run.ok()) << run.status();
+  v1::RunReport report = (*run)->Report();
+  for (const auto& layer : report.layers()) EXPECT_EQ(layer.refined_calls(), 0) << layer.name();
+  ASSERT_TRUE((*run)->WriteBatchNormBuffers(dir + "/bn.safetensors").ok());
+  auto written = ReadSafetensors(dir + "/bn.safetensors");
+  ExpectStatsClose(written, "first.", Float64Stats(batches), 1e-5);  // it sees the data itself
+}
+
+TEST(Recalibration, UnusedAndExcludedLayersKeepTheirStatistics) {
+  const std::string dir = TempDir("unused");
+  const std::string model = SaveModule(MakeNet(4), dir + "/net.pt");
+  Options options;
+  options.exclude = "^sec";
+  auto run = RunOn(model, {at::randn({10, 4}), at::randn({10, 4})}, options);
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_TRUE((*run)->WriteModel(dir + "/out.pt").ok());
+  torch::jit::Module out = torch::jit::load(dir + "/out.pt");
+  for (const char* kept : {"second", "spare"}) {
+    torch::jit::Module bn = out.attr(kept).toModule();
+    EXPECT_TRUE(bn.attr("running_mean").toTensor().equal(torch::full({4}, 0.5))) << kept;
+    EXPECT_TRUE(bn.attr("running_var").toTensor().equal(torch::full({4}, 2.0))) << kept;
+  }
+  EXPECT_FALSE(out.attr("first").toModule().attr("running_var").toTensor().equal(
+      torch::full({4}, 2.0)));
+  v1::RunReport report = (*run)->Report();
+  EXPECT_THAT(report.unused_layers(), ::testing::ElementsAre("spare"));
+  EXPECT_EQ(report.layers_recalibrated(), 1);
+  for (const auto& layer : report.layers()) {
+    EXPECT_EQ(layer.excluded(), layer.name() == "second") << layer.name();
+  }
+}
+
+TEST(Recalibration, WrittenModelLoadsAndCallsNoRecalOperator) {
+  const std::string dir = TempDir("written");
+  const std::string model = SaveModule(MakeNet(2), dir + "/net.pt");
+  auto run = RunOn(model, {at::randn({6, 2, 3})});
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_TRUE((*run)->WriteModel(dir + "/out.pt").ok());
+  torch::jit::Module out = torch::jit::load(dir + "/out.pt");
+  EXPECT_THAT(RecalOpsIn(out), ::testing::IsEmpty());
+  out.eval();
+  EXPECT_EQ(out.forward({at::randn({6, 2, 3})}).toTensor().sizes(), at::IntArrayRef({6, 2, 3}));
+}
+
+TEST(Recalibration, NonFiniteActivationsNameTheLayerAndBatch) {
+  const std::string dir = TempDir("nan");
+  const std::string model = SaveModule(MakeNet(3), dir + "/net.pt");
+  at::Tensor bad = at::randn({4, 3});
+  bad[2][1] = std::numeric_limits<float>::quiet_NaN();
+  auto run = RunOn(model, {at::randn({4, 3}), at::randn({4, 3}), bad});
+  ASSERT_FALSE(run.ok());
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(run.status().message(), HasSubstr("layer 'first' in batch 2"));
+}
+
+TEST(Recalibration, ShortDataFailsUnlessAllowed) {
+  const std::string dir = TempDir("short");
+  const std::string model = SaveModule(MakeNet(3), dir + "/net.pt");
+  Options options;
+  options.max_batches = 5;
+  auto run = RunOn(model, {at::randn({4, 3}), at::randn({4, 3})}, options);
+  ASSERT_FALSE(run.ok());
+  EXPECT_THAT(run.status().message(), HasSubstr("only 2 batches"));
+  options.allow_short_data = true;
+  run = RunOn(model, {at::randn({4, 3}), at::randn({4, 3})}, options);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ((*run)->batches(), 2);
+}
+
+TEST(Recalibration, UsesAtMost200BatchesByDefault) {
+  const std::string dir = TempDir("default_limit");
+  const std::string model = SaveModule(MakeNet(3), dir + "/net.pt");
+  std::vector<at::Tensor> batches(250, at::randn({4, 3}));
+  auto run = RunOn(model, batches);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ((*run)->batches(), kDefaultMaxBatches);
+}
+
+TEST(Recalibration, StopsOnceTheTargetPrecisionIsReached) {
+  const std::string dir = TempDir("target");
+  const std::string model = SaveModule(MakeNet(3), dir + "/net.pt");
+  std::vector<at::Tensor> batches;
+  for (int i = 0; i < 150; ++i) batches.push_back(at::randn({256, 3}));
+  Options options;
+  options.target_rel_error = 0.02;
+  auto run = RunOn(model, batches, options);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_GE((*run)->batches(), options.min_batches_for_target);
+  EXPECT_LT((*run)->batches(), 150);
+  EXPECT_LE((*run)->RelStdError(), 0.02);
+  EXPECT_TRUE((*run)->Report().stopped_early());
+}
+
+TEST(Recalibration, ModelWithoutBatchNormIsRefused) {
+  const std::string dir = TempDir("no_bn");
+  torch::jit::Module plain("Plain");
+  plain.register_attribute("training", c10::BoolType::get(), true);
+  plain.define("def forward(self, x):\n    return x * 2.0\n");
+  auto run = Recalibration::Create(SaveModule(plain, dir + "/plain.pt"), {});
+  ASSERT_FALSE(run.ok());
+  EXPECT_THAT(run.status().message(), HasSubstr("no BatchNorm"));
+}
+
+TEST(Recalibration, FrozenModelIsRefused) {
+  const std::string dir = TempDir("frozen");
+  torch::jit::Module net = MakeNet(3);
+  net.eval();
+  torch::jit::Module frozen = torch::jit::freeze_module(net);
+  auto run = Recalibration::Create(SaveModule(frozen, dir + "/frozen.pt"), {});
+  ASSERT_FALSE(run.ok());
+  EXPECT_THAT(run.status().message(), HasSubstr("frozen"));
+}
+
+TEST(Recalibration, CorruptAndTruncatedArchivesAreRefused) {
+  const std::string dir = TempDir("corrupt");
+  const std::string good = SaveModule(MakeNet(3), dir + "/net.pt");
+  std::ifstream in(good, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::ofstream(dir + "/truncated.pt", std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+  std::ofstream(dir + "/garbage.pt", std::ios::binary) << std::string(4096, '\x17');
+  for (const char* name : {"/truncated.pt", "/garbage.pt", "/missing.pt"}) {
+    auto run = Recalibration::Create(dir + name, {});
+    ASSERT_FALSE(run.ok()) << name;
+    EXPECT_EQ(run.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(run.status().message(), HasSubstr("cannot load TorchScript archive"));
+    EXPECT_THAT(run.status().message(), ::testing::Not(HasSubstr("\n")));
+  }
+}
+
+TEST(Recalibration, WrongChannelCountIsAClearError) {
+  const std::string dir = TempDir("channels");
+  const std::string model = SaveModule(MakeNet(3), dir + "/net.pt");
+  auto run = RunOn(model, {at::randn({4, 5})});
+  ASSERT_FALSE(run.ok());
+  EXPECT_THAT(run.status().message(), HasSubstr("forward failed on batch 0"));
+  EXPECT_THAT(run.status().message(), ::testing::Not(HasSubstr("\n")));
+}
+
+TEST(Recalibration, BadOptionsAreRefused) {
+  const std::string dir = TempDir("options");
+  const std::string model = SaveModule(MakeNet(3), dir + "/net.pt");
+  Options bad_regex;
+  bad_regex.include = "([";
+  EXPECT_THAT(Recalibration::Create(model, bad_regex).status().message(), HasSubstr("--include"));
+  Options cuda;
+  cuda.device = "cuda:0";
+  EXPECT_EQ(Recalibration::Create(model, cuda).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  Options nonsense;
+  nonsense.device = "toaster";
+  EXPECT_EQ(Recalibration::Create(model, nonsense).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(Recalibration, ConcurrentRunsKeepTheirOwnStatistics) {
+  const std::string dir = TempDir("concurrent");
+  const std::string model = SaveModule(MakeNet(3), dir + "/net.pt");
+  std::vector<std::vector<at::Tensor>> data(4);
+  for (size_t j = 0; j < data.size(); ++j) {
+    for (int i = 0; i < 20; ++i) data[j].push_back(at::randn({16, 3}) * static_cast<double>(j + 1) + static_cast<double>(j));
+  }
+  std::vector<std::map<std::string, at::Tensor>> written(data.size());
+  std::vector<std::thread> threads;
+  for (size_t j = 0; j < data.size(); ++j) {
+    threads.emplace_back([&, j] {
+      auto run = RunOn(model, data[j]);
+      ASSERT_TRUE(run.ok()) << run.status();
+      const std::string path = dir + "/bn" + std::to_string(j) + ".safetensors";
+      ASSERT_TRUE((*run)->WriteBatchNormBuffers(path).ok());
+      written[j] = ReadSafetensors(path);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t j = 0; j < data.size(); ++j) {
+    ExpectStatsClose(written[j], "first.", Float64Stats(data[j]), 1e-5);
+  }
+}
+
+}  // namespace
+}  // namespace recal::engine

@@ -1,0 +1,127 @@
+// Every fixture model and export variant (tests/fixtures/make_fixtures.py) against the
+// independent float64 reference (tests/fixtures/reference.py), with both estimators.
+#include <cstdlib>
+#include <fstream>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+#include "server/data/batch_source.h"
+#include "server/engine/recalibration.h"
+#include "tests/engine/test_util.h"
+
+namespace recal::engine {
+namespace {
+
+constexpr double kTolerance = 1e-5;
+
+struct FixtureCase {
+  std::string family, variant, model, data, population_ref, batch_average_ref;
+  int64_t batch_size = 0;
+  std::vector<std::string> unused;
+  std::map<std::string, double> calls_per_forward;
+};
+
+std::string FixturesDir() {
+  const char* dir = std::getenv("RECAL_FIXTURES");  // to point the test at other fixtures
+  return dir ? dir : RECAL_FIXTURES_DIR;
+}
+
+std::vector<FixtureCase> LoadManifest() {
+  std::vector<FixtureCase> cases;
+  std::ifstream in(FixturesDir() + "/manifest.tsv");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::vector<std::string> f = absl::StrSplit(line, '\t');
+    if (f.size() < 9) continue;
+    FixtureCase c{f[0], f[1], FixturesDir() + "/" + f[2], f[3], FixturesDir() + "/" + f[5],
+                  FixturesDir() + "/" + f[6]};
+    c.batch_size = std::stoll(f[4]);
+    if (f[7] != "-") c.unused = absl::StrSplit(f[7], ',');
+    if (f[8] != "-") {
+      for (absl::string_view kv : absl::StrSplit(f[8], ',')) {
+        std::pair<std::string, std::string> p = absl::StrSplit(kv, '=');
+        c.calls_per_forward[p.first] = std::stod(p.second);
+      }
+    }
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+struct Param {
+  FixtureCase fixture;
+  v1::Estimator estimator;
+};
+
+class ReferenceTest : public ::testing::TestWithParam<Param> {};
+
+TEST_P(ReferenceTest, MatchesFloat64Reference) {
+  const FixtureCase& c = GetParam().fixture;
+  Options options;
+  options.estimator = GetParam().estimator;
+  auto run = Recalibration::Create(c.model, options);
+  ASSERT_TRUE(run.ok()) << run.status();
+  auto source = data::OpenBatchSource(c.data, c.batch_size);
+  ASSERT_TRUE(source.ok()) << source.status();
+  absl::Status ran = (*run)->Run([&] { return (*source)->Next(); });
+  ASSERT_TRUE(ran.ok()) << ran;
+
+  const std::string out = testing::TempDir(c.family + "_" + c.variant) + "/bn.safetensors";
+  ASSERT_TRUE((*run)->WriteBatchNormBuffers(out).ok());
+  auto written = testing::ReadSafetensors(out);
+  auto reference = testing::ReadSafetensors(
+      options.estimator == v1::POPULATION ? c.population_ref : c.batch_average_ref);
+  ASSERT_FALSE(reference.empty());
+  EXPECT_EQ(written.size(), reference.size());
+  for (const auto& [key, expected] : reference) {
+    if (absl::EndsWith(key, "num_batches_tracked")) continue;
+    ASSERT_TRUE(written.count(key)) << key;
+    at::Tensor got = written[key].to(at::kDouble);
+    // Means relative to the channel's scale max(|mean|, std); variances relative to themselves.
+    at::Tensor scale = expected.abs();
+    const bool is_mean = !absl::StrContains(key, "var");
+    if (is_mean) {
+      std::string var_key = key;
+      var_key.replace(var_key.rfind("mean"), 4, "var");
+      if (reference.count(var_key)) scale = at::maximum(scale, reference[var_key].sqrt());
+    }
+    const double err = ((got - expected).abs() / (scale + 1e-12)).max().item<double>();
+    EXPECT_LE(err, kTolerance) << key << " max relative error " << err;
+  }
+
+  v1::RunReport report = (*run)->Report();
+  EXPECT_THAT(report.unused_layers(), ::testing::UnorderedElementsAreArray(c.unused));
+  for (const auto& layer : report.layers()) {
+    auto expected = c.calls_per_forward.find(layer.name());
+    const double calls = expected == c.calls_per_forward.end() ? (layer.used() ? 1.0 : 0.0)
+                                                               : expected->second;
+    EXPECT_DOUBLE_EQ(layer.calls_per_forward(), calls) << layer.name();
+  }
+}
+
+std::vector<Param> AllCases() {
+  std::vector<Param> params;
+  for (const FixtureCase& c : LoadManifest()) {
+    params.push_back({c, v1::POPULATION});
+    params.push_back({c, v1::BATCH_AVERAGE});
+  }
+  return params;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ReferenceTest, ::testing::ValuesIn(AllCases()),
+                         [](const ::testing::TestParamInfo<Param>& info) {
+                           return info.param.fixture.family + "_" + info.param.fixture.variant +
+                                  (info.param.estimator == v1::POPULATION ? "_population"
+                                                                          : "_batch_average");
+                         });
+
+TEST(ReferenceFixtures, ManifestIsThere) {
+  EXPECT_GE(LoadManifest().size(), 40u) << "fixtures missing in " << FixturesDir();
+}
+
+}  // namespace
+}  // namespace recal::engine

@@ -1,0 +1,67 @@
+#include "tests/engine/test_util.h"
+
+#include <filesystem>
+
+#include <gtest/gtest.h>
+
+#include "server/data/mapped_file.h"
+#include "server/data/torch_dtype.h"
+#include "server/formats/safetensors.h"
+
+namespace recal::engine::testing {
+
+std::string TempDir(const std::string& name) {
+  std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+std::string SaveModule(const torch::jit::Module& module, const std::string& path) {
+  module.save(path);
+  return path;
+}
+
+torch::jit::Module MakeBatchNorm(int64_t channels) {
+  torch::jit::Module bn("BatchNormLike");
+  bn.register_attribute("training", c10::BoolType::get(), true);
+  bn.register_parameter("weight", torch::linspace(0.5, 1.5, channels), false);
+  bn.register_parameter("bias", torch::linspace(-1, 1, channels), false);
+  bn.register_buffer("running_mean", torch::full({channels}, 0.5));
+  bn.register_buffer("running_var", torch::full({channels}, 2.0));
+  bn.define(R"(
+def forward(self, x):
+    return torch.batch_norm(x, self.weight, self.bias, self.running_mean, self.running_var,
+                            self.training, 0.1, 1e-5, False)
+)");
+  return bn;
+}
+
+std::map<std::string, at::Tensor> ReadSafetensors(const std::string& path) {
+  std::map<std::string, at::Tensor> tensors;
+  auto file = data::MappedFile::Open(path);
+  EXPECT_TRUE(file.ok()) << file.status();
+  if (!file.ok()) return tensors;
+  auto header = formats::ParseSafetensors((*file)->bytes());
+  EXPECT_TRUE(header.ok()) << header.status();
+  if (!header.ok()) return tensors;
+  for (const auto& info : header->tensors) {
+    const char* begin = (*file)->bytes().data() + header->data_offset + info.begin;
+    tensors[info.name] = torch::from_blob(const_cast<char*>(begin), info.shape,
+                                          torch::dtype(data::ToScalarType(info.dtype)))
+                             .clone();
+  }
+  return tensors;
+}
+
+std::function<absl::StatusOr<std::optional<std::vector<at::Tensor>>>()> FeedFrom(
+    std::vector<at::Tensor> batches) {
+  auto next = std::make_shared<size_t>(0);
+  return [batches = std::move(batches), next]()
+             -> absl::StatusOr<std::optional<std::vector<at::Tensor>>> {
+    if (*next == batches.size()) return std::nullopt;
+    return std::vector<at::Tensor>{batches[(*next)++]};
+  };
+}
+
+}  // namespace recal::engine::testing

@@ -1,0 +1,34 @@
+// Helpers shared by the engine tests: temp files, tiny modules defined in C++, reading
+// safetensors back.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/script.h>
+
+#include "absl/status/statusor.h"
+
+namespace recal::engine::testing {
+
+// A fresh directory under the test's temp dir.
+std::string TempDir(const std::string& name);
+
+// Saves `module` with torch::jit's own writer and returns the path.
+std::string SaveModule(const torch::jit::Module& module, const std::string& path);
+
+// A module `bn` holding running statistics for `channels` channels (mean 0.5, var 2) and
+// an affine transform, whose forward calls torch.batch_norm on its input.
+torch::jit::Module MakeBatchNorm(int64_t channels);
+
+// Every tensor of a safetensors file, as owned tensors.
+std::map<std::string, at::Tensor> ReadSafetensors(const std::string& path);
+
+// Feeds `batches` to Next() one after the other.
+std::function<absl::StatusOr<std::optional<std::vector<at::Tensor>>>()> FeedFrom(
+    std::vector<at::Tensor> batches);
+
+}  // namespace recal::engine::testing
