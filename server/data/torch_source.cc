@@ -66,11 +66,16 @@ absl::StatusOr<std::unique_ptr<BatchSource>> OpenTorchSource(const std::string& 
     inputs = *std::move(found);
   } catch (const std::exception& e) {
     // LibTorch's unpickler knows tensors and containers, not arbitrary Python classes
-    // (nn.Parameter included), so point at what it does read.
+    // (nn.Parameter included), so point at what it does read. LibTorch 1.13 also lacks the
+    // APPEND opcode (0x61) that Python's pickle uses for a list of exactly one item.
+    const std::string message = ExceptionMessage(e);
+    const bool one_item_list = absl::StrContains(message, "Unknown opcode for unpickling at 0x61");
     return absl::InvalidArgumentError(absl::StrCat(
         label, ": cannot load with torch::pickle_load (it reads a torch.save'd tensor or "
-               "list/tuple of tensors; save parameters as p.detach()): ",
-        ExceptionMessage(e)));
+               "list/tuple of tensors; save parameters as p.detach()",
+        one_item_list ? "; a list of one tensor is not readable by LibTorch 1.13: save the "
+                        "tensor itself or a tuple (x,)" : "",
+        "): ", message));
   }
   if (inputs.empty()) return absl::InvalidArgumentError(absl::StrCat(label, ": holds an empty list"));
   if (inputs.size() == 1) inputs[0].name = "the tensor";
