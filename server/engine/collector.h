@@ -2,7 +2,6 @@
 // in place of every aten::batch_norm; each job has its own collector.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -29,6 +28,9 @@ struct Layer {
   int64_t calls = 0;          // executions, excluded layers included
   int64_t refined_calls = 0;  // executions whose statistics were recomputed in float64
   LayerStats stats;
+  // On the layer's device, so that checking costs one host sync per batch, not per call:
+  // whether some call in the current batch saw a NaN or Inf.
+  at::Tensor nonfinite;
 };
 
 class Collector {
@@ -47,10 +49,10 @@ class Collector {
                      const at::Tensor& running_var, bool training, double momentum, double eps,
                      bool cudnn_enabled);
 
-  // Names the batch in errors about non-finite activations.
-  void set_batch_index(int64_t index) { batch_index_ = index; }
-  // The first non-finite activation seen, with its layer and batch.
-  absl::Status failure() const;
+  // Brackets one forward pass. EndBatch fails, naming the first layer (in execution
+  // order) and the batch, if non-finite activations reached any BatchNorm.
+  void BeginBatch(int64_t index);
+  absl::Status EndBatch();
 
   // Layers in the order they were declared or first seen.
   const std::vector<std::unique_ptr<Layer>>& layers() const { return layers_; }
@@ -63,8 +65,8 @@ class Collector {
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::unordered_map<const void*, Layer*> by_mean_buffer_;
-  std::atomic<int64_t> batch_index_{0};
-  absl::Status failure_;
+  int64_t batch_index_ = 0;
+  std::vector<Layer*> called_;  // layers in the order the current batch first called them
 };
 
 }  // namespace recal::engine

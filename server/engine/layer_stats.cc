@@ -29,16 +29,20 @@ at::Tensor LayerStats::var(v1::Estimator estimator) const {
                                         : population_.population_variance();
 }
 
-double LayerStats::RelStdError() const {
+double LayerStats::RelStdError() const { return RelStdErrorTensor().item<double>(); }
+
+at::Tensor LayerStats::RelStdErrorTensor() const {
   const double k = call_means_.count();
-  if (k < 2) return std::numeric_limits<double>::infinity();
-  at::Tensor var = population_.population_variance();
-  at::Tensor live = var > 0;
-  if (!live.any().item<bool>()) return 0;
-  at::Tensor se_mean = (call_means_.sample_variance() / k).sqrt();
-  at::Tensor se_var = (call_vars_.sample_variance() / k).sqrt();
-  at::Tensor rel = at::maximum(se_mean / var.sqrt(), se_var / var);
-  return rel.masked_select(live).max().item<double>();
+  if (k < 2) {
+    return at::full({}, std::numeric_limits<double>::infinity(),
+                    k > 0 ? population_.mean().options() : at::TensorOptions(at::kDouble));
+  }
+  const at::Tensor var = population_.population_variance();
+  const at::Tensor se_mean = (call_means_.sample_variance() / k).sqrt();
+  const at::Tensor se_var = (call_vars_.sample_variance() / k).sqrt();
+  const at::Tensor rel = at::maximum(se_mean / var.sqrt(), se_var / var);
+  // Zero-variance channels have no relative error to speak of.
+  return at::where(var > 0, rel, at::zeros_like(rel)).max();
 }
 
 }  // namespace recal::engine

@@ -29,6 +29,8 @@ class LayerStats {
   // variance (for the variance), from the spread of per-call statistics. Infinite with
   // fewer than two calls. Channels with zero variance are left out.
   double RelStdError() const;
+  // The same as a 0-dim float64 tensor on the layer's device, without a host sync.
+  at::Tensor RelStdErrorTensor() const;
 
  private:
   Moments population_;  // every element counts once

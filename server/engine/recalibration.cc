@@ -1,6 +1,7 @@
 #include "server/engine/recalibration.h"
 
 #include <chrono>
+#include <filesystem>
 #include <regex>
 #include <sstream>
 #include <unordered_map>
@@ -54,6 +55,10 @@ absl::StatusOr<std::function<bool(const std::string&)>> LayerFilter(const Option
 }
 
 absl::StatusOr<torch::jit::Module> LoadArchive(const std::string& path, const c10::Device& device) {
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(path, error)) {
+    return absl::NotFoundError(absl::StrCat("no model file ", path));
+  }
   try {
     return torch::jit::load(path, device);
   } catch (const std::exception& e) {
@@ -140,7 +145,7 @@ absl::Status Recalibration::Feed(const std::vector<at::Tensor>& inputs) {
   if (inputs.empty() || inputs[0].dim() == 0) {
     return absl::InvalidArgumentError("a batch needs at least one input with a batch dimension");
   }
-  collector_->set_batch_index(batches_);
+  collector_->BeginBatch(batches_);
   std::vector<c10::IValue> args;
   args.reserve(inputs.size());
   for (const at::Tensor& input : inputs) args.emplace_back(input.to(device_));
@@ -148,10 +153,9 @@ absl::Status Recalibration::Feed(const std::vector<at::Tensor>& inputs) {
     at::NoGradGuard no_grad;
     observed_->forward(std::move(args));
   } catch (const std::exception& e) {
-    absl::Status failure = collector_->failure();
-    if (!failure.ok()) return failure;
     return TorchErrorStatus(absl::StrCat("forward failed on batch ", batches_), e);
   }
+  if (absl::Status finite = collector_->EndBatch(); !finite.ok()) return finite;
   ++batches_;
   samples_ += inputs[0].size(0);
   seconds_ += Seconds(start);
@@ -159,12 +163,11 @@ absl::Status Recalibration::Feed(const std::vector<at::Tensor>& inputs) {
 }
 
 double Recalibration::RelStdError() const {
-  double worst = 0;
+  std::vector<at::Tensor> errors;
   for (const auto& layer : collector_->layers()) {
-    if (layer->excluded || layer->stats.calls() == 0) continue;
-    worst = std::max(worst, layer->stats.RelStdError());
+    if (layer->stats.calls() > 0) errors.push_back(layer->stats.RelStdErrorTensor().view({1}));
   }
-  return worst;
+  return errors.empty() ? 0 : at::cat(errors).max().item<double>();  // one host sync
 }
 
 absl::Status Recalibration::Run(const NextBatchFn& next_batch,

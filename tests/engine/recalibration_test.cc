@@ -230,13 +230,16 @@ TEST(Recalibration, CorruptAndTruncatedArchivesAreRefused) {
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::ofstream(dir + "/truncated.pt", std::ios::binary) << bytes.substr(0, bytes.size() / 2);
   std::ofstream(dir + "/garbage.pt", std::ios::binary) << std::string(4096, '\x17');
-  for (const char* name : {"/truncated.pt", "/garbage.pt", "/missing.pt"}) {
+  for (const char* name : {"/truncated.pt", "/garbage.pt"}) {
     auto run = Recalibration::Create(dir + name, {});
     ASSERT_FALSE(run.ok()) << name;
     EXPECT_EQ(run.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(run.status().message(), HasSubstr("cannot load TorchScript archive"));
     EXPECT_THAT(run.status().message(), ::testing::Not(HasSubstr("\n")));
   }
+  auto missing = Recalibration::Create(dir + "/missing.pt", {});
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(), HasSubstr("no model file"));
 }
 
 TEST(Recalibration, WrongChannelCountIsAClearError) {
