@@ -3,5 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.ccache}"
+# Relative paths in the cache keys: a fresh clone elsewhere (CI) reuses earlier builds.
+export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
 cmake --preset default >/dev/null
 cmake --build --preset default -j "$(nproc)"

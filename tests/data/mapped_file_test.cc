@@ -5,7 +5,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/data/test_util.h"
+#include "tests/test_util.h"
 
 namespace recal::data {
 namespace {

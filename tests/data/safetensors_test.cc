@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/data/test_util.h"
+#include "tests/test_util.h"
 
 namespace recal::formats {
 namespace {

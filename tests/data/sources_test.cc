@@ -8,7 +8,7 @@
 #include "gtest/gtest.h"
 #include "server/data/batch_source.h"
 #include "server/formats/safetensors.h"
-#include "tests/data/test_util.h"
+#include "tests/test_util.h"
 
 namespace recal::data {
 namespace {

@@ -14,6 +14,7 @@
 
 #include "server/engine/graph_rewrite.h"
 #include "tests/engine/test_util.h"
+#include "tests/test_util.h"
 
 namespace recal::engine {
 namespace {
@@ -23,7 +24,6 @@ using testing::FeedFrom;
 using testing::MakeBatchNorm;
 using testing::ReadSafetensors;
 using testing::SaveModule;
-using testing::TempDir;
 
 // Two BatchNorm layers in sequence, `first` and `second`, plus one never called.
 torch::jit::Module MakeNet(int64_t channels) {
@@ -77,7 +77,8 @@ void ExpectStatsClose(std::map<std::string, at::Tensor>& written, const std::str
 TEST(Recalibration, IllConditionedChannelsMatchFloat64) {
   // |mean| / std = 1e4 in (N, C) and channels-last inputs, where LibTorch's float32 CPU
   // kernels are off by 3e-4 and 9e-2 of the variance.
-  const std::string dir = TempDir("ill");
+  recal::testing::TempDir tmp;
+  const std::string dir = tmp.path();
   const std::string model = SaveModule(MakeBatchNorm(6), dir + "/bn.pt");
   at::manual_seed(0);
   const at::Tensor offsets = at::tensor({1e4, -1e4, 3e3, 0.0, 1e4, 5.0});
@@ -104,7 +105,8 @@ TEST(Recalibration, IllConditionedChannelsMatchFloat64) {
 }
 
 TEST(Recalibration, OrdinaryChannelsTakeTheFusedKernelsStatistics) {
-  const std::string dir = TempDir("ordinary");
+  recal::testing::TempDir tmp;
+  const std::string dir = tmp.path();
   const std::string model = SaveModule(MakeNet(3), dir + "/net.pt");
   at::manual_seed(1);
   std::vector<at::Tensor> batches = {at::randn({8, 3, 5, 5}), at::randn({8, 3, 5, 5}),
@@ -119,7 +121,8 @@ TEST(Recalibration, OrdinaryChannelsTakeTheFusedKernelsStatistics) {
 }
 
 TEST(Recalibration, UnusedAndExcludedLayersKeepTheirStatistics) {
-  const std::string dir = TempDir("unused");
+  recal::testing::TempDir tmp;
+  const std::string dir = tmp.path();
   const std::string model = SaveModule(MakeNet(4), dir + "/net.pt");
   Options options;
   options.exclude = "^sec";
@@ -143,7 +146,8 @@ TEST(Recalibration, UnusedAndExcludedLayersKeepTheirStatistics) {
 }
 
 TEST(Recalibration, WrittenModelLoadsAndCallsNoRecalOperator) {
-  const std::string dir = TempDir("written");
+  recal::testing::TempDir tmp;
+  const std::string dir = tmp.path();
   const std::string model = SaveModule(MakeNet(2), dir + "/net.pt");
   auto run = RunOn(model, {at::randn({6, 2, 3})});
   ASSERT_TRUE(run.ok()) << run.status();
@@ -155,7 +159,8 @@ TEST(Recalibration, WrittenModelLoadsAndCallsNoRecalOperator) {
 }
 
 TEST(Recalibration, NonFiniteActivationsNameTheLayerAndBatch) {
-  const std::string dir = TempDir("nan");
+  recal::testing::TempDir tmp;
+  const std::string dir = tmp.path();
   const std::string model = SaveModule(MakeNet(3), dir + "/net.pt");
   at::Tensor bad = at::randn({4, 3});
   bad[2][1] = std::numeric_limits<float>::quiet_NaN();
@@ -166,7 +171,8 @@ TEST(Recalibration, NonFiniteActivationsNameTheLayerAndBatch) {
 }
 
 TEST(Recalibration, ShortDataFailsUnlessAllowed) {
-  const std::string dir = TempDir("short");
+  recal::testing::TempDir tmp;
+  const std::string dir = tmp.path();
   const std::string model = SaveModule(MakeNet(3), dir + "/net.pt");
   Options options;
   options.max_batches = 5;
@@ -180,7 +186,8 @@ TEST(Recalibration, ShortDataFailsUnlessAllowed) {
 }
 
 TEST(Recalibration, UsesAtMost200BatchesByDefault) {
-  const std::string dir = TempDir("default_limit");
+  recal::testing::TempDir tmp;
+  const std::string dir = tmp.path();
   const std::string model = SaveModule(MakeNet(3), dir + "/net.pt");
   std::vector<at::Tensor> batches(250, at::randn({4, 3}));
   auto run = RunOn(model, batches);
@@ -189,7 +196,8 @@ TEST(Recalibration, UsesAtMost200BatchesByDefault) {
 }
 
 TEST(Recalibration, StopsOnceTheTargetPrecisionIsReached) {
-  const std::string dir = TempDir("target");
+  recal::testing::TempDir tmp;
+  const std::string dir = tmp.path();
   const std::string model = SaveModule(MakeNet(3), dir + "/net.pt");
   std::vector<at::Tensor> batches;
   for (int i = 0; i < 150; ++i) batches.push_back(at::randn({256, 3}));
@@ -204,7 +212,8 @@ TEST(Recalibration, StopsOnceTheTargetPrecisionIsReached) {
 }
 
 TEST(Recalibration, ModelWithoutBatchNormIsRefused) {
-  const std::string dir = TempDir("no_bn");
+  recal::testing::TempDir tmp;
+  const std::string dir = tmp.path();
   torch::jit::Module plain("Plain");
   plain.register_attribute("training", c10::BoolType::get(), true);
   plain.define("def forward(self, x):\n    return x * 2.0\n");
@@ -214,7 +223,8 @@ TEST(Recalibration, ModelWithoutBatchNormIsRefused) {
 }
 
 TEST(Recalibration, FrozenModelIsRefused) {
-  const std::string dir = TempDir("frozen");
+  recal::testing::TempDir tmp;
+  const std::string dir = tmp.path();
   torch::jit::Module net = MakeNet(3);
   net.eval();
   torch::jit::Module frozen = torch::jit::freeze_module(net);
@@ -224,7 +234,8 @@ TEST(Recalibration, FrozenModelIsRefused) {
 }
 
 TEST(Recalibration, CorruptAndTruncatedArchivesAreRefused) {
-  const std::string dir = TempDir("corrupt");
+  recal::testing::TempDir tmp;
+  const std::string dir = tmp.path();
   const std::string good = SaveModule(MakeNet(3), dir + "/net.pt");
   std::ifstream in(good, std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -243,7 +254,8 @@ TEST(Recalibration, CorruptAndTruncatedArchivesAreRefused) {
 }
 
 TEST(Recalibration, WrongChannelCountIsAClearError) {
-  const std::string dir = TempDir("channels");
+  recal::testing::TempDir tmp;
+  const std::string dir = tmp.path();
   const std::string model = SaveModule(MakeNet(3), dir + "/net.pt");
   auto run = RunOn(model, {at::randn({4, 5})});
   ASSERT_FALSE(run.ok());
@@ -252,7 +264,8 @@ TEST(Recalibration, WrongChannelCountIsAClearError) {
 }
 
 TEST(Recalibration, BadOptionsAreRefused) {
-  const std::string dir = TempDir("options");
+  recal::testing::TempDir tmp;
+  const std::string dir = tmp.path();
   const std::string model = SaveModule(MakeNet(3), dir + "/net.pt");
   Options bad_regex;
   bad_regex.include = "([";
@@ -268,7 +281,8 @@ TEST(Recalibration, BadOptionsAreRefused) {
 }
 
 TEST(Recalibration, ConcurrentRunsKeepTheirOwnStatistics) {
-  const std::string dir = TempDir("concurrent");
+  recal::testing::TempDir tmp;
+  const std::string dir = tmp.path();
   const std::string model = SaveModule(MakeNet(3), dir + "/net.pt");
   std::vector<std::vector<at::Tensor>> data(4);
   for (size_t j = 0; j < data.size(); ++j) {

@@ -11,6 +11,7 @@
 #include "server/data/batch_source.h"
 #include "server/engine/recalibration.h"
 #include "tests/engine/test_util.h"
+#include "tests/test_util.h"
 
 namespace recal::engine {
 namespace {
@@ -37,9 +38,14 @@ std::vector<FixtureCase> LoadManifest() {
     if (line.empty() || line[0] == '#') continue;
     std::vector<std::string> f = absl::StrSplit(line, '\t');
     if (f.size() < 9) continue;
-    FixtureCase c{f[0], f[1], FixturesDir() + "/" + f[2], f[3], FixturesDir() + "/" + f[5],
-                  FixturesDir() + "/" + f[6]};
+    FixtureCase c;
+    c.family = f[0];
+    c.variant = f[1];
+    c.model = FixturesDir() + "/" + f[2];
+    c.data = f[3];
     c.batch_size = std::stoll(f[4]);
+    c.population_ref = FixturesDir() + "/" + f[5];
+    c.batch_average_ref = FixturesDir() + "/" + f[6];
     if (f[7] != "-") c.unused = absl::StrSplit(f[7], ',');
     if (f[8] != "-") {
       for (absl::string_view kv : absl::StrSplit(f[8], ',')) {
@@ -57,6 +63,10 @@ struct Param {
   v1::Estimator estimator;
 };
 
+void PrintTo(const Param& p, std::ostream* os) {
+  *os << p.fixture.family << "." << p.fixture.variant << " " << v1::Estimator_Name(p.estimator);
+}
+
 class ReferenceTest : public ::testing::TestWithParam<Param> {};
 
 TEST_P(ReferenceTest, MatchesFloat64Reference) {
@@ -70,7 +80,8 @@ TEST_P(ReferenceTest, MatchesFloat64Reference) {
   absl::Status ran = (*run)->Run([&] { return (*source)->Next(); });
   ASSERT_TRUE(ran.ok()) << ran;
 
-  const std::string out = testing::TempDir(c.family + "_" + c.variant) + "/bn.safetensors";
+  recal::testing::TempDir tmp;
+  const std::string out = tmp.File("bn.safetensors");
   ASSERT_TRUE((*run)->WriteBatchNormBuffers(out).ok());
   auto written = testing::ReadSafetensors(out);
   auto reference = testing::ReadSafetensors(

@@ -1,7 +1,5 @@
 #include "tests/engine/test_util.h"
 
-#include <filesystem>
-
 #include <gtest/gtest.h>
 
 #include "server/data/mapped_file.h"
@@ -9,13 +7,6 @@
 #include "server/formats/safetensors.h"
 
 namespace recal::engine::testing {
-
-std::string TempDir(const std::string& name) {
-  std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / name;
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir.string();
-}
 
 std::string SaveModule(const torch::jit::Module& module, const std::string& path) {
   module.save(path);

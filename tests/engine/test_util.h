@@ -14,9 +14,6 @@
 
 namespace recal::engine::testing {
 
-// A fresh directory under the test's temp dir.
-std::string TempDir(const std::string& name);
-
 // Saves `module` with torch::jit's own writer and returns the path.
 std::string SaveModule(const torch::jit::Module& module, const std::string& path);
 

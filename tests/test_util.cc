@@ -1,4 +1,4 @@
-#include "tests/data/test_util.h"
+#include "tests/test_util.h"
 
 #include <unistd.h>
 
