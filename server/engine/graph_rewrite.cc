@@ -97,7 +97,8 @@ std::vector<std::string> RecalOpsIn(const torch::jit::Module& module) {
         if (node->kind() == c10::prim::CallFunction) {
           // Free functions reached from methods are compiled into the archive too.
           auto fn_type = node->input(0)->type()->cast<c10::FunctionType>();
-          if (fn_type && seen.insert(fn_type->function()).second) {
+          if (fn_type && fn_type->function()->isGraphFunction() &&
+              seen.insert(fn_type->function()).second) {
             scan(torch::jit::toGraphFunction(*fn_type->function()).graph()->block());
           }
         }

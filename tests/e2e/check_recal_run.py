@@ -277,7 +277,7 @@ def check_success(case):
         return ["OUT.pt does not load: %s" % str(e).splitlines()[0]]
     check_no_recal_ops(case.out, out, errors)
     got = {k: v.detach() for k, v in out.state_dict().items()}
-    check_stats(got, ref, layers, rtol, errors, "OUT.pt")
+    case.worst = check_stats(got, ref, layers, rtol, errors, "OUT.pt")
     # Everything else is untouched.
     old_state, old_training = archive_state(line.model)
     bn_keys = set(models_bn_keys(layers))
@@ -510,9 +510,11 @@ def main():
                 else:
                     errors = check_failure(case, args.lenient_stderr)
                 status = "PASS" if not errors else "FAIL"
-                print("%s %-48s %6.1fs%s" % (status, case.name, case.seconds,
-                                             "" if case.expect_ok or errors else "  (" + case.stderr.strip()[-100:] + ")"),
-                      flush=True)
+                if case.expect_ok:
+                    detail = "  worst error %.3f of tolerance" % case.worst if hasattr(case, "worst") else ""
+                else:
+                    detail = "" if errors else "  (" + case.stderr.strip()[-100:] + ")"
+                print("%s %-48s %6.1fs%s" % (status, case.name, case.seconds, detail), flush=True)
                 for e in errors[:12]:
                     print("       - " + e)
                 if len(errors) > 12:

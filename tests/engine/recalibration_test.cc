@@ -263,6 +263,15 @@ TEST(Recalibration, WrongChannelCountIsAClearError) {
   EXPECT_THAT(run.status().message(), ::testing::Not(HasSubstr("\n")));
 }
 
+TEST(Recalibration, WrongInputRankIsAClearError) {
+  recal::testing::TempDir tmp;
+  const std::string model = SaveModule(MakeNet(3), tmp.File("net.pt"));
+  auto run = RunOn(model, {at::randn({3})});
+  ASSERT_FALSE(run.ok());
+  EXPECT_THAT(run.status().message(), HasSubstr("forward failed on batch 0"));
+  EXPECT_THAT(run.status().message(), ::testing::Not(HasSubstr("\n")));
+}
+
 TEST(Recalibration, BadOptionsAreRefused) {
   recal::testing::TempDir tmp;
   const std::string dir = tmp.path();
