@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job, end to end on a fresh Debian 12 machine: install packages, build, make a real
-# torchvision ResNet-18 (TorchScript) and data, recalibrate it with recal-run, and check the
-# result from Python (loads with torch.jit.load, matches the float64 reference).
+# torchvision ResNet-18 (TorchScript) and data, recalibrate it with recal-run and through
+# recal-server (upload, submit, watch, download), and check both results from Python
+# (they load with torch.jit.load and match the float64 reference).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -17,3 +18,4 @@ build/bin/recal-run \
   --bn_out "$out/resnet18.bn.safetensors" \
   --report "$out/resnet18.report.json"
 /usr/bin/python3 scripts/demo_check.py "$out" "$fixtures"
+/usr/bin/python3 scripts/demo_server.py --server build/bin/recal-server --fixtures "$fixtures" --out "$out"

@@ -284,6 +284,20 @@ absl::Status Recalibration::WriteBatchNormBuffers(const std::string& path) const
   return formats::WriteSafetensors(path, entries, {{"format", "pt"}, {"producer", "recal"}});
 }
 
+std::vector<DeclaredLayer> Recalibration::Layers() const {
+  std::vector<DeclaredLayer> layers;
+  for (const auto& layer : collector_->layers()) {
+    layers.push_back({layer->name, layer->mean_key, layer->var_key, layer->channels});
+  }
+  return layers;
+}
+
+absl::StatusOr<std::vector<DeclaredLayer>> InspectModel(const std::string& path) {
+  auto run = Recalibration::Create(path, Options());
+  if (!run.ok()) return run.status();
+  return (*run)->Layers();
+}
+
 v1::RunReport Recalibration::Report() const {
   v1::RunReport report;
   report.set_model(model_path_);

@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "recal/v1/report.pb.h"
+#include "server/engine/inspect.h"
 #include "server/engine/options.h"
 
 namespace torch::jit {
@@ -64,6 +65,9 @@ class Recalibration {
   absl::Status WriteBatchNormBuffers(const std::string& path) const;
   // The report (the caller adds what it knows of the data: data, batch_size).
   v1::RunReport Report() const;
+
+  // The BatchNorm layers known so far: every BatchNorm module, and functional calls seen.
+  std::vector<DeclaredLayer> Layers() const;
 
   int64_t batches() const { return batches_; }
   int64_t samples() const { return samples_; }

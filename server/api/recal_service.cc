@@ -1,0 +1,144 @@
+#include "server/api/recal_service.h"
+
+#include <fstream>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+
+namespace recal::api {
+namespace {
+
+// Returns from the adapter with the gRPC form of a non-OK status.
+#define RECAL_RETURN_IF_ERROR(expr)                               \
+  do {                                                            \
+    const absl::Status _status = (expr);                          \
+    if (!_status.ok()) return ::recal::ToGrpcStatus(_status);     \
+  } while (0)
+
+template <typename T>
+grpc::Status Respond(absl::StatusOr<T> result, T* response) {
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  *response = *std::move(result);
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+grpc::Status RecalService::UploadModel(grpc::ServerContext* context,
+                                       grpc::ServerReader<v1::UploadModelRequest>* reader,
+                                       v1::Model* response) {
+  v1::UploadModelRequest message;
+  if (!reader->Read(&message) || !message.has_header()) {
+    return ToGrpcStatus(absl::InvalidArgumentError("the first message of an upload is its header"));
+  }
+  const v1::UploadHeader header = message.header();
+  auto existing = models_->StartUpload(header);
+  if (!existing.ok()) return ToGrpcStatus(existing.status());
+  if (existing->has_value()) {
+    *response = **existing;  // the same bytes are stored already
+    return grpc::Status::OK;
+  }
+  while (reader->Read(&message)) {
+    if (!message.has_chunk()) {
+      return ToGrpcStatus(absl::InvalidArgumentError("only chunks may follow the upload header"));
+    }
+    RECAL_RETURN_IF_ERROR(models_->AppendChunk(header, message.chunk()));
+  }
+  if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "upload broken off");
+  return Respond(models_->FinishUpload(header), response);
+}
+
+grpc::Status RecalService::GetUploadStatus(grpc::ServerContext*, const v1::GetUploadStatusRequest* request,
+                                           v1::UploadStatus* response) {
+  return Respond(models_->UploadStatus(request->sha256()), response);
+}
+
+grpc::Status RecalService::GetModel(grpc::ServerContext*, const v1::GetModelRequest* request,
+                                    v1::Model* response) {
+  return Respond(models_->Get(request->id()), response);
+}
+
+grpc::Status RecalService::ListModels(grpc::ServerContext*, const v1::ListModelsRequest* request,
+                                      v1::ListModelsResponse* response) {
+  auto page = models_->List(request->page_size(), request->page_token());
+  if (!page.ok()) return ToGrpcStatus(page.status());
+  for (v1::Model& model : page->models) *response->add_models() = std::move(model);
+  response->set_next_page_token(page->next_page_token);
+  return grpc::Status::OK;
+}
+
+grpc::Status RecalService::DeleteModel(grpc::ServerContext*, const v1::DeleteModelRequest* request,
+                                       v1::DeleteModelResponse*) {
+  return ToGrpcStatus(models_->Delete(request->id()));
+}
+
+grpc::Status RecalService::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
+                                     v1::Job* response) {
+  return Respond(jobs_->Submit(*request), response);
+}
+
+grpc::Status RecalService::GetJob(grpc::ServerContext*, const v1::GetJobRequest* request, v1::Job* response) {
+  return Respond(jobs_->Get(request->id()), response);
+}
+
+grpc::Status RecalService::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* request,
+                                    v1::ListJobsResponse* response) {
+  std::vector<v1::JobState> states;
+  for (int state : request->states()) states.push_back(static_cast<v1::JobState>(state));
+  auto page = jobs_->List(states, request->page_size(), request->page_token());
+  if (!page.ok()) return ToGrpcStatus(page.status());
+  for (v1::Job& job : page->jobs) *response->add_jobs() = std::move(job);
+  response->set_next_page_token(page->next_page_token);
+  return grpc::Status::OK;
+}
+
+grpc::Status RecalService::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* request,
+                                     v1::Job* response) {
+  return Respond(jobs_->Cancel(request->id()), response);
+}
+
+grpc::Status RecalService::WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
+                                    grpc::ServerWriter<v1::JobEvent>* writer) {
+  return ToGrpcStatus(jobs_->Watch(
+      request->id(), request->after_seq(),
+      [&](const v1::JobEvent& event) { return writer->Write(event); },
+      [&] { return context->IsCancelled(); }));
+}
+
+grpc::Status RecalService::PushBatches(grpc::ServerContext*, grpc::ServerReader<v1::PushBatchesRequest>*,
+                                       v1::PushBatchesResponse*) {
+  return ToGrpcStatus(absl::UnimplementedError("client_stream data sources are not served yet"));
+}
+
+grpc::Status RecalService::DownloadResult(grpc::ServerContext* context,
+                                          const v1::DownloadResultRequest* request,
+                                          grpc::ServerWriter<v1::DownloadResultChunk>* writer) {
+  auto ref = jobs_->Result(request->job_id(), request->artifact());
+  if (!ref.ok()) return ToGrpcStatus(ref.status());
+  if (request->offset() < 0 || request->offset() > ref->size) {
+    return ToGrpcStatus(absl::OutOfRangeError(
+        absl::StrCat("offset ", request->offset(), " is outside the artifact's ", ref->size, " bytes")));
+  }
+  std::ifstream in(jobs_->BlobPath(ref->sha256), std::ios::binary);
+  if (!in) return ToGrpcStatus(absl::DataLossError(absl::StrCat("result blob ", ref->sha256, " is missing")));
+  in.seekg(request->offset());
+  std::vector<char> buffer(download_chunk_bytes_);
+  int64_t offset = request->offset();
+  bool first = true;
+  do {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    const std::streamsize got = in.gcount();
+    v1::DownloadResultChunk chunk;
+    chunk.set_offset(offset);
+    chunk.set_data(buffer.data(), got);
+    chunk.set_total_size(ref->size);
+    if (first) chunk.set_sha256(ref->sha256);
+    first = false;
+    if (!writer->Write(chunk)) return grpc::Status(grpc::StatusCode::CANCELLED, "download broken off");
+    offset += got;
+  } while (offset < ref->size && !context->IsCancelled());
+  return grpc::Status::OK;
+}
+
+}  // namespace recal::api

@@ -1,0 +1,51 @@
+// The gRPC adapters: request -> domain call (jobs::ModelRegistry, jobs::JobManager) ->
+// status. No logic of their own beyond streaming.
+#pragma once
+
+#include <cstdint>
+
+#include "recal/v1/recal.grpc.pb.h"
+#include "server/jobs/job_manager.h"
+#include "server/jobs/model_registry.h"
+
+namespace recal::api {
+
+class RecalService final : public v1::Recal::Service {
+ public:
+  RecalService(jobs::ModelRegistry* models, jobs::JobManager* jobs, int64_t download_chunk_bytes)
+      : models_(models), jobs_(jobs), download_chunk_bytes_(download_chunk_bytes) {}
+
+  grpc::Status UploadModel(grpc::ServerContext* context,
+                           grpc::ServerReader<v1::UploadModelRequest>* reader,
+                           v1::Model* response) override;
+  grpc::Status GetUploadStatus(grpc::ServerContext* context, const v1::GetUploadStatusRequest* request,
+                               v1::UploadStatus* response) override;
+  grpc::Status GetModel(grpc::ServerContext* context, const v1::GetModelRequest* request,
+                        v1::Model* response) override;
+  grpc::Status ListModels(grpc::ServerContext* context, const v1::ListModelsRequest* request,
+                          v1::ListModelsResponse* response) override;
+  grpc::Status DeleteModel(grpc::ServerContext* context, const v1::DeleteModelRequest* request,
+                           v1::DeleteModelResponse* response) override;
+  grpc::Status SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
+                         v1::Job* response) override;
+  grpc::Status GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
+                      v1::Job* response) override;
+  grpc::Status ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* request,
+                        v1::ListJobsResponse* response) override;
+  grpc::Status CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
+                         v1::Job* response) override;
+  grpc::Status WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
+                        grpc::ServerWriter<v1::JobEvent>* writer) override;
+  grpc::Status PushBatches(grpc::ServerContext* context,
+                           grpc::ServerReader<v1::PushBatchesRequest>* reader,
+                           v1::PushBatchesResponse* response) override;
+  grpc::Status DownloadResult(grpc::ServerContext* context, const v1::DownloadResultRequest* request,
+                              grpc::ServerWriter<v1::DownloadResultChunk>* writer) override;
+
+ private:
+  jobs::ModelRegistry* models_;
+  jobs::JobManager* jobs_;
+  const int64_t download_chunk_bytes_;
+};
+
+}  // namespace recal::api

@@ -1,0 +1,52 @@
+#include "server/data/data_roots.h"
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace recal::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool IsWithin(const fs::path& path, const fs::path& root) {
+  auto p = path.begin();
+  for (auto r = root.begin(); r != root.end(); ++r, ++p) {
+    if (r->empty()) continue;  // a trailing separator
+    if (p == path.end() || *p != *r) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ResolveUnderRoots(const std::vector<std::string>& roots,
+                                              const std::string& path) {
+  if (roots.empty()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("path ", path, " refused: the server has no data roots (--data_root)"));
+  }
+  if (path.empty()) return absl::InvalidArgumentError("empty data path");
+  bool missing_inside = false;
+  for (const std::string& root : roots) {
+    std::error_code error;
+    const fs::path canonical_root = fs::canonical(root, error);
+    if (error) continue;
+    const fs::path candidate = fs::path(path).is_absolute() ? fs::path(path) : canonical_root / path;
+    // ".." first, lexically; then symbolic links, on the resolved path.
+    const fs::path lexical = fs::weakly_canonical(candidate, error);
+    if (error || !IsWithin(lexical, canonical_root)) continue;
+    const fs::path resolved = fs::canonical(candidate, error);
+    if (error) {
+      missing_inside = true;
+      continue;
+    }
+    if (IsWithin(resolved, canonical_root)) return resolved.string();
+  }
+  if (missing_inside) return absl::NotFoundError(absl::StrCat("no such data file: ", path));
+  return absl::PermissionDeniedError(absl::StrCat(
+      "path ", path, " is outside the server's data roots (", absl::StrJoin(roots, ", "), ")"));
+}
+
+}  // namespace recal::data

@@ -1,0 +1,24 @@
+// What a model offers for recalibration, found without running it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace recal::engine {
+
+struct DeclaredLayer {
+  std::string name;  // module path
+  std::string mean_key;
+  std::string var_key;
+  int64_t channels = 0;
+};
+
+// Loads the archive and instruments a copy, as a recalibration would: fails for the same
+// reasons (not an archive, no BatchNorm, frozen). Lists the BatchNorm modules; functional
+// batch_norm on other buffers is only found when the model runs.
+absl::StatusOr<std::vector<DeclaredLayer>> InspectModel(const std::string& path);
+
+}  // namespace recal::engine

@@ -1,0 +1,111 @@
+// Jobs: submission (validated, idempotent on request_id), a bounded priority queue, one
+// worker per device running the engine, cancellation at batch boundaries, per-job
+// timeouts, an event log that watchers follow (also across restarts), and recovery of
+// interrupted jobs at start-up. Every state change is durable before it is announced.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "recal/v1/recal.pb.h"
+#include "server/jobs/job_queue.h"
+#include "server/jobs/model_registry.h"
+#include "server/store/blob_store.h"
+#include "server/store/metadata_store.h"
+
+namespace recal::jobs {
+
+struct JobManagerOptions {
+  std::vector<std::string> devices = {"cpu"};  // one worker each
+  int max_queued_jobs = 64;
+  int threads_per_worker = 0;  // intra-op threads; 0 = LibTorch's default
+  std::vector<std::string> data_roots;
+  double default_timeout_seconds = 6 * 3600;
+  int64_t max_batch_size = 4096;
+  absl::Duration progress_interval = absl::Milliseconds(250);
+};
+
+class JobManager {
+ public:
+  JobManager(store::MetadataStore* metadata, store::BlobStore* blobs, ModelRegistry* models,
+             JobManagerOptions options);
+  ~JobManager();
+
+  // Re-queues jobs a previous process left running, queues the waiting ones, starts workers.
+  absl::Status Start();
+  // Refuses new work, stops workers at their next batch boundary (their jobs go back to
+  // QUEUED for the next start) and ends watches. Returns when the workers have stopped or
+  // `deadline` has passed.
+  void Shutdown(absl::Duration deadline);
+
+  absl::StatusOr<v1::Job> Submit(const v1::SubmitJobRequest& request);
+  absl::StatusOr<v1::Job> Get(const std::string& id);
+  absl::StatusOr<store::JobPage> List(const std::vector<v1::JobState>& states, int page_size,
+                                      const std::string& page_token);
+  absl::StatusOr<v1::Job> Cancel(const std::string& id);
+
+  // Delivers a snapshot of the job (its seq is after_seq: it does not advance), then every
+  // event with seq > after_seq, until the terminal state has been delivered (OK), `deliver`
+  // returns false or `stopped()` becomes true (CANCELLED), or the server shuts down
+  // (UNAVAILABLE).
+  absl::Status Watch(const std::string& id, int64_t after_seq,
+                     const std::function<bool(const v1::JobEvent&)>& deliver,
+                     const std::function<bool()>& stopped);
+
+  // The stored artifact of a SUCCEEDED job (FAILED_PRECONDITION otherwise) and its file.
+  absl::StatusOr<store::ResultRef> Result(const std::string& id, v1::Artifact artifact);
+  std::string BlobPath(const std::string& sha256) const { return blobs_->PathOf(sha256); }
+
+  int queued() const { return queue_.size(); }
+  int running() const;
+
+ private:
+  struct Running {
+    std::atomic<bool> cancel{false};
+    std::atomic<bool> by_user{false};
+  };
+  struct Outputs;
+
+  void WorkerLoop(std::string device);
+  void RunJob(const std::string& id, const std::string& device);
+  absl::StatusOr<Outputs> Execute(const v1::Job& job, const std::string& device, Running& running);
+  // Stores `job` (already changed by the caller) with `event`, then wakes watchers.
+  absl::Status Record(const v1::Job& job, v1::JobEvent event);
+  absl::Status RecordState(v1::Job& job, v1::JobState state);
+  absl::Status ValidateSpec(const v1::JobSpec& spec);
+
+  store::MetadataStore* metadata_;
+  store::BlobStore* blobs_;
+  ModelRegistry* models_;
+  const JobManagerOptions options_;
+  JobQueue queue_;
+
+  // Serialises state transitions (submit, cancel, start, finish) so that none is lost.
+  mutable std::mutex mu_;
+  std::map<std::string, std::shared_ptr<Running>> running_;
+  std::vector<std::thread> workers_;
+  bool started_ = false;
+  std::atomic<bool> stopping_{false};
+
+  // Watchers wait here for the next recorded event.
+  std::mutex events_mu_;
+  std::condition_variable events_cv_;
+  int64_t events_version_ = 0;
+
+  std::mutex workers_mu_;
+  std::condition_variable workers_cv_;
+  int active_workers_ = 0;
+};
+
+bool IsTerminal(v1::JobState state);
+
+}  // namespace recal::jobs

@@ -1,0 +1,127 @@
+#include "server/jobs/model_registry.h"
+
+#include <google/protobuf/util/time_util.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "server/engine/inspect.h"
+
+namespace recal::jobs {
+namespace {
+
+constexpr absl::string_view kIdPrefix = "sha256:";
+
+const std::vector<v1::JobState> kActiveStates = {v1::QUEUED, v1::RUNNING, v1::CANCELLING};
+
+}  // namespace
+
+absl::StatusOr<std::string> DigestOfModelId(const std::string& id) {
+  if (!absl::StartsWith(id, kIdPrefix)) {
+    return absl::InvalidArgumentError(absl::StrCat("model id '", id, "' is not sha256:<hex>"));
+  }
+  return id.substr(kIdPrefix.size());
+}
+
+std::string ModelIdOf(const std::string& sha256_hex) { return absl::StrCat(kIdPrefix, sha256_hex); }
+
+absl::StatusOr<std::optional<v1::Model>> ModelRegistry::StartUpload(const v1::UploadHeader& header) {
+  if (header.size() <= 0) return absl::InvalidArgumentError("upload header: size must be positive");
+  if (header.size() > max_model_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat("model of ", header.size(),
+                                                     " bytes exceeds the server's limit of ",
+                                                     max_model_bytes_, " (--max_model_bytes)"));
+  }
+  auto existing = metadata_->GetModel(ModelIdOf(header.sha256()));
+  if (existing.ok()) return std::optional<v1::Model>(*existing);
+  if (existing.status().code() != absl::StatusCode::kNotFound) return existing.status();
+  // Validates the digest's form (it names a file).
+  auto committed = blobs_->UploadedSize(header.sha256());
+  if (!committed.ok()) return committed.status();
+  return std::optional<v1::Model>();
+}
+
+absl::Status ModelRegistry::AppendChunk(const v1::UploadHeader& header, const v1::UploadChunk& chunk) {
+  return blobs_->AppendUpload(header.sha256(), chunk.offset(), chunk.data(), header.size());
+}
+
+absl::StatusOr<v1::Model> ModelRegistry::FinishUpload(const v1::UploadHeader& header) {
+  auto committed = blobs_->UploadedSize(header.sha256());
+  if (!committed.ok()) return committed.status();
+  if (*committed != header.size()) {
+    return absl::FailedPreconditionError(absl::StrCat("upload incomplete: ", *committed, " of ",
+                                                      header.size(), " bytes committed; resume from ",
+                                                      *committed));
+  }
+  auto path = blobs_->CommitUpload(header.sha256());
+  if (!path.ok()) return path.status();
+  auto layers = engine::InspectModel(*path);
+  if (!layers.ok()) {
+    // Not kept: nothing may refer to a model that was refused.
+    blobs_->Remove(header.sha256()).IgnoreError();
+    return absl::InvalidArgumentError(absl::StrCat("model refused: ", layers.status().message()));
+  }
+  v1::Model model;
+  model.set_id(ModelIdOf(header.sha256()));
+  model.set_name(header.name());
+  model.set_size(header.size());
+  model.mutable_labels()->insert(header.labels().begin(), header.labels().end());
+  for (const engine::DeclaredLayer& layer : *layers) {
+    v1::BatchNormLayer* out = model.add_layers();
+    out->set_name(layer.name);
+    out->set_running_mean_key(layer.mean_key);
+    out->set_running_var_key(layer.var_key);
+    out->set_channels(layer.channels);
+  }
+  *model.mutable_create_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
+  return metadata_->PutModel(model);
+}
+
+absl::StatusOr<v1::UploadStatus> ModelRegistry::UploadStatus(const std::string& sha256) {
+  v1::UploadStatus status;
+  status.set_sha256(sha256);
+  auto model = metadata_->GetModel(ModelIdOf(sha256));
+  if (model.ok()) {
+    status.set_size(model->size());
+    status.set_committed_size(model->size());
+    status.set_model_id(model->id());
+    return status;
+  }
+  auto committed = blobs_->UploadedSize(sha256);
+  if (!committed.ok()) return committed.status();
+  status.set_committed_size(*committed);
+  return status;
+}
+
+absl::StatusOr<v1::Model> ModelRegistry::Get(const std::string& id) {
+  if (auto digest = DigestOfModelId(id); !digest.ok()) return digest.status();
+  return metadata_->GetModel(id);
+}
+
+absl::StatusOr<store::ModelPage> ModelRegistry::List(int page_size, const std::string& page_token) {
+  return metadata_->ListModels(page_size, page_token);
+}
+
+absl::Status ModelRegistry::Delete(const std::string& id) {
+  auto digest = DigestOfModelId(id);
+  if (!digest.ok()) return digest.status();
+  auto users = metadata_->CountJobsUsingModel(id, kActiveStates);
+  if (!users.ok()) return users.status();
+  if (*users > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("model ", id, " is used by ", *users, " queued or running job(s)"));
+  }
+  if (absl::Status deleted = metadata_->DeleteModel(id); !deleted.ok()) return deleted;
+  auto referenced = metadata_->BlobReferenced(*digest);
+  if (referenced.ok() && !*referenced) return blobs_->Remove(*digest);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ModelRegistry::PathOf(const std::string& id) {
+  auto digest = DigestOfModelId(id);
+  if (!digest.ok()) return digest.status();
+  auto model = metadata_->GetModel(id);
+  if (!model.ok()) return model.status();
+  return blobs_->PathOf(*digest);
+}
+
+}  // namespace recal::jobs

@@ -1,0 +1,110 @@
+// recal-server: the gRPC service, embedded by default (SQLite metadata and blobs under
+// --data_dir). SIGTERM / SIGINT: health goes NOT_SERVING, workers stop at a batch
+// boundary (their jobs stay QUEUED for the next start), watchers are ended, and the
+// process exits within --shutdown_timeout_seconds.
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/server_builder.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "server/api/recal_service.h"
+#include "server/engine/devices.h"
+#include "server/jobs/job_manager.h"
+#include "server/jobs/model_registry.h"
+#include "server/store/blob_store.h"
+#include "server/store/metadata_store.h"
+
+ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "address to serve gRPC on (port 0: any free port)");
+ABSL_FLAG(std::string, data_dir, "./recal-data", "where models, results and the metadata DB live");
+ABSL_FLAG(std::vector<std::string>, data_root, {},
+          "comma-separated directories jobs may read data from; nothing else is readable");
+ABSL_FLAG(std::string, devices, "cpu", "cpu | auto | cuda:0,cuda:1 (one worker per device)");
+ABSL_FLAG(int32_t, cpu_workers, 1, "workers when --devices=cpu (or auto without CUDA)");
+ABSL_FLAG(int32_t, threads_per_worker, 0, "intra-op threads of each worker (0: LibTorch's default)");
+ABSL_FLAG(int32_t, max_queued_jobs, 64, "jobs waiting at most; beyond it SubmitJob is RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_model_bytes, int64_t{2} << 30, "largest model archive accepted");
+ABSL_FLAG(int32_t, max_message_bytes, 8 << 20, "largest gRPC message accepted");
+ABSL_FLAG(int64_t, max_batch_size, 4096, "largest batch_size a job may ask for");
+ABSL_FLAG(double, job_timeout_seconds, 6 * 3600, "a job's time limit unless its spec sets one");
+ABSL_FLAG(double, shutdown_timeout_seconds, 20, "how long SIGTERM waits for workers and calls");
+ABSL_FLAG(int32_t, download_chunk_bytes, 1 << 20, "bytes per DownloadResult message");
+
+namespace {
+
+int Fail(const absl::Status& status) {
+  std::cerr << "recal-server: " << status.message() << "\n";
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("recal-server [--listen=0.0.0.0:50051] [--data_dir=./recal-data] ...");
+  absl::ParseCommandLine(argc, argv);
+
+  // Signals are taken by one thread with sigwait, so block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
+  std::error_code error;
+  std::filesystem::create_directories(data_dir, error);
+  if (error) return Fail(absl::InternalError(absl::StrCat("cannot create ", data_dir, ": ", error.message())));
+  auto blobs = recal::store::BlobStore::Open(data_dir);
+  if (!blobs.ok()) return Fail(blobs.status());
+  auto metadata = recal::store::MetadataStore::Open(data_dir + "/recal.db");
+  if (!metadata.ok()) return Fail(metadata.status());
+  auto devices = recal::engine::ResolveDevices(absl::GetFlag(FLAGS_devices), absl::GetFlag(FLAGS_cpu_workers));
+  if (!devices.ok()) return Fail(devices.status());
+
+  recal::jobs::ModelRegistry models(metadata->get(), blobs->get(), absl::GetFlag(FLAGS_max_model_bytes));
+  recal::jobs::JobManagerOptions options;
+  options.devices = *devices;
+  options.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_jobs);
+  options.threads_per_worker = absl::GetFlag(FLAGS_threads_per_worker);
+  options.data_roots = absl::GetFlag(FLAGS_data_root);
+  options.default_timeout_seconds = absl::GetFlag(FLAGS_job_timeout_seconds);
+  options.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
+  recal::jobs::JobManager jobs(metadata->get(), blobs->get(), &models, options);
+  if (absl::Status started = jobs.Start(); !started.ok()) return Fail(started);
+
+  recal::api::RecalService service(&models, &jobs, absl::GetFlag(FLAGS_download_chunk_bytes));
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    return Fail(absl::UnavailableError(absl::StrCat("cannot listen on ", absl::GetFlag(FLAGS_listen))));
+  }
+  std::cerr << "recal-server: listening on port " << port << " (" << absl::GetFlag(FLAGS_listen)
+            << "), data in " << data_dir << ", " << devices->size() << " worker(s)" << std::endl;
+
+  int signal = 0;
+  sigwait(&signals, &signal);
+  std::cerr << "recal-server: signal " << signal << ", shutting down" << std::endl;
+  const absl::Duration deadline = absl::Seconds(absl::GetFlag(FLAGS_shutdown_timeout_seconds));
+  server->GetHealthCheckService()->SetServingStatus(false);
+  jobs.Shutdown(deadline);
+  server->Shutdown(std::chrono::system_clock::now() + absl::ToChronoSeconds(deadline));
+  std::cerr << "recal-server: stopped" << std::endl;
+  return 0;
+}

@@ -1,0 +1,54 @@
+// Content-addressed blobs on local disk, and uploads in progress. Every write is atomic
+// (temp file, fsync, rename): a blob is either whole under its digest or absent.
+//   <dir>/blobs/sha256/<hex[0:2]>/<hex>
+//   <dir>/uploads/<hex>.partial      bytes committed so far of an upload of digest <hex>
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace recal::store {
+
+class BlobStore {
+ public:
+  static absl::StatusOr<std::unique_ptr<BlobStore>> Open(const std::string& dir);
+
+  // Where the blob with this hex digest lives (whether or not it exists).
+  std::string PathOf(const std::string& sha256_hex) const;
+  bool Has(const std::string& sha256_hex) const;
+  absl::StatusOr<int64_t> SizeOf(const std::string& sha256_hex) const;  // NOT_FOUND
+
+  // Stores `bytes` and returns their hex digest.
+  absl::StatusOr<std::string> Put(absl::string_view bytes);
+  // Moves a complete file (e.g. one the engine wrote next to the store) into the store
+  // under its digest, computed here; returns the digest.
+  absl::StatusOr<std::string> AdoptFile(const std::string& path);
+  absl::Status Remove(const std::string& sha256_hex);  // OK if absent
+
+  // Uploads. Appends are durable (fsync) before they return, so committed size survives
+  // a crash. AppendUpload refuses an offset other than the committed size
+  // (FAILED_PRECONDITION, naming the committed size) and growth past `expected_size`
+  // (INVALID_ARGUMENT).
+  absl::StatusOr<int64_t> UploadedSize(const std::string& sha256_hex) const;  // 0 if none
+  absl::Status AppendUpload(const std::string& sha256_hex, int64_t offset, absl::string_view data,
+                            int64_t expected_size);
+  // Verifies the digest of the complete upload (INVALID_ARGUMENT on mismatch, and the
+  // partial file is discarded) and moves it into the store. Returns the blob's path.
+  absl::StatusOr<std::string> CommitUpload(const std::string& sha256_hex);
+  absl::Status DiscardUpload(const std::string& sha256_hex);
+
+  // A directory on the same file system for temporary files that AdoptFile will take.
+  const std::string& scratch_dir() const { return scratch_dir_; }
+
+ private:
+  explicit BlobStore(std::string dir);
+  std::string dir_;
+  std::string scratch_dir_;
+};
+
+}  // namespace recal::store

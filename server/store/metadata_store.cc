@@ -1,0 +1,499 @@
+#include "server/store/metadata_store.h"
+
+#include <algorithm>
+#include <mutex>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "google/protobuf/timestamp.pb.h"
+#include "server/store/sqlite_util.h"
+#include "server/store/status_macros.h"
+
+namespace recal::store {
+namespace {
+
+using internal::Db;
+using internal::Query;
+using internal::Transaction;
+
+// PRAGMA user_version of the schema below. Bump it (and add a migration step in
+// MigrateSchema) whenever a table changes.
+constexpr int64_t kSchemaVersion = 1;
+
+// create_seq is a per-table counter, so "newest first" and page tokens do not depend on
+// clock resolution or clock steps.
+constexpr char kSchemaV1[] = R"sql(
+CREATE TABLE models (
+  id TEXT PRIMARY KEY,
+  create_seq INTEGER NOT NULL UNIQUE,
+  proto BLOB NOT NULL
+);
+CREATE TABLE jobs (
+  id TEXT PRIMARY KEY,
+  request_id TEXT UNIQUE,           -- NULL when the client gave none
+  state INTEGER NOT NULL,           -- always equal to proto.state
+  model_id TEXT NOT NULL,
+  create_seq INTEGER NOT NULL UNIQUE,
+  proto BLOB NOT NULL
+);
+CREATE INDEX jobs_by_state ON jobs(state, create_seq);
+CREATE INDEX jobs_by_model ON jobs(model_id, state);
+CREATE TABLE events (
+  job_id TEXT NOT NULL,
+  seq INTEGER NOT NULL,
+  proto BLOB NOT NULL,
+  PRIMARY KEY (job_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE results (
+  job_id TEXT NOT NULL,
+  artifact INTEGER NOT NULL,
+  sha256 TEXT NOT NULL,
+  size INTEGER NOT NULL,
+  PRIMARY KEY (job_id, artifact)
+) WITHOUT ROWID;
+CREATE INDEX results_by_blob ON results(sha256);
+)sql";
+
+constexpr int kDefaultPageSize = 100;
+constexpr int kMaxPageSize = 1000;
+
+int ClampPageSize(int page_size) {
+  if (page_size <= 0) return kDefaultPageSize;
+  return page_size > kMaxPageSize ? kMaxPageSize : page_size;
+}
+
+// Page tokens carry the create_seq of the last item returned and which list they belong to;
+// base64 keeps them opaque so clients do not start building their own.
+std::string EncodePageToken(absl::string_view kind, int64_t last_seq) {
+  return absl::WebSafeBase64Escape(absl::StrCat(kind, ":", last_seq));
+}
+
+// The create_seq to continue below; 0 for an empty token (start from the newest).
+absl::StatusOr<int64_t> DecodePageToken(absl::string_view kind, const std::string& token) {
+  if (token.empty()) return 0;
+  std::string raw;
+  int64_t seq = 0;
+  if (absl::WebSafeBase64Unescape(token, &raw)) {
+    absl::string_view rest(raw);
+    if (absl::ConsumePrefix(&rest, kind) && absl::ConsumePrefix(&rest, ":") && absl::SimpleAtoi(rest, &seq) &&
+        seq > 0) {
+      return seq;
+    }
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("page_token '", token.substr(0, 64), token.size() > 64 ? "...'" : "'",
+                   " is not one this server returned for listing ", kind,
+                   "; pass the next_page_token of the previous response, or empty to start over"));
+}
+
+// "(?3,?4,?5)": numbered placeholders for a state filter, bound by BindStates from
+// `first_index` on. Numbered, because a bare "?" takes the largest index used so far + 1
+// and would collide with numbered parameters elsewhere in the statement.
+std::string Placeholders(int first_index, size_t n) {
+  std::string s = "(";
+  for (size_t i = 0; i < n; ++i) absl::StrAppend(&s, i == 0 ? "?" : ",?", first_index + static_cast<int>(i));
+  return absl::StrCat(s, ")");
+}
+
+// The distinct valid states of a filter, sorted; empty means "any state". nullopt when the
+// caller asked for states but none is a JobState (proto3 enums from the wire may hold any
+// int), i.e. nothing matches. Deduplicating also bounds the statement cache: at most one
+// statement per filter size.
+std::optional<std::vector<v1::JobState>> NormalizeStates(const std::vector<v1::JobState>& states) {
+  std::vector<v1::JobState> out;
+  for (const v1::JobState s : states) {
+    if (v1::JobState_IsValid(s)) out.push_back(s);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  if (out.empty() && !states.empty()) return std::nullopt;
+  return out;
+}
+
+void BindStates(Query& q, int first_index, const std::vector<v1::JobState>& states) {
+  for (size_t i = 0; i < states.size(); ++i) q.Bind(first_index + static_cast<int>(i), int64_t{states[i]});
+}
+
+void SetNow(google::protobuf::Timestamp* ts) {
+  const absl::Duration since_epoch = absl::Now() - absl::UnixEpoch();
+  const int64_t nanos = absl::ToInt64Nanoseconds(since_epoch);
+  ts->set_seconds(nanos / 1000000000);
+  ts->set_nanos(static_cast<int32_t>(nanos % 1000000000));
+}
+
+template <typename Message>
+absl::StatusOr<Message> Parse(const std::string& bytes, absl::string_view what, absl::string_view id) {
+  Message m;
+  if (!m.ParseFromString(bytes)) {
+    return absl::InternalError(
+        absl::StrCat("stored ", what, " '", id, "' does not parse; the database is corrupt"));
+  }
+  return m;
+}
+
+}  // namespace
+
+struct MetadataStore::Impl {
+  explicit Impl(Db db) : db(std::move(db)) {}
+  std::mutex mu;  // guards db: one connection, one user at a time
+  Db db;
+
+  absl::Status MigrateSchema();
+  absl::StatusOr<std::vector<v1::Job>> QueryJobs(Query& q);
+  absl::StatusOr<bool> JobExists(const std::string& id);
+  // Inserts the event with the next seq of the job and the current time. Caller holds a
+  // transaction.
+  absl::StatusOr<v1::JobEvent> InsertEvent(const std::string& job_id, v1::JobEvent event);
+};
+
+absl::Status MetadataStore::Impl::MigrateSchema() {
+  RECAL_STORE_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
+  int64_t version = 0;
+  {
+    RECAL_STORE_ASSIGN_OR_RETURN(Query q, db.Prepare("PRAGMA user_version"));
+    RECAL_STORE_ASSIGN_OR_RETURN(const bool row, q.Step());
+    if (row) version = q.Int64(0);
+  }
+  if (version == kSchemaVersion) return absl::OkStatus();  // rolls back the empty transaction
+  if (version > kSchemaVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "database '", db.path(), "' has schema version ", version, " but this recal-server knows only up to ",
+        kSchemaVersion, "; run a newer server or point --data_dir elsewhere"));
+  }
+  // version == 0: a new (empty) database.
+  RECAL_STORE_RETURN_IF_ERROR(db.Exec(kSchemaV1));
+  RECAL_STORE_RETURN_IF_ERROR(db.Exec(absl::StrCat("PRAGMA user_version = ", kSchemaVersion)));
+  return txn.Commit();
+}
+
+absl::StatusOr<std::unique_ptr<MetadataStore>> MetadataStore::Open(const std::string& path) {
+  RECAL_STORE_ASSIGN_OR_RETURN(Db db, Db::Open(path));
+  // Other processes (sqlite3 CLI, backups) may hold the lock briefly; wait rather than fail.
+  RECAL_STORE_RETURN_IF_ERROR(db.Exec("PRAGMA busy_timeout = 10000"));
+  // WAL: readers never block the writer; FULL: a commit is on disk (WAL fsync'ed) when it
+  // returns, which the job state machine relies on ("SUCCEEDED only when durable").
+  {
+    RECAL_STORE_ASSIGN_OR_RETURN(Query q, db.Prepare("PRAGMA journal_mode = WAL"));
+    RECAL_STORE_ASSIGN_OR_RETURN(const bool row, q.Step());
+    if (!row || q.Text(0) != "wal") {
+      return absl::FailedPreconditionError(absl::StrCat("cannot put database '", path, "' in WAL mode (got '",
+                                                        row ? q.Text(0) : "",
+                                                        "'); is it on a network file system?"));
+    }
+  }
+  RECAL_STORE_RETURN_IF_ERROR(db.Exec("PRAGMA synchronous = FULL"));
+  RECAL_STORE_RETURN_IF_ERROR(db.Exec("PRAGMA foreign_keys = OFF"));
+  auto impl = std::make_unique<Impl>(std::move(db));
+  RECAL_STORE_RETURN_IF_ERROR(impl->MigrateSchema());
+  return std::unique_ptr<MetadataStore>(new MetadataStore(std::move(impl)));
+}
+
+MetadataStore::MetadataStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+MetadataStore::~MetadataStore() = default;
+
+// ------------------------------------------------------------------------------ models
+
+absl::StatusOr<v1::Model> MetadataStore::PutModel(const v1::Model& model) {
+  if (model.id().empty()) return absl::InvalidArgumentError("cannot store a model without an id");
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Db& db = impl_->db;
+  RECAL_STORE_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
+  {
+    // Same id = same bytes: the first stored metadata (name, labels, create_time) wins.
+    RECAL_STORE_ASSIGN_OR_RETURN(
+        Query q, db.Prepare("INSERT OR IGNORE INTO models(id, create_seq, proto) "
+                            "VALUES(?1, (SELECT COALESCE(MAX(create_seq), 0) + 1 FROM models), ?2)"));
+    RECAL_STORE_RETURN_IF_ERROR(q.Bind(1, model.id()).BindBlob(2, model.SerializeAsString()).Run());
+  }
+  std::string bytes;
+  {
+    RECAL_STORE_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT proto FROM models WHERE id = ?1"));
+    RECAL_STORE_ASSIGN_OR_RETURN(const bool row, q.Bind(1, model.id()).Step());
+    if (!row)
+      return absl::InternalError(absl::StrCat("model '", model.id(), "' vanished while being stored"));
+    bytes = q.Blob(0);
+  }
+  RECAL_STORE_RETURN_IF_ERROR(txn.Commit());
+  return Parse<v1::Model>(bytes, "model", model.id());
+}
+
+absl::StatusOr<v1::Model> MetadataStore::GetModel(const std::string& id) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  RECAL_STORE_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("SELECT proto FROM models WHERE id = ?1"));
+  RECAL_STORE_ASSIGN_OR_RETURN(const bool row, q.Bind(1, id).Step());
+  if (!row) return absl::NotFoundError(absl::StrCat("no model '", id, "'"));
+  return Parse<v1::Model>(q.Blob(0), "model", id);
+}
+
+absl::StatusOr<ModelPage> MetadataStore::ListModels(int page_size, const std::string& page_token) {
+  RECAL_STORE_ASSIGN_OR_RETURN(const int64_t below, DecodePageToken("models", page_token));
+  const int limit = ClampPageSize(page_size);
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  // Newest first, like ListJobs. One extra row tells whether there is a next page.
+  RECAL_STORE_ASSIGN_OR_RETURN(
+      Query q, impl_->db.Prepare("SELECT id, create_seq, proto FROM models WHERE ?1 = 0 OR create_seq < ?1 "
+                                 "ORDER BY create_seq DESC LIMIT ?2"));
+  q.Bind(1, below).Bind(2, int64_t{limit} + 1);
+  ModelPage page;
+  int64_t last_seq = 0;
+  while (true) {
+    RECAL_STORE_ASSIGN_OR_RETURN(const bool row, q.Step());
+    if (!row) break;
+    if (static_cast<int>(page.models.size()) == limit) {
+      page.next_page_token = EncodePageToken("models", last_seq);
+      break;
+    }
+    RECAL_STORE_ASSIGN_OR_RETURN(v1::Model m, Parse<v1::Model>(q.Blob(2), "model", q.Text(0)));
+    page.models.push_back(std::move(m));
+    last_seq = q.Int64(1);
+  }
+  return page;
+}
+
+absl::Status MetadataStore::DeleteModel(const std::string& id) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  RECAL_STORE_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("DELETE FROM models WHERE id = ?1"));
+  RECAL_STORE_RETURN_IF_ERROR(q.Bind(1, id).Run());
+  if (impl_->db.Changes() == 0) return absl::NotFoundError(absl::StrCat("no model '", id, "'"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> MetadataStore::CountJobsUsingModel(const std::string& model_id,
+                                                           const std::vector<v1::JobState>& requested) {
+  const std::optional<std::vector<v1::JobState>> states = NormalizeStates(requested);
+  if (!states) return 0;
+  std::string sql = "SELECT COUNT(*) FROM jobs WHERE model_id = ?1";
+  if (!states->empty()) absl::StrAppend(&sql, " AND state IN ", Placeholders(2, states->size()));
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  RECAL_STORE_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare(sql));
+  q.Bind(1, model_id);
+  BindStates(q, 2, *states);
+  RECAL_STORE_ASSIGN_OR_RETURN(const bool row, q.Step());
+  return row ? q.Int64(0) : 0;
+}
+
+// -------------------------------------------------------------------------------- jobs
+
+absl::StatusOr<std::vector<v1::Job>> MetadataStore::Impl::QueryJobs(Query& q) {
+  std::vector<v1::Job> jobs;
+  while (true) {
+    RECAL_STORE_ASSIGN_OR_RETURN(const bool row, q.Step());
+    if (!row) break;
+    RECAL_STORE_ASSIGN_OR_RETURN(v1::Job job, Parse<v1::Job>(q.Blob(1), "job", q.Text(0)));
+    jobs.push_back(std::move(job));
+  }
+  return jobs;
+}
+
+absl::StatusOr<bool> MetadataStore::Impl::JobExists(const std::string& id) {
+  RECAL_STORE_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT 1 FROM jobs WHERE id = ?1"));
+  return q.Bind(1, id).Step();
+}
+
+absl::StatusOr<v1::Job> MetadataStore::CreateJob(const v1::Job& job, bool* created) {
+  if (job.id().empty()) return absl::InvalidArgumentError("cannot store a job without an id");
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Db& db = impl_->db;
+  RECAL_STORE_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
+  if (!job.request_id().empty()) {
+    RECAL_STORE_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT id, proto FROM jobs WHERE request_id = ?1"));
+    RECAL_STORE_ASSIGN_OR_RETURN(const bool row, q.Bind(1, job.request_id()).Step());
+    if (row) {
+      if (created != nullptr) *created = false;
+      return Parse<v1::Job>(q.Blob(1), "job", q.Text(0));  // the transaction rolls back: nothing written
+    }
+  }
+  RECAL_STORE_ASSIGN_OR_RETURN(const bool exists, impl_->JobExists(job.id()));
+  if (exists) return absl::AlreadyExistsError(absl::StrCat("a job with id '", job.id(), "' already exists"));
+  {
+    RECAL_STORE_ASSIGN_OR_RETURN(
+        Query q,
+        db.Prepare("INSERT INTO jobs(id, request_id, state, model_id, create_seq, proto) "
+                   "VALUES(?1, ?2, ?3, ?4, (SELECT COALESCE(MAX(create_seq), 0) + 1 FROM jobs), ?5)"));
+    q.Bind(1, job.id());
+    if (job.request_id().empty()) {
+      q.BindNull(2);
+    } else {
+      q.Bind(2, job.request_id());
+    }
+    q.Bind(3, int64_t{job.state()}).Bind(4, job.spec().model_id()).BindBlob(5, job.SerializeAsString());
+    RECAL_STORE_RETURN_IF_ERROR(q.Run());
+  }
+  RECAL_STORE_RETURN_IF_ERROR(txn.Commit());
+  if (created != nullptr) *created = true;
+  return job;
+}
+
+absl::StatusOr<v1::Job> MetadataStore::GetJob(const std::string& id) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  RECAL_STORE_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("SELECT proto FROM jobs WHERE id = ?1"));
+  RECAL_STORE_ASSIGN_OR_RETURN(const bool row, q.Bind(1, id).Step());
+  if (!row) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  return Parse<v1::Job>(q.Blob(0), "job", id);
+}
+
+absl::StatusOr<JobPage> MetadataStore::ListJobs(const std::vector<v1::JobState>& requested, int page_size,
+                                                const std::string& page_token) {
+  RECAL_STORE_ASSIGN_OR_RETURN(const int64_t below, DecodePageToken("jobs", page_token));
+  const std::optional<std::vector<v1::JobState>> states = NormalizeStates(requested);
+  if (!states) return JobPage();
+  const int limit = ClampPageSize(page_size);
+  std::string sql = "SELECT id, proto, create_seq FROM jobs WHERE (?1 = 0 OR create_seq < ?1)";
+  if (!states->empty()) absl::StrAppend(&sql, " AND state IN ", Placeholders(3, states->size()));
+  absl::StrAppend(&sql, " ORDER BY create_seq DESC LIMIT ?2");
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  RECAL_STORE_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare(sql));
+  q.Bind(1, below).Bind(2, int64_t{limit} + 1);
+  BindStates(q, 3, *states);
+  JobPage page;
+  int64_t last_seq = 0;
+  while (true) {
+    RECAL_STORE_ASSIGN_OR_RETURN(const bool row, q.Step());
+    if (!row) break;
+    if (static_cast<int>(page.jobs.size()) == limit) {
+      page.next_page_token = EncodePageToken("jobs", last_seq);
+      break;
+    }
+    RECAL_STORE_ASSIGN_OR_RETURN(v1::Job job, Parse<v1::Job>(q.Blob(1), "job", q.Text(0)));
+    page.jobs.push_back(std::move(job));
+    last_seq = q.Int64(2);
+  }
+  return page;
+}
+
+absl::StatusOr<std::vector<v1::Job>> MetadataStore::JobsInStates(const std::vector<v1::JobState>& requested) {
+  const std::optional<std::vector<v1::JobState>> states = NormalizeStates(requested);
+  if (!states) return std::vector<v1::Job>();
+  std::string sql = "SELECT id, proto FROM jobs";
+  if (!states->empty()) absl::StrAppend(&sql, " WHERE state IN ", Placeholders(1, states->size()));
+  absl::StrAppend(&sql, " ORDER BY create_seq ASC");
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  RECAL_STORE_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare(sql));
+  BindStates(q, 1, *states);
+  return impl_->QueryJobs(q);
+}
+
+// ------------------------------------------------------------------------------ events
+
+absl::StatusOr<v1::JobEvent> MetadataStore::Impl::InsertEvent(const std::string& job_id, v1::JobEvent event) {
+  int64_t last = 0;
+  {
+    RECAL_STORE_ASSIGN_OR_RETURN(Query q,
+                                 db.Prepare("SELECT COALESCE(MAX(seq), 0) FROM events WHERE job_id = ?1"));
+    RECAL_STORE_ASSIGN_OR_RETURN(const bool row, q.Bind(1, job_id).Step());
+    if (row) last = q.Int64(0);
+  }
+  event.set_seq(last + 1);
+  SetNow(event.mutable_time());
+  RECAL_STORE_ASSIGN_OR_RETURN(Query q,
+                               db.Prepare("INSERT INTO events(job_id, seq, proto) VALUES(?1, ?2, ?3)"));
+  RECAL_STORE_RETURN_IF_ERROR(
+      q.Bind(1, job_id).Bind(2, event.seq()).BindBlob(3, event.SerializeAsString()).Run());
+  return event;
+}
+
+absl::StatusOr<v1::JobEvent> MetadataStore::UpdateJob(const v1::Job& job, v1::JobEvent event) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Db& db = impl_->db;
+  RECAL_STORE_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
+  {
+    // request_id and create_seq are fixed at creation; the state column follows the proto.
+    RECAL_STORE_ASSIGN_OR_RETURN(
+        Query q, db.Prepare("UPDATE jobs SET state = ?2, model_id = ?3, proto = ?4 WHERE id = ?1"));
+    RECAL_STORE_RETURN_IF_ERROR(q.Bind(1, job.id())
+                                    .Bind(2, int64_t{job.state()})
+                                    .Bind(3, job.spec().model_id())
+                                    .BindBlob(4, job.SerializeAsString())
+                                    .Run());
+  }
+  if (db.Changes() == 0) return absl::NotFoundError(absl::StrCat("no job '", job.id(), "' to update"));
+  RECAL_STORE_ASSIGN_OR_RETURN(v1::JobEvent stored, impl_->InsertEvent(job.id(), std::move(event)));
+  RECAL_STORE_RETURN_IF_ERROR(txn.Commit());
+  return stored;
+}
+
+absl::StatusOr<v1::JobEvent> MetadataStore::AppendEvent(const std::string& job_id, v1::JobEvent event) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  RECAL_STORE_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->db));
+  RECAL_STORE_ASSIGN_OR_RETURN(const bool exists, impl_->JobExists(job_id));
+  if (!exists) return absl::NotFoundError(absl::StrCat("no job '", job_id, "' to add an event to"));
+  RECAL_STORE_ASSIGN_OR_RETURN(v1::JobEvent stored, impl_->InsertEvent(job_id, std::move(event)));
+  RECAL_STORE_RETURN_IF_ERROR(txn.Commit());
+  return stored;
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> MetadataStore::EventsAfter(const std::string& job_id,
+                                                                     int64_t after_seq, int limit) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<v1::JobEvent> events;
+  {
+    RECAL_STORE_ASSIGN_OR_RETURN(
+        Query q,
+        impl_->db.Prepare("SELECT proto FROM events WHERE job_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3"));
+    // LIMIT -1 is SQLite for "no limit".
+    q.Bind(1, job_id).Bind(2, after_seq).Bind(3, limit > 0 ? int64_t{limit} : int64_t{-1});
+    while (true) {
+      RECAL_STORE_ASSIGN_OR_RETURN(const bool row, q.Step());
+      if (!row) break;
+      RECAL_STORE_ASSIGN_OR_RETURN(v1::JobEvent e, Parse<v1::JobEvent>(q.Blob(0), "event of job", job_id));
+      events.push_back(std::move(e));
+    }
+  }
+  // Only an empty answer needs the extra look-up: "no events yet" differs from "no job".
+  if (events.empty()) {
+    RECAL_STORE_ASSIGN_OR_RETURN(const bool exists, impl_->JobExists(job_id));
+    if (!exists) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  }
+  return events;
+}
+
+// ----------------------------------------------------------------------------- results
+
+absl::Status MetadataStore::PutResult(const std::string& job_id, v1::Artifact artifact,
+                                      const ResultRef& ref) {
+  if (artifact == v1::ARTIFACT_UNSPECIFIED) {
+    return absl::InvalidArgumentError(absl::StrCat("result of job '", job_id, "' needs an artifact kind"));
+  }
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  RECAL_STORE_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->db));
+  RECAL_STORE_ASSIGN_OR_RETURN(const bool exists, impl_->JobExists(job_id));
+  if (!exists) return absl::NotFoundError(absl::StrCat("no job '", job_id, "' to store a result for"));
+  {
+    RECAL_STORE_ASSIGN_OR_RETURN(
+        Query q,
+        impl_->db.Prepare(
+            "INSERT OR REPLACE INTO results(job_id, artifact, sha256, size) VALUES(?1, ?2, ?3, ?4)"));
+    RECAL_STORE_RETURN_IF_ERROR(
+        q.Bind(1, job_id).Bind(2, int64_t{artifact}).Bind(3, ref.sha256).Bind(4, ref.size).Run());
+  }
+  return txn.Commit();
+}
+
+absl::StatusOr<ResultRef> MetadataStore::GetResult(const std::string& job_id, v1::Artifact artifact) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  RECAL_STORE_ASSIGN_OR_RETURN(
+      Query q, impl_->db.Prepare("SELECT sha256, size FROM results WHERE job_id = ?1 AND artifact = ?2"));
+  RECAL_STORE_ASSIGN_OR_RETURN(const bool row, q.Bind(1, job_id).Bind(2, int64_t{artifact}).Step());
+  if (!row) {
+    return absl::NotFoundError(
+        absl::StrCat("job '", job_id, "' has no ", v1::Artifact_Name(artifact), " result"));
+  }
+  ResultRef ref;
+  ref.sha256 = q.Text(0);
+  ref.size = q.Int64(1);
+  return ref;
+}
+
+absl::StatusOr<bool> MetadataStore::BlobReferenced(const std::string& sha256) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  RECAL_STORE_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("SELECT 1 FROM results WHERE sha256 = ?1 LIMIT 1"));
+  return q.Bind(1, sha256).Step();
+}
+
+}  // namespace recal::store

@@ -1,0 +1,400 @@
+// recal-server end to end, as a client sees it: the real binary on a loopback port, real
+// fixture models and files, results checked against the float64 reference.
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <gtest/gtest.h>
+
+#include "common/sha256.h"
+#include "tests/engine/test_util.h"
+#include "tests/server/server_process.h"
+#include "tests/test_util.h"
+
+namespace recal::testing {
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+const std::string kFixtures = RECAL_FIXTURES_DIR;
+const std::string kModel = kFixtures + "/models/resnet18.traced_eval.pt";
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
+}
+
+// Sends header + chunks [from, to) of `bytes`, then ends the stream, or with `break_off`
+// drops the connection instead (a broken upload).
+grpc::Status Upload(v1::Recal::Stub& stub, const std::string& bytes, v1::Model* model,
+                    int64_t from = 0, int64_t to = -1, std::string digest = "",
+                    bool break_off = false, int64_t chunk = 1 << 20) {
+  if (to < 0) to = bytes.size();
+  grpc::ClientContext context;
+  auto writer = stub.UploadModel(&context, model);
+  v1::UploadModelRequest header;
+  header.mutable_header()->set_name("resnet18");
+  header.mutable_header()->set_size(bytes.size());
+  header.mutable_header()->set_sha256(digest.empty() ? Sha256Hex(bytes) : digest);
+  writer->Write(header);
+  for (int64_t offset = from; offset < to; offset += chunk) {
+    v1::UploadModelRequest part;
+    part.mutable_chunk()->set_offset(offset);
+    part.mutable_chunk()->set_data(bytes.substr(offset, std::min<int64_t>(chunk, to - offset)));
+    if (!writer->Write(part)) break;
+  }
+  if (break_off) {
+    // Let the server take what was sent before the connection drops.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    context.TryCancel();
+  } else {
+    writer->WritesDone();
+  }
+  return writer->Finish();
+}
+
+v1::SubmitJobRequest NpyJob(const std::string& model_id, const std::string& path, int batch_size) {
+  v1::SubmitJobRequest request;
+  request.mutable_spec()->set_model_id(model_id);
+  request.mutable_spec()->set_batch_size(batch_size);
+  request.mutable_spec()->mutable_data()->mutable_tensor_file()->set_format(v1::TensorFileSource::NPY);
+  request.mutable_spec()->mutable_data()->mutable_tensor_file()->set_path(path);
+  return request;
+}
+
+// A job that runs for a while: 200 synthetic batches of 32x3x96x96.
+v1::SubmitJobRequest LongJob(const std::string& model_id) {
+  v1::SubmitJobRequest request;
+  request.mutable_spec()->set_model_id(model_id);
+  request.mutable_spec()->set_batch_size(32);
+  auto* synthetic = request.mutable_spec()->mutable_data()->mutable_synthetic();
+  for (int64_t d : {3, 96, 96}) synthetic->add_sample_shape(d);
+  return request;
+}
+
+// Every event of a watch from after_seq until the stream ends (at most `limit`).
+std::vector<v1::JobEvent> Watch(v1::Recal::Stub& stub, const std::string& id, int64_t after_seq = 0,
+                                size_t limit = 100000, grpc::Status* status = nullptr) {
+  grpc::ClientContext context;
+  v1::WatchJobRequest request;
+  request.set_id(id);
+  request.set_after_seq(after_seq);
+  auto reader = stub.WatchJob(&context, request);
+  std::vector<v1::JobEvent> events;
+  v1::JobEvent event;
+  while (events.size() < limit && reader->Read(&event)) events.push_back(event);
+  if (events.size() >= limit) context.TryCancel();
+  grpc::Status finished = reader->Finish();
+  if (status) *status = finished;
+  return events;
+}
+
+v1::Job WaitForState(v1::Recal::Stub& stub, const std::string& id, v1::JobState state, double seconds = 120) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  v1::Job job;
+  while (std::chrono::steady_clock::now() < deadline) {
+    grpc::ClientContext context;
+    v1::GetJobRequest request;
+    request.set_id(id);
+    if (stub.GetJob(&context, request, &job).ok() && job.state() == state) return job;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ADD_FAILURE() << "job " << id << " never reached " << v1::JobState_Name(state) << ", is "
+                << v1::JobState_Name(job.state());
+  return job;
+}
+
+std::string Download(v1::Recal::Stub& stub, const std::string& id, v1::Artifact artifact,
+                     grpc::Status* status = nullptr, int64_t offset = 0) {
+  grpc::ClientContext context;
+  v1::DownloadResultRequest request;
+  request.set_job_id(id);
+  request.set_artifact(artifact);
+  request.set_offset(offset);
+  auto reader = stub.DownloadResult(&context, request);
+  std::string bytes;
+  v1::DownloadResultChunk chunk;
+  while (reader->Read(&chunk)) bytes += chunk.data();
+  grpc::Status finished = reader->Finish();
+  if (status) *status = finished;
+  return bytes;
+}
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    data_dir_ = tmp_.File("data");
+    fs::create_directories(own_root());
+    server_ = std::make_unique<ServerProcess>(data_dir_, Flags());
+    ASSERT_TRUE(server_->ok()) << server_->log();
+    stub_ = server_->Stub();
+  }
+  // A second root of the test's own, for files made on the spot.
+  std::string own_root() { return tmp_.File("root"); }
+  virtual std::vector<std::string> Flags() { return {"--data_root=" + kFixtures + "," + own_root()}; }
+  void Restart(std::vector<std::string> flags = {}) {
+    server_ = std::make_unique<ServerProcess>(data_dir_, flags.empty() ? Flags() : flags);
+    ASSERT_TRUE(server_->ok()) << server_->log();
+    stub_ = server_->Stub();
+  }
+  std::string UploadModel() {
+    v1::Model model;
+    grpc::Status status = Upload(*stub_, ReadFile(kModel), &model);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return model.id();
+  }
+  v1::Job Submit(const v1::SubmitJobRequest& request, grpc::Status* status = nullptr) {
+    grpc::ClientContext context;
+    v1::Job job;
+    grpc::Status s = stub_->SubmitJob(&context, request, &job);
+    if (status) *status = s;
+    else EXPECT_TRUE(s.ok()) << s.error_message();
+    return job;
+  }
+  v1::Job Cancel(const std::string& id) {
+    grpc::ClientContext context;
+    v1::CancelJobRequest request;
+    request.set_id(id);
+    v1::Job job;
+    EXPECT_TRUE(stub_->CancelJob(&context, request, &job).ok());
+    return job;
+  }
+
+  TempDir tmp_;
+  std::string data_dir_;
+  std::unique_ptr<ServerProcess> server_;
+  std::unique_ptr<v1::Recal::Stub> stub_;
+};
+
+TEST_F(ServerTest, RecalibratesAFixtureModelToTheFloat64Reference) {
+  const std::string model_id = UploadModel();
+  EXPECT_EQ(model_id, "sha256:" + *Sha256OfFile(kModel));
+  v1::Job job = Submit(NpyJob(model_id, "data/resnet18.npy", 8));
+  EXPECT_EQ(job.state(), v1::QUEUED);
+
+  std::vector<v1::JobEvent> events = Watch(*stub_, job.id());
+  ASSERT_GE(events.size(), 4u);
+  EXPECT_TRUE(events.front().has_snapshot());
+  std::vector<v1::JobState> states;
+  for (size_t i = 1; i < events.size(); ++i) {
+    EXPECT_EQ(events[i].seq(), events[i - 1].seq() + 1) << "events are numbered without gaps";
+    if (events[i].kind_case() == v1::JobEvent::kState) states.push_back(events[i].state());
+  }
+  EXPECT_THAT(states, ::testing::ElementsAre(v1::QUEUED, v1::RUNNING, v1::SUCCEEDED));
+  EXPECT_TRUE(events[events.size() - 2].has_summary());
+  EXPECT_EQ(events[events.size() - 2].summary().layers_recalibrated(), 20);
+
+  grpc::Status status;
+  const std::string bn = Download(*stub_, job.id(), v1::BN_BUFFERS, &status);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  const std::string bn_path = tmp_.File("bn.safetensors");
+  std::ofstream(bn_path, std::ios::binary) << bn;
+  auto got = engine::testing::ReadSafetensors(bn_path);
+  auto reference = engine::testing::ReadSafetensors(kFixtures + "/ref/resnet18.population.safetensors");
+  ASSERT_EQ(got.size(), reference.size());
+  for (const auto& [key, expected] : reference) {
+    at::Tensor scale = expected.abs();
+    if (key.find("mean") != std::string::npos) {
+      std::string var_key = key.substr(0, key.size() - 4) + "var";
+      scale = at::maximum(scale, reference[var_key].sqrt());
+    }
+    const double err = ((got[key].to(at::kDouble) - expected).abs() / (scale + 1e-12)).max().item<double>();
+    EXPECT_LE(err, 1e-5) << key;
+  }
+  const std::string model = Download(*stub_, job.id(), v1::MODEL, &status);
+  ASSERT_TRUE(status.ok());
+  const std::string model_path = tmp_.File("out.pt");
+  std::ofstream(model_path, std::ios::binary) << model;
+  EXPECT_NO_THROW(torch::jit::load(model_path));
+  const std::string report = Download(*stub_, job.id(), v1::REPORT, &status);
+  EXPECT_THAT(report, HasSubstr("\"layers_recalibrated\": \"20\""));
+  // Resuming a download from an offset gives the rest.
+  EXPECT_EQ(Download(*stub_, job.id(), v1::MODEL, &status, 1000), model.substr(1000));
+}
+
+TEST_F(ServerTest, UploadsAreContentAddressedVerifiedAndResumable) {
+  const std::string bytes = ReadFile(kModel);
+  v1::Model first, second;
+  // Broken off after 10 of ~45 chunks of 1 MiB...
+  Upload(*stub_, bytes, &first, 0, 10 << 20, "", /*break_off=*/true);
+  grpc::ClientContext context;
+  v1::GetUploadStatusRequest request;
+  request.set_sha256(Sha256Hex(bytes));
+  v1::UploadStatus upload;
+  ASSERT_TRUE(stub_->GetUploadStatus(&context, request, &upload).ok());
+  EXPECT_EQ(upload.committed_size(), 10 << 20);
+  // ... resumed from the committed size.
+  ASSERT_TRUE(Upload(*stub_, bytes, &first, upload.committed_size()).ok());
+  EXPECT_EQ(first.size(), static_cast<int64_t>(bytes.size()));
+  EXPECT_EQ(first.layers_size(), 20);
+  // The same bytes again: the same model, nothing sent.
+  ASSERT_TRUE(Upload(*stub_, bytes, &second, 0, 0).ok());
+  EXPECT_EQ(second.id(), first.id());
+
+  v1::Model refused;
+  grpc::Status mismatch = Upload(*stub_, bytes.substr(0, 4096), &refused, 0, -1, std::string(64, 'a'));
+  EXPECT_EQ(mismatch.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << mismatch.error_message();
+  grpc::Status garbage = Upload(*stub_, std::string(5000, 'x'), &refused);
+  EXPECT_EQ(garbage.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(garbage.error_message(), HasSubstr("model refused"));
+  grpc::Status traversal = Upload(*stub_, bytes, &refused, 0, 0, "../../../etc/passwd");
+  EXPECT_EQ(traversal.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(ServerTest, BadSpecsAndPathsOutsideTheDataRootsAreRefused) {
+  const std::string model_id = UploadModel();
+  fs::create_symlink("/etc/passwd", own_root() + "/escape_link.npy");
+  struct Case {
+    v1::SubmitJobRequest request;
+    grpc::StatusCode code;
+  };
+  std::vector<Case> cases = {
+      {NpyJob(model_id, "../../etc/passwd", 8), grpc::StatusCode::PERMISSION_DENIED},
+      {NpyJob(model_id, "/etc/passwd", 8), grpc::StatusCode::PERMISSION_DENIED},
+      {NpyJob(model_id, own_root() + "/escape_link.npy", 8), grpc::StatusCode::PERMISSION_DENIED},
+      {NpyJob(model_id, "data/no_such_file.npy", 8), grpc::StatusCode::NOT_FOUND},
+      {NpyJob(model_id, "data/resnet18.npy", 0), grpc::StatusCode::INVALID_ARGUMENT},
+      {NpyJob("sha256:" + std::string(64, '0'), "data/resnet18.npy", 8), grpc::StatusCode::NOT_FOUND},
+      {NpyJob("not-an-id", "data/resnet18.npy", 8), grpc::StatusCode::INVALID_ARGUMENT},
+  };
+  for (const Case& c : cases) {
+    grpc::Status status;
+    Submit(c.request, &status);
+    EXPECT_EQ(status.error_code(), c.code) << c.request.ShortDebugString() << ": " << status.error_message();
+  }
+  // A job whose data does not fit the model fails with the engine's reason; the server lives on.
+  v1::Job bad = Submit(NpyJob(model_id, "data/bn1d_2d.npy", 8));
+  v1::Job failed = WaitForState(*stub_, bad.id(), v1::FAILED);
+  EXPECT_THAT(failed.error().message(), HasSubstr("forward failed on batch 0"));
+  v1::Job good = Submit(NpyJob(model_id, "data/resnet18.npy", 8));
+  WaitForState(*stub_, good.id(), v1::SUCCEEDED);
+  grpc::Status status;
+  Download(*stub_, bad.id(), v1::MODEL, &status);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+TEST_F(ServerTest, SubmitIsIdempotentOnRequestId) {
+  const std::string model_id = UploadModel();
+  v1::SubmitJobRequest request = NpyJob(model_id, "data/resnet18.npy", 8);
+  request.set_request_id("retry-me");
+  v1::Job first = Submit(request);
+  v1::Job again = Submit(request);
+  EXPECT_EQ(first.id(), again.id());
+  grpc::ClientContext context;
+  v1::ListJobsResponse list;
+  ASSERT_TRUE(stub_->ListJobs(&context, v1::ListJobsRequest(), &list).ok());
+  EXPECT_EQ(list.jobs_size(), 1);
+}
+
+class OneWorkerServerTest : public ServerTest {
+ protected:
+  std::vector<std::string> Flags() override {
+    return {"--data_root=" + kFixtures + "," + own_root(), "--max_queued_jobs=1", "--threads_per_worker=1"};
+  }
+};
+
+TEST_F(OneWorkerServerTest, CancelsQueuedAndRunningJobsAndBoundsTheQueue) {
+  const std::string model_id = UploadModel();
+  v1::Job running = Submit(LongJob(model_id));
+  WaitForState(*stub_, running.id(), v1::RUNNING);
+  v1::Job queued = Submit(LongJob(model_id));
+  grpc::Status full;
+  Submit(LongJob(model_id), &full);
+  EXPECT_EQ(full.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(full.error_message(), HasSubstr("max_queued_jobs"));
+
+  EXPECT_EQ(Cancel(queued.id()).state(), v1::CANCELLED);
+  while (WaitForState(*stub_, running.id(), v1::RUNNING).progress().batches_done() == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  Cancel(running.id());
+  v1::Job cancelled = WaitForState(*stub_, running.id(), v1::CANCELLED, 30);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_GT(cancelled.progress().batches_done(), 0);
+  // A model used by no queued or running job can go.
+  grpc::ClientContext context;
+  v1::DeleteModelRequest remove;
+  remove.set_id(model_id);
+  v1::DeleteModelResponse removed;
+  EXPECT_TRUE(stub_->DeleteModel(&context, remove, &removed).ok());
+}
+
+TEST_F(OneWorkerServerTest, WatchersResumeBySeqAndSeveralWatchAtOnce) {
+  const std::string model_id = UploadModel();
+  v1::SubmitJobRequest request = LongJob(model_id);
+  request.mutable_spec()->set_batch_size(8);
+  request.mutable_spec()->mutable_options()->set_max_batches(30);
+  v1::Job job = Submit(request);
+  std::vector<std::vector<v1::JobEvent>> watched(3);
+  std::vector<std::thread> watchers;
+  for (auto& events : watched) {
+    watchers.emplace_back([&] { events = Watch(*stub_, job.id()); });
+  }
+  // One watcher breaks off after three events and comes back with the last seq it saw.
+  std::vector<v1::JobEvent> head = Watch(*stub_, job.id(), 0, 3);
+  ASSERT_EQ(head.size(), 3u);
+  std::vector<v1::JobEvent> tail = Watch(*stub_, job.id(), head.back().seq());
+  for (auto& w : watchers) w.join();
+  ASSERT_GE(tail.size(), 2u);
+  EXPECT_TRUE(tail[0].has_snapshot());
+  EXPECT_EQ(tail[1].seq(), head.back().seq() + 1);
+  EXPECT_EQ(tail.back().state(), v1::SUCCEEDED);
+  for (const auto& events : watched) {
+    ASSERT_FALSE(events.empty());
+    EXPECT_EQ(events.back().seq(), tail.back().seq());
+  }
+}
+
+TEST_F(OneWorkerServerTest, AJobKilledMidRunCompletesAfterRestart) {
+  const std::string model_id = UploadModel();
+  v1::Job done = Submit(NpyJob(model_id, "data/resnet18.npy", 8));
+  WaitForState(*stub_, done.id(), v1::SUCCEEDED);
+  grpc::Status status;
+  const std::string before = Download(*stub_, done.id(), v1::MODEL, &status);
+  v1::SubmitJobRequest request = LongJob(model_id);
+  request.mutable_spec()->mutable_options()->set_max_batches(20);
+  v1::Job job = Submit(request);
+  WaitForState(*stub_, job.id(), v1::RUNNING);
+  std::vector<v1::JobEvent> seen = Watch(*stub_, job.id(), 0, 3);
+  server_->Kill();
+
+  Restart();
+  v1::Job finished = WaitForState(*stub_, job.id(), v1::SUCCEEDED, 300);
+  EXPECT_EQ(finished.attempts(), 2);
+  // The watch resumes across the restart without a gap.
+  std::vector<v1::JobEvent> rest = Watch(*stub_, job.id(), seen.back().seq());
+  ASSERT_GE(rest.size(), 2u);
+  EXPECT_EQ(rest[1].seq(), seen.back().seq() + 1);
+  // Everything stored before the crash is intact.
+  EXPECT_EQ(Download(*stub_, done.id(), v1::MODEL, &status), before);
+  grpc::ClientContext context;
+  v1::GetModelRequest get;
+  get.set_id(model_id);
+  v1::Model model;
+  EXPECT_TRUE(stub_->GetModel(&context, get, &model).ok());
+}
+
+TEST_F(OneWorkerServerTest, SigtermStopsPromptlyAndLeavesTheJobQueued) {
+  const std::string model_id = UploadModel();
+  v1::Job job = Submit(LongJob(model_id));
+  WaitForState(*stub_, job.id(), v1::RUNNING);
+  EXPECT_EQ(server_->Terminate(20), 0) << server_->log();
+  Restart();
+  grpc::ClientContext get_context;
+  v1::GetJobRequest get;
+  get.set_id(job.id());
+  v1::Job after;
+  ASSERT_TRUE(stub_->GetJob(&get_context, get, &after).ok());
+  EXPECT_THAT(after.state(), ::testing::AnyOf(v1::QUEUED, v1::RUNNING));
+  Cancel(job.id());
+}
+
+}  // namespace
+}  // namespace recal::testing

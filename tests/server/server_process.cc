@@ -1,0 +1,87 @@
+#include "tests/server/server_process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+namespace recal::testing {
+
+ServerProcess::ServerProcess(std::string data_dir, std::vector<std::string> flags)
+    : data_dir_(std::move(data_dir)) {
+  static int serial = 0;
+  log_path_ = data_dir_ + ".server" + std::to_string(getpid()) + "-" + std::to_string(serial++) + ".log";
+  std::vector<std::string> args = {RECAL_SERVER_BIN, "--listen=127.0.0.1:0", "--data_dir=" + data_dir_};
+  args.insert(args.end(), flags.begin(), flags.end());
+  pid_ = fork();
+  if (pid_ == 0) {
+    const int log = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(log, STDERR_FILENO);
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  const std::regex listening("listening on port ([0-9]+)");
+  for (int i = 0; i < 600 && port_ == 0; ++i) {  // up to 60 s: LibTorch loads slowly
+    std::smatch match;
+    const std::string text = log();
+    if (std::regex_search(text, match, listening)) port_ = std::stoi(match[1]);
+    int status = 0;
+    if (port_ == 0 && waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      break;
+    }
+    if (port_ == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+ServerProcess::~ServerProcess() { Kill(); }
+
+std::string ServerProcess::target() const { return "127.0.0.1:" + std::to_string(port_); }
+
+std::shared_ptr<grpc::Channel> ServerProcess::Channel() const {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  return grpc::CreateCustomChannel(target(), grpc::InsecureChannelCredentials(), args);
+}
+
+std::unique_ptr<v1::Recal::Stub> ServerProcess::Stub() const { return v1::Recal::NewStub(Channel()); }
+
+void ServerProcess::Kill() {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGKILL);
+  waitpid(pid_, nullptr, 0);
+  pid_ = -1;
+}
+
+int ServerProcess::Terminate(double seconds) {
+  if (pid_ <= 0) return -1;
+  kill(pid_, SIGTERM);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return -1;
+}
+
+std::string ServerProcess::log() const {
+  std::ifstream in(log_path_);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace recal::testing

@@ -1,0 +1,332 @@
+#include "server/store/metadata_store.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace recal::store {
+namespace {
+
+using ::recal::testing::TempDir;
+
+std::unique_ptr<MetadataStore> OpenDb(const std::string& path) {
+  absl::StatusOr<std::unique_ptr<MetadataStore>> db = MetadataStore::Open(path);
+  EXPECT_TRUE(db.ok()) << db.status();
+  return db.ok() ? std::move(*db) : nullptr;
+}
+
+v1::Model MakeModel(const std::string& id, const std::string& name) {
+  v1::Model m;
+  m.set_id(id);
+  m.set_name(name);
+  m.set_size(42);
+  return m;
+}
+
+v1::Job MakeJob(const std::string& id, v1::JobState state, const std::string& request_id = "",
+                const std::string& model_id = "sha256:m") {
+  v1::Job j;
+  j.set_id(id);
+  j.set_request_id(request_id);
+  j.set_state(state);
+  j.mutable_spec()->set_model_id(model_id);
+  return j;
+}
+
+v1::JobEvent StateEvent(v1::JobState s) {
+  v1::JobEvent e;
+  e.set_state(s);
+  return e;
+}
+
+std::vector<std::string> Ids(const std::vector<v1::Job>& jobs) {
+  std::vector<std::string> ids;
+  for (const auto& j : jobs) ids.push_back(j.id());
+  return ids;
+}
+
+TEST(MetadataStoreTest, ModelPutTwiceIsOneModel) {
+  TempDir dir;
+  auto db = OpenDb(dir.File("meta.db"));
+  ASSERT_EQ(db->PutModel(MakeModel("sha256:a", "first"))->name(), "first");
+  // The same id again keeps what is stored.
+  EXPECT_EQ(db->PutModel(MakeModel("sha256:a", "second"))->name(), "first");
+  EXPECT_EQ(db->GetModel("sha256:a")->name(), "first");
+  EXPECT_EQ(db->ListModels(0, "")->models.size(), 1u);
+  EXPECT_TRUE(absl::IsNotFound(db->GetModel("sha256:b").status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(db->PutModel(v1::Model()).status()));
+}
+
+TEST(MetadataStoreTest, ModelPaginationAndDelete) {
+  TempDir dir;
+  auto db = OpenDb(dir.File("meta.db"));
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(db->PutModel(MakeModel(absl::StrCat("m", i), "")).ok());
+  std::vector<std::string> seen;
+  std::string token;
+  int pages = 0;
+  do {
+    absl::StatusOr<ModelPage> page = db->ListModels(2, token);
+    ASSERT_TRUE(page.ok()) << page.status();
+    for (const auto& m : page->models) seen.push_back(m.id());
+    token = page->next_page_token;
+    ++pages;
+  } while (!token.empty());
+  EXPECT_EQ(pages, 3);
+  EXPECT_EQ(seen, (std::vector<std::string>{"m4", "m3", "m2", "m1", "m0"}));  // newest first
+
+  ASSERT_TRUE(db->DeleteModel("m2").ok());
+  EXPECT_TRUE(absl::IsNotFound(db->GetModel("m2").status()));
+  EXPECT_TRUE(absl::IsNotFound(db->DeleteModel("m2")));
+  EXPECT_EQ(db->ListModels(100, "")->models.size(), 4u);
+}
+
+TEST(MetadataStoreTest, GarbagePageTokensAreInvalidArgument) {
+  TempDir dir;
+  auto db = OpenDb(dir.File("meta.db"));
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(db->PutModel(MakeModel(absl::StrCat("m", i), "")).ok());
+    ASSERT_TRUE(db->CreateJob(MakeJob(absl::StrCat("j", i), v1::QUEUED), nullptr).ok());
+  }
+  const std::string jobs_token = db->ListJobs({}, 1, "")->next_page_token;
+  const std::string models_token = db->ListModels(1, "")->next_page_token;
+  ASSERT_FALSE(jobs_token.empty());
+  for (const std::string& bad : {std::string("garbage"), std::string("!!"), std::string("0"), models_token}) {
+    EXPECT_TRUE(absl::IsInvalidArgument(db->ListJobs({}, 1, bad).status())) << bad;
+  }
+  EXPECT_TRUE(absl::IsInvalidArgument(db->ListModels(1, jobs_token).status()));
+}
+
+TEST(MetadataStoreTest, CreateJobIsIdempotentOnRequestId) {
+  TempDir dir;
+  auto db = OpenDb(dir.File("meta.db"));
+  bool created = false;
+  ASSERT_TRUE(db->CreateJob(MakeJob("j1", v1::QUEUED, "req-1"), &created).ok());
+  EXPECT_TRUE(created);
+  absl::StatusOr<v1::Job> again = db->CreateJob(MakeJob("j2", v1::QUEUED, "req-1"), &created);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(created);
+  EXPECT_EQ(again->id(), "j1");
+  EXPECT_TRUE(absl::IsNotFound(db->GetJob("j2").status()));
+
+  // Jobs without a request_id never collide with each other.
+  ASSERT_TRUE(db->CreateJob(MakeJob("j3", v1::QUEUED), &created).ok());
+  EXPECT_TRUE(created);
+  ASSERT_TRUE(db->CreateJob(MakeJob("j4", v1::QUEUED), &created).ok());
+  EXPECT_TRUE(created);
+  // A reused job id is a caller bug, reported as such.
+  EXPECT_TRUE(absl::IsAlreadyExists(db->CreateJob(MakeJob("j4", v1::QUEUED), &created).status()));
+  EXPECT_EQ(db->JobsInStates({})->size(), 3u);
+}
+
+TEST(MetadataStoreTest, UpdateJobAppendsEventsWithIncreasingSeq) {
+  TempDir dir;
+  auto db = OpenDb(dir.File("meta.db"));
+  v1::Job job = MakeJob("j", v1::QUEUED);
+  ASSERT_TRUE(db->CreateJob(job, nullptr).ok());
+  ASSERT_EQ(db->EventsAfter("j", 0, 0)->size(), 0u);
+
+  job.set_state(v1::RUNNING);
+  absl::StatusOr<v1::JobEvent> e1 = db->UpdateJob(job, StateEvent(v1::RUNNING));
+  ASSERT_TRUE(e1.ok()) << e1.status();
+  EXPECT_EQ(e1->seq(), 1);
+  EXPECT_GT(e1->time().seconds(), 1600000000);
+  v1::JobEvent progress;
+  progress.mutable_progress()->set_batches_done(3);
+  EXPECT_EQ(db->AppendEvent("j", progress)->seq(), 2);
+  job.set_state(v1::SUCCEEDED);
+  EXPECT_EQ(db->UpdateJob(job, StateEvent(v1::SUCCEEDED))->seq(), 3);
+  EXPECT_EQ(db->GetJob("j")->state(), v1::SUCCEEDED);
+
+  std::vector<v1::JobEvent> after1 = *db->EventsAfter("j", 1, 0);
+  ASSERT_EQ(after1.size(), 2u);
+  EXPECT_EQ(after1[0].seq(), 2);
+  EXPECT_EQ(after1[0].progress().batches_done(), 3);
+  EXPECT_EQ(after1[1].state(), v1::SUCCEEDED);
+  EXPECT_EQ(db->EventsAfter("j", 0, 2)->size(), 2u);  // limit
+  EXPECT_EQ(db->EventsAfter("j", 3, 0)->size(), 0u);
+
+  EXPECT_TRUE(
+      absl::IsNotFound(db->UpdateJob(MakeJob("nope", v1::RUNNING), StateEvent(v1::RUNNING)).status()));
+  EXPECT_TRUE(absl::IsNotFound(db->AppendEvent("nope", progress).status()));
+  EXPECT_TRUE(absl::IsNotFound(db->EventsAfter("nope", 0, 0).status()));
+  // A failed update wrote no event.
+  EXPECT_EQ(db->EventsAfter("j", 0, 0)->size(), 3u);
+}
+
+TEST(MetadataStoreTest, ListJobsByStateNewestFirstWithPages) {
+  TempDir dir;
+  auto db = OpenDb(dir.File("meta.db"));
+  for (int i = 0; i < 7; ++i) {
+    ASSERT_TRUE(
+        db->CreateJob(MakeJob(absl::StrCat("j", i), i % 2 == 0 ? v1::QUEUED : v1::RUNNING), nullptr).ok());
+  }
+  // j1 finishes: the state filter follows the update.
+  v1::Job j1 = *db->GetJob("j1");
+  j1.set_state(v1::SUCCEEDED);
+  ASSERT_TRUE(db->UpdateJob(j1, StateEvent(v1::SUCCEEDED)).ok());
+
+  std::vector<std::string> queued;
+  std::string token;
+  do {
+    absl::StatusOr<JobPage> page = db->ListJobs({v1::QUEUED}, 3, token);
+    ASSERT_TRUE(page.ok()) << page.status();
+    EXPECT_LE(page->jobs.size(), 3u);
+    for (const auto& j : page->jobs) queued.push_back(j.id());
+    token = page->next_page_token;
+  } while (!token.empty());
+  EXPECT_EQ(queued, (std::vector<std::string>{"j6", "j4", "j2", "j0"}));
+
+  EXPECT_EQ(Ids(db->ListJobs({v1::RUNNING, v1::SUCCEEDED}, 0, "")->jobs),
+            (std::vector<std::string>{"j5", "j3", "j1"}));
+  EXPECT_EQ(Ids(db->ListJobs({v1::SUCCEEDED}, 0, "")->jobs), (std::vector<std::string>{"j1"}));
+  EXPECT_EQ(db->ListJobs({}, 0, "")->jobs.size(), 7u);
+  // An exact last page has no next token.
+  EXPECT_TRUE(db->ListJobs({}, 7, "")->next_page_token.empty());
+
+  EXPECT_EQ(Ids(*db->JobsInStates({v1::QUEUED, v1::RUNNING})),
+            (std::vector<std::string>{"j0", "j2", "j3", "j4", "j5", "j6"}));  // oldest first
+  EXPECT_TRUE(db->JobsInStates({v1::CANCELLED})->empty());
+
+  // Repeated states count once; values outside the enum (proto3 lets clients send any
+  // int) match nothing rather than meaning "all".
+  EXPECT_EQ(Ids(db->ListJobs({v1::SUCCEEDED, v1::SUCCEEDED, static_cast<v1::JobState>(99)}, 0, "")->jobs),
+            (std::vector<std::string>{"j1"}));
+  EXPECT_TRUE(db->ListJobs({static_cast<v1::JobState>(99)}, 0, "")->jobs.empty());
+  EXPECT_TRUE(db->JobsInStates({static_cast<v1::JobState>(-1)})->empty());
+}
+
+TEST(MetadataStoreTest, CountJobsUsingModel) {
+  TempDir dir;
+  auto db = OpenDb(dir.File("meta.db"));
+  ASSERT_TRUE(db->CreateJob(MakeJob("a", v1::QUEUED, "", "sha256:x"), nullptr).ok());
+  ASSERT_TRUE(db->CreateJob(MakeJob("b", v1::RUNNING, "", "sha256:x"), nullptr).ok());
+  ASSERT_TRUE(db->CreateJob(MakeJob("c", v1::SUCCEEDED, "", "sha256:x"), nullptr).ok());
+  ASSERT_TRUE(db->CreateJob(MakeJob("d", v1::QUEUED, "", "sha256:y"), nullptr).ok());
+  EXPECT_EQ(*db->CountJobsUsingModel("sha256:x", {v1::QUEUED, v1::RUNNING, v1::CANCELLING}), 2);
+  EXPECT_EQ(*db->CountJobsUsingModel("sha256:x", {}), 3);
+  EXPECT_EQ(*db->CountJobsUsingModel("sha256:z", {v1::QUEUED}), 0);
+}
+
+TEST(MetadataStoreTest, Results) {
+  TempDir dir;
+  auto db = OpenDb(dir.File("meta.db"));
+  ASSERT_TRUE(db->CreateJob(MakeJob("j", v1::RUNNING), nullptr).ok());
+  EXPECT_TRUE(absl::IsNotFound(db->GetResult("j", v1::MODEL).status()));
+  EXPECT_FALSE(*db->BlobReferenced("aaaa"));
+  ASSERT_TRUE(db->PutResult("j", v1::MODEL, ResultRef{"aaaa", 10}).ok());
+  ASSERT_TRUE(db->PutResult("j", v1::REPORT, ResultRef{"bbbb", 20}).ok());
+  ASSERT_TRUE(db->PutResult("j", v1::REPORT, ResultRef{"cccc", 30}).ok());  // replaces
+  EXPECT_EQ(db->GetResult("j", v1::MODEL)->sha256, "aaaa");
+  EXPECT_EQ(db->GetResult("j", v1::REPORT)->size, 30);
+  EXPECT_TRUE(*db->BlobReferenced("aaaa"));
+  EXPECT_FALSE(*db->BlobReferenced("bbbb"));
+  EXPECT_TRUE(absl::IsNotFound(db->GetResult("j", v1::BN_BUFFERS).status()));
+  EXPECT_TRUE(absl::IsNotFound(db->PutResult("nope", v1::MODEL, ResultRef{"aaaa", 1})));
+  EXPECT_TRUE(absl::IsInvalidArgument(db->PutResult("j", v1::ARTIFACT_UNSPECIFIED, ResultRef{"aaaa", 1})));
+}
+
+TEST(MetadataStoreTest, EverythingSurvivesReopen) {
+  TempDir dir;
+  const std::string path = dir.File("meta.db");
+  {
+    auto db = OpenDb(path);
+    ASSERT_TRUE(db->PutModel(MakeModel("sha256:m", "resnet")).ok());
+    v1::Job job = MakeJob("j", v1::QUEUED, "req");
+    ASSERT_TRUE(db->CreateJob(job, nullptr).ok());
+    job.set_state(v1::RUNNING);
+    ASSERT_TRUE(db->UpdateJob(job, StateEvent(v1::RUNNING)).ok());
+    ASSERT_TRUE(db->PutResult("j", v1::MODEL, ResultRef{"abcd", 5}).ok());
+  }
+  auto db = OpenDb(path);
+  EXPECT_EQ(db->GetModel("sha256:m")->name(), "resnet");
+  EXPECT_EQ(db->GetJob("j")->state(), v1::RUNNING);
+  EXPECT_EQ(db->EventsAfter("j", 0, 0)->size(), 1u);
+  EXPECT_EQ(db->GetResult("j", v1::MODEL)->size, 5);
+  bool created = true;
+  EXPECT_EQ(db->CreateJob(MakeJob("other", v1::QUEUED, "req"), &created)->id(), "j");
+  EXPECT_FALSE(created);
+  // Sequences continue where they were.
+  v1::JobEvent e;
+  e.mutable_progress()->set_batches_done(1);
+  EXPECT_EQ(db->AppendEvent("j", e)->seq(), 2);
+  ASSERT_TRUE(db->CreateJob(MakeJob("k", v1::QUEUED), nullptr).ok());
+  EXPECT_EQ(Ids(db->ListJobs({}, 0, "")->jobs), (std::vector<std::string>{"k", "j"}));
+}
+
+TEST(MetadataStoreTest, CommittedWritesSurviveAProcessKilledWithoutClosing) {
+  TempDir dir;
+  const std::string path = dir.File("meta.db");
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    auto db = MetadataStore::Open(path);
+    bool ok = db.ok();
+    if (ok) {
+      v1::Job job = MakeJob("j", v1::QUEUED);
+      ok = (*db)->CreateJob(job, nullptr).ok();
+      job.set_state(v1::RUNNING);
+      ok = ok && (*db)->UpdateJob(job, StateEvent(v1::RUNNING)).ok();
+    }
+    ::_exit(ok ? 0 : 1);  // the connection is never closed; only the WAL has the data
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  auto db = OpenDb(path);
+  EXPECT_EQ(db->GetJob("j")->state(), v1::RUNNING);
+  EXPECT_EQ(db->EventsAfter("j", 0, 0)->size(), 1u);
+}
+
+TEST(MetadataStoreTest, ConcurrentEventsKeepSeqUniqueAndDense) {
+  TempDir dir;
+  auto db = OpenDb(dir.File("meta.db"));
+  ASSERT_TRUE(db->CreateJob(MakeJob("j", v1::RUNNING), nullptr).ok());
+  constexpr int kThreads = 4;
+  constexpr int kPerThread = 15;
+  std::vector<std::thread> threads;
+  std::vector<std::vector<int64_t>> seqs(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        absl::StatusOr<v1::JobEvent> e;
+        if (i % 2 == 0) {
+          e = db->UpdateJob(MakeJob("j", v1::RUNNING), StateEvent(v1::RUNNING));
+        } else {
+          v1::JobEvent p;
+          p.mutable_progress()->set_batches_done(i);
+          e = db->AppendEvent("j", p);
+        }
+        ASSERT_TRUE(e.ok()) << e.status();
+        seqs[t].push_back(e->seq());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::set<int64_t> all;
+  for (const auto& s : seqs) all.insert(s.begin(), s.end());
+  ASSERT_EQ(all.size(), static_cast<size_t>(kThreads * kPerThread));
+  EXPECT_EQ(*all.begin(), 1);
+  EXPECT_EQ(*all.rbegin(), kThreads * kPerThread);
+  std::vector<v1::JobEvent> stored = *db->EventsAfter("j", 0, 0);
+  ASSERT_EQ(stored.size(), all.size());
+  for (size_t i = 0; i < stored.size(); ++i) EXPECT_EQ(stored[i].seq(), static_cast<int64_t>(i) + 1);
+}
+
+TEST(MetadataStoreTest, OpenFailsWithAnActionableMessage) {
+  TempDir dir;
+  absl::StatusOr<std::unique_ptr<MetadataStore>> db = MetadataStore::Open(dir.File("no/such/dir/meta.db"));
+  ASSERT_FALSE(db.ok());
+  EXPECT_NE(db.status().message().find("no/such/dir/meta.db"), absl::string_view::npos) << db.status();
+}
+
+}  // namespace
+}  // namespace recal::store
