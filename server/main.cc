@@ -37,6 +37,7 @@ ABSL_FLAG(int32_t, max_queued_jobs, 64, "jobs waiting at most; beyond it SubmitJ
 ABSL_FLAG(int64_t, max_model_bytes, int64_t{2} << 30, "largest model archive accepted");
 ABSL_FLAG(int32_t, max_message_bytes, 8 << 20, "largest gRPC message accepted");
 ABSL_FLAG(int64_t, max_batch_size, 4096, "largest batch_size a job may ask for");
+ABSL_FLAG(int64_t, max_batch_bytes, int64_t{256} << 20, "largest tensor a client may push (PushBatches)");
 ABSL_FLAG(double, job_timeout_seconds, 6 * 3600, "a job's time limit unless its spec sets one");
 ABSL_FLAG(double, shutdown_timeout_seconds, 20, "how long SIGTERM waits for workers and calls");
 ABSL_FLAG(int32_t, download_chunk_bytes, 1 << 20, "bytes per DownloadResult message");
@@ -80,6 +81,7 @@ int main(int argc, char** argv) {
   options.data_roots = absl::GetFlag(FLAGS_data_root);
   options.default_timeout_seconds = absl::GetFlag(FLAGS_job_timeout_seconds);
   options.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
+  options.max_batch_bytes = absl::GetFlag(FLAGS_max_batch_bytes);
   recal::jobs::JobManager jobs(metadata->get(), blobs->get(), &models, options);
   if (absl::Status started = jobs.Start(); !started.ok()) return Fail(started);
 

@@ -106,9 +106,17 @@ grpc::Status RecalService::WatchJob(grpc::ServerContext* context, const v1::Watc
       [&] { return context->IsCancelled(); }));
 }
 
-grpc::Status RecalService::PushBatches(grpc::ServerContext*, grpc::ServerReader<v1::PushBatchesRequest>*,
-                                       v1::PushBatchesResponse*) {
-  return ToGrpcStatus(absl::UnimplementedError("client_stream data sources are not served yet"));
+grpc::Status RecalService::PushBatches(grpc::ServerContext*, grpc::ServerReader<v1::PushBatchesRequest>* reader,
+                                       v1::PushBatchesResponse* response) {
+  v1::PushBatchesRequest message;
+  std::string job_id;
+  while (reader->Read(&message)) {
+    if (job_id.empty()) job_id = message.job_id();
+    if (job_id.empty()) return ToGrpcStatus(absl::InvalidArgumentError("the first message names the job"));
+    RECAL_RETURN_IF_ERROR(jobs_->PushBatch(job_id, message.inputs(), message.last()));
+    if (!message.inputs().empty()) response->set_batches_received(response->batches_received() + 1);
+  }
+  return grpc::Status::OK;
 }
 
 grpc::Status RecalService::DownloadResult(grpc::ServerContext* context,

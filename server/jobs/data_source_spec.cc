@@ -37,7 +37,7 @@ absl::StatusOr<std::string> DataSpecFor(const v1::DataSource& source,
                           ",seed=", synthetic.seed());
     }
     case v1::DataSource::kClientStream:
-      return absl::UnimplementedError("client_stream data sources are not served yet");
+      return std::string(kClientStreamSpec);
     case v1::DataSource::kImageFolder:
       return absl::UnimplementedError("image_folder data sources are not served yet");
     default:

@@ -10,6 +10,9 @@
 
 namespace recal::jobs {
 
+// What DataSpecFor returns for client_stream: batches arrive through PushBatches.
+inline constexpr char kClientStreamSpec[] = "client_stream";
+
 // PERMISSION_DENIED for paths outside `data_roots`, NOT_FOUND for missing files,
 // INVALID_ARGUMENT for malformed sources, UNIMPLEMENTED for sources not served yet.
 absl::StatusOr<std::string> DataSpecFor(const v1::DataSource& source,

@@ -119,6 +119,7 @@ void JobManager::Shutdown(absl::Duration deadline) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [id, running] : running_) running->cancel = true;
+    for (auto& [id, feed] : feeds_) feed->Close(absl::UnavailableError("the server is shutting down"));
   }
   queue_.Close();
   {
@@ -176,6 +177,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::SubmitJobRequest& request) 
   auto stored = metadata_->CreateJob(job, &created);
   if (!stored.ok() || !created) return stored;
   if (absl::Status s = Record(*stored, StateEvent(v1::QUEUED)); !s.ok()) return s;
+  if (stored->spec().data().has_client_stream()) FeedLocked(*stored);
   queue_.Push(stored->id(), stored->spec().priority(), /*force=*/true).IgnoreError();
   return stored;
 }
@@ -194,6 +196,7 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& id) {
   if (IsTerminal(job->state()) || job->state() == v1::CANCELLING) return job;
   if (job->state() == v1::QUEUED) {
     queue_.Remove(id);
+    CloseFeedLocked(id, absl::CancelledError("cancelled by request"));
     *job->mutable_error() = ErrorOf(absl::CancelledError("cancelled by request while queued"));
     if (absl::Status s = RecordState(*job, v1::CANCELLED); !s.ok()) return s;
     return job;
@@ -203,8 +206,43 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& id) {
     running->second->by_user = true;
     running->second->cancel = true;
   }
+  CloseFeedLocked(id, absl::CancelledError("cancelled by request"));
   if (absl::Status s = RecordState(*job, v1::CANCELLING); !s.ok()) return s;
   return job;
+}
+
+std::shared_ptr<StreamFeed> JobManager::FeedLocked(const v1::Job& job) {
+  std::shared_ptr<StreamFeed>& feed = feeds_[job.id()];
+  if (!feed) {
+    feed = std::make_shared<StreamFeed>(job.spec().data().client_stream(), options_.max_batch_bytes);
+  }
+  return feed;
+}
+
+void JobManager::CloseFeedLocked(const std::string& id, const absl::Status& reason) {
+  auto feed = feeds_.find(id);
+  if (feed == feeds_.end()) return;
+  feed->second->Close(reason);
+  feeds_.erase(feed);
+}
+
+absl::Status JobManager::PushBatch(const std::string& id,
+                                   const google::protobuf::RepeatedPtrField<v1::Tensor>& inputs,
+                                   bool last) {
+  std::shared_ptr<StreamFeed> feed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto job = metadata_->GetJob(id);
+    if (!job.ok()) return job.status();
+    if (!job->spec().data().has_client_stream()) {
+      return absl::FailedPreconditionError(absl::StrCat("job ", id, " does not take a client stream"));
+    }
+    if (IsTerminal(job->state()) || job->state() == v1::CANCELLING) {
+      return absl::FailedPreconditionError(absl::StrCat("job ", id, " is ", v1::JobState_Name(job->state())));
+    }
+    feed = FeedLocked(*job);
+  }
+  return feed->Push(inputs, last);  // may block: not under mu_
 }
 
 absl::Status JobManager::Watch(const std::string& id, int64_t after_seq,
@@ -301,6 +339,9 @@ void JobManager::RunJob(const std::string& id, const std::string& device) {
 
   std::lock_guard<std::mutex> lock(mu_);
   running_.erase(id);
+  if (!(running->cancel && !running->by_user)) {  // a job re-queued by shutdown keeps none either
+    CloseFeedLocked(id, absl::FailedPreconditionError("the job has ended"));
+  }
   auto current = metadata_->GetJob(id);
   if (current.ok()) job = *current;  // keeps progress and a CANCELLING set meanwhile
   if (outputs.ok()) {
@@ -343,10 +384,27 @@ absl::StatusOr<JobManager::Outputs> JobManager::Execute(const v1::Job& job, cons
   if (!model_path.ok()) return model_path.status();
   auto data_spec = DataSpecFor(spec.data(), options_.data_roots);
   if (!data_spec.ok()) return data_spec.status();
-  auto source = data::OpenBatchSource(*data_spec, spec.batch_size());
-  if (!source.ok()) return source.status();
-  const std::optional<int64_t> samples = (*source)->num_samples();
-  std::unique_ptr<data::BatchSource> batches = data::Prefetched(std::move(*source), 2);
+  std::optional<int64_t> samples;
+  std::function<absl::StatusOr<std::optional<data::Batch>>()> next_batch;
+  std::unique_ptr<data::BatchSource> file_batches;
+  if (spec.data().has_client_stream()) {
+    std::shared_ptr<StreamFeed> feed;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      feed = FeedLocked(job);
+    }
+    const double timeout = spec.timeout_seconds() > 0 ? spec.timeout_seconds() : options_.default_timeout_seconds;
+    feed->set_deadline(std::chrono::steady_clock::now() +
+                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                           std::chrono::duration<double>(timeout)));
+    next_batch = [feed] { return feed->Next(); };
+  } else {
+    auto source = data::OpenBatchSource(*data_spec, spec.batch_size());
+    if (!source.ok()) return source.status();
+    samples = (*source)->num_samples();
+    file_batches = data::Prefetched(std::move(*source), 2);
+    next_batch = [&] { return file_batches->Next(); };
+  }
 
   auto run = engine::Recalibration::Create(*model_path, EngineOptionsOf(spec, device, options_.threads_per_worker));
   if (!run.ok()) return run.status();
@@ -360,7 +418,7 @@ absl::StatusOr<JobManager::Outputs> JobManager::Execute(const v1::Job& job, cons
     if (elapsed() > timeout) {
       return absl::DeadlineExceededError(absl::StrCat("the job ran past its timeout of ", timeout, " s"));
     }
-    return batches->Next();
+    return next_batch();
   };
   auto last_event = std::chrono::steady_clock::now() - std::chrono::hours(1);
   auto on_progress = [&](const engine::Progress& p) {

@@ -19,6 +19,7 @@
 #include "recal/v1/recal.pb.h"
 #include "server/jobs/job_queue.h"
 #include "server/jobs/model_registry.h"
+#include "server/jobs/stream_feed.h"
 #include "server/store/blob_store.h"
 #include "server/store/metadata_store.h"
 
@@ -31,6 +32,7 @@ struct JobManagerOptions {
   std::vector<std::string> data_roots;
   double default_timeout_seconds = 6 * 3600;
   int64_t max_batch_size = 4096;
+  int64_t max_batch_bytes = int64_t{256} << 20;  // one pushed tensor, client_stream
   absl::Duration progress_interval = absl::Milliseconds(250);
 };
 
@@ -52,6 +54,11 @@ class JobManager {
   absl::StatusOr<store::JobPage> List(const std::vector<v1::JobState>& states, int page_size,
                                       const std::string& page_token);
   absl::StatusOr<v1::Job> Cancel(const std::string& id);
+
+  // Queues one pushed batch for a client_stream job (blocks while its queue is full).
+  // FAILED_PRECONDITION if the job does not take a client stream or has ended.
+  absl::Status PushBatch(const std::string& id,
+                         const google::protobuf::RepeatedPtrField<v1::Tensor>& inputs, bool last);
 
   // Delivers a snapshot of the job (its seq is after_seq: it does not advance), then every
   // event with seq > after_seq, until the terminal state has been delivered (OK), `deliver`
@@ -82,6 +89,9 @@ class JobManager {
   absl::Status Record(const v1::Job& job, v1::JobEvent event);
   absl::Status RecordState(v1::Job& job, v1::JobState state);
   absl::Status ValidateSpec(const v1::JobSpec& spec);
+  // The feed of a client_stream job, made on first use (caller holds mu_).
+  std::shared_ptr<StreamFeed> FeedLocked(const v1::Job& job);
+  void CloseFeedLocked(const std::string& id, const absl::Status& reason);
 
   store::MetadataStore* metadata_;
   store::BlobStore* blobs_;
@@ -92,6 +102,7 @@ class JobManager {
   // Serialises state transitions (submit, cancel, start, finish) so that none is lost.
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<Running>> running_;
+  std::map<std::string, std::shared_ptr<StreamFeed>> feeds_;
   std::vector<std::thread> workers_;
   bool started_ = false;
   std::atomic<bool> stopping_{false};

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "common/sha256.h"
+#include "server/data/batch_source.h"
 #include "tests/engine/test_util.h"
 #include "tests/server/server_process.h"
 #include "tests/test_util.h"
@@ -103,10 +104,12 @@ v1::Job WaitForState(v1::Recal::Stub& stub, const std::string& id, v1::JobState 
     v1::GetJobRequest request;
     request.set_id(id);
     if (stub.GetJob(&context, request, &job).ok() && job.state() == state) return job;
+    const bool terminal = job.state() == v1::SUCCEEDED || job.state() == v1::FAILED || job.state() == v1::CANCELLED;
+    if (terminal) break;  // it will not change any more
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ADD_FAILURE() << "job " << id << " never reached " << v1::JobState_Name(state) << ", is "
-                << v1::JobState_Name(job.state());
+                << v1::JobState_Name(job.state()) << " " << job.error().message();
   return job;
 }
 
@@ -290,6 +293,85 @@ TEST_F(ServerTest, SubmitIsIdempotentOnRequestId) {
   v1::ListJobsResponse list;
   ASSERT_TRUE(stub_->ListJobs(&context, v1::ListJobsRequest(), &list).ok());
   EXPECT_EQ(list.jobs_size(), 1);
+}
+
+v1::Tensor ToProto(const at::Tensor& t) {
+  v1::Tensor proto;
+  proto.set_dtype(t.scalar_type() == at::kByte ? v1::Tensor::UINT8
+                  : t.scalar_type() == at::kHalf ? v1::Tensor::FLOAT16 : v1::Tensor::FLOAT32);
+  for (int64_t d : t.sizes()) proto.add_shape(d);
+  const at::Tensor c = t.contiguous();
+  proto.set_data(static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size());
+  return proto;
+}
+
+TEST_F(ServerTest, ClientStreamedBatchesAreRecalibratedLikeFiles) {
+  const std::string model_id = UploadModel();
+  v1::SubmitJobRequest request;
+  request.mutable_spec()->set_model_id(model_id);
+  request.mutable_spec()->set_batch_size(8);
+  request.mutable_spec()->mutable_data()->mutable_client_stream();
+  v1::Job job = Submit(request);
+
+  auto source = data::OpenBatchSource("npy:" + kFixtures + "/data/resnet18.npy", 8);
+  ASSERT_TRUE(source.ok());
+  grpc::ClientContext context;
+  v1::PushBatchesResponse pushed;
+  auto writer = stub_->PushBatches(&context, &pushed);
+  while (true) {
+    auto batch = (*source)->Next();
+    ASSERT_TRUE(batch.ok());
+    v1::PushBatchesRequest message;
+    message.set_job_id(job.id());
+    if (!*batch) {
+      message.set_last(true);
+      writer->Write(message);
+      break;
+    }
+    *message.add_inputs() = ToProto((**batch)[0]);
+    ASSERT_TRUE(writer->Write(message));
+  }
+  writer->WritesDone();
+  grpc::Status status = writer->Finish();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(pushed.batches_received(), 3);
+  WaitForState(*stub_, job.id(), v1::SUCCEEDED);
+  const std::string bn_path = tmp_.File("bn.safetensors");
+  std::ofstream(bn_path, std::ios::binary) << Download(*stub_, job.id(), v1::BN_BUFFERS);
+  auto got = engine::testing::ReadSafetensors(bn_path);
+  auto reference = engine::testing::ReadSafetensors(kFixtures + "/ref/resnet18.population.safetensors");
+  for (const auto& [key, expected] : reference) {
+    if (key.find("var") == std::string::npos) continue;
+    EXPECT_LE(((got[key].to(at::kDouble) - expected).abs() / expected).max().item<double>(), 1e-5) << key;
+  }
+
+  // Malformed pushes are refused with the reason; pushing to a file job is refused.
+  v1::Job other = Submit(request);
+  auto push_one = [&](const std::string& id, const v1::Tensor& tensor) {
+    grpc::ClientContext push_context;
+    v1::PushBatchesResponse response;
+    auto push = stub_->PushBatches(&push_context, &response);
+    v1::PushBatchesRequest message;
+    message.set_job_id(id);
+    *message.add_inputs() = tensor;
+    push->Write(message);
+    push->WritesDone();
+    return push->Finish();
+  };
+  v1::Tensor short_data = ToProto(at::zeros({2, 3, 8, 8}));
+  short_data.mutable_data()->resize(10);
+  EXPECT_EQ(push_one(other.id(), short_data).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  v1::Tensor huge;
+  huge.set_dtype(v1::Tensor::FLOAT32);
+  for (int64_t d : {1 << 20, 1 << 12}) huge.add_shape(d);
+  grpc::Status too_big = push_one(other.id(), huge);
+  EXPECT_EQ(too_big.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(too_big.error_message(), HasSubstr("max_batch_bytes"));
+  v1::Job file_job = Submit(NpyJob(model_id, "data/resnet18.npy", 8));
+  EXPECT_EQ(push_one(file_job.id(), ToProto(at::zeros({2, 3, 8, 8}))).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  Cancel(other.id());  // it waits for pushes: cancelling wakes it
+  WaitForState(*stub_, other.id(), v1::CANCELLED, 30);
 }
 
 class OneWorkerServerTest : public ServerTest {
