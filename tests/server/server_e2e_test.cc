@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "common/sha256.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "server/data/batch_source.h"
 #include "tests/engine/test_util.h"
 #include "tests/server/server_process.h"
@@ -372,6 +373,87 @@ TEST_F(ServerTest, ClientStreamedBatchesAreRecalibratedLikeFiles) {
             grpc::StatusCode::FAILED_PRECONDITION);
   Cancel(other.id());  // it waits for pushes: cancelling wakes it
   WaitForState(*stub_, other.id(), v1::CANCELLED, 30);
+}
+
+class TwoWorkerServerTest : public ServerTest {
+ protected:
+  std::vector<std::string> Flags() override {
+    return {"--data_root=" + kFixtures + "," + own_root(), "--cpu_workers=2", "--threads_per_worker=1"};
+  }
+};
+
+TEST_F(TwoWorkerServerTest, SeveralJobsRunAtOnceAndEachMatchesItsReference) {
+  v1::Model resnet, twice;
+  ASSERT_TRUE(Upload(*stub_, ReadFile(kModel), &resnet).ok());
+  ASSERT_TRUE(Upload(*stub_, ReadFile(kFixtures + "/models/twice.scripted_train.pt"), &twice).ok());
+  std::vector<std::pair<v1::Job, std::string>> jobs;
+  for (int i = 0; i < 2; ++i) {
+    jobs.emplace_back(Submit(NpyJob(resnet.id(), "data/resnet18.npy", 8)), "resnet18");
+    jobs.emplace_back(Submit(NpyJob(twice.id(), "data/twice.npy", 8)), "twice");
+  }
+  bool overlapped = false;
+  for (auto& [job, family] : jobs) {
+    std::vector<v1::JobEvent> events = Watch(*stub_, job.id());
+    ASSERT_FALSE(events.empty());
+    ASSERT_EQ(events.back().state(), v1::SUCCEEDED) << family;
+    const std::string path = tmp_.File(job.id() + ".safetensors");
+    std::ofstream(path, std::ios::binary) << Download(*stub_, job.id(), v1::BN_BUFFERS);
+    auto got = engine::testing::ReadSafetensors(path);
+    auto reference = engine::testing::ReadSafetensors(kFixtures + "/ref/" + family + ".population.safetensors");
+    for (const auto& [key, expected] : reference) {
+      if (key.find("var") == std::string::npos) continue;
+      EXPECT_LE(((got[key].to(at::kDouble) - expected).abs() / expected).max().item<double>(), 1e-5) << key;
+    }
+  }
+  // Both workers were used: some two jobs were running at the same time.
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  for (auto& [job, family] : jobs) {
+    grpc::ClientContext context;
+    v1::GetJobRequest get;
+    get.set_id(job.id());
+    v1::Job done;
+    ASSERT_TRUE(stub_->GetJob(&context, get, &done).ok());
+    auto nanos = [](const google::protobuf::Timestamp& t) { return t.seconds() * 1000000000LL + t.nanos(); };
+    spans.emplace_back(nanos(done.start_time()), nanos(done.end_time()));
+  }
+  bool overlapped = false;
+  for (size_t a = 0; a < spans.size(); ++a) {
+    for (size_t b = a + 1; b < spans.size(); ++b) {
+      overlapped |= spans[a].first < spans[b].second && spans[b].first < spans[a].second;
+    }
+  }
+  EXPECT_TRUE(overlapped);
+}
+
+TEST_F(ServerTest, ModelsInUseCannotBeDeletedAndJobsTimeOut) {
+  const std::string model_id = UploadModel();
+  v1::SubmitJobRequest request = LongJob(model_id);
+  request.mutable_spec()->set_timeout_seconds(2);
+  v1::Job job = Submit(request);
+  grpc::ClientContext context;
+  v1::DeleteModelRequest remove;
+  remove.set_id(model_id);
+  v1::DeleteModelResponse removed;
+  grpc::Status in_use = stub_->DeleteModel(&context, remove, &removed);
+  EXPECT_EQ(in_use.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  v1::Job failed = WaitForState(*stub_, job.id(), v1::FAILED, 60);
+  EXPECT_EQ(failed.error().code(), static_cast<int>(grpc::StatusCode::DEADLINE_EXCEEDED));
+  EXPECT_THAT(failed.error().message(), HasSubstr("timeout"));
+  grpc::ClientContext again;
+  EXPECT_TRUE(stub_->DeleteModel(&again, remove, &removed).ok());
+  grpc::ClientContext get_context;
+  v1::GetModelRequest get;
+  get.set_id(model_id);
+  v1::Model gone;
+  EXPECT_EQ(stub_->GetModel(&get_context, get, &gone).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(ServerTest, ServesTheStandardHealthService) {
+  auto health = grpc::health::v1::Health::NewStub(server_->Channel());
+  grpc::ClientContext context;
+  grpc::health::v1::HealthCheckResponse response;
+  ASSERT_TRUE(health->Check(&context, grpc::health::v1::HealthCheckRequest(), &response).ok());
+  EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING);
 }
 
 class OneWorkerServerTest : public ServerTest {
