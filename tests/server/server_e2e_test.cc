@@ -391,7 +391,6 @@ TEST_F(TwoWorkerServerTest, SeveralJobsRunAtOnceAndEachMatchesItsReference) {
     jobs.emplace_back(Submit(NpyJob(resnet.id(), "data/resnet18.npy", 8)), "resnet18");
     jobs.emplace_back(Submit(NpyJob(twice.id(), "data/twice.npy", 8)), "twice");
   }
-  bool overlapped = false;
   for (auto& [job, family] : jobs) {
     std::vector<v1::JobEvent> events = Watch(*stub_, job.id());
     ASSERT_FALSE(events.empty());
