@@ -9,8 +9,9 @@
 namespace recal::api {
 namespace {
 
-// Returns from the adapter with the gRPC form of a non-OK status.
-#define RECAL_RETURN_IF_ERROR(expr)                               \
+// Returns from the adapter with the gRPC form of a non-OK status (common/status_macros.h has
+// the absl::Status twin).
+#define RECAL_GRPC_RETURN_IF_ERROR(expr)                               \
   do {                                                            \
     const absl::Status _status = (expr);                          \
     if (!_status.ok()) return ::recal::ToGrpcStatus(_status);     \
@@ -43,7 +44,7 @@ grpc::Status RecalService::UploadModel(grpc::ServerContext* context,
     if (!message.has_chunk()) {
       return ToGrpcStatus(absl::InvalidArgumentError("only chunks may follow the upload header"));
     }
-    RECAL_RETURN_IF_ERROR(models_->AppendChunk(header, message.chunk()));
+    RECAL_GRPC_RETURN_IF_ERROR(models_->AppendChunk(header, message.chunk()));
   }
   if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "upload broken off");
   return Respond(models_->FinishUpload(header), response);
@@ -113,7 +114,7 @@ grpc::Status RecalService::PushBatches(grpc::ServerContext*, grpc::ServerReader<
   while (reader->Read(&message)) {
     if (job_id.empty()) job_id = message.job_id();
     if (job_id.empty()) return ToGrpcStatus(absl::InvalidArgumentError("the first message names the job"));
-    RECAL_RETURN_IF_ERROR(jobs_->PushBatch(job_id, message.inputs(), message.last()));
+    RECAL_GRPC_RETURN_IF_ERROR(jobs_->PushBatch(job_id, message.inputs(), message.last()));
     if (!message.inputs().empty()) response->set_batches_received(response->batches_received() + 1);
   }
   return grpc::Status::OK;

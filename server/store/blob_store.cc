@@ -11,7 +11,7 @@
 #include "common/atomic_file.h"
 #include "common/sha256.h"
 #include "server/store/fs_util.h"
-#include "server/store/status_macros.h"
+#include "common/status_macros.h"
 
 namespace recal::store {
 namespace {
@@ -73,7 +73,7 @@ absl::StatusOr<std::unique_ptr<BlobStore>> BlobStore::Open(const std::string& di
   while (root.size() > 1 && root.back() == '/') root.pop_back();
   for (const std::string& d : {root, absl::StrCat(root, "/blobs"), absl::StrCat(root, "/blobs/sha256"),
                                absl::StrCat(root, "/uploads"), absl::StrCat(root, "/tmp")}) {
-    RECAL_STORE_RETURN_IF_ERROR(EnsureDirectory(d));
+    RECAL_RETURN_IF_ERROR(EnsureDirectory(d));
   }
   return std::unique_ptr<BlobStore>(new BlobStore(std::move(root)));
 }
@@ -87,7 +87,7 @@ bool BlobStore::Has(const std::string& sha256_hex) const {
 }
 
 absl::StatusOr<int64_t> BlobStore::SizeOf(const std::string& sha256_hex) const {
-  RECAL_STORE_RETURN_IF_ERROR(ValidateDigest(sha256_hex));
+  RECAL_RETURN_IF_ERROR(ValidateDigest(sha256_hex));
   struct stat st;
   if (::stat(PathOf(sha256_hex).c_str(), &st) != 0) {
     if (errno == ENOENT) return absl::NotFoundError(absl::StrCat("no blob sha256:", sha256_hex));
@@ -101,21 +101,21 @@ absl::StatusOr<std::string> BlobStore::Put(absl::string_view bytes) {
   // Same digest, same bytes: nothing to write.
   if (Has(hex)) return hex;
   const std::string path = PathOf(hex);
-  RECAL_STORE_RETURN_IF_ERROR(EnsureDirectory(DirectoryOf(path)));
-  RECAL_STORE_RETURN_IF_ERROR(WriteFileAtomically(path, bytes));
+  RECAL_RETURN_IF_ERROR(EnsureDirectory(DirectoryOf(path)));
+  RECAL_RETURN_IF_ERROR(WriteFileAtomically(path, bytes));
   return hex;
 }
 
 absl::StatusOr<std::string> BlobStore::AdoptFile(const std::string& path) {
-  RECAL_STORE_ASSIGN_OR_RETURN(std::string hex, Sha256OfFile(path));
+  RECAL_ASSIGN_OR_RETURN(std::string hex, Sha256OfFile(path));
   const std::string target = PathOf(hex);
   if (Exists(target)) {
-    RECAL_STORE_RETURN_IF_ERROR(UnlinkIfPresent(path));
+    RECAL_RETURN_IF_ERROR(UnlinkIfPresent(path));
     return hex;
   }
   // The writer may not have fsync'ed; the blob must be durable before its name is.
-  RECAL_STORE_RETURN_IF_ERROR(FsyncFile(path));
-  RECAL_STORE_RETURN_IF_ERROR(EnsureDirectory(DirectoryOf(target)));
+  RECAL_RETURN_IF_ERROR(FsyncFile(path));
+  RECAL_RETURN_IF_ERROR(EnsureDirectory(DirectoryOf(target)));
   if (::rename(path.c_str(), target.c_str()) != 0) {
     if (errno == EXDEV) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -124,12 +124,12 @@ absl::StatusOr<std::string> BlobStore::AdoptFile(const std::string& path) {
     }
     return absl::ErrnoToStatus(errno, absl::StrCat("cannot rename '", path, "' to '", target, "'"));
   }
-  RECAL_STORE_RETURN_IF_ERROR(FsyncDirectory(DirectoryOf(target)));
+  RECAL_RETURN_IF_ERROR(FsyncDirectory(DirectoryOf(target)));
   return hex;
 }
 
 absl::Status BlobStore::Remove(const std::string& sha256_hex) {
-  RECAL_STORE_RETURN_IF_ERROR(ValidateDigest(sha256_hex));
+  RECAL_RETURN_IF_ERROR(ValidateDigest(sha256_hex));
   const std::string path = PathOf(sha256_hex);
   if (::unlink(path.c_str()) != 0) {
     if (errno == ENOENT) return absl::OkStatus();
@@ -145,7 +145,7 @@ std::string PartialPath(const std::string& dir, const std::string& hex) {
 }  // namespace
 
 absl::StatusOr<int64_t> BlobStore::UploadedSize(const std::string& sha256_hex) const {
-  RECAL_STORE_RETURN_IF_ERROR(ValidateDigest(sha256_hex));
+  RECAL_RETURN_IF_ERROR(ValidateDigest(sha256_hex));
   const std::string path = PartialPath(dir_, sha256_hex);
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) {
@@ -157,7 +157,7 @@ absl::StatusOr<int64_t> BlobStore::UploadedSize(const std::string& sha256_hex) c
 
 absl::Status BlobStore::AppendUpload(const std::string& sha256_hex, int64_t offset, absl::string_view data,
                                      int64_t expected_size) {
-  RECAL_STORE_RETURN_IF_ERROR(ValidateDigest(sha256_hex));
+  RECAL_RETURN_IF_ERROR(ValidateDigest(sha256_hex));
   if (offset < 0 || expected_size < 0) {
     return absl::InvalidArgumentError(absl::StrCat("upload of sha256:", sha256_hex, ": offset (", offset,
                                                    ") and size (", expected_size, ") must be >= 0"));
@@ -165,8 +165,8 @@ absl::Status BlobStore::AppendUpload(const std::string& sha256_hex, int64_t offs
   const std::string path = PartialPath(dir_, sha256_hex);
   // The lock serialises appends (and commit/discard) of one upload, so "offset equals the
   // committed size" is checked and acted on atomically.
-  RECAL_STORE_ASSIGN_OR_RETURN(LockedFile file, LockedFile::Open(path, /*create=*/true));
-  RECAL_STORE_ASSIGN_OR_RETURN(const int64_t committed, file.Size());
+  RECAL_ASSIGN_OR_RETURN(LockedFile file, LockedFile::Open(path, /*create=*/true));
+  RECAL_ASSIGN_OR_RETURN(const int64_t committed, file.Size());
   if (offset != committed) {
     return absl::FailedPreconditionError(absl::StrCat("upload of sha256:", sha256_hex, " has ", committed,
                                                       " bytes committed; resume at offset ", committed,
@@ -187,12 +187,12 @@ absl::Status BlobStore::AppendUpload(const std::string& sha256_hex, int64_t offs
     return absl::ErrnoToStatus(errno, absl::StrCat("cannot fsync upload '", path, "'"));
   }
   // The first append created the file; make its directory entry durable too.
-  if (committed == 0) RECAL_STORE_RETURN_IF_ERROR(FsyncDirectory(DirectoryOf(path)));
+  if (committed == 0) RECAL_RETURN_IF_ERROR(FsyncDirectory(DirectoryOf(path)));
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> BlobStore::CommitUpload(const std::string& sha256_hex) {
-  RECAL_STORE_RETURN_IF_ERROR(ValidateDigest(sha256_hex));
+  RECAL_RETURN_IF_ERROR(ValidateDigest(sha256_hex));
   const std::string path = PartialPath(dir_, sha256_hex);
   const std::string target = PathOf(sha256_hex);
   absl::StatusOr<LockedFile> file = LockedFile::Open(path, /*create=*/false);
@@ -202,34 +202,34 @@ absl::StatusOr<std::string> BlobStore::CommitUpload(const std::string& sha256_he
     return absl::NotFoundError(absl::StrCat("no upload in progress for sha256:", sha256_hex));
   }
   if (!file.ok()) return file.status();
-  RECAL_STORE_ASSIGN_OR_RETURN(const std::string actual, Sha256OfFile(path));
+  RECAL_ASSIGN_OR_RETURN(const std::string actual, Sha256OfFile(path));
   if (actual != sha256_hex) {
-    RECAL_STORE_ASSIGN_OR_RETURN(const int64_t size, file->Size());
-    RECAL_STORE_RETURN_IF_ERROR(UnlinkIfPresent(path));
+    RECAL_ASSIGN_OR_RETURN(const int64_t size, file->Size());
+    RECAL_RETURN_IF_ERROR(UnlinkIfPresent(path));
     return absl::InvalidArgumentError(
         absl::StrCat("upload of sha256:", sha256_hex, " is corrupt: its ", size, " bytes hash to ", actual,
                      "; the partial upload was discarded, upload again from offset 0"));
   }
   if (Exists(target)) {
-    RECAL_STORE_RETURN_IF_ERROR(UnlinkIfPresent(path));
+    RECAL_RETURN_IF_ERROR(UnlinkIfPresent(path));
     return target;
   }
-  RECAL_STORE_RETURN_IF_ERROR(EnsureDirectory(DirectoryOf(target)));
+  RECAL_RETURN_IF_ERROR(EnsureDirectory(DirectoryOf(target)));
   if (::rename(path.c_str(), target.c_str()) != 0) {
     return absl::ErrnoToStatus(errno, absl::StrCat("cannot rename '", path, "' to '", target, "'"));
   }
-  RECAL_STORE_RETURN_IF_ERROR(FsyncDirectory(DirectoryOf(target)));
-  RECAL_STORE_RETURN_IF_ERROR(FsyncDirectory(DirectoryOf(path)));
+  RECAL_RETURN_IF_ERROR(FsyncDirectory(DirectoryOf(target)));
+  RECAL_RETURN_IF_ERROR(FsyncDirectory(DirectoryOf(path)));
   return target;
 }
 
 absl::Status BlobStore::DiscardUpload(const std::string& sha256_hex) {
-  RECAL_STORE_RETURN_IF_ERROR(ValidateDigest(sha256_hex));
+  RECAL_RETURN_IF_ERROR(ValidateDigest(sha256_hex));
   const std::string path = PartialPath(dir_, sha256_hex);
   absl::StatusOr<LockedFile> file = LockedFile::Open(path, /*create=*/false);
   if (absl::IsNotFound(file.status())) return absl::OkStatus();
   if (!file.ok()) return file.status();
-  RECAL_STORE_RETURN_IF_ERROR(UnlinkIfPresent(path));
+  RECAL_RETURN_IF_ERROR(UnlinkIfPresent(path));
   return FsyncDirectory(DirectoryOf(path));
 }
 

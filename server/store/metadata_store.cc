@@ -13,7 +13,7 @@
 #include "absl/time/time.h"
 #include "google/protobuf/timestamp.pb.h"
 #include "server/store/sqlite_util.h"
-#include "server/store/status_macros.h"
+#include "common/status_macros.h"
 
 namespace recal::store {
 namespace {
@@ -153,11 +153,11 @@ struct MetadataStore::Impl {
 };
 
 absl::Status MetadataStore::Impl::MigrateSchema() {
-  RECAL_STORE_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
+  RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
   int64_t version = 0;
   {
-    RECAL_STORE_ASSIGN_OR_RETURN(Query q, db.Prepare("PRAGMA user_version"));
-    RECAL_STORE_ASSIGN_OR_RETURN(const bool row, q.Step());
+    RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("PRAGMA user_version"));
+    RECAL_ASSIGN_OR_RETURN(const bool row, q.Step());
     if (row) version = q.Int64(0);
   }
   if (version == kSchemaVersion) return absl::OkStatus();  // rolls back the empty transaction
@@ -167,30 +167,30 @@ absl::Status MetadataStore::Impl::MigrateSchema() {
         kSchemaVersion, "; run a newer server or point --data_dir elsewhere"));
   }
   // version == 0: a new (empty) database.
-  RECAL_STORE_RETURN_IF_ERROR(db.Exec(kSchemaV1));
-  RECAL_STORE_RETURN_IF_ERROR(db.Exec(absl::StrCat("PRAGMA user_version = ", kSchemaVersion)));
+  RECAL_RETURN_IF_ERROR(db.Exec(kSchemaV1));
+  RECAL_RETURN_IF_ERROR(db.Exec(absl::StrCat("PRAGMA user_version = ", kSchemaVersion)));
   return txn.Commit();
 }
 
 absl::StatusOr<std::unique_ptr<MetadataStore>> MetadataStore::Open(const std::string& path) {
-  RECAL_STORE_ASSIGN_OR_RETURN(Db db, Db::Open(path));
+  RECAL_ASSIGN_OR_RETURN(Db db, Db::Open(path));
   // Other processes (sqlite3 CLI, backups) may hold the lock briefly; wait rather than fail.
-  RECAL_STORE_RETURN_IF_ERROR(db.Exec("PRAGMA busy_timeout = 10000"));
+  RECAL_RETURN_IF_ERROR(db.Exec("PRAGMA busy_timeout = 10000"));
   // WAL: readers never block the writer; FULL: a commit is on disk (WAL fsync'ed) when it
   // returns, which the job state machine relies on ("SUCCEEDED only when durable").
   {
-    RECAL_STORE_ASSIGN_OR_RETURN(Query q, db.Prepare("PRAGMA journal_mode = WAL"));
-    RECAL_STORE_ASSIGN_OR_RETURN(const bool row, q.Step());
+    RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("PRAGMA journal_mode = WAL"));
+    RECAL_ASSIGN_OR_RETURN(const bool row, q.Step());
     if (!row || q.Text(0) != "wal") {
       return absl::FailedPreconditionError(absl::StrCat("cannot put database '", path, "' in WAL mode (got '",
                                                         row ? q.Text(0) : "",
                                                         "'); is it on a network file system?"));
     }
   }
-  RECAL_STORE_RETURN_IF_ERROR(db.Exec("PRAGMA synchronous = FULL"));
-  RECAL_STORE_RETURN_IF_ERROR(db.Exec("PRAGMA foreign_keys = OFF"));
+  RECAL_RETURN_IF_ERROR(db.Exec("PRAGMA synchronous = FULL"));
+  RECAL_RETURN_IF_ERROR(db.Exec("PRAGMA foreign_keys = OFF"));
   auto impl = std::make_unique<Impl>(std::move(db));
-  RECAL_STORE_RETURN_IF_ERROR(impl->MigrateSchema());
+  RECAL_RETURN_IF_ERROR(impl->MigrateSchema());
   return std::unique_ptr<MetadataStore>(new MetadataStore(std::move(impl)));
 }
 
@@ -203,53 +203,53 @@ absl::StatusOr<v1::Model> MetadataStore::PutModel(const v1::Model& model) {
   if (model.id().empty()) return absl::InvalidArgumentError("cannot store a model without an id");
   std::lock_guard<std::mutex> lock(impl_->mu);
   Db& db = impl_->db;
-  RECAL_STORE_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
+  RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
   {
     // Same id = same bytes: the first stored metadata (name, labels, create_time) wins.
-    RECAL_STORE_ASSIGN_OR_RETURN(
+    RECAL_ASSIGN_OR_RETURN(
         Query q, db.Prepare("INSERT OR IGNORE INTO models(id, create_seq, proto) "
                             "VALUES(?1, (SELECT COALESCE(MAX(create_seq), 0) + 1 FROM models), ?2)"));
-    RECAL_STORE_RETURN_IF_ERROR(q.Bind(1, model.id()).BindBlob(2, model.SerializeAsString()).Run());
+    RECAL_RETURN_IF_ERROR(q.Bind(1, model.id()).BindBlob(2, model.SerializeAsString()).Run());
   }
   std::string bytes;
   {
-    RECAL_STORE_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT proto FROM models WHERE id = ?1"));
-    RECAL_STORE_ASSIGN_OR_RETURN(const bool row, q.Bind(1, model.id()).Step());
+    RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT proto FROM models WHERE id = ?1"));
+    RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, model.id()).Step());
     if (!row)
       return absl::InternalError(absl::StrCat("model '", model.id(), "' vanished while being stored"));
     bytes = q.Blob(0);
   }
-  RECAL_STORE_RETURN_IF_ERROR(txn.Commit());
+  RECAL_RETURN_IF_ERROR(txn.Commit());
   return Parse<v1::Model>(bytes, "model", model.id());
 }
 
 absl::StatusOr<v1::Model> MetadataStore::GetModel(const std::string& id) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  RECAL_STORE_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("SELECT proto FROM models WHERE id = ?1"));
-  RECAL_STORE_ASSIGN_OR_RETURN(const bool row, q.Bind(1, id).Step());
+  RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("SELECT proto FROM models WHERE id = ?1"));
+  RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, id).Step());
   if (!row) return absl::NotFoundError(absl::StrCat("no model '", id, "'"));
   return Parse<v1::Model>(q.Blob(0), "model", id);
 }
 
 absl::StatusOr<ModelPage> MetadataStore::ListModels(int page_size, const std::string& page_token) {
-  RECAL_STORE_ASSIGN_OR_RETURN(const int64_t below, DecodePageToken("models", page_token));
+  RECAL_ASSIGN_OR_RETURN(const int64_t below, DecodePageToken("models", page_token));
   const int limit = ClampPageSize(page_size);
   std::lock_guard<std::mutex> lock(impl_->mu);
   // Newest first, like ListJobs. One extra row tells whether there is a next page.
-  RECAL_STORE_ASSIGN_OR_RETURN(
+  RECAL_ASSIGN_OR_RETURN(
       Query q, impl_->db.Prepare("SELECT id, create_seq, proto FROM models WHERE ?1 = 0 OR create_seq < ?1 "
                                  "ORDER BY create_seq DESC LIMIT ?2"));
   q.Bind(1, below).Bind(2, int64_t{limit} + 1);
   ModelPage page;
   int64_t last_seq = 0;
   while (true) {
-    RECAL_STORE_ASSIGN_OR_RETURN(const bool row, q.Step());
+    RECAL_ASSIGN_OR_RETURN(const bool row, q.Step());
     if (!row) break;
     if (static_cast<int>(page.models.size()) == limit) {
       page.next_page_token = EncodePageToken("models", last_seq);
       break;
     }
-    RECAL_STORE_ASSIGN_OR_RETURN(v1::Model m, Parse<v1::Model>(q.Blob(2), "model", q.Text(0)));
+    RECAL_ASSIGN_OR_RETURN(v1::Model m, Parse<v1::Model>(q.Blob(2), "model", q.Text(0)));
     page.models.push_back(std::move(m));
     last_seq = q.Int64(1);
   }
@@ -258,8 +258,8 @@ absl::StatusOr<ModelPage> MetadataStore::ListModels(int page_size, const std::st
 
 absl::Status MetadataStore::DeleteModel(const std::string& id) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  RECAL_STORE_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("DELETE FROM models WHERE id = ?1"));
-  RECAL_STORE_RETURN_IF_ERROR(q.Bind(1, id).Run());
+  RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("DELETE FROM models WHERE id = ?1"));
+  RECAL_RETURN_IF_ERROR(q.Bind(1, id).Run());
   if (impl_->db.Changes() == 0) return absl::NotFoundError(absl::StrCat("no model '", id, "'"));
   return absl::OkStatus();
 }
@@ -271,10 +271,10 @@ absl::StatusOr<int64_t> MetadataStore::CountJobsUsingModel(const std::string& mo
   std::string sql = "SELECT COUNT(*) FROM jobs WHERE model_id = ?1";
   if (!states->empty()) absl::StrAppend(&sql, " AND state IN ", Placeholders(2, states->size()));
   std::lock_guard<std::mutex> lock(impl_->mu);
-  RECAL_STORE_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare(sql));
+  RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare(sql));
   q.Bind(1, model_id);
   BindStates(q, 2, *states);
-  RECAL_STORE_ASSIGN_OR_RETURN(const bool row, q.Step());
+  RECAL_ASSIGN_OR_RETURN(const bool row, q.Step());
   return row ? q.Int64(0) : 0;
 }
 
@@ -283,16 +283,16 @@ absl::StatusOr<int64_t> MetadataStore::CountJobsUsingModel(const std::string& mo
 absl::StatusOr<std::vector<v1::Job>> MetadataStore::Impl::QueryJobs(Query& q) {
   std::vector<v1::Job> jobs;
   while (true) {
-    RECAL_STORE_ASSIGN_OR_RETURN(const bool row, q.Step());
+    RECAL_ASSIGN_OR_RETURN(const bool row, q.Step());
     if (!row) break;
-    RECAL_STORE_ASSIGN_OR_RETURN(v1::Job job, Parse<v1::Job>(q.Blob(1), "job", q.Text(0)));
+    RECAL_ASSIGN_OR_RETURN(v1::Job job, Parse<v1::Job>(q.Blob(1), "job", q.Text(0)));
     jobs.push_back(std::move(job));
   }
   return jobs;
 }
 
 absl::StatusOr<bool> MetadataStore::Impl::JobExists(const std::string& id) {
-  RECAL_STORE_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT 1 FROM jobs WHERE id = ?1"));
+  RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT 1 FROM jobs WHERE id = ?1"));
   return q.Bind(1, id).Step();
 }
 
@@ -300,19 +300,19 @@ absl::StatusOr<v1::Job> MetadataStore::CreateJob(const v1::Job& job, bool* creat
   if (job.id().empty()) return absl::InvalidArgumentError("cannot store a job without an id");
   std::lock_guard<std::mutex> lock(impl_->mu);
   Db& db = impl_->db;
-  RECAL_STORE_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
+  RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
   if (!job.request_id().empty()) {
-    RECAL_STORE_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT id, proto FROM jobs WHERE request_id = ?1"));
-    RECAL_STORE_ASSIGN_OR_RETURN(const bool row, q.Bind(1, job.request_id()).Step());
+    RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT id, proto FROM jobs WHERE request_id = ?1"));
+    RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, job.request_id()).Step());
     if (row) {
       if (created != nullptr) *created = false;
       return Parse<v1::Job>(q.Blob(1), "job", q.Text(0));  // the transaction rolls back: nothing written
     }
   }
-  RECAL_STORE_ASSIGN_OR_RETURN(const bool exists, impl_->JobExists(job.id()));
+  RECAL_ASSIGN_OR_RETURN(const bool exists, impl_->JobExists(job.id()));
   if (exists) return absl::AlreadyExistsError(absl::StrCat("a job with id '", job.id(), "' already exists"));
   {
-    RECAL_STORE_ASSIGN_OR_RETURN(
+    RECAL_ASSIGN_OR_RETURN(
         Query q,
         db.Prepare("INSERT INTO jobs(id, request_id, state, model_id, create_seq, proto) "
                    "VALUES(?1, ?2, ?3, ?4, (SELECT COALESCE(MAX(create_seq), 0) + 1 FROM jobs), ?5)"));
@@ -323,24 +323,24 @@ absl::StatusOr<v1::Job> MetadataStore::CreateJob(const v1::Job& job, bool* creat
       q.Bind(2, job.request_id());
     }
     q.Bind(3, int64_t{job.state()}).Bind(4, job.spec().model_id()).BindBlob(5, job.SerializeAsString());
-    RECAL_STORE_RETURN_IF_ERROR(q.Run());
+    RECAL_RETURN_IF_ERROR(q.Run());
   }
-  RECAL_STORE_RETURN_IF_ERROR(txn.Commit());
+  RECAL_RETURN_IF_ERROR(txn.Commit());
   if (created != nullptr) *created = true;
   return job;
 }
 
 absl::StatusOr<v1::Job> MetadataStore::GetJob(const std::string& id) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  RECAL_STORE_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("SELECT proto FROM jobs WHERE id = ?1"));
-  RECAL_STORE_ASSIGN_OR_RETURN(const bool row, q.Bind(1, id).Step());
+  RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("SELECT proto FROM jobs WHERE id = ?1"));
+  RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, id).Step());
   if (!row) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
   return Parse<v1::Job>(q.Blob(0), "job", id);
 }
 
 absl::StatusOr<JobPage> MetadataStore::ListJobs(const std::vector<v1::JobState>& requested, int page_size,
                                                 const std::string& page_token) {
-  RECAL_STORE_ASSIGN_OR_RETURN(const int64_t below, DecodePageToken("jobs", page_token));
+  RECAL_ASSIGN_OR_RETURN(const int64_t below, DecodePageToken("jobs", page_token));
   const std::optional<std::vector<v1::JobState>> states = NormalizeStates(requested);
   if (!states) return JobPage();
   const int limit = ClampPageSize(page_size);
@@ -348,19 +348,19 @@ absl::StatusOr<JobPage> MetadataStore::ListJobs(const std::vector<v1::JobState>&
   if (!states->empty()) absl::StrAppend(&sql, " AND state IN ", Placeholders(3, states->size()));
   absl::StrAppend(&sql, " ORDER BY create_seq DESC LIMIT ?2");
   std::lock_guard<std::mutex> lock(impl_->mu);
-  RECAL_STORE_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare(sql));
+  RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare(sql));
   q.Bind(1, below).Bind(2, int64_t{limit} + 1);
   BindStates(q, 3, *states);
   JobPage page;
   int64_t last_seq = 0;
   while (true) {
-    RECAL_STORE_ASSIGN_OR_RETURN(const bool row, q.Step());
+    RECAL_ASSIGN_OR_RETURN(const bool row, q.Step());
     if (!row) break;
     if (static_cast<int>(page.jobs.size()) == limit) {
       page.next_page_token = EncodePageToken("jobs", last_seq);
       break;
     }
-    RECAL_STORE_ASSIGN_OR_RETURN(v1::Job job, Parse<v1::Job>(q.Blob(1), "job", q.Text(0)));
+    RECAL_ASSIGN_OR_RETURN(v1::Job job, Parse<v1::Job>(q.Blob(1), "job", q.Text(0)));
     page.jobs.push_back(std::move(job));
     last_seq = q.Int64(2);
   }
@@ -374,7 +374,7 @@ absl::StatusOr<std::vector<v1::Job>> MetadataStore::JobsInStates(const std::vect
   if (!states->empty()) absl::StrAppend(&sql, " WHERE state IN ", Placeholders(1, states->size()));
   absl::StrAppend(&sql, " ORDER BY create_seq ASC");
   std::lock_guard<std::mutex> lock(impl_->mu);
-  RECAL_STORE_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare(sql));
+  RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare(sql));
   BindStates(q, 1, *states);
   return impl_->QueryJobs(q);
 }
@@ -384,16 +384,16 @@ absl::StatusOr<std::vector<v1::Job>> MetadataStore::JobsInStates(const std::vect
 absl::StatusOr<v1::JobEvent> MetadataStore::Impl::InsertEvent(const std::string& job_id, v1::JobEvent event) {
   int64_t last = 0;
   {
-    RECAL_STORE_ASSIGN_OR_RETURN(Query q,
+    RECAL_ASSIGN_OR_RETURN(Query q,
                                  db.Prepare("SELECT COALESCE(MAX(seq), 0) FROM events WHERE job_id = ?1"));
-    RECAL_STORE_ASSIGN_OR_RETURN(const bool row, q.Bind(1, job_id).Step());
+    RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, job_id).Step());
     if (row) last = q.Int64(0);
   }
   event.set_seq(last + 1);
   SetNow(event.mutable_time());
-  RECAL_STORE_ASSIGN_OR_RETURN(Query q,
+  RECAL_ASSIGN_OR_RETURN(Query q,
                                db.Prepare("INSERT INTO events(job_id, seq, proto) VALUES(?1, ?2, ?3)"));
-  RECAL_STORE_RETURN_IF_ERROR(
+  RECAL_RETURN_IF_ERROR(
       q.Bind(1, job_id).Bind(2, event.seq()).BindBlob(3, event.SerializeAsString()).Run());
   return event;
 }
@@ -401,30 +401,30 @@ absl::StatusOr<v1::JobEvent> MetadataStore::Impl::InsertEvent(const std::string&
 absl::StatusOr<v1::JobEvent> MetadataStore::UpdateJob(const v1::Job& job, v1::JobEvent event) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   Db& db = impl_->db;
-  RECAL_STORE_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
+  RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
   {
     // request_id and create_seq are fixed at creation; the state column follows the proto.
-    RECAL_STORE_ASSIGN_OR_RETURN(
+    RECAL_ASSIGN_OR_RETURN(
         Query q, db.Prepare("UPDATE jobs SET state = ?2, model_id = ?3, proto = ?4 WHERE id = ?1"));
-    RECAL_STORE_RETURN_IF_ERROR(q.Bind(1, job.id())
+    RECAL_RETURN_IF_ERROR(q.Bind(1, job.id())
                                     .Bind(2, int64_t{job.state()})
                                     .Bind(3, job.spec().model_id())
                                     .BindBlob(4, job.SerializeAsString())
                                     .Run());
   }
   if (db.Changes() == 0) return absl::NotFoundError(absl::StrCat("no job '", job.id(), "' to update"));
-  RECAL_STORE_ASSIGN_OR_RETURN(v1::JobEvent stored, impl_->InsertEvent(job.id(), std::move(event)));
-  RECAL_STORE_RETURN_IF_ERROR(txn.Commit());
+  RECAL_ASSIGN_OR_RETURN(v1::JobEvent stored, impl_->InsertEvent(job.id(), std::move(event)));
+  RECAL_RETURN_IF_ERROR(txn.Commit());
   return stored;
 }
 
 absl::StatusOr<v1::JobEvent> MetadataStore::AppendEvent(const std::string& job_id, v1::JobEvent event) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  RECAL_STORE_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->db));
-  RECAL_STORE_ASSIGN_OR_RETURN(const bool exists, impl_->JobExists(job_id));
+  RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->db));
+  RECAL_ASSIGN_OR_RETURN(const bool exists, impl_->JobExists(job_id));
   if (!exists) return absl::NotFoundError(absl::StrCat("no job '", job_id, "' to add an event to"));
-  RECAL_STORE_ASSIGN_OR_RETURN(v1::JobEvent stored, impl_->InsertEvent(job_id, std::move(event)));
-  RECAL_STORE_RETURN_IF_ERROR(txn.Commit());
+  RECAL_ASSIGN_OR_RETURN(v1::JobEvent stored, impl_->InsertEvent(job_id, std::move(event)));
+  RECAL_RETURN_IF_ERROR(txn.Commit());
   return stored;
 }
 
@@ -433,21 +433,21 @@ absl::StatusOr<std::vector<v1::JobEvent>> MetadataStore::EventsAfter(const std::
   std::lock_guard<std::mutex> lock(impl_->mu);
   std::vector<v1::JobEvent> events;
   {
-    RECAL_STORE_ASSIGN_OR_RETURN(
+    RECAL_ASSIGN_OR_RETURN(
         Query q,
         impl_->db.Prepare("SELECT proto FROM events WHERE job_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3"));
     // LIMIT -1 is SQLite for "no limit".
     q.Bind(1, job_id).Bind(2, after_seq).Bind(3, limit > 0 ? int64_t{limit} : int64_t{-1});
     while (true) {
-      RECAL_STORE_ASSIGN_OR_RETURN(const bool row, q.Step());
+      RECAL_ASSIGN_OR_RETURN(const bool row, q.Step());
       if (!row) break;
-      RECAL_STORE_ASSIGN_OR_RETURN(v1::JobEvent e, Parse<v1::JobEvent>(q.Blob(0), "event of job", job_id));
+      RECAL_ASSIGN_OR_RETURN(v1::JobEvent e, Parse<v1::JobEvent>(q.Blob(0), "event of job", job_id));
       events.push_back(std::move(e));
     }
   }
   // Only an empty answer needs the extra look-up: "no events yet" differs from "no job".
   if (events.empty()) {
-    RECAL_STORE_ASSIGN_OR_RETURN(const bool exists, impl_->JobExists(job_id));
+    RECAL_ASSIGN_OR_RETURN(const bool exists, impl_->JobExists(job_id));
     if (!exists) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
   }
   return events;
@@ -461,15 +461,15 @@ absl::Status MetadataStore::PutResult(const std::string& job_id, v1::Artifact ar
     return absl::InvalidArgumentError(absl::StrCat("result of job '", job_id, "' needs an artifact kind"));
   }
   std::lock_guard<std::mutex> lock(impl_->mu);
-  RECAL_STORE_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->db));
-  RECAL_STORE_ASSIGN_OR_RETURN(const bool exists, impl_->JobExists(job_id));
+  RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->db));
+  RECAL_ASSIGN_OR_RETURN(const bool exists, impl_->JobExists(job_id));
   if (!exists) return absl::NotFoundError(absl::StrCat("no job '", job_id, "' to store a result for"));
   {
-    RECAL_STORE_ASSIGN_OR_RETURN(
+    RECAL_ASSIGN_OR_RETURN(
         Query q,
         impl_->db.Prepare(
             "INSERT OR REPLACE INTO results(job_id, artifact, sha256, size) VALUES(?1, ?2, ?3, ?4)"));
-    RECAL_STORE_RETURN_IF_ERROR(
+    RECAL_RETURN_IF_ERROR(
         q.Bind(1, job_id).Bind(2, int64_t{artifact}).Bind(3, ref.sha256).Bind(4, ref.size).Run());
   }
   return txn.Commit();
@@ -477,9 +477,9 @@ absl::Status MetadataStore::PutResult(const std::string& job_id, v1::Artifact ar
 
 absl::StatusOr<ResultRef> MetadataStore::GetResult(const std::string& job_id, v1::Artifact artifact) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  RECAL_STORE_ASSIGN_OR_RETURN(
+  RECAL_ASSIGN_OR_RETURN(
       Query q, impl_->db.Prepare("SELECT sha256, size FROM results WHERE job_id = ?1 AND artifact = ?2"));
-  RECAL_STORE_ASSIGN_OR_RETURN(const bool row, q.Bind(1, job_id).Bind(2, int64_t{artifact}).Step());
+  RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, job_id).Bind(2, int64_t{artifact}).Step());
   if (!row) {
     return absl::NotFoundError(
         absl::StrCat("job '", job_id, "' has no ", v1::Artifact_Name(artifact), " result"));
@@ -492,7 +492,7 @@ absl::StatusOr<ResultRef> MetadataStore::GetResult(const std::string& job_id, v1
 
 absl::StatusOr<bool> MetadataStore::BlobReferenced(const std::string& sha256) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  RECAL_STORE_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("SELECT 1 FROM results WHERE sha256 = ?1 LIMIT 1"));
+  RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("SELECT 1 FROM results WHERE sha256 = ?1 LIMIT 1"));
   return q.Bind(1, sha256).Step();
 }
 
