@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Both benchmarks, after scripts/build.sh: (1) recalibration vs plain train-mode forward in
+# The benchmarks, after scripts/build.sh: (1) recalibration vs plain train-mode forward in
 # one process, interleaved; (2) recal-run vs fvcore's estimator in Python, whole process
-# against whole process. Each prints its own table. Takes ~10 minutes on 2 cores.
+# against whole process; (3) recal-server: upload throughput, and a job through the server vs
+# recal-run. Each prints its own table. Takes ~10 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 threads="${THREADS:-2}"
@@ -20,3 +21,5 @@ build/bin/recalibration_overhead --model "$tmp/resnet18.pt" --batch_size 32 --sh
 echo
 /usr/bin/python3 bench/fvcore_compare.py --bin build/bin/recal-run --threads "$threads" \
   --batches 20 --batch_size 32 --size 112 --repeats 3
+echo
+/usr/bin/python3 bench/server_bench.py --server build/bin/recal-server --run build/bin/recal-run

@@ -249,6 +249,17 @@ TEST_F(ServerTest, UploadsAreContentAddressedVerifiedAndResumable) {
   EXPECT_THAT(garbage.error_message(), HasSubstr("model refused"));
   grpc::Status traversal = Upload(*stub_, bytes, &refused, 0, 0, "../../../etc/passwd");
   EXPECT_EQ(traversal.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // Too large for --max_model_bytes (2 GiB by default): refused from the header alone.
+  grpc::ClientContext context2;
+  auto writer = stub_->UploadModel(&context2, &refused);
+  v1::UploadModelRequest header;
+  header.mutable_header()->set_size(int64_t{3} << 30);
+  header.mutable_header()->set_sha256(std::string(64, 'b'));
+  writer->Write(header);
+  writer->WritesDone();
+  grpc::Status oversize = writer->Finish();
+  EXPECT_EQ(oversize.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(oversize.error_message(), HasSubstr("max_model_bytes"));
 }
 
 TEST_F(ServerTest, BadSpecsAndPathsOutsideTheDataRootsAreRefused) {
