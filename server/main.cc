@@ -18,6 +18,8 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "server/api/recal_service.h"
 #include "server/engine/devices.h"
@@ -29,7 +31,8 @@
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "address to serve gRPC on (port 0: any free port)");
 ABSL_FLAG(std::string, data_dir, "./recal-data", "where models, results and the metadata DB live");
 ABSL_FLAG(std::vector<std::string>, data_root, {},
-          "comma-separated directories jobs may read data from; nothing else is readable");
+          "directories jobs may read data from (comma-separated, and the flag may repeat); "
+          "nothing else is readable");
 ABSL_FLAG(std::string, devices, "cpu", "cpu | auto | cuda:0,cuda:1 (one worker per device)");
 ABSL_FLAG(int32_t, cpu_workers, 1, "workers when --devices=cpu (or auto without CUDA)");
 ABSL_FLAG(int32_t, threads_per_worker, 0, "intra-op threads of each worker (0: LibTorch's default)");
@@ -43,6 +46,24 @@ ABSL_FLAG(double, shutdown_timeout_seconds, 20, "how long SIGTERM waits for work
 ABSL_FLAG(int32_t, download_chunk_bytes, 1 << 20, "bytes per DownloadResult message");
 
 namespace {
+
+// absl keeps only the last value of a repeated flag; --data_root accumulates.
+std::vector<std::string> AllDataRoots(int argc, char** argv) {
+  std::vector<std::string> roots;
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    std::string value;
+    if (absl::ConsumePrefix(&arg, "--data_root=")) {
+      value = std::string(arg);
+    } else if (arg == "--data_root" && i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      continue;
+    }
+    for (absl::string_view root : absl::StrSplit(value, ',', absl::SkipEmpty())) roots.emplace_back(root);
+  }
+  return roots;
+}
 
 int Fail(const absl::Status& status) {
   std::cerr << "recal-server: " << status.message() << "\n";
@@ -78,7 +99,7 @@ int main(int argc, char** argv) {
   options.devices = *devices;
   options.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_jobs);
   options.threads_per_worker = absl::GetFlag(FLAGS_threads_per_worker);
-  options.data_roots = absl::GetFlag(FLAGS_data_root);
+  options.data_roots = AllDataRoots(argc, argv);
   options.default_timeout_seconds = absl::GetFlag(FLAGS_job_timeout_seconds);
   options.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
   options.max_batch_bytes = absl::GetFlag(FLAGS_max_batch_bytes);
