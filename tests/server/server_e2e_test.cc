@@ -389,7 +389,9 @@ TEST_F(ServerTest, ClientStreamedBatchesAreRecalibratedLikeFiles) {
 class TwoWorkerServerTest : public ServerTest {
  protected:
   std::vector<std::string> Flags() override {
-    return {"--data_root=" + kFixtures + "," + own_root(), "--cpu_workers=2", "--threads_per_worker=1"};
+    // --data_root may also repeat.
+    return {"--data_root=" + kFixtures, "--data_root=" + own_root(), "--cpu_workers=2",
+            "--threads_per_worker=1"};
   }
 };
 
