@@ -236,9 +236,10 @@ absl::Status Recalibration::WriteModel(const std::string& path) const {
   // else can load, and clone() would share its compilation unit.
   auto target = LoadArchive(model_path_, c10::Device(c10::kCPU));
   if (!target.ok()) return target.status();
+  const std::vector<std::pair<std::string, at::Tensor>> buffers = FinalBuffers();
   {
     at::NoGradGuard no_grad;
-    for (const auto& [key, value] : FinalBuffers()) {
+    for (const auto& [key, value] : buffers) {
       auto buffer = BufferAt(*target, key);
       if (!buffer.ok()) return buffer.status();
       buffer->copy_(value);
@@ -254,7 +255,7 @@ absl::Status Recalibration::WriteModel(const std::string& path) const {
     target->save(bytes);
     std::istringstream reread(bytes.str());
     torch::jit::Module reloaded = torch::jit::load(reread);
-    for (const auto& [key, value] : FinalBuffers()) {
+    for (const auto& [key, value] : buffers) {
       auto buffer = BufferAt(reloaded, key);
       if (!buffer.ok() || !buffer->equal(value)) {
         return absl::InternalError(absl::StrCat("the saved model does not hold the new ", key));
