@@ -2,9 +2,9 @@
 
 #include <gtest/gtest.h>
 
-#include "server/data/mapped_file.h"
+#include "common/formats/safetensors.h"
+#include "common/mapped_file.h"
 #include "server/data/torch_dtype.h"
-#include "server/formats/safetensors.h"
 
 namespace recal::engine::testing {
 
@@ -43,6 +43,24 @@ std::map<std::string, at::Tensor> ReadSafetensors(const std::string& path) {
                              .clone();
   }
   return tensors;
+}
+
+double WorstRelativeError(const std::map<std::string, at::Tensor>& got,
+                          const std::map<std::string, at::Tensor>& reference) {
+  double worst = 0;
+  for (const auto& [key, expected] : reference) {
+    auto found = got.find(key);
+    if (found == got.end()) return std::numeric_limits<double>::infinity();
+    at::Tensor scale = expected.to(at::kDouble).abs();
+    const bool is_mean = key.size() >= 4 && key.compare(key.size() - 4, 4, "mean") == 0;
+    if (is_mean) {
+      auto var = reference.find(key.substr(0, key.size() - 4) + "var");
+      if (var != reference.end()) scale = at::maximum(scale, var->second.to(at::kDouble).sqrt());
+    }
+    const at::Tensor error = (found->second.to(at::kDouble) - expected.to(at::kDouble)).abs() / (scale + 1e-12);
+    worst = std::max(worst, error.max().item<double>());
+  }
+  return worst;
 }
 
 std::function<absl::StatusOr<std::optional<std::vector<at::Tensor>>>()> FeedFrom(

@@ -24,6 +24,12 @@ torch::jit::Module MakeBatchNorm(int64_t channels);
 // Every tensor of a safetensors file, as owned tensors.
 std::map<std::string, at::Tensor> ReadSafetensors(const std::string& path);
 
+// The agreed metric against a float64 reference, over every running-mean/var pair of
+// `reference` (state_dict keys), in units of the relative tolerance: |Δmean| / max(|mean|,
+// std) and |Δvar| / var. Keys missing from `got` count as infinitely wrong.
+double WorstRelativeError(const std::map<std::string, at::Tensor>& got,
+                          const std::map<std::string, at::Tensor>& reference);
+
 // Feeds `batches` to Next() one after the other.
 std::function<absl::StatusOr<std::optional<std::vector<at::Tensor>>>()> FeedFrom(
     std::vector<at::Tensor> batches);

@@ -202,15 +202,7 @@ TEST_F(ServerTest, RecalibratesAFixtureModelToTheFloat64Reference) {
   auto got = engine::testing::ReadSafetensors(bn_path);
   auto reference = engine::testing::ReadSafetensors(kFixtures + "/ref/resnet18.population.safetensors");
   ASSERT_EQ(got.size(), reference.size());
-  for (const auto& [key, expected] : reference) {
-    at::Tensor scale = expected.abs();
-    if (key.find("mean") != std::string::npos) {
-      std::string var_key = key.substr(0, key.size() - 4) + "var";
-      scale = at::maximum(scale, reference[var_key].sqrt());
-    }
-    const double err = ((got[key].to(at::kDouble) - expected).abs() / (scale + 1e-12)).max().item<double>();
-    EXPECT_LE(err, 1e-5) << key;
-  }
+  EXPECT_LE(engine::testing::WorstRelativeError(got, reference), 1e-5);
   const std::string model = Download(*stub_, job.id(), v1::MODEL, &status);
   ASSERT_TRUE(status.ok());
   const std::string model_path = tmp_.File("out.pt");
@@ -352,10 +344,7 @@ TEST_F(ServerTest, ClientStreamedBatchesAreRecalibratedLikeFiles) {
   std::ofstream(bn_path, std::ios::binary) << Download(*stub_, job.id(), v1::BN_BUFFERS);
   auto got = engine::testing::ReadSafetensors(bn_path);
   auto reference = engine::testing::ReadSafetensors(kFixtures + "/ref/resnet18.population.safetensors");
-  for (const auto& [key, expected] : reference) {
-    if (key.find("var") == std::string::npos) continue;
-    EXPECT_LE(((got[key].to(at::kDouble) - expected).abs() / expected).max().item<double>(), 1e-5) << key;
-  }
+  EXPECT_LE(engine::testing::WorstRelativeError(got, reference), 1e-5);
 
   // Malformed pushes are refused with the reason; pushing to a file job is refused.
   v1::Job other = Submit(request);
@@ -412,10 +401,7 @@ TEST_F(TwoWorkerServerTest, SeveralJobsRunAtOnceAndEachMatchesItsReference) {
     std::ofstream(path, std::ios::binary) << Download(*stub_, job.id(), v1::BN_BUFFERS);
     auto got = engine::testing::ReadSafetensors(path);
     auto reference = engine::testing::ReadSafetensors(kFixtures + "/ref/" + family + ".population.safetensors");
-    for (const auto& [key, expected] : reference) {
-      if (key.find("var") == std::string::npos) continue;
-      EXPECT_LE(((got[key].to(at::kDouble) - expected).abs() / expected).max().item<double>(), 1e-5) << key;
-    }
+    EXPECT_LE(engine::testing::WorstRelativeError(got, reference), 1e-5);
   }
   // Both workers were used: some two jobs were running at the same time.
   std::vector<std::pair<int64_t, int64_t>> spans;
