@@ -5,12 +5,12 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "server/data/mapped_file.h"
+#include "common/formats/npy.h"
+#include "common/mapped_file.h"
 #include "server/data/sliced_source.h"
 #include "server/data/sources.h"
-#include "server/data/torch_error.h"
 #include "server/data/torch_dtype.h"
-#include "server/formats/npy.h"
+#include "server/data/torch_error.h"
 
 namespace recal::data {
 

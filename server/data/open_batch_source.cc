@@ -1,7 +1,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/data_spec.h"
 #include "server/data/batch_source.h"
-#include "server/data/data_spec.h"
 #include "server/data/sources.h"
 
 namespace recal::data {

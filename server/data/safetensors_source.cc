@@ -6,12 +6,12 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "server/data/mapped_file.h"
+#include "common/formats/safetensors.h"
+#include "common/mapped_file.h"
 #include "server/data/sliced_source.h"
 #include "server/data/sources.h"
-#include "server/data/torch_error.h"
 #include "server/data/torch_dtype.h"
-#include "server/formats/safetensors.h"
+#include "server/data/torch_error.h"
 
 namespace recal::data {
 namespace {

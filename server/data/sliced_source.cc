@@ -8,9 +8,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/formats/dtype.h"
 #include "server/data/torch_dtype.h"
 #include "server/data/torch_error.h"
-#include "server/formats/dtype.h"
 
 namespace recal::data {
 namespace {

@@ -5,7 +5,7 @@
 
 #include <c10/core/ScalarType.h>
 
-#include "server/formats/dtype.h"
+#include "common/formats/dtype.h"
 
 namespace recal::data {
 

@@ -7,7 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "server/data/mapped_file.h"
+#include "common/mapped_file.h"
 #include "server/data/sliced_source.h"
 #include "server/data/sources.h"
 #include "server/data/torch_error.h"

@@ -14,11 +14,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/atomic_file.h"
+#include "common/formats/safetensors.h"
 #include "server/engine/collector.h"
 #include "server/engine/graph_rewrite.h"
 #include "server/engine/report.h"
 #include "server/engine/torch_error.h"
-#include "server/formats/safetensors.h"
 
 namespace recal::engine {
 namespace {

@@ -1,4 +1,4 @@
-#include "server/data/data_spec.h"
+#include "common/data_spec.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -1,4 +1,4 @@
-#include "server/data/mapped_file.h"
+#include "common/mapped_file.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

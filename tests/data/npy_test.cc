@@ -1,4 +1,4 @@
-#include "server/formats/npy.h"
+#include "common/formats/npy.h"
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"

@@ -1,4 +1,4 @@
-#include "server/formats/safetensors.h"
+#include "common/formats/safetensors.h"
 
 #include <cstring>
 

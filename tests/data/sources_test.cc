@@ -4,10 +4,10 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "common/formats/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/data/batch_source.h"
-#include "server/formats/safetensors.h"
 #include "tests/test_util.h"
 
 namespace recal::data {

@@ -1,4 +1,4 @@
-#include "server/formats/npy.h"
+#include "common/formats/npy.h"
 
 #include <cstring>
 #include <optional>

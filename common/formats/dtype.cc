@@ -1,4 +1,4 @@
-#include "server/formats/dtype.h"
+#include "common/formats/dtype.h"
 
 #include <limits>
 

@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "server/formats/dtype.h"
+#include "common/formats/dtype.h"
 
 namespace recal::formats {
 

@@ -1,0 +1,40 @@
+"""Python client for recal-server (BatchNorm recalibration as a service).
+
+    import recal
+
+    client = recal.Client("localhost:50051")
+    job = client.recalibrate("resnet18.pt", data="npy:data/resnet18.npy", out="out.pt")
+
+recal.Client wraps the recal.v1.Recal gRPC service (proto/recal/v1/recal.proto): uploads
+that skip known models and resume, idempotent submits, watches that resume across server
+restarts, verified resumable downloads. Failures raise recal.RecalError (.code is the
+grpc.StatusCode, .message the server's message). The messages are in recal.recal_pb2 and
+recal.report_pb2; the JobState values are also here (recal.SUCCEEDED, ...).
+
+The gRPC stubs (recal/_proto/) are generated when the project is built.
+"""
+
+try:
+    from recal._proto.recal.v1 import recal_pb2, recal_pb2_grpc, report_pb2
+except ModuleNotFoundError as _error:  # pragma: no cover
+    if not (_error.name or "").startswith("recal._proto"):
+        raise
+    raise ImportError("recal: the generated gRPC stubs (client/python/recal/_proto) are missing; "
+                      "build the project first (cmake --build build, or just its target "
+                      "recal_python)") from _error
+
+from recal.client import TERMINAL_STATES, Client
+from recal.errors import RecalError
+from recal.specs import data_source, engine_options
+
+JobState = recal_pb2.JobState
+QUEUED = recal_pb2.QUEUED
+RUNNING = recal_pb2.RUNNING
+CANCELLING = recal_pb2.CANCELLING
+SUCCEEDED = recal_pb2.SUCCEEDED
+FAILED = recal_pb2.FAILED
+CANCELLED = recal_pb2.CANCELLED
+
+__all__ = ["Client", "RecalError", "JobState", "QUEUED", "RUNNING", "CANCELLING", "SUCCEEDED",
+           "FAILED", "CANCELLED", "TERMINAL_STATES", "data_source", "engine_options", "recal_pb2",
+           "recal_pb2_grpc", "report_pb2"]

@@ -1,0 +1,384 @@
+"""recal.Client: the recal.v1.Recal service from Python, with the retries and resumes a
+user would otherwise write by hand (see the package docstring for an example)."""
+
+import hashlib
+import os
+import time
+import uuid
+
+import grpc
+
+from recal import specs
+from recal._proto.grpc.health.v1 import health_pb2, health_pb2_grpc
+from recal._proto.recal.v1 import recal_pb2, recal_pb2_grpc
+from recal.errors import RecalError
+
+CHUNK_BYTES = 1 << 20
+TERMINAL_STATES = frozenset((recal_pb2.SUCCEEDED, recal_pb2.FAILED, recal_pb2.CANCELLED))
+
+# Reconnect soon after the server comes back (gRPC's default backoff grows to 120 s).
+_CHANNEL_OPTIONS = (
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
+
+
+def _id(value):
+    """An id string from a string or a message that has an id (Model, Job)."""
+    return value if isinstance(value, str) else value.id
+
+
+def _transient(error):
+    """A call that may succeed if made again: the server is unreachable or restarting, or
+    the connection broke in the middle of a stream."""
+    code = error.code()
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return True
+    if code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
+        details = (error.details() or "").lower()
+        return any(s in details for s in ("rst_stream", "stream removed", "socket closed",
+                                          "connection reset", "broken pipe"))
+    return False
+
+
+class _Backoff:
+    """Sleeps 0.1 s, 0.2 s, ... up to 2 s between tries, for at most `budget` seconds in all
+    (reset() when the other side answered)."""
+
+    def __init__(self, budget):
+        self.budget = budget
+        self.reset()
+
+    def reset(self):
+        self.delay = 0.1
+        self.deadline = time.monotonic() + self.budget
+
+    def wait(self):
+        """False when the budget is spent; else sleeps and returns True."""
+        now = time.monotonic()
+        if now >= self.deadline:
+            return False
+        time.sleep(min(self.delay, self.deadline - now))
+        self.delay = min(self.delay * 2, 2.0)
+        return True
+
+
+def _file_digest(path):
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(CHUNK_BYTES)
+            if not block:
+                break
+            digest.update(block)
+            size += len(block)
+    return size, digest.hexdigest()
+
+
+def _fsync_dir(path):
+    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Client:
+    """A connection to recal-server.
+
+    target: "host:port" (or any gRPC target). token: sent as "authorization: Bearer TOKEN"
+    metadata on every call. timeout: seconds each unary call may take (None: no limit;
+    streams are never limited). retry_seconds: how long unary calls are retried while the
+    server is UNAVAILABLE; reconnect_seconds: how long watch / download / upload keep
+    reconnecting after the connection broke (from the last answer). A Client may be used
+    from several threads; close() it (or use `with`) when done.
+    """
+
+    def __init__(self, target, token=None, timeout=None, *, retry_seconds=30.0,
+                 reconnect_seconds=60.0, channel=None):
+        self.target = target
+        self.timeout = timeout
+        self.retry_seconds = retry_seconds
+        self.reconnect_seconds = reconnect_seconds
+        self._metadata = (("authorization", "Bearer " + token),) if token else None
+        self._channel = channel or grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
+        self.stub = recal_pb2_grpc.RecalStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ------------------------------------------------------------------------ plumbing
+
+    def _unary(self, method, request, retry=True):
+        """Calls a unary RPC, retrying UNAVAILABLE with backoff (all our unary calls are
+        idempotent: SubmitJob through its request_id); errors become RecalError."""
+        backoff = _Backoff(self.retry_seconds)
+        while True:
+            try:
+                return method(request, timeout=self.timeout, metadata=self._metadata)
+            except grpc.RpcError as error:
+                if retry and error.code() == grpc.StatusCode.UNAVAILABLE and backoff.wait():
+                    continue
+                raise RecalError.from_rpc_error(error) from error
+
+    def health(self, service=""):
+        """The server's health: "SERVING", or "NOT_SERVING" once it is shutting down."""
+        response = self._unary(self._health.Check, health_pb2.HealthCheckRequest(service=service),
+                               retry=False)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+    # -------------------------------------------------------------------------- models
+
+    def get_model(self, model_id):
+        return self._unary(self.stub.GetModel, recal_pb2.GetModelRequest(id=_id(model_id)))
+
+    def list_models(self):
+        request = recal_pb2.ListModelsRequest()
+        models = []
+        while True:
+            page = self._unary(self.stub.ListModels, request)
+            models.extend(page.models)
+            if not page.next_page_token:
+                return models
+            request.page_token = page.next_page_token
+
+    def delete_model(self, model_id):
+        self._unary(self.stub.DeleteModel, recal_pb2.DeleteModelRequest(id=_id(model_id)))
+
+    def upload_model(self, path, name=None, labels=None):
+        """Uploads a TorchScript archive and returns its Model (id "sha256:<hex>").
+
+        Nothing is sent when the server already has these bytes; an upload broken off
+        earlier (by anyone) continues from the server's committed size; a connection lost
+        midway is resumed the same way."""
+        size, digest = _file_digest(path)
+        model_id = "sha256:" + digest
+        try:
+            return self.get_model(model_id)
+        except RecalError as error:
+            if error.code != grpc.StatusCode.NOT_FOUND:
+                raise
+        header = recal_pb2.UploadHeader(name=name or os.path.basename(path), size=size,
+                                        sha256=digest, labels=labels or {})
+        backoff = _Backoff(self.reconnect_seconds)
+        conflicts = 0
+        while True:
+            status = self._unary(self.stub.GetUploadStatus,
+                                 recal_pb2.GetUploadStatusRequest(sha256=digest))
+            if status.model_id:
+                return self.get_model(status.model_id)
+            try:
+                return self.stub.UploadModel(self._upload_requests(path, header, status.committed_size),
+                                             metadata=self._metadata)
+            except grpc.RpcError as error:
+                # FAILED_PRECONDITION: someone else appended meanwhile; ask again where to go on.
+                if error.code() == grpc.StatusCode.FAILED_PRECONDITION and conflicts < 3:
+                    conflicts += 1
+                    continue
+                if _transient(error) and backoff.wait():
+                    continue
+                raise RecalError.from_rpc_error(error, "upload of %s" % path) from error
+
+    @staticmethod
+    def _upload_requests(path, header, offset):
+        yield recal_pb2.UploadModelRequest(header=header)
+        with open(path, "rb") as f:
+            f.seek(offset)
+            while offset < header.size:
+                data = f.read(min(CHUNK_BYTES, header.size - offset))
+                if not data:
+                    raise RecalError(grpc.StatusCode.DATA_LOSS, "%s shrank while uploading" % path)
+                yield recal_pb2.UploadModelRequest(chunk=recal_pb2.UploadChunk(offset=offset, data=data))
+                offset += len(data)
+
+    # ---------------------------------------------------------------------------- jobs
+
+    def submit(self, model_id, data, batch_size=32, request_id=None, priority=0, timeout_seconds=0,
+               labels=None, **engine_options):
+        """Submits a job and returns it (QUEUED).
+
+        model_id: "sha256:<hex>" or a Model. data: a spec string ("npy:PATH",
+        "safetensors:PATH[:K1,K2]", "torch:PATH", "synthetic:3x224x224[,seed=S]"; paths are
+        on the server, under its --data_root) or a DataSource message. engine_options:
+        estimator, modules, include, exclude, max_batches, allow_short_data,
+        target_rel_error. request_id (default: a fresh uuid4) makes retries safe: the server
+        returns the job it already made for it."""
+        spec = recal_pb2.JobSpec(model_id=_id(model_id), data=specs.data_source(data),
+                                 batch_size=batch_size, options=specs.engine_options(**engine_options),
+                                 priority=priority, timeout_seconds=timeout_seconds,
+                                 labels=labels or {})
+        request = recal_pb2.SubmitJobRequest(spec=spec, request_id=request_id or uuid.uuid4().hex)
+        return self._unary(self.stub.SubmitJob, request)
+
+    def get(self, job_id):
+        return self._unary(self.stub.GetJob, recal_pb2.GetJobRequest(id=_id(job_id)))
+
+    def list(self, states=None):
+        """Every job (newest first, as the server lists them), or those in `states`
+        ("queued", recal.RUNNING, ... or one of them)."""
+        if states is None:
+            states = []
+        elif isinstance(states, (str, int)):
+            states = [states]
+        request = recal_pb2.ListJobsRequest(states=[specs.job_state(s) for s in states])
+        jobs = []
+        while True:
+            page = self._unary(self.stub.ListJobs, request)
+            jobs.extend(page.jobs)
+            if not page.next_page_token:
+                return jobs
+            request.page_token = page.next_page_token
+
+    def cancel(self, job_id):
+        """Cancels a job: a queued one is CANCELLED at once, a running one CANCELLING until
+        its next batch. Returns the job as the server has it now."""
+        return self._unary(self.stub.CancelJob, recal_pb2.CancelJobRequest(id=_id(job_id)))
+
+    def watch(self, job_id, after_seq=0):
+        """Yields the job's JobEvents: a snapshot (the job as it is now), then every event
+        after `after_seq`, ending after the terminal state (SUCCEEDED, FAILED, CANCELLED).
+
+        If the connection breaks or the server restarts, it reconnects with the last seq it
+        yielded and goes on: no event is lost or repeated, and only the first snapshot is
+        yielded. It gives up with RecalError(UNAVAILABLE) after `reconnect_seconds` without
+        an answer."""
+        job_id = _id(job_id)
+        last = after_seq
+        snapshot_sent = False
+        backoff = _Backoff(self.reconnect_seconds)
+        while True:
+            call = self.stub.WatchJob(recal_pb2.WatchJobRequest(id=job_id, after_seq=last),
+                                      metadata=self._metadata)
+            try:
+                for event in call:
+                    backoff.reset()
+                    if event.HasField("snapshot"):
+                        if snapshot_sent:
+                            continue
+                        snapshot_sent = True
+                    elif event.seq <= last:
+                        continue  # already yielded
+                    else:
+                        last = event.seq
+                    yield event
+                    if event.WhichOneof("kind") == "state" and event.state in TERMINAL_STATES:
+                        return
+                return  # the server ended the stream: nothing more will come
+            except grpc.RpcError as error:
+                if _transient(error) and backoff.wait():
+                    continue
+                raise RecalError.from_rpc_error(
+                    error, "watching job %s (last seq %d)" % (job_id, last)) from error
+            finally:
+                call.cancel()
+
+    def wait(self, job_id, on_progress=None):
+        """Follows the job until it ends and returns the final Job (whatever its state).
+        on_progress(JobProgress) is called for every progress event."""
+        for event in self.watch(job_id):
+            if on_progress is not None and event.WhichOneof("kind") == "progress":
+                on_progress(event.progress)
+        return self.get(job_id)
+
+    # ------------------------------------------------------------------------- results
+
+    def download(self, job_id, path, artifact="model"):
+        """Downloads an artifact of a SUCCEEDED job: "model" (the recalibrated TorchScript
+        archive), "bn" (the BatchNorm buffers, safetensors) or "report" (JSON).
+
+        Writes PATH.part, resumes from its size after a broken stream (and in a later call
+        after a broken-off one), checks the size and sha256 the server gives, fsyncs and
+        renames it to PATH. Returns the artifact's sha256 (hex)."""
+        job_id = _id(job_id)
+        kind = specs.artifact(artifact)
+        path = os.fspath(path)
+        part = path + ".part"
+        for attempt in range(2):
+            digest = hashlib.sha256()
+            offset = 0
+            if attempt == 0 and os.path.exists(part):
+                with open(part, "rb") as f:  # a download broken off before
+                    while True:
+                        block = f.read(CHUNK_BYTES)
+                        if not block:
+                            break
+                        digest.update(block)
+                        offset += len(block)
+            resumed = offset > 0
+            expected, total = None, None
+            with open(part, "r+b" if resumed else "wb") as f:
+                f.seek(offset)
+                backoff = _Backoff(self.reconnect_seconds)
+                while True:
+                    call = self.stub.DownloadResult(
+                        recal_pb2.DownloadResultRequest(job_id=job_id, artifact=kind, offset=offset),
+                        metadata=self._metadata)
+                    try:
+                        for chunk in call:
+                            backoff.reset()
+                            if chunk.offset != offset:
+                                raise RecalError(grpc.StatusCode.DATA_LOSS, "download of job %s: chunk at "
+                                                 "offset %d, expected %d" % (job_id, chunk.offset, offset))
+                            if chunk.sha256:
+                                if expected is not None and chunk.sha256 != expected:
+                                    raise RecalError(grpc.StatusCode.DATA_LOSS, "download of job %s: the "
+                                                     "artifact changed while downloading" % job_id)
+                                expected = chunk.sha256
+                            total = chunk.total_size
+                            f.write(chunk.data)
+                            digest.update(chunk.data)
+                            offset += len(chunk.data)
+                        break
+                    except grpc.RpcError as error:
+                        if resumed and error.code() == grpc.StatusCode.OUT_OF_RANGE:
+                            break  # the partial file is longer than the artifact: start over
+                        if _transient(error) and backoff.wait():
+                            continue
+                        raise RecalError.from_rpc_error(
+                            error, "download of job %s %s" % (job_id, recal_pb2.Artifact.Name(kind))) from error
+                    finally:
+                        call.cancel()
+                f.flush()
+                os.fsync(f.fileno())
+            if total is not None and offset == total and digest.hexdigest() == expected:
+                os.replace(part, path)
+                _fsync_dir(path)
+                return expected
+            os.remove(part)
+            if not resumed:
+                raise RecalError(grpc.StatusCode.DATA_LOSS, "download of job %s %s: got %d bytes with "
+                                 "sha256 %s, the server announced %s bytes with sha256 %s"
+                                 % (job_id, recal_pb2.Artifact.Name(kind), offset, digest.hexdigest(),
+                                    total, expected))
+            # A stale or foreign PATH.part: download the whole artifact again.
+
+    # ----------------------------------------------------------------------- all in one
+
+    def recalibrate(self, model_path, data, out=None, batch_size=32, max_batches=None, bn_out=None,
+                    report=None, on_progress=None, **options):
+        """Uploads `model_path` (unless the server has it), runs a job on `data` (a spec as in
+        submit(), server-side paths), waits for it and downloads the recalibrated model to
+        `out`, the BatchNorm buffers to `bn_out` and the JSON report to `report` (each when
+        given). Other keyword arguments go to submit() (engine options, priority,
+        timeout_seconds, labels, request_id). Returns the final Job; raises RecalError (with
+        .code and .job) if the job FAILED or was CANCELLED."""
+        model = self.upload_model(model_path)
+        job = self.submit(model, data, batch_size=batch_size, max_batches=max_batches, **options)
+        job = self.wait(job, on_progress)
+        if job.state != recal_pb2.SUCCEEDED:
+            raise RecalError.from_job(job)
+        for target, artifact in ((out, "model"), (bn_out, "bn"), (report, "report")):
+            if target is not None:
+                self.download(job, target, artifact)
+        return job

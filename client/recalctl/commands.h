@@ -1,0 +1,39 @@
+// recalctl's commands. Each returns the process exit code (exit_codes.h) and prints its
+// result on stdout, errors and progress on stderr.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "client/recalctl/args.h"
+#include "client/recalctl/progress.h"
+#include "recal/client.h"
+
+namespace recal::ctl {
+
+struct Context {
+  const Args& args;
+  bool json = false;
+  Client& client;
+  ProgressDisplay& progress;
+};
+
+// "recalctl: <message>" on stderr; the exit code for the status.
+int Fail(const absl::Status& status);
+// The same for a usage error (exit code 2), with a pointer to --help.
+int UsageError(const absl::Status& status);
+// The result on stdout: `message` as JSON, or `text`.
+void Emit(const Context& ctx, const google::protobuf::Message& message, const std::string& text);
+
+int Upload(Context& ctx);
+int Submit(Context& ctx);
+int Get(Context& ctx);
+int List(Context& ctx);
+int Watch(Context& ctx);
+int Cancel(Context& ctx);
+int Download(Context& ctx);
+int Run(Context& ctx);
+int Health(Context& ctx);
+
+}  // namespace recal::ctl

@@ -1,0 +1,155 @@
+// recalctl: the command line client of recal-server.
+//
+// Exit codes (exit_codes.h; also printed by --help):
+//   0 succeeded, 1 other error, 2 bad usage, 3 server unreachable, 4 not found,
+//   5 job failed, 6 job cancelled.
+// stdout holds the result only (one JSON document with --output=json); errors and
+// progress go to stderr.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/recalctl/args.h"
+#include "client/recalctl/commands.h"
+#include "client/recalctl/exit_codes.h"
+#include "client/recalctl/progress.h"
+#include "recal/client.h"
+
+namespace recal::ctl {
+namespace {
+
+constexpr char kUsage[] = R"(recalctl: recalibrate BatchNorm statistics with recal-server
+
+Usage: recalctl COMMAND [ARGS] [FLAGS]
+
+Commands:
+  upload MODEL.pt [--name N] [--label K=V]...   upload a TorchScript model (skipped if the
+                                                server has these bytes; resumes a broken upload)
+  submit --model ID --data SPEC [JOB FLAGS]     submit a job; prints it
+  get JOB                                       a job's state, progress and error
+  list [--state S]... [--models] [--page_size N] [--page_token T]
+                                                jobs (or models with --models)
+  watch JOB [--after_seq N]                     follow a job to its end (reconnects); prints it
+  cancel JOB                                    cancel a queued or running job
+  download JOB -o PATH [--artifact model|bn|report]
+                                                a succeeded job's result (resumes; sha256 checked)
+  run MODEL.pt --data SPEC -o OUT.pt [--bn_out F.safetensors] [--report R.json] [--name N]
+      [JOB FLAGS]                               upload, submit, watch and download in one go
+  health [--service NAME]                       grpc.health.v1 Check; exit 0 only if SERVING
+
+Job flags (submit, run):
+  --batch_size N (32)  --max_batches N  --estimator population|batch_average
+  --modules eval|train|as_saved  --include RE  --exclude RE  --target_rel_error E
+  --allow_short_data  --priority N  --timeout SECONDS  --label K=V
+  --stream             SPEC names a LOCAL npy:/safetensors: file (float32, float16, uint8),
+                       sent in --batch_size batches through PushBatches
+  --scale S --mean A,B,C --std A,B,C   server-side normalisation of streamed data
+  --request_id ID      (submit) idempotency key; default: a random one
+
+Data SPEC (paths are the server's, relative to its --data_root or absolute):
+  npy:PATH  safetensors:PATH[:KEY,KEY...]  torch:PATH  synthetic:SHAPE[,seed=S]
+
+Global flags:
+  --server HOST:PORT   (env RECAL_SERVER; default localhost:50051)
+  --token TOKEN        bearer token (env RECAL_TOKEN)
+  --tls                use TLS;  --tls_ca FILE  PEM root certificates (implies --tls)
+  --output text|json   json: the response as one protobuf JSON document on stdout
+  --deadline SECONDS   per call (default 30)
+  -q, --quiet          no progress on stderr
+  -h, --help
+
+Exit codes:
+  0 succeeded   1 other error   2 bad usage   3 server unreachable   4 not found
+  5 job failed  6 job cancelled
+On an error stdout stays empty (the reason goes to stderr), except that run and watch
+print the failed or cancelled job.
+)";
+
+struct CommandEntry {
+  const char* name;
+  int (*run)(Context&);
+};
+
+constexpr CommandEntry kCommands[] = {
+    {"upload", Upload}, {"submit", Submit},     {"get", Get}, {"list", List},     {"watch", Watch},
+    {"cancel", Cancel}, {"download", Download}, {"run", Run}, {"health", Health},
+};
+
+std::string Env(const char* name, const std::string& fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' ? value : fallback;
+}
+
+int Main(int argc, char** argv) {
+  auto args = Args::Parse(std::vector<std::string>(argv + 1, argv + argc));
+  if (!args.ok()) return UsageError(args.status());
+  if (args->GetBool("help") || args->command() == "help") {
+    std::fputs(kUsage, stdout);
+    return kOk;
+  }
+  if (args->command().empty()) return UsageError(absl::InvalidArgumentError("no command given"));
+  const CommandEntry* command = nullptr;
+  for (const CommandEntry& entry : kCommands) {
+    if (args->command() == entry.name) command = &entry;
+  }
+  if (command == nullptr) {
+    return UsageError(absl::InvalidArgumentError(absl::StrCat("unknown command '", args->command(), "'")));
+  }
+  const std::string output = args->Get("output", "text");
+  if (output != "text" && output != "json") {
+    return UsageError(absl::InvalidArgumentError("--output must be text or json"));
+  }
+  auto deadline = args->GetDouble("deadline", 30);
+  if (!deadline.ok() || *deadline <= 0) {
+    return UsageError(absl::InvalidArgumentError("--deadline must be a positive number of seconds"));
+  }
+
+  ClientOptions options;
+  options.bearer_token = args->Get("token", Env("RECAL_TOKEN", ""));
+  options.tls_root_certs_file = args->Get("tls_ca", Env("RECAL_TLS_CA", ""));
+  options.tls = args->GetBool("tls");
+  options.deadline = absl::Seconds(*deadline);
+  auto client = Client::Connect(args->Get("server", Env("RECAL_SERVER", "localhost:50051")), options);
+  if (!client.ok()) return Fail(client.status());
+
+  ProgressDisplay progress(!args->GetBool("quiet"), ::isatty(STDERR_FILENO) == 1);
+  Context ctx{*args, output == "json", **client, progress};
+  return command->run(ctx);
+}
+
+}  // namespace
+
+int ExitCodeForJob(const v1::Job& job) {
+  switch (job.state()) {
+    case v1::SUCCEEDED:
+      return kOk;
+    case v1::FAILED:
+      return kJobFailed;
+    case v1::CANCELLED:
+      return kJobCancelled;
+    default:
+      return kError;
+  }
+}
+
+int ExitCodeFor(const absl::Status& status) {
+  if (status.ok()) return kOk;
+  if (std::optional<v1::Job> job = JobOfError(status)) return ExitCodeForJob(*job);
+  switch (status.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+      return kUnreachable;
+    case absl::StatusCode::kNotFound:
+      return kNotFound;
+    default:
+      return kError;
+  }
+}
+
+}  // namespace recal::ctl
+
+int main(int argc, char** argv) { return recal::ctl::Main(argc, argv); }

@@ -1,0 +1,213 @@
+// recalctl as a user runs it: a subprocess, its stdout parsed (text lines or protobuf
+// JSON), its exit codes, against the real recal-server.
+#include <gmock/gmock.h>
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/sha256.h"
+#include "recal/v1/recal.pb.h"
+#include "tests/client/client_test_util.h"
+
+namespace recal::testing {
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+// The one JSON document on stdout, as `Message`.
+template <typename Message>
+Message Parse(const Result& result) {
+  Message message;
+  const auto status = google::protobuf::util::JsonStringToMessage(result.out, &message);
+  EXPECT_TRUE(status.ok()) << status << "\nstdout:\n" << result.out << "\nstderr:\n" << result.err;
+  return message;
+}
+
+// The value of a "key: value" line of the text output.
+std::string Field(const std::string& text, const std::string& key) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::StartsWith(line, key + ": ")) return std::string(line.substr(key.size() + 2));
+  }
+  return "";
+}
+
+TEST(RecalctlUsageTest, BadUsageExitsWith2AndHelpDocumentsTheExitCodes) {
+  const Result help = Recalctl({"--help"});
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_THAT(help.out, HasSubstr("3 server unreachable"));
+  EXPECT_THAT(help.out, HasSubstr("6 job cancelled"));
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {},
+           {"frobnicate"},
+           {"get"},
+           {"get", "a", "b"},
+           {"get", "x", "--bogus"},
+           {"get", "x", "--data=npy:x"},  // a flag of another command
+           {"list", "--output=xml"},
+           {"download", "job"},              // no -o
+           {"run", "m.pt", "-o", "out.pt"},  // no --data
+           {"run", "m.pt", "--data", "bogus:x", "-o", "out.pt"},
+           {"submit", "--model", "m", "--data", "npy:x", "--batch_size", "eight"},
+           {"submit", "--model", "m", "--data", "npy:x", "--estimator", "median"},
+           {"submit", "--model", "m", "--data", "npy:x", "--scale", "255"},  // not --stream
+           {"list", "--state", "sleeping"},
+       }) {
+    const Result r = Recalctl(args);
+    EXPECT_EQ(r.exit_code, 2) << absl::StrJoin(args, " ") << "\n" << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+    EXPECT_THAT(r.err, HasSubstr("recalctl --help"));
+  }
+}
+
+TEST(RecalctlUsageTest, AnUnreachableServerExitsWith3) {
+  // Each call spends ~1.5 s in retries: two cases are enough.
+  const std::string port = std::to_string(ClosedPort());
+  const Result get = Recalctl({"get", "job-1", "--output=json", "--server=127.0.0.1:" + port});
+  EXPECT_EQ(get.exit_code, 3) << get.err;
+  EXPECT_THAT(get.err, HasSubstr("unavailable"));
+  EXPECT_TRUE(get.out.empty());
+  // RECAL_SERVER is the default address.
+  const Result health = Recalctl({"health"}, {"RECAL_SERVER=127.0.0.1:" + port});
+  EXPECT_EQ(health.exit_code, 3) << health.err;
+  EXPECT_THAT(health.err, HasSubstr("127.0.0.1:" + port));
+}
+
+class RecalctlTest : public ServerTest {
+ protected:
+  Result Ctl(std::vector<std::string> args) {
+    args.push_back("--server=" + target());
+    return Recalctl(args);
+  }
+};
+
+TEST_F(RecalctlTest, EveryCommandInTextAndJson) {
+  const Result health = Ctl({"health", "--output=json"});
+  EXPECT_EQ(health.exit_code, 0);
+  EXPECT_EQ(Parse<google::protobuf::Struct>(health).fields().at("status").string_value(), "SERVING");
+  EXPECT_EQ(Ctl({"health"}).out, "SERVING\n");
+
+  const Result upload =
+      Ctl({"upload", kModel, "--name", "resnet", "--label", "team=vision", "--output=json"});
+  ASSERT_EQ(upload.exit_code, 0) << upload.err;
+  const v1::Model model = Parse<v1::Model>(upload);
+  EXPECT_EQ(model.id(), "sha256:" + *Sha256OfFile(kModel));
+  EXPECT_EQ(model.labels().at("team"), "vision");
+  const Result again = Ctl({"upload", kModel});
+  EXPECT_EQ(again.exit_code, 0);
+  EXPECT_EQ(Field(again.out, "id"), model.id());
+  EXPECT_THAT(again.err, HasSubstr("nothing sent"));
+
+  const Result submit = Ctl({"submit", "--model", model.id(), "--data", "npy:data/resnet18.npy",
+                             "--batch_size=8", "--output=json"});
+  ASSERT_EQ(submit.exit_code, 0) << submit.err;
+  const v1::Job job = Parse<v1::Job>(submit);
+  EXPECT_FALSE(job.id().empty());
+  EXPECT_EQ(job.spec().batch_size(), 8);
+  EXPECT_EQ(job.spec().data().tensor_file().format(), v1::TensorFileSource::NPY);
+  // The JSON mapping's default spelling: lowerCamelCase names, enums by name.
+  EXPECT_THAT(submit.out, HasSubstr("\"modelId\""));
+  EXPECT_THAT(submit.out, HasSubstr("\"state\": \""));
+
+  const Result watch = Ctl({"watch", job.id(), "--output=json"});
+  EXPECT_EQ(watch.exit_code, 0) << watch.err;
+  EXPECT_EQ(Parse<v1::Job>(watch).state(), v1::SUCCEEDED);
+  EXPECT_THAT(watch.out, HasSubstr("\"state\": \"SUCCEEDED\""));
+  EXPECT_THAT(watch.err, HasSubstr("RUNNING"));  // progress went to stderr
+
+  const Result get = Ctl({"get", job.id()});
+  EXPECT_EQ(get.exit_code, 0);
+  EXPECT_EQ(Field(get.out, "id"), job.id());
+  EXPECT_EQ(Field(get.out, "state"), "SUCCEEDED");
+  EXPECT_EQ(Field(get.out, "data"), "npy:data/resnet18.npy");
+
+  const Result list = Ctl({"list", "--state", "succeeded", "--output=json"});
+  EXPECT_EQ(list.exit_code, 0);
+  const v1::ListJobsResponse jobs = Parse<v1::ListJobsResponse>(list);
+  ASSERT_EQ(jobs.jobs_size(), 1);
+  EXPECT_EQ(jobs.jobs(0).id(), job.id());
+  EXPECT_THAT(Ctl({"list"}).out, HasSubstr(job.id()));
+  EXPECT_EQ(Parse<v1::ListModelsResponse>(Ctl({"list", "--models", "--output=json"})).models_size(), 1);
+
+  const std::string bn = tmp_.File("bn.safetensors");
+  const Result download = Ctl({"download", job.id(), "-o", bn, "--artifact", "bn", "--output=json"});
+  ASSERT_EQ(download.exit_code, 0) << download.err;
+  const auto fields = Parse<google::protobuf::Struct>(download).fields();
+  EXPECT_EQ(fields.at("sha256").string_value(), *Sha256OfFile(bn));
+  EXPECT_EQ(fields.at("artifact").string_value(), "BN_BUFFERS");
+  EXPECT_LE(WorstBnError(bn), 1e-5);
+
+  const Result cancel = Ctl({"cancel", job.id(), "--output=json"});  // ended already: unchanged
+  EXPECT_EQ(cancel.exit_code, 0);
+  EXPECT_EQ(Parse<v1::Job>(cancel).state(), v1::SUCCEEDED);
+
+  // Not found: 4, with the reason on stderr and nothing on stdout.
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{"get", "job-nope"},
+                                             {"watch", "job-nope"},
+                                             {"cancel", "job-nope"},
+                                             {"download", "job-nope", "-o", tmp_.File("x")},
+                                             {"upload", tmp_.File("missing.pt")}}) {
+    const Result r = Ctl(args);
+    EXPECT_EQ(r.exit_code, 4) << absl::StrJoin(args, " ") << ": " << r.err;
+    EXPECT_TRUE(r.out.empty());
+  }
+}
+
+TEST_F(RecalctlTest, RunEndToEndMatchesTheReference) {
+  const std::string out = tmp_.File("out.pt"), bn = tmp_.File("bn.safetensors"),
+                    report = tmp_.File("report.json");
+  const Result run = Ctl({"run", kModel, "--data", "npy:data/resnet18.npy", "-o", out, "--bn_out", bn,
+                          "--report", report, "--batch_size", "8", "--output=json"});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const v1::Job job = Parse<v1::Job>(run);
+  EXPECT_EQ(job.state(), v1::SUCCEEDED);
+  EXPECT_EQ(job.spec().model_id(), "sha256:" + *Sha256OfFile(kModel));
+  EXPECT_LE(WorstBnError(bn), 1e-5);
+  EXPECT_GT(fs::file_size(out), 1000000u);
+  EXPECT_THAT(ReadBytes(report), HasSubstr("\"layers_recalibrated\": \"20\""));
+  EXPECT_THAT(run.err, HasSubstr("SUCCEEDED"));
+
+  // --stream: a local file outside every data root goes through PushBatches.
+  const std::string local = tmp_.File("local.npy");
+  fs::copy_file(kFixtures + "/data/resnet18.npy", local);
+  const std::string streamed_bn = tmp_.File("streamed.safetensors");
+  const Result streamed = Ctl({"run", kModel, "--data", "npy:" + local, "--stream", "-o", tmp_.File("s.pt"),
+                               "--bn_out", streamed_bn, "--batch_size", "8"});
+  ASSERT_EQ(streamed.exit_code, 0) << streamed.err;
+  EXPECT_EQ(Field(streamed.out, "state"), "SUCCEEDED");
+  EXPECT_EQ(Field(streamed.out, "data"), "client_stream");
+  EXPECT_THAT(streamed.err, HasSubstr("upload skipped"));
+  EXPECT_THAT(streamed.err, HasSubstr("3/3 batches"));
+  EXPECT_LE(WorstBnError(streamed_bn), 1e-5);
+  // Without --stream the server refuses the same path: it lies outside its data roots.
+  EXPECT_EQ(Ctl({"run", kModel, "--data", "npy:" + local, "-o", tmp_.File("r.pt"), "-q"}).exit_code, 1);
+}
+
+TEST_F(RecalctlTest, FailedAndCancelledJobsHaveTheirExitCodes) {
+  const Result failed = Ctl({"run", kModel, "--data", "npy:data/bn1d_2d.npy", "-o", tmp_.File("out.pt"),
+                             "--batch_size", "8", "--output=json"});
+  EXPECT_EQ(failed.exit_code, 5) << failed.err;
+  EXPECT_EQ(Parse<v1::Job>(failed).state(), v1::FAILED);
+  EXPECT_THAT(failed.err, HasSubstr("forward failed"));
+  EXPECT_FALSE(fs::exists(tmp_.File("out.pt")));
+
+  const std::string model_id = "sha256:" + *Sha256OfFile(kModel);
+  const Result submit = Ctl({"submit", "--model", model_id, "--data", "synthetic:3x64x64", "--max_batches",
+                             "1000", "--batch_size", "16", "--output=json"});
+  ASSERT_EQ(submit.exit_code, 0) << submit.err;
+  const std::string id = Parse<v1::Job>(submit).id();
+  EXPECT_EQ(Ctl({"cancel", id}).exit_code, 0);
+  const Result watch = Ctl({"watch", id});
+  EXPECT_EQ(watch.exit_code, 6) << watch.err;
+  EXPECT_EQ(Field(watch.out, "state"), "CANCELLED");
+  EXPECT_EQ(Ctl({"watch", Parse<v1::Job>(failed).id(), "-q"}).exit_code, 5);
+}
+
+}  // namespace
+}  // namespace recal::testing

@@ -1,0 +1,522 @@
+"""The Python client package (client/python/recal) against the real recal-server.
+
+Run by ctest (tests/python_client/CMakeLists.txt) as
+    PYTHONPATH=client/python /usr/bin/python3 -m unittest -v test_client
+with RECAL_SERVER_BIN and RECAL_FIXTURES_DIR set; by hand they default to build/.
+"""
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+import grpc
+import numpy as np
+
+import recal
+from recal import recal_pb2
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SERVER_BIN = os.environ.get("RECAL_SERVER_BIN", os.path.join(ROOT, "build", "bin", "recal-server"))
+FIXTURES = os.environ.get("RECAL_FIXTURES_DIR", os.path.join(ROOT, "build", "fixtures"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "fixtures"))
+import safetensors_io  # noqa: E402
+
+RESNET = os.path.join(FIXTURES, "models", "resnet18.traced_eval.pt")
+MOBILENET = os.path.join(FIXTURES, "models", "mobilenet_v2.traced_eval.pt")
+RESNET_DATA = "npy:data/resnet18.npy"  # relative to the server's data root
+MiB = 1 << 20
+
+
+class Server:
+    """recal-server on loopback with its own data dir; restartable on the same port."""
+
+    def __init__(self, data_dir):
+        self.data_dir = data_dir
+        self.proc = None
+        self.port = 0
+        self.starts = 0
+        self.start()
+
+    def start(self):
+        self.starts += 1
+        log_path = os.path.join(os.path.dirname(self.data_dir), "server.%d.log" % self.starts)
+        with open(log_path, "w") as log:
+            self.proc = subprocess.Popen(
+                [SERVER_BIN, "--listen=127.0.0.1:%d" % self.port, "--data_dir=" + self.data_dir,
+                 "--data_root=" + FIXTURES], stderr=log)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with open(log_path) as f:
+                match = re.search(r"listening on port (\d+)", f.read())
+            if match:
+                self.port = int(match.group(1))
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.proc.kill()
+        with open(log_path) as f:
+            raise RuntimeError("recal-server did not start:\n" + f.read())
+
+    @property
+    def address(self):
+        return "127.0.0.1:%d" % self.port
+
+    def kill(self):
+        self.proc.kill()  # SIGKILL: no chance to tidy up
+        self.proc.wait()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class FakeRpcError(grpc.RpcError):
+    """What grpc raises when the connection breaks in the middle of a call."""
+
+    def __init__(self, code=grpc.StatusCode.UNAVAILABLE, details="Socket closed"):
+        super().__init__(details)
+        self._code, self._details = code, details
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._details
+
+
+class _BrokenStream:
+    """A streaming call that yields `count` items of `inner`, then fails as a lost connection."""
+
+    def __init__(self, inner, count):
+        self.inner, self.count = inner, count
+
+    def __iter__(self):
+        for i, item in enumerate(self.inner):
+            if i == self.count:
+                self.inner.cancel()
+                raise FakeRpcError()
+            yield item
+
+    def cancel(self):
+        self.inner.cancel()
+
+
+def _sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _kinds(events):
+    return [e.WhichOneof("kind") for e in events]
+
+
+def _states(events):
+    return [recal_pb2.JobState.Name(e.state) for e in events if e.WhichOneof("kind") == "state"]
+
+
+def _assert_consecutive(test, events, after_seq=0):
+    """One snapshot first (seq = after_seq), then seqs after_seq+1, after_seq+2, ..."""
+    test.assertEqual(events[0].WhichOneof("kind"), "snapshot")
+    test.assertEqual(events[0].seq, after_seq)
+    test.assertEqual(_kinds(events[1:]).count("snapshot"), 0)
+    test.assertEqual([e.seq for e in events[1:]], list(range(after_seq + 1, after_seq + len(events))))
+
+
+def _worst_reference_error(bn):
+    """max over channels of |Δvar|/var and |Δmean|/max(|mean|, std) against the float64
+    reference for ResNet-18 on data/resnet18.npy."""
+    reference = safetensors_io.load(os.path.join(FIXTURES, "ref", "resnet18.population.safetensors"),
+                                    as_numpy=True)
+    worst = 0.0
+    for key, ref in reference.items():
+        got = np.asarray(bn[key], dtype=np.float64)
+        if key.endswith("running_var"):
+            scale = ref
+        else:
+            scale = np.maximum(np.abs(ref), np.sqrt(reference[key[: -len("mean")] + "var"]))
+        worst = max(worst, float((np.abs(got - ref) / scale).max()))
+    return worst
+
+
+class ClientTest(unittest.TestCase):
+    """One server for most tests (one CPU worker: jobs run one at a time)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="recal-pyclient-")
+        cls.server = Server(os.path.join(cls.tmp, "data"))
+        cls.client = recal.Client(cls.server.address, timeout=30)
+        cls.model = cls.client.upload_model(RESNET)
+        cls._done = None
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        cls.server.stop()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(dir=self.tmp)
+
+    def done_job(self):
+        """A SUCCEEDED ResNet-18 job on the fixture data (made once)."""
+        if ClientTest._done is None:
+            job = self.client.submit(self.model, RESNET_DATA, batch_size=8)
+            ClientTest._done = self.client.wait(job)
+            self.assertEqual(ClientTest._done.state, recal.SUCCEEDED, ClientTest._done.error.message)
+        return ClientTest._done
+
+    def wrap(self, name, wrapper):
+        """Replaces client.stub.NAME by wrapper(original) for this test."""
+        original = getattr(self.client.stub, name)
+        setattr(self.client.stub, name, wrapper(original))
+        self.addCleanup(setattr, self.client.stub, name, original)
+
+    # -------------------------------------------------------------------------- upload
+
+    def test_upload_returns_the_content_addressed_model_and_skips_known_ones(self):
+        self.assertEqual(self.model.id, "sha256:" + _sha256(RESNET))
+        self.assertEqual(self.model.name, "resnet18.traced_eval.pt")
+        self.assertEqual(len(self.model.layers), 20)
+        calls = []
+        self.wrap("UploadModel", lambda f: lambda *a, **k: calls.append(1) or f(*a, **k))
+        again = self.client.upload_model(RESNET, name="another name")
+        self.assertEqual(calls, [], "a known model is not sent again")
+        self.assertEqual(again.id, self.model.id)
+        self.assertIn(self.model.id, [m.id for m in self.client.list_models()])
+
+    def test_upload_resumes_from_the_committed_size(self):
+        # Break an upload off by hand after two chunks have been committed.
+        with open(MOBILENET, "rb") as f:
+            blob = f.read()
+        digest = hashlib.sha256(blob).hexdigest()
+
+        def broken():
+            yield recal_pb2.UploadModelRequest(header=recal_pb2.UploadHeader(
+                name="mobilenet", size=len(blob), sha256=digest))
+            for offset in (0, MiB):
+                yield recal_pb2.UploadModelRequest(chunk=recal_pb2.UploadChunk(
+                    offset=offset, data=blob[offset:offset + MiB]))
+            deadline = time.monotonic() + 10
+            while (self.client.stub.GetUploadStatus(recal_pb2.GetUploadStatusRequest(sha256=digest))
+                   .committed_size < 2 * MiB and time.monotonic() < deadline):
+                time.sleep(0.02)
+            raise ConnectionAbortedError("the client went away")
+
+        with self.assertRaises(grpc.RpcError):
+            self.client.stub.UploadModel(broken())
+        offsets = []
+
+        def recording(upload):
+            def call(requests, **kwargs):
+                def seen():
+                    for request in requests:
+                        if request.HasField("chunk"):
+                            offsets.append(request.chunk.offset)
+                        yield request
+                return upload(seen(), **kwargs)
+            return call
+
+        self.wrap("UploadModel", recording)
+        model = self.client.upload_model(MOBILENET, labels={"arch": "mobilenet_v2"})
+        self.assertEqual(model.id, "sha256:" + digest)
+        self.assertEqual(dict(model.labels), {"arch": "mobilenet_v2"})
+        self.assertEqual(offsets[0], 2 * MiB, "resumed where the server's upload stood")
+        self.assertEqual(offsets, list(range(2 * MiB, len(blob), MiB)))
+
+    # ---------------------------------------------------------------------------- jobs
+
+    def test_submit_get_list_cancel(self):
+        # A long job keeps the one worker busy, so the second one stays queued.
+        running = self.client.submit(self.model, "synthetic:3x64x64", batch_size=8, max_batches=200)
+        queued = self.client.submit(self.model.id, "synthetic:3x32x32,seed=7", batch_size=4,
+                                    priority=-1, estimator="batch_average", modules="train",
+                                    include="layer", exclude="^layer4", max_batches=3,
+                                    allow_short_data=True, target_rel_error=0.5,
+                                    labels={"who": "test"}, timeout_seconds=100)
+        spec = self.client.get(queued.id).spec
+        self.assertEqual(spec.data.synthetic.sample_shape, [3, 32, 32])
+        self.assertEqual(spec.data.synthetic.seed, 7)
+        self.assertEqual(spec.options.estimator, recal.report_pb2.BATCH_AVERAGE)
+        self.assertEqual(spec.options.modules, recal.report_pb2.TRAIN)
+        self.assertEqual((spec.options.include, spec.options.exclude), ("layer", "^layer4"))
+        self.assertEqual((spec.options.max_batches, spec.options.allow_short_data,
+                          spec.options.target_rel_error), (3, True, 0.5))
+        self.assertEqual((spec.priority, spec.timeout_seconds, dict(spec.labels)),
+                         (-1, 100.0, {"who": "test"}))
+        self.assertEqual(len(queued.request_id), 32, "a generated uuid4")
+
+        self.assertIn(queued.id, [j.id for j in self.client.list(["queued"])])
+        self.assertNotIn(queued.id, [j.id for j in self.client.list(recal.SUCCEEDED)])
+        both = [j.id for j in self.client.list(["QUEUED", recal.RUNNING])]
+        self.assertIn(queued.id, both)
+        self.assertIn(running.id, both)
+        self.assertEqual(self.client.get(queued).state, recal.QUEUED)
+
+        self.assertEqual(self.client.cancel(queued.id).state, recal.CANCELLED)
+        self.client.cancel(running)
+        final = self.client.wait(running.id)
+        self.assertEqual(final.state, recal.CANCELLED)
+        with self.assertRaises(recal.RecalError) as caught:
+            self.client.download(final, os.path.join(self.dir, "x.pt"))
+        self.assertEqual(caught.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("CANCELLED", caught.exception.message)
+
+    def test_submit_retries_unavailable_with_the_same_request_id(self):
+        attempts = []
+
+        def flaky(submit):
+            def call(request, **kwargs):
+                attempts.append(request.request_id)
+                if len(attempts) == 1:
+                    submit(request, **kwargs)  # the server made the job, the answer got lost
+                    raise FakeRpcError()
+                return submit(request, **kwargs)
+            return call
+
+        self.wrap("SubmitJob", flaky)
+        job = self.client.submit(self.model, RESNET_DATA, batch_size=8)
+        self.assertEqual(len(attempts), 2)
+        self.assertEqual(attempts[0], attempts[1])
+        self.assertEqual([j.id for j in self.client.list() if j.request_id == attempts[0]], [job.id])
+        same = self.client.submit(self.model, RESNET_DATA, batch_size=8, request_id=attempts[0])
+        self.assertEqual(same.id, job.id, "idempotent on request_id")
+        self.client.cancel(job)
+
+    # --------------------------------------------------------------------------- watch
+
+    def test_watch_then_resume_from_a_seq(self):
+        job = self.client.submit(self.model, RESNET_DATA, batch_size=8)
+        events = list(self.client.watch(job.id))
+        _assert_consecutive(self, events)
+        self.assertEqual(_states(events), ["QUEUED", "RUNNING", "SUCCEEDED"])
+        self.assertEqual(events[-2].WhichOneof("kind"), "summary")
+        self.assertEqual(events[-2].summary.layers_recalibrated, 20)
+        # From a seq: a snapshot of the job as it is now, then exactly the events after it.
+        tail = list(self.client.watch(job, after_seq=events[2].seq))
+        _assert_consecutive(self, tail, after_seq=events[2].seq)
+        self.assertEqual(tail[0].snapshot.state, recal.SUCCEEDED)
+        self.assertEqual(tail[1:], events[3:])
+        # After the last event: only the snapshot.
+        self.assertEqual(_kinds(self.client.watch(job, after_seq=events[-1].seq)), ["snapshot"])
+
+    def test_watch_continues_after_a_broken_stream(self):
+        calls = []
+
+        def breaking(watch):
+            def call(request, **kwargs):
+                calls.append(request.after_seq)
+                stream = watch(request, **kwargs)
+                return _BrokenStream(stream, 3) if len(calls) <= 2 else stream
+            return call
+
+        self.wrap("WatchJob", breaking)
+        job = self.client.submit(self.model, RESNET_DATA, batch_size=8)
+        progress = []
+        final = self.client.wait(job, on_progress=progress.append)
+        self.assertEqual(final.state, recal.SUCCEEDED)
+        self.assertEqual(calls[:3], [0, 2, 4], "each watch resumes after the last seq it saw")
+        self.assertTrue(progress and all(isinstance(p, recal_pb2.JobProgress) for p in progress))
+        self.assertEqual(progress[-1].batches_done, 3)
+        del calls[:]
+        events = list(self.client.watch(job))
+        _assert_consecutive(self, events)
+        self.assertEqual(_states(events), ["QUEUED", "RUNNING", "SUCCEEDED"])
+
+    def test_watch_gives_up_after_reconnect_seconds(self):
+        with recal.Client("127.0.0.1:1", reconnect_seconds=0.5) as nowhere:
+            start = time.monotonic()
+            with self.assertRaises(recal.RecalError) as caught:
+                list(nowhere.watch("job-1"))
+            self.assertEqual(caught.exception.code, grpc.StatusCode.UNAVAILABLE)
+            self.assertLess(time.monotonic() - start, 10)
+
+    # ------------------------------------------------------------------------ download
+
+    def test_download_verifies_and_resumes(self):
+        job = self.done_job()
+        whole = os.path.join(self.dir, "whole.pt")
+        digest = self.client.download(job.id, whole)
+        self.assertEqual(digest, _sha256(whole))
+        self.assertFalse(os.path.exists(whole + ".part"))
+        size = os.path.getsize(whole)
+        self.assertGreater(size, 4 * MiB)
+        offsets = []
+        breaks = [True]
+
+        def recording(download):
+            def call(request, **kwargs):
+                offsets.append(request.offset)
+                stream = download(request, **kwargs)
+                return _BrokenStream(stream, 2) if breaks and breaks.pop() else stream
+            return call
+
+        # A stream that breaks after two chunks is resumed from where it broke.
+        self.wrap("DownloadResult", recording)
+        path = os.path.join(self.dir, "broken.pt")
+        self.assertEqual(self.client.download(job, path), digest)
+        self.assertEqual(offsets, [0, 2 * MiB])
+        self.assertEqual(_sha256(path), digest)
+
+        # A download broken off earlier (PATH.part) continues from the part's size.
+        path = os.path.join(self.dir, "resumed.pt")
+        with open(whole, "rb") as f, open(path + ".part", "wb") as part:
+            part.write(f.read(3 * MiB + 17))
+        del offsets[:]
+        self.assertEqual(self.client.download(job, path), digest)
+        self.assertEqual(offsets, [3 * MiB + 17])
+        self.assertEqual(_sha256(path), digest)
+        self.assertFalse(os.path.exists(path + ".part"))
+
+        # A foreign or stale PATH.part: caught by the digest, downloaded again whole.
+        with open(path + ".part", "wb") as part:
+            part.write(b"not the model" * 1000)
+        del offsets[:]
+        self.assertEqual(self.client.download(job, path), digest)
+        self.assertEqual(offsets, [13000, 0])
+        self.assertEqual(_sha256(path), digest)
+        # Longer than the artifact (OUT_OF_RANGE): the same.
+        with open(path + ".part", "wb") as part:
+            part.write(b"\0" * (size + 1))
+        del offsets[:]
+        self.assertEqual(self.client.download(job, path), digest)
+        self.assertEqual(offsets, [size + 1, 0])
+
+        # The other artifacts.
+        report = os.path.join(self.dir, "report.json")
+        self.client.download(job, report, artifact="report")
+        with open(report) as f:
+            self.assertEqual(json.load(f)["layers_recalibrated"], "20")  # int64: a JSON string
+        bn = os.path.join(self.dir, "bn.safetensors")
+        self.client.download(job, bn, artifact="bn")
+        self.assertLessEqual(_worst_reference_error(safetensors_io.load(bn, as_numpy=True)), 1e-5)
+
+    # --------------------------------------------------------------------- all in one
+
+    def test_recalibrate_matches_the_float64_reference(self):
+        out, bn_out, report = (os.path.join(self.dir, n) for n in ("out.pt", "bn.safetensors", "r.json"))
+        progress = []
+        job = self.client.recalibrate(RESNET, data=RESNET_DATA, out=out, bn_out=bn_out, report=report,
+                                      batch_size=8, on_progress=progress.append)
+        self.assertEqual(job.state, recal.SUCCEEDED)
+        self.assertEqual(job.spec.batch_size, 8)
+        self.assertEqual(job.progress.samples_done, 20)
+        self.assertTrue(progress)
+        bn = safetensors_io.load(bn_out, as_numpy=True)
+        worst = _worst_reference_error(bn)
+        print("\nrecalibrate(): worst relative difference from the float64 reference: %.2e" % worst)
+        self.assertLessEqual(worst, 1e-5)
+        with open(report) as f:
+            self.assertEqual(json.load(f)["batches"], "3")
+        import torch  # the recalibrated archive loads and holds the same statistics
+
+        buffers = dict(torch.jit.load(out).named_buffers())
+        for key, value in bn.items():
+            np.testing.assert_array_equal(buffers[key].numpy(), value, err_msg=key)
+
+    def test_errors(self):
+        with self.assertRaises(recal.RecalError) as caught:
+            self.client.recalibrate(RESNET, data="npy:/etc/passwd", out=os.path.join(self.dir, "x.pt"))
+        self.assertEqual(caught.exception.code, grpc.StatusCode.PERMISSION_DENIED)
+        self.assertIn("/etc/passwd", caught.exception.message)
+        self.assertTrue(str(caught.exception).startswith("PERMISSION_DENIED: "))
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "x.pt")))
+
+        with self.assertRaises(recal.RecalError) as caught:
+            self.client.submit(self.model, "npy:data/missing.npy")
+        self.assertEqual(caught.exception.code, grpc.StatusCode.NOT_FOUND)
+        with self.assertRaises(recal.RecalError) as caught:
+            self.client.submit(self.model, "png:x")  # refused here, before any call
+        self.assertEqual(caught.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("unknown scheme", caught.exception.message)
+        with self.assertRaises(TypeError):
+            self.client.submit(self.model, RESNET_DATA, max_batchez=3)
+        with self.assertRaises(ValueError):
+            self.client.submit(self.model, RESNET_DATA, estimator="median")
+        with self.assertRaises(recal.RecalError) as caught:
+            self.client.get("no-such-job")
+        self.assertIn(caught.exception.code, (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT))
+        with self.assertRaises(recal.RecalError) as caught:
+            self.client.upload_model(os.path.join(FIXTURES, "data", "resnet18.npy"))
+        self.assertEqual(caught.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+
+        # A job that fails on the server: RecalError with the job's code, message and Job.
+        with self.assertRaises(recal.RecalError) as caught:
+            self.client.recalibrate(RESNET, data="synthetic:5", batch_size=2, max_batches=1)
+        error = caught.exception
+        self.assertEqual(error.job.state, recal.FAILED)
+        self.assertNotEqual(error.code, grpc.StatusCode.OK)
+        self.assertIn(error.job.error.message, error.message)
+        self.assertIn("FAILED", str(error))
+
+    # -------------------------------------------------------------------------- README
+
+    def test_readme_examples_run(self):
+        """Every ```python block of client/python/README.md, as written, against this
+        server (the only change: localhost:50051 becomes its address)."""
+        with open(os.path.join(ROOT, "client", "python", "README.md")) as f:
+            readme = f.read()
+        blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+        self.assertEqual(len(blocks), 2)
+        os.symlink(RESNET, os.path.join(self.dir, "resnet18.pt"))
+        outputs = []
+        for block in blocks:
+            self.assertIn('"localhost:50051"', block)
+            result = subprocess.run([sys.executable, "-c", block.replace("localhost:50051", self.server.address)],
+                                    cwd=self.dir, capture_output=True, text=True, timeout=120)
+            self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+            outputs.append(result.stdout)
+        self.assertIn("batch 3/3", outputs[0])
+        self.assertIn("SUCCEEDED 20 samples", outputs[0])
+        self.assertIn("StatusCode.PERMISSION_DENIED", outputs[1])
+        for name in ("resnet18.recalibrated.pt", "resnet18.bn.safetensors", "report.json"):
+            self.assertTrue(os.path.exists(os.path.join(self.dir, name)), name)
+
+
+class RestartTest(unittest.TestCase):
+    """A server of its own, killed with SIGKILL in the middle of a job."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="recal-pyclient-restart-")
+        self.server = Server(os.path.join(self.tmp, "data"))
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.addCleanup(self.server.stop)
+
+    def test_watch_continues_across_a_server_restart(self):
+        client = recal.Client(self.server.address, reconnect_seconds=60)
+        self.addCleanup(client.close)
+        model = client.upload_model(RESNET)
+        job = client.submit(model, "synthetic:3x64x64", batch_size=8, max_batches=60)
+        events = []
+        restarter = None
+        for event in client.watch(job.id):
+            events.append(event)
+            if restarter is None and event.WhichOneof("kind") == "progress":
+                self.server.kill()  # mid-job; back on the same port a little later
+                restarter = threading.Timer(0.5, self.server.start)
+                restarter.start()
+        restarter.join()
+        self.assertEqual(self.server.starts, 2)
+        _assert_consecutive(self, events)
+        self.assertEqual(_states(events), ["QUEUED", "RUNNING", "QUEUED", "RUNNING", "SUCCEEDED"])
+        final = client.get(job.id)
+        self.assertEqual(final.state, recal.SUCCEEDED)
+        self.assertEqual(final.attempts, 2)
+        self.assertEqual(final.progress.batches_done, 60)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
