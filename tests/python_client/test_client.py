@@ -471,6 +471,9 @@ class ClientTest(unittest.TestCase):
             readme = f.read()
         blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
         self.assertEqual(len(blocks), 2)
+        with open(os.path.join(ROOT, "README.md")) as f:
+            top = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+        self.assertEqual(top, blocks[:1], "README.md's Python example is client/python/README.md's first")
         os.symlink(RESNET, os.path.join(self.dir, "resnet18.pt"))
         outputs = []
         for block in blocks:
