@@ -30,7 +30,8 @@ def generate_stubs(out_dir):
 
 def start_server(binary, data_dir, data_root, log_path, extra=()):
     log = open(log_path, "w")
-    proc = subprocess.Popen([binary, "--listen=127.0.0.1:0", "--data_dir=" + data_dir,
+    # No metrics endpoint: the default port would collide with any other server running.
+    proc = subprocess.Popen([binary, "--listen=127.0.0.1:0", "--metrics_listen=", "--data_dir=" + data_dir,
                              "--data_root=" + data_root, *extra], stderr=log)
     for _ in range(600):
         match = re.search(r"listening on port (\d+)", open(log_path).read())

@@ -25,6 +25,8 @@
 #include "server/engine/devices.h"
 #include "server/jobs/job_manager.h"
 #include "server/jobs/model_registry.h"
+#include "server/log/log.h"
+#include "server/metrics/metrics.h"
 #include "server/store/blob_store.h"
 #include "server/store/metadata_store.h"
 
@@ -44,6 +46,10 @@ ABSL_FLAG(int64_t, max_batch_bytes, int64_t{256} << 20, "largest tensor a client
 ABSL_FLAG(double, job_timeout_seconds, 6 * 3600, "a job's time limit unless its spec sets one");
 ABSL_FLAG(double, shutdown_timeout_seconds, 20, "how long SIGTERM waits for workers and calls");
 ABSL_FLAG(int32_t, download_chunk_bytes, 1 << 20, "bytes per DownloadResult message");
+ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9464",
+          "address to serve Prometheus metrics on at /metrics (port 0: any free port; empty: none)");
+ABSL_FLAG(std::string, log_format, "text", "text | json (one object per line)");
+ABSL_FLAG(std::string, log_level, "info", "debug | info | warning | error");
 
 namespace {
 
@@ -66,7 +72,7 @@ std::vector<std::string> AllDataRoots(int argc, char** argv) {
 }
 
 int Fail(const absl::Status& status) {
-  std::cerr << "recal-server: " << status.message() << "\n";
+  recal::log::Error(absl::StrCat("recal-server: ", status.message()));
   return 1;
 }
 
@@ -75,6 +81,11 @@ int Fail(const absl::Status& status) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("recal-server [--listen=0.0.0.0:50051] [--data_dir=./recal-data] ...");
   absl::ParseCommandLine(argc, argv);
+  if (absl::Status configured = recal::log::Configure(absl::GetFlag(FLAGS_log_format), absl::GetFlag(FLAGS_log_level));
+      !configured.ok()) {
+    std::cerr << "recal-server: " << configured.message() << "\n";
+    return 2;
+  }
 
   // Signals are taken by one thread with sigwait, so block them before any thread starts.
   sigset_t signals;
@@ -94,6 +105,11 @@ int main(int argc, char** argv) {
   auto devices = recal::engine::ResolveDevices(absl::GetFlag(FLAGS_devices), absl::GetFlag(FLAGS_cpu_workers));
   if (!devices.ok()) return Fail(devices.status());
 
+  // Metrics outlive everything that counts into them; null when --metrics_listen is empty.
+  const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  std::unique_ptr<recal::metrics::Metrics> metrics;
+  if (!metrics_listen.empty()) metrics = std::make_unique<recal::metrics::Metrics>();
+
   recal::jobs::ModelRegistry models(metadata->get(), blobs->get(), absl::GetFlag(FLAGS_max_model_bytes));
   recal::jobs::JobManagerOptions options;
   options.devices = *devices;
@@ -103,10 +119,27 @@ int main(int argc, char** argv) {
   options.default_timeout_seconds = absl::GetFlag(FLAGS_job_timeout_seconds);
   options.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
   options.max_batch_bytes = absl::GetFlag(FLAGS_max_batch_bytes);
+  options.metrics = metrics.get();
   recal::jobs::JobManager jobs(metadata->get(), blobs->get(), &models, options);
   if (absl::Status started = jobs.Start(); !started.ok()) return Fail(started);
 
-  recal::api::RecalService service(&models, &jobs, absl::GetFlag(FLAGS_download_chunk_bytes));
+  // Declared after `jobs`: it stops serving (its gauges read the jobs) before they go.
+  std::unique_ptr<prometheus::Exposer> exposer;
+  if (metrics) {
+    const std::string blob_dir = data_dir + "/blobs";
+    auto served = recal::metrics::Serve(
+        metrics_listen, metrics.get(),
+        {{"recal_jobs_queued", "Jobs waiting for a worker", [&jobs] { return double(jobs.queued()); }},
+         {"recal_jobs_running", "Jobs on a worker", [&jobs] { return double(jobs.running()); }},
+         {"recal_store_bytes", "Bytes of blobs (models, results) on disk",
+          [blob_dir] { return recal::metrics::DirectoryBytes(blob_dir); }}});
+    if (!served.ok()) return Fail(served.status());
+    exposer = *std::move(served);
+    recal::log::Info(absl::StrCat("recal-server: metrics on port ", recal::metrics::PortOf(*exposer)),
+                     {{"address", metrics_listen}, {"path", "/metrics"}});
+  }
+
+  recal::api::RecalService service(&models, &jobs, absl::GetFlag(FLAGS_download_chunk_bytes), metrics.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -114,20 +147,27 @@ int main(int argc, char** argv) {
   builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
   builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
   builder.RegisterService(&service);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<recal::metrics::ServerInterceptorFactory>(metrics.get()));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
     return Fail(absl::UnavailableError(absl::StrCat("cannot listen on ", absl::GetFlag(FLAGS_listen))));
   }
-  std::cerr << "recal-server: listening on port " << port << " (" << absl::GetFlag(FLAGS_listen)
-            << "), data in " << data_dir << ", " << devices->size() << " worker(s)" << std::endl;
+  recal::log::Info(absl::StrCat("recal-server: listening on port ", port),
+                   {{"address", absl::GetFlag(FLAGS_listen)},
+                    {"data_dir", data_dir},
+                    {"workers", static_cast<int64_t>(devices->size())},
+                    {"version", recal::metrics::Version()}});
 
   int signal = 0;
   sigwait(&signals, &signal);
-  std::cerr << "recal-server: signal " << signal << ", shutting down" << std::endl;
+  recal::log::Info("recal-server: shutting down", {{"signal", signal}});
   const absl::Duration deadline = absl::Seconds(absl::GetFlag(FLAGS_shutdown_timeout_seconds));
   server->GetHealthCheckService()->SetServingStatus(false);
   jobs.Shutdown(deadline);
   server->Shutdown(std::chrono::system_clock::now() + absl::ToChronoSeconds(deadline));
-  std::cerr << "recal-server: stopped" << std::endl;
+  exposer.reset();
+  recal::log::Info("recal-server: stopped");
   return 0;
 }

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "server/metrics/metrics.h"
 
 namespace recal::api {
 namespace {
@@ -45,6 +46,7 @@ grpc::Status RecalService::UploadModel(grpc::ServerContext* context,
       return ToGrpcStatus(absl::InvalidArgumentError("only chunks may follow the upload header"));
     }
     RECAL_GRPC_RETURN_IF_ERROR(models_->AppendChunk(header, message.chunk()));
+    if (metrics_) metrics_->upload_bytes.Increment(static_cast<double>(message.chunk().data().size()));
   }
   if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "upload broken off");
   return Respond(models_->FinishUpload(header), response);
@@ -101,6 +103,15 @@ grpc::Status RecalService::CancelJob(grpc::ServerContext*, const v1::CancelJobRe
 
 grpc::Status RecalService::WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                                     grpc::ServerWriter<v1::JobEvent>* writer) {
+  struct Open {
+    metrics::Metrics* metrics;
+    explicit Open(metrics::Metrics* m) : metrics(m) {
+      if (metrics) metrics->watch_streams.Increment();
+    }
+    ~Open() {
+      if (metrics) metrics->watch_streams.Decrement();
+    }
+  } open(metrics_);
   return ToGrpcStatus(jobs_->Watch(
       request->id(), request->after_seq(),
       [&](const v1::JobEvent& event) { return writer->Write(event); },
@@ -145,6 +156,7 @@ grpc::Status RecalService::DownloadResult(grpc::ServerContext* context,
     if (first) chunk.set_sha256(ref->sha256);
     first = false;
     if (!writer->Write(chunk)) return grpc::Status(grpc::StatusCode::CANCELLED, "download broken off");
+    if (metrics_) metrics_->download_bytes.Increment(static_cast<double>(got));
     offset += got;
   } while (offset < ref->size && !context->IsCancelled());
   return grpc::Status::OK;

@@ -8,12 +8,18 @@
 #include "server/jobs/job_manager.h"
 #include "server/jobs/model_registry.h"
 
+namespace recal::metrics {
+struct Metrics;
+}
+
 namespace recal::api {
 
 class RecalService final : public v1::Recal::Service {
  public:
-  RecalService(jobs::ModelRegistry* models, jobs::JobManager* jobs, int64_t download_chunk_bytes)
-      : models_(models), jobs_(jobs), download_chunk_bytes_(download_chunk_bytes) {}
+  // `metrics` may be null.
+  RecalService(jobs::ModelRegistry* models, jobs::JobManager* jobs, int64_t download_chunk_bytes,
+               metrics::Metrics* metrics = nullptr)
+      : models_(models), jobs_(jobs), download_chunk_bytes_(download_chunk_bytes), metrics_(metrics) {}
 
   grpc::Status UploadModel(grpc::ServerContext* context,
                            grpc::ServerReader<v1::UploadModelRequest>* reader,
@@ -46,6 +52,7 @@ class RecalService final : public v1::Recal::Service {
   jobs::ModelRegistry* models_;
   jobs::JobManager* jobs_;
   const int64_t download_chunk_bytes_;
+  metrics::Metrics* metrics_;
 };
 
 }  // namespace recal::api

@@ -13,6 +13,8 @@
 #include "server/engine/recalibration.h"
 #include "server/engine/report.h"
 #include "server/jobs/data_source_spec.h"
+#include "server/log/log.h"
+#include "server/metrics/metrics.h"
 
 namespace recal::jobs {
 namespace {
@@ -50,6 +52,17 @@ engine::Options EngineOptionsOf(const v1::JobSpec& spec, const std::string& devi
   options.device = device;
   options.threads = threads;
   return options;
+}
+
+double SecondsBetween(const google::protobuf::Timestamp& from, const google::protobuf::Timestamp& to) {
+  return TimeUtil::DurationToNanoseconds(to - from) / 1e9;
+}
+
+const char* DataKind(const v1::JobSpec& spec) {
+  if (spec.data().has_client_stream()) return "client_stream";
+  if (spec.data().has_synthetic()) return "synthetic";
+  if (spec.data().has_tensor_file()) return "tensor_file";
+  return "other";
 }
 
 }  // namespace
@@ -101,6 +114,11 @@ absl::Status JobManager::Start() {
     if (next == v1::CANCELLED) *job.mutable_error() = ErrorOf(absl::CancelledError("cancelled"));
     job.clear_progress();
     if (absl::Status s = RecordState(job, next); !s.ok()) return s;
+    if (next == v1::CANCELLED) {
+      Finished(job);
+    } else {
+      log::Info("job re-queued at start-up", {{"job_id", job.id()}, {"attempts", job.attempts()}});
+    }
   }
   auto waiting = metadata_->JobsInStates({v1::QUEUED});
   if (!waiting.ok()) return waiting.status();
@@ -177,6 +195,12 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::SubmitJobRequest& request) 
   auto stored = metadata_->CreateJob(job, &created);
   if (!stored.ok() || !created) return stored;
   if (absl::Status s = Record(*stored, StateEvent(v1::QUEUED)); !s.ok()) return s;
+  if (options_.metrics) options_.metrics->jobs_submitted.Increment();
+  log::Info("job submitted", {{"job_id", stored->id()},
+                              {"model_id", stored->spec().model_id()},
+                              {"data", DataKind(stored->spec())},
+                              {"batch_size", stored->spec().batch_size()},
+                              {"priority", stored->spec().priority()}});
   if (stored->spec().data().has_client_stream()) FeedLocked(*stored);
   queue_.Push(stored->id(), stored->spec().priority(), /*force=*/true).IgnoreError();
   return stored;
@@ -199,6 +223,7 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& id) {
     CloseFeedLocked(id, absl::CancelledError("cancelled by request"));
     *job->mutable_error() = ErrorOf(absl::CancelledError("cancelled by request while queued"));
     if (absl::Status s = RecordState(*job, v1::CANCELLED); !s.ok()) return s;
+    Finished(*job);
     return job;
   }
   auto running = running_.find(id);
@@ -208,6 +233,7 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& id) {
   }
   CloseFeedLocked(id, absl::CancelledError("cancelled by request"));
   if (absl::Status s = RecordState(*job, v1::CANCELLING); !s.ok()) return s;
+  log::Info("job cancelling", {{"job_id", id}, {"device", job->device()}});
   return job;
 }
 
@@ -335,6 +361,22 @@ void JobManager::RunJob(const std::string& id, const std::string& device) {
     if (!RecordState(job, v1::RUNNING).ok()) return;
     running_[id] = running;
   }
+  const double queue_wait = SecondsBetween(job.create_time(), job.start_time());
+  if (options_.metrics) {
+    options_.metrics->job_queue_wait_seconds.Observe(queue_wait);
+    options_.metrics->WorkerBusy(device).Increment();
+  }
+  log::Info("job started", {{"job_id", id},
+                            {"device", device},
+                            {"attempt", job.attempts()},
+                            {"queue_wait_seconds", queue_wait}});
+  struct Idle {
+    metrics::Metrics* metrics;
+    const std::string& device;
+    ~Idle() {
+      if (metrics) metrics->WorkerBusy(device).Decrement();
+    }
+  } idle{options_.metrics, device};
   absl::StatusOr<Outputs> outputs = Execute(job, device, *running);
 
   std::lock_guard<std::mutex> lock(mu_);
@@ -357,17 +399,20 @@ void JobManager::RunJob(const std::string& id, const std::string& device) {
     *summary.mutable_summary() = outputs->report;
     Record(job, summary).IgnoreError();
     RecordState(job, v1::SUCCEEDED).IgnoreError();
+    Finished(job);
     return;
   }
   if (running->cancel && !running->by_user) {
     // Shutdown: the job runs again, from the start, when the server next starts.
     job.clear_progress();
     RecordState(job, v1::QUEUED).IgnoreError();
+    log::Info("job re-queued: the server is shutting down", {{"job_id", id}});
     return;
   }
   if (running->by_user) {
     *job.mutable_error() = ErrorOf(absl::CancelledError("cancelled by request"));
     RecordState(job, v1::CANCELLED).IgnoreError();
+    Finished(job);
     return;
   }
   *job.mutable_error() = ErrorOf(outputs.status());
@@ -375,6 +420,24 @@ void JobManager::RunJob(const std::string& id, const std::string& device) {
   *failure.mutable_failure() = job.error();
   Record(job, failure).IgnoreError();
   RecordState(job, v1::FAILED).IgnoreError();
+  Finished(job);
+}
+
+void JobManager::Finished(const v1::Job& job) {
+  const bool started = job.has_start_time();
+  const double duration = started ? SecondsBetween(job.start_time(), job.end_time()) : 0;
+  if (options_.metrics) {
+    options_.metrics->JobsFinished(v1::JobState_Name(job.state())).Increment();
+    if (started) options_.metrics->job_duration_seconds.Observe(duration);
+  }
+  log::Fields fields = {{"job_id", job.id()}, {"state", v1::JobState_Name(job.state())}};
+  if (started) fields.emplace_back("duration_seconds", duration);
+  if (job.has_progress()) {
+    fields.emplace_back("batches", job.progress().batches_done());
+    fields.emplace_back("samples", job.progress().samples_done());
+  }
+  if (job.has_error()) fields.emplace_back("error", job.error().message());
+  log::Write(job.state() == v1::FAILED ? log::Level::kWarning : log::Level::kInfo, "job finished", fields);
 }
 
 absl::StatusOr<JobManager::Outputs> JobManager::Execute(const v1::Job& job, const std::string& device,
@@ -421,7 +484,14 @@ absl::StatusOr<JobManager::Outputs> JobManager::Execute(const v1::Job& job, cons
     return next_batch();
   };
   auto last_event = std::chrono::steady_clock::now() - std::chrono::hours(1);
+  int64_t counted_batches = 0, counted_samples = 0;
   auto on_progress = [&](const engine::Progress& p) {
+    if (options_.metrics) {
+      options_.metrics->batches_processed.Increment(static_cast<double>(p.batches - counted_batches));
+      options_.metrics->samples_processed.Increment(static_cast<double>(p.samples - counted_samples));
+    }
+    counted_batches = p.batches;
+    counted_samples = p.samples;
     const auto now = std::chrono::steady_clock::now();
     const int64_t total = samples ? std::min(p.max_batches, (*samples + spec.batch_size() - 1) / spec.batch_size())
                                   : p.max_batches;

@@ -23,6 +23,10 @@
 #include "server/store/blob_store.h"
 #include "server/store/metadata_store.h"
 
+namespace recal::metrics {
+struct Metrics;
+}
+
 namespace recal::jobs {
 
 struct JobManagerOptions {
@@ -34,6 +38,7 @@ struct JobManagerOptions {
   int64_t max_batch_size = 4096;
   int64_t max_batch_bytes = int64_t{256} << 20;  // one pushed tensor, client_stream
   absl::Duration progress_interval = absl::Milliseconds(250);
+  metrics::Metrics* metrics = nullptr;  // none: nothing is counted
 };
 
 class JobManager {
@@ -89,6 +94,8 @@ class JobManager {
   absl::Status Record(const v1::Job& job, v1::JobEvent event);
   absl::Status RecordState(v1::Job& job, v1::JobState state);
   absl::Status ValidateSpec(const v1::JobSpec& spec);
+  // Logs and counts a job that has just reached a terminal state.
+  void Finished(const v1::Job& job);
   // The feed of a client_stream job, made on first use (caller holds mu_).
   std::shared_ptr<StreamFeed> FeedLocked(const v1::Job& job);
   void CloseFeedLocked(const std::string& id, const absl::Status& reason);

@@ -51,7 +51,7 @@ class Server:
         with open(log_path, "w") as log:
             self.proc = subprocess.Popen(
                 [SERVER_BIN, "--listen=127.0.0.1:%d" % self.port, "--data_dir=" + self.data_dir,
-                 "--data_root=" + FIXTURES], stderr=log)
+                 "--data_root=" + FIXTURES, "--metrics_listen="], stderr=log)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             with open(log_path) as f:

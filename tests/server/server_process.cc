@@ -17,7 +17,10 @@ ServerProcess::ServerProcess(std::string data_dir, std::vector<std::string> flag
     : data_dir_(std::move(data_dir)) {
   static int serial = 0;
   log_path_ = data_dir_ + ".server" + std::to_string(getpid()) + "-" + std::to_string(serial++) + ".log";
-  std::vector<std::string> args = {RECAL_SERVER_BIN, "--listen=127.0.0.1:0", "--data_dir=" + data_dir_};
+  // Metrics on any free port (never the fixed default, which parallel tests would share);
+  // a later --metrics_listen in `flags` wins.
+  std::vector<std::string> args = {RECAL_SERVER_BIN, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
+                                   "--data_dir=" + data_dir_};
   args.insert(args.end(), flags.begin(), flags.end());
   pid_ = fork();
   if (pid_ == 0) {
@@ -75,6 +78,13 @@ int ServerProcess::Terminate(double seconds) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return -1;
+}
+
+int ServerProcess::metrics_port() const {
+  const std::regex metrics("metrics on port ([0-9]+)");
+  std::smatch match;
+  const std::string text = log();
+  return std::regex_search(text, match, metrics) ? std::stoi(match[1]) : 0;
 }
 
 std::string ServerProcess::log() const {

@@ -30,6 +30,7 @@ class ServerProcess {
   // SIGTERM; returns the exit status (or -1 if it did not exit within `seconds`).
   int Terminate(double seconds);
   std::string log() const;  // what it wrote on stderr
+  int metrics_port() const;  // from its log; 0 if it serves no metrics
 
  private:
   std::string data_dir_;

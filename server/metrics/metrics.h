@@ -1,0 +1,89 @@
+// recal-server's Prometheus metrics: one Metrics owns the registry and every family; main
+// makes it and passes a pointer down (null everywhere means "no metrics": unit tests,
+// recal-run). Serve() exposes them over HTTP at /metrics, with gauges computed at scrape
+// time (queue length, running jobs, bytes in the store).
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <grpcpp/support/server_interceptor.h>
+#include <prometheus/collectable.h>
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include "absl/status/statusor.h"
+
+namespace recal::metrics {
+
+// The version recal_build_info reports (git describe at configure time).
+const char* Version();
+
+struct Metrics {
+  Metrics();
+
+  prometheus::Counter& GrpcStarted(const std::string& service, const std::string& method);
+  prometheus::Counter& GrpcHandled(const std::string& service, const std::string& method,
+                                   const std::string& code);
+  prometheus::Histogram& GrpcHandlingSeconds(const std::string& service, const std::string& method);
+  prometheus::Counter& JobsFinished(const std::string& state);
+  prometheus::Gauge& WorkerBusy(const std::string& device);
+
+  std::shared_ptr<prometheus::Registry> registry;
+
+  prometheus::Family<prometheus::Counter>& grpc_started;
+  prometheus::Family<prometheus::Counter>& grpc_handled;
+  prometheus::Family<prometheus::Histogram>& grpc_handling_seconds;
+
+  prometheus::Counter& jobs_submitted;
+  prometheus::Family<prometheus::Counter>& jobs_finished;
+  prometheus::Histogram& job_queue_wait_seconds;
+  prometheus::Histogram& job_duration_seconds;
+  prometheus::Counter& batches_processed;
+  prometheus::Counter& samples_processed;
+  prometheus::Counter& upload_bytes;
+  prometheus::Counter& download_bytes;
+  prometheus::Family<prometheus::Gauge>& worker_busy;
+  prometheus::Gauge& watch_streams;
+  prometheus::Gauge& build_info;
+
+  // The gauges Serve() computes at scrape time (the exposer only holds a weak pointer).
+  std::shared_ptr<prometheus::Collectable> scraped;
+};
+
+// A gauge whose value is read when scraped.
+struct ScrapedGauge {
+  std::string name;
+  std::string help;
+  std::function<double()> value;
+};
+
+// Serves `metrics` and `scraped` on `listen` (host:port; port 0 = any free port). The
+// returned exposer must be destroyed before anything the `scraped` callbacks read.
+absl::StatusOr<std::unique_ptr<prometheus::Exposer>> Serve(const std::string& listen, Metrics* metrics,
+                                                           std::vector<ScrapedGauge> scraped);
+int PortOf(const prometheus::Exposer& exposer);
+
+// Bytes of the regular files under `dir` (recursively); 0 if it cannot be read.
+double DirectoryBytes(const std::string& dir);
+
+// Counts calls (grpc_server_*) and logs failed ones (peer, method, code, message). `metrics`
+// may be null: then it only logs.
+class ServerInterceptorFactory : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit ServerInterceptorFactory(Metrics* metrics) : metrics_(metrics) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo* info) override;
+
+ private:
+  Metrics* metrics_;
+};
+
+}  // namespace recal::metrics
