@@ -1,6 +1,8 @@
 #include "common/data_spec.h"
 
+#include <cmath>
 #include <limits>
+#include <set>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -13,7 +15,8 @@ namespace recal::data {
 namespace {
 
 constexpr absl::string_view kSyntax =
-    "expected npy:PATH, safetensors:PATH[:KEY,KEY...], torch:PATH or synthetic:SHAPE[,seed=S]";
+    "expected npy:PATH, safetensors:PATH[:KEY,KEY...], torch:PATH, synthetic:SHAPE[,seed=S] or "
+    "images:DIR?resize=R&crop=C&mean=M,M,M&std=S,S,S[&samples=N&seed=S&shuffle=0|1&on_bad=fail|skip]";
 
 absl::Status Bad(absl::string_view spec, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("bad data spec '", spec, "': ", why));
@@ -37,6 +40,80 @@ absl::StatusOr<std::vector<int64_t>> ParseShape(absl::string_view spec, absl::st
     shape.push_back(dim);
   }
   return shape;
+}
+
+bool ParsePositive(absl::string_view text, int64_t* out) {
+  const bool digits = !text.empty() && text.find_first_not_of("0123456789") == absl::string_view::npos;
+  return digits && absl::SimpleAtoi(text, out) && *out >= 1;
+}
+
+absl::StatusOr<std::vector<double>> ParseTriple(absl::string_view spec, absl::string_view key,
+                                                absl::string_view text, bool positive) {
+  std::vector<double> out;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    double v = 0;
+    if (!absl::SimpleAtod(part, &v) || !std::isfinite(v) || (positive && v <= 0)) {
+      return Bad(spec, absl::StrCat(key, " must be 3 comma-separated ", positive ? "positive " : "",
+                                    "numbers; found '", part, "'"));
+    }
+    out.push_back(v);
+  }
+  if (out.size() != 3) return Bad(spec, absl::StrCat(key, " must have 3 values (one per RGB channel)"));
+  return out;
+}
+
+absl::StatusOr<DataSpec> ParseImages(absl::string_view spec, absl::string_view rest) {
+  DataSpec out;
+  out.scheme = DataSpec::Scheme::kImages;
+  const size_t q = rest.rfind('?');
+  if (q == absl::string_view::npos) {
+    return Bad(spec, "images needs options: images:DIR?resize=R&crop=C&mean=M,M,M&std=S,S,S");
+  }
+  out.path = std::string(rest.substr(0, q));
+  if (out.path.empty()) return Bad(spec, "empty directory after 'images:'");
+  std::set<std::string> seen;
+  for (absl::string_view option : absl::StrSplit(rest.substr(q + 1), '&')) {
+    const size_t eq = option.find('=');
+    if (eq == absl::string_view::npos) return Bad(spec, absl::StrCat("option '", option, "' is not KEY=VALUE"));
+    const std::string key(option.substr(0, eq));
+    const absl::string_view value = option.substr(eq + 1);
+    if (!seen.insert(key).second) return Bad(spec, absl::StrCat("repeated option '", key, "'"));
+    if (key == "resize" || key == "crop" || key == "samples") {
+      int64_t v = 0;
+      if (!ParsePositive(value, &v) || v > (key == "samples" ? std::numeric_limits<int64_t>::max() : 65536)) {
+        return Bad(spec, absl::StrCat(key, " '", value, "' must be a positive integer",
+                                      key == "samples" ? "" : " <= 65536"));
+      }
+      (key == "resize" ? out.resize : key == "crop" ? out.crop : out.samples) = v;
+    } else if (key == "mean" || key == "std") {
+      absl::StatusOr<std::vector<double>> v = ParseTriple(spec, key, value, key == "std");
+      if (!v.ok()) return v.status();
+      (key == "mean" ? out.mean : out.std) = *std::move(v);
+    } else if (key == "seed") {
+      const bool digits = !value.empty() && value.find_first_not_of("0123456789") == absl::string_view::npos;
+      if (!digits || !absl::SimpleAtoi(value, &out.seed)) {
+        return Bad(spec, absl::StrCat("seed '", value, "' must be a non-negative integer below 2^64"));
+      }
+    } else if (key == "shuffle") {
+      if (value != "0" && value != "1") return Bad(spec, absl::StrCat("shuffle '", value, "' must be 0 or 1"));
+      out.shuffle = value == "1";
+    } else if (key == "on_bad") {
+      if (value != "fail" && value != "skip") {
+        return Bad(spec, absl::StrCat("on_bad '", value, "' must be fail or skip"));
+      }
+      out.skip_bad = value == "skip";
+    } else {
+      return Bad(spec, absl::StrCat("unknown option '", key,
+                                    "'; images takes resize, crop, mean, std, samples, seed, shuffle, on_bad"));
+    }
+  }
+  for (const char* required : {"resize", "crop", "mean", "std"}) {
+    if (!seen.count(required)) return Bad(spec, absl::StrCat("images needs ", required, "="));
+  }
+  if (out.crop > out.resize) {
+    return Bad(spec, absl::StrCat("crop ", out.crop, " is larger than resize ", out.resize, " (padding is not supported)"));
+  }
+  return out;
 }
 
 }  // namespace
@@ -68,6 +145,8 @@ absl::StatusOr<DataSpec> ParseDataSpec(absl::string_view spec) {
     }
     return out;
   }
+
+  if (scheme == "images") return ParseImages(spec, rest);
 
   if (scheme == "npy") {
     out.scheme = DataSpec::Scheme::kNpy;
@@ -109,6 +188,14 @@ std::string DataSpecToString(const DataSpec& spec) {
     }
     case DataSpec::Scheme::kSynthetic:
       return absl::StrCat("synthetic:", absl::StrJoin(spec.sample_shape, "x"), ",seed=", spec.seed);
+    case DataSpec::Scheme::kImages: {
+      std::string out = absl::StrCat("images:", spec.path, "?resize=", spec.resize, "&crop=", spec.crop,
+                                     "&mean=", absl::StrJoin(spec.mean, ","), "&std=", absl::StrJoin(spec.std, ","));
+      if (spec.samples >= 0) absl::StrAppend(&out, "&samples=", spec.samples);
+      if (spec.shuffle) absl::StrAppend(&out, "&shuffle=1&seed=", spec.seed);
+      if (spec.skip_bad) absl::StrAppend(&out, "&on_bad=skip");
+      return out;
+    }
   }
   return "";
 }

@@ -5,6 +5,10 @@
 //                                   trailing ':' ("safetensors:/a:b.st:" = all of /a:b.st).
 //   torch:PATH                      a torch.save'd tensor, or a list/tuple of tensors
 //   synthetic:SHAPE[,seed=S]        SHAPE per sample, e.g. 3x224x224; S defaults to 0
+//   images:DIR?resize=R&crop=C&mean=m0,m1,m2&std=s0,s1,s2[&samples=N&seed=S&shuffle=0|1&on_bad=fail|skip]
+//                                   every .jpg/.jpeg/.png under DIR (recursive), sorted by
+//                                   relative path (or shuffled with seed S), the first N;
+//                                   torchvision eval transform; needs 1 <= C <= R
 // Parsing only checks the syntax; the files are looked at when the source is opened.
 #pragma once
 
@@ -18,12 +22,19 @@
 namespace recal::data {
 
 struct DataSpec {
-  enum class Scheme { kNpy, kSafetensors, kTorch, kSynthetic };
+  enum class Scheme { kNpy, kSafetensors, kTorch, kSynthetic, kImages };
   Scheme scheme = Scheme::kNpy;
   std::string path;                   // file schemes
   std::vector<std::string> keys;      // safetensors; empty = all tensors
   std::vector<int64_t> sample_shape;  // synthetic
-  uint64_t seed = 0;                  // synthetic
+  uint64_t seed = 0;                  // synthetic, images (shuffle seed)
+  // images: DIR is `path`.
+  int64_t resize = 0;                 // shorter side after resizing
+  int64_t crop = 0;                   // center crop size
+  std::vector<double> mean, std;      // 3 each
+  int64_t samples = -1;               // -1 = all
+  bool shuffle = false;
+  bool skip_bad = false;              // on_bad=skip (default fail)
 };
 
 // INVALID_ARGUMENT with the offending spec quoted and the expected syntax.

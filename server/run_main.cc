@@ -22,7 +22,8 @@
 ABSL_FLAG(std::string, model, "", "TorchScript archive to recalibrate (torch.jit.save)");
 ABSL_FLAG(std::string, data, "",
           "data spec: npy:PATH | safetensors:PATH[:key,key...] | torch:PATH | "
-          "synthetic:SHAPE[,seed=S] (SHAPE per sample, e.g. 3x224x224)");
+          "synthetic:SHAPE[,seed=S] (SHAPE per sample, e.g. 3x224x224) | "
+          "images:DIR?resize=R&crop=C&mean=M,M,M&std=S,S,S[&samples=N&seed=S&shuffle=0|1&on_bad=fail|skip]");
 ABSL_FLAG(std::string, out, "", "where to write the recalibrated TorchScript archive");
 ABSL_FLAG(std::string, bn_out, "", "optional: the BatchNorm buffers alone, as .safetensors");
 ABSL_FLAG(std::string, report, "", "optional: the report, as JSON");

@@ -32,7 +32,8 @@ class BatchSource {
 };
 
 // Opens a data spec: npy:PATH | safetensors:PATH[:key,key...] | torch:PATH |
-// synthetic:SHAPE[,seed=S] (SHAPE per sample, e.g. 3x224x224).
+// synthetic:SHAPE[,seed=S] (SHAPE per sample, e.g. 3x224x224) |
+// images:DIR?resize=R&crop=C&mean=..&std=..[&...] (see image_source.h).
 absl::StatusOr<std::unique_ptr<BatchSource>> OpenBatchSource(const std::string& spec,
                                                              int64_t batch_size);
 

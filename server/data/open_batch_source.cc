@@ -2,6 +2,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/data_spec.h"
 #include "server/data/batch_source.h"
+#include "server/data/image_source.h"
 #include "server/data/sources.h"
 
 namespace recal::data {
@@ -23,6 +24,8 @@ absl::StatusOr<std::unique_ptr<BatchSource>> OpenBatchSource(const std::string& 
       return OpenTorchSource(parsed->path, batch_size);
     case DataSpec::Scheme::kSynthetic:
       return OpenSyntheticSource(parsed->sample_shape, parsed->seed, batch_size);
+    case DataSpec::Scheme::kImages:
+      return OpenImageSource(*parsed, batch_size);
   }
   return absl::InternalError(absl::StrCat("unhandled data spec scheme in '", spec, "'"));
 }

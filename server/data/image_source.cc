@@ -1,0 +1,323 @@
+// images:DIR?... — a folder of JPEG/PNG files with torchvision's eval transform
+// (ImageFolder + Resize(R) + CenterCrop(C) + ToTensor + Normalize), see image_source.h.
+#include "server/data/image_source.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+#include <utility>
+
+#include <ATen/ops/_upsample_bilinear2d_aa.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <png.h>
+#include <turbojpeg.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "server/data/torch_error.h"
+
+namespace recal::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+// PIL refuses images above twice Image.MAX_IMAGE_PIXELS (decompression bombs).
+constexpr int64_t kMaxPixels = 2 * 89478485;
+
+struct Rgb {
+  int64_t width = 0, height = 0;
+  std::vector<uint8_t> pixels;  // height x width x 3
+};
+
+bool IsImageName(const fs::path& p) {
+  const std::string ext = absl::AsciiStrToLower(p.extension().string());
+  return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return absl::DataLossError(absl::StrCat("cannot read ", path));
+  return ss.str();
+}
+
+// torchvision's Resize(int): the shorter side becomes R, the longer int(R * long / short).
+std::pair<int64_t, int64_t> ResizedSize(int64_t h, int64_t w, int64_t r) {
+  if (w <= h) return {static_cast<int64_t>(static_cast<double>(r) * h / w), r};
+  return {r, static_cast<int64_t>(static_cast<double>(r) * w / h)};
+}
+
+absl::StatusOr<Rgb> DecodeJpeg(const std::string& bytes, int64_t resize, bool dct_scaling,
+                               int64_t* orig_h, int64_t* orig_w) {
+  tjhandle tj = tjInitDecompress();
+  if (tj == nullptr) return absl::ResourceExhaustedError("tjInitDecompress failed");
+  struct Closer {
+    tjhandle h;
+    ~Closer() { tjDestroy(h); }
+  } closer{tj};
+  auto* buf = reinterpret_cast<const unsigned char*>(bytes.data());
+  const unsigned long size = bytes.size();
+  int w = 0, h = 0, subsamp = 0, colorspace = 0;
+  if (tjDecompressHeader3(tj, buf, size, &w, &h, &subsamp, &colorspace) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("bad JPEG header: ", tjGetErrorStr2(tj)));
+  }
+  if (w < 1 || h < 1 || static_cast<int64_t>(w) * h > kMaxPixels) {
+    return absl::InvalidArgumentError(absl::StrCat("JPEG size ", w, "x", h, " out of range"));
+  }
+  *orig_h = h;
+  *orig_w = w;
+  // Reduced-size DCT: the smallest n/8 scale whose shorter side is still >= resize.
+  int sw = w, sh = h;
+  if (dct_scaling) {
+    int count = 0;
+    tjscalingfactor* factors = tjGetScalingFactors(&count);
+    double best = 1.0;
+    for (int i = 0; factors != nullptr && i < count; ++i) {
+      const tjscalingfactor f = factors[i];
+      const double scale = static_cast<double>(f.num) / f.denom;
+      if (scale > 1.0 || scale >= best) continue;
+      const int tw = TJSCALED(w, f), th = TJSCALED(h, f);
+      if (std::min(tw, th) >= resize) {
+        best = scale;
+        sw = tw;
+        sh = th;
+      }
+    }
+  }
+  const bool cmyk = colorspace == TJCS_CMYK || colorspace == TJCS_YCCK;
+  const int channels = cmyk ? 4 : 3;
+  std::vector<uint8_t> raw(static_cast<size_t>(sw) * sh * channels);
+  if (tjDecompress2(tj, buf, size, raw.data(), sw, 0, sh, cmyk ? TJPF_CMYK : TJPF_RGB, 0) != 0) {
+    // Warnings too (e.g. a truncated file); PIL refuses those as well.
+    return absl::InvalidArgumentError(absl::StrCat("bad JPEG data: ", tjGetErrorStr2(tj)));
+  }
+  Rgb out{sw, sh, {}};
+  if (!cmyk) {
+    out.pixels = std::move(raw);
+    return out;
+  }
+  // PIL reads Adobe CMYK JPEGs as inverted CMYK (TurboJPEG returns the stored, inverted
+  // values) and converts like Pillow 9's cmyk2rgb: r = (255 - k) - c * (255 - k) / 255.
+  out.pixels.resize(static_cast<size_t>(sw) * sh * 3);
+  for (size_t i = 0, n = static_cast<size_t>(sw) * sh; i < n; ++i) {
+    const int nk = raw[4 * i + 3];  // 255 - k
+    for (int c = 0; c < 3; ++c) {
+      const int cyan = 255 - raw[4 * i + c];
+      int t = cyan * nk + 128;
+      t = ((t >> 8) + t) >> 8;
+      out.pixels[3 * i + c] = static_cast<uint8_t>(std::clamp(nk - t, 0, 255));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<Rgb> DecodePng(const std::string& bytes) {
+  png_image image;
+  std::memset(&image, 0, sizeof(image));
+  image.version = PNG_IMAGE_VERSION;
+  if (!png_image_begin_read_from_memory(&image, bytes.data(), bytes.size())) {
+    const std::string msg = image.message;
+    png_image_free(&image);
+    return absl::InvalidArgumentError(absl::StrCat("bad PNG: ", msg));
+  }
+  if (image.width < 1 || image.height < 1 ||
+      static_cast<int64_t>(image.width) * image.height > kMaxPixels) {
+    png_image_free(&image);
+    return absl::InvalidArgumentError(absl::StrCat("PNG size ", image.width, "x", image.height, " out of range"));
+  }
+  // RGBA, then drop alpha: PIL's convert("RGB") discards alpha rather than compositing.
+  image.format = PNG_FORMAT_RGBA;
+  std::vector<uint8_t> rgba(PNG_IMAGE_SIZE(image));
+  if (!png_image_finish_read(&image, nullptr, rgba.data(), 0, nullptr)) {
+    const std::string msg = image.message;
+    png_image_free(&image);
+    return absl::InvalidArgumentError(absl::StrCat("bad PNG data: ", msg));
+  }
+  Rgb out{image.width, image.height, {}};
+  png_image_free(&image);
+  const size_t n = static_cast<size_t>(out.width) * out.height;
+  out.pixels.resize(n * 3);
+  for (size_t i = 0; i < n; ++i) std::memcpy(&out.pixels[3 * i], &rgba[4 * i], 3);
+  return out;
+}
+
+// Bilinear antialiased resize of a float [1,3,H,W] tensor of 0..255 values, rounded to
+// integers like PIL (which resizes uint8 horizontally, rounds, then vertically).
+at::Tensor ResizeLikePil(at::Tensor x, int64_t oh, int64_t ow) {
+  const int64_t h = x.size(2), w = x.size(3);
+  if (ow != w) {
+    x = at::_upsample_bilinear2d_aa(x, {h, ow}, /*align_corners=*/false).round_().clamp_(0, 255);
+  }
+  if (oh != h) {
+    x = at::_upsample_bilinear2d_aa(x, {oh, ow}, /*align_corners=*/false).round_().clamp_(0, 255);
+  }
+  return x.contiguous();
+}
+
+class ImageSource final : public BatchSource {
+ public:
+  ImageSource(DataSpec spec, std::vector<std::string> files, int64_t batch_size, ImageSourceOptions options,
+              std::string description)
+      : spec_(std::move(spec)), files_(std::move(files)), batch_size_(batch_size), options_(options),
+        description_(std::move(description)) {}
+
+  absl::StatusOr<std::optional<Batch>> Next() override {
+    const int64_t c = spec_.crop;
+    std::vector<at::Tensor> samples;
+    while (static_cast<int64_t>(samples.size()) < batch_size_ && next_ < files_.size()) {
+      const size_t want = std::min<size_t>(batch_size_ - samples.size(), files_.size() - next_);
+      std::vector<absl::StatusOr<at::Tensor>> decoded(want, absl::UnknownError("not decoded"));
+      const int threads = static_cast<int>(std::max<size_t>(1, std::min<size_t>(want, options_.threads)));
+      std::atomic<size_t> counter{0};
+      auto work = [&] {
+        for (size_t i; (i = counter.fetch_add(1)) < want;) decoded[i] = Load(files_[next_ + i]);
+      };
+      if (threads == 1) {
+        work();
+      } else {
+        std::vector<std::thread> pool;
+        for (int t = 0; t < threads; ++t) pool.emplace_back(work);
+        for (std::thread& t : pool) t.join();
+      }
+      for (size_t i = 0; i < want; ++i) {
+        if (decoded[i].ok()) {
+          samples.push_back(*std::move(decoded[i]));
+        } else if (spec_.skip_bad && decoded[i].status().code() == absl::StatusCode::kInvalidArgument) {
+          ++skipped_;
+        } else {
+          next_ += i + 1;  // a retry moves on past the bad file
+          return absl::Status(decoded[i].status().code(),
+                              absl::StrCat(description_, ": ", decoded[i].status().message()));
+        }
+      }
+      next_ += want;
+    }
+    if (samples.empty()) return std::optional<Batch>();
+    try {
+      at::Tensor batch = at::empty({static_cast<int64_t>(samples.size()), 3, c, c}, at::kFloat);
+      for (size_t i = 0; i < samples.size(); ++i) batch[i].copy_(samples[i]);
+      return std::optional<Batch>(Batch{batch});
+    } catch (const std::exception& e) {
+      return absl::ResourceExhaustedError(absl::StrCat(description_, ": cannot make a batch: ", ExceptionMessage(e)));
+    }
+  }
+
+  std::optional<int64_t> num_samples() const override { return static_cast<int64_t>(files_.size()); }
+  std::string Describe() const override { return description_; }
+  int64_t skipped() const { return skipped_; }
+
+ private:
+  // One file -> float [3,C,C]; INVALID_ARGUMENT (naming the file) for a bad image.
+  absl::StatusOr<at::Tensor> Load(const std::string& relative) const {
+    const std::string path = (fs::path(spec_.path) / relative).string();
+    absl::StatusOr<std::string> bytes = ReadFile(path);
+    if (!bytes.ok()) return bytes.status();
+    absl::StatusOr<Rgb> rgb = absl::InvalidArgumentError("not a JPEG or PNG file");
+    int64_t h = 0, w = 0;
+    const std::string& b = *bytes;
+    if (b.size() >= 3 && static_cast<uint8_t>(b[0]) == 0xFF && static_cast<uint8_t>(b[1]) == 0xD8 &&
+        static_cast<uint8_t>(b[2]) == 0xFF) {
+      rgb = DecodeJpeg(b, spec_.resize, options_.jpeg_dct_scaling, &h, &w);
+    } else if (b.size() >= 8 && std::memcmp(b.data(), "\x89PNG\r\n\x1a\n", 8) == 0) {
+      rgb = DecodePng(b);
+      if (rgb.ok()) h = rgb->height, w = rgb->width;
+    }
+    if (!rgb.ok()) {
+      return absl::Status(rgb.status().code(), absl::StrCat(relative, ": ", rgb.status().message()));
+    }
+    try {
+      const auto [oh, ow] = ResizedSize(h, w, spec_.resize);
+      at::Tensor x = at::from_blob(rgb->pixels.data(), {1, rgb->height, rgb->width, 3}, at::kByte)
+                         .permute({0, 3, 1, 2})
+                         .to(at::kFloat)
+                         .contiguous();
+      x = ResizeLikePil(std::move(x), oh, ow);
+      const int64_t c = spec_.crop;
+      const int64_t top = static_cast<int64_t>(std::nearbyint((oh - c) / 2.0));
+      const int64_t left = static_cast<int64_t>(std::nearbyint((ow - c) / 2.0));
+      at::Tensor out = at::empty({3, c, c}, at::kFloat);
+      const float* src = x.data_ptr<float>();
+      float* dst = out.data_ptr<float>();
+      for (int64_t ch = 0; ch < 3; ++ch) {
+        const float mean = static_cast<float>(spec_.mean[ch]), std = static_cast<float>(spec_.std[ch]);
+        for (int64_t y = 0; y < c; ++y) {
+          const float* row = src + (ch * oh + top + y) * ow + left;
+          float* o = dst + (ch * c + y) * c;
+          for (int64_t xx = 0; xx < c; ++xx) o[xx] = (row[xx] / 255.0f - mean) / std;
+        }
+      }
+      return out;
+    } catch (const std::exception& e) {
+      return absl::ResourceExhaustedError(absl::StrCat(relative, ": ", ExceptionMessage(e)));
+    }
+  }
+
+  const DataSpec spec_;
+  const std::vector<std::string> files_;  // relative to spec_.path, in order
+  const int64_t batch_size_;
+  const ImageSourceOptions options_;
+  const std::string description_;
+  size_t next_ = 0;
+  int64_t skipped_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<BatchSource>> OpenImageSource(const DataSpec& spec, int64_t batch_size,
+                                                             ImageSourceOptions options) {
+  const std::string label = DataSpecToString(spec);
+  if (spec.scheme != DataSpec::Scheme::kImages || spec.mean.size() != 3 || spec.std.size() != 3 ||
+      spec.crop < 1 || spec.crop > spec.resize) {
+    return absl::InvalidArgumentError(absl::StrCat(label, ": not a valid images spec"));
+  }
+  if (batch_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(label, ": batch size must be >= 1, got ", batch_size));
+  }
+  std::error_code ec;
+  if (!fs::is_directory(spec.path, ec)) {
+    return absl::NotFoundError(absl::StrCat(label, ": ", spec.path, " is not a directory"));
+  }
+  std::vector<std::string> files;
+  fs::recursive_directory_iterator it(spec.path, fs::directory_options::none, ec);
+  for (; !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    std::error_code ec2;
+    if (it->is_regular_file(ec2) && IsImageName(it->path())) {
+      files.push_back(it->path().lexically_relative(spec.path).generic_string());
+    }
+  }
+  if (ec) return absl::NotFoundError(absl::StrCat(label, ": cannot list ", spec.path, ": ", ec.message()));
+  std::sort(files.begin(), files.end());
+  if (spec.shuffle) {
+    // Fisher-Yates with mt19937_64 (fully specified by the standard, unlike std::shuffle).
+    std::mt19937_64 rng(spec.seed);
+    for (size_t i = files.size(); i > 1; --i) std::swap(files[i - 1], files[rng() % i]);
+  }
+  if (spec.samples >= 0 && static_cast<size_t>(spec.samples) < files.size()) files.resize(spec.samples);
+  if (files.empty()) {
+    return absl::NotFoundError(absl::StrCat(label, ": no .jpg/.jpeg/.png files under ", spec.path));
+  }
+  if (options.threads < 1) {
+    options.threads = static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 8));
+  }
+  const std::string description =
+      absl::StrCat(label, " (", files.size(), " files -> ", spec.crop, "x", spec.crop, " float32)");
+  return std::unique_ptr<BatchSource>(new ImageSource(spec, std::move(files), batch_size, options, description));
+}
+
+int64_t ImageSourceSkipped(const BatchSource& source) {
+  const auto* images = dynamic_cast<const ImageSource*>(&source);
+  return images == nullptr ? 0 : images->skipped();
+}
+
+}  // namespace recal::data

@@ -1,0 +1,34 @@
+// images:DIR?resize=R&crop=C&mean=..&std=..[&samples=N&seed=S&shuffle=0|1&on_bad=fail|skip]
+// Every .jpg/.jpeg/.png (case-insensitive) under DIR, recursively, in sorted relative-path
+// order (or a seeded shuffle of it), the first N. Each image goes through torchvision's
+// ImageFolder eval pipeline: PIL convert("RGB") (alpha dropped, gray/palette/CMYK expanded),
+// Resize(R) (bilinear, antialiased), CenterCrop(C), ToTensor, Normalize(mean, std), giving
+// float32 [N,3,C,C] batches. A batch's images are decoded in parallel; the output does not
+// depend on the thread count. A corrupt file or non-image fails that batch's Next() with
+// INVALID_ARGUMENT naming the file (on_bad=fail) or is skipped (on_bad=skip; later files
+// fill the batch, num_samples() still counts it).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "common/data_spec.h"
+#include "server/data/batch_source.h"
+
+namespace recal::data {
+
+struct ImageSourceOptions {
+  int threads = 0;  // decoding threads per batch; 0 = hardware concurrency, at most 8
+  // Decode JPEGs at the smallest n/8 DCT scale whose shorter side is still >= R (faster,
+  // but no longer pixel-identical to torchvision's PIL pipeline).
+  bool jpeg_dct_scaling = false;
+};
+
+absl::StatusOr<std::unique_ptr<BatchSource>> OpenImageSource(const DataSpec& spec, int64_t batch_size,
+                                                             ImageSourceOptions options = {});
+
+// Files skipped so far by an images source with on_bad=skip (0 for other sources).
+int64_t ImageSourceSkipped(const BatchSource& source);
+
+}  // namespace recal::data

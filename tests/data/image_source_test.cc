@@ -1,0 +1,211 @@
+#include "server/data/image_source.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace recal::data {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr const char* kMean = "0.485,0.456,0.406";
+constexpr const char* kStd = "0.229,0.224,0.225";
+const double kStdV[3] = {0.229, 0.224, 0.225};
+
+// Good files in sorted relative-path order; bad ones: a/bad_truncated.jpg, c/x.jpg.
+const std::vector<std::string> kGood = {"a/b/big.JPG", "a/cmyk.jpg", "a/gray.jpeg", "a/tall.jpg",
+                                        "c/gray.png", "c/palette.png", "c/rgba.png", "top.jpeg"};
+
+constexpr const char* kMake = R"PY(
+import os, sys, io
+import numpy as np
+from PIL import Image
+import torchvision.transforms as T
+d = sys.argv[1]
+root = os.path.join(d, "imgs"); ref = os.path.join(d, "ref")
+for p in ["a/b", "c"]: os.makedirs(os.path.join(root, p), exist_ok=True)
+os.makedirs(ref, exist_ok=True)
+rng = np.random.default_rng(0)
+def smooth(h, w, c):
+    y, x = np.mgrid[0:h, 0:w]
+    base = np.stack([(x * 255 // max(w - 1, 1)), (y * 255 // max(h - 1, 1)), ((x + y) * 3) % 256,
+                     128 + 0 * x], -1)
+    a = base[..., :c].astype(np.int32) + rng.integers(-30, 30, (h, w, c))
+    return np.clip(a, 0, 255).astype(np.uint8)
+Image.fromarray(smooth(375, 500, 3)).save(os.path.join(root, "a/b/big.JPG"), quality=90)
+Image.fromarray(smooth(200, 120, 3)).save(os.path.join(root, "a/tall.jpg"), quality=90)
+Image.fromarray(smooth(90, 130, 3)).save(os.path.join(root, "top.jpeg"), quality=75)
+Image.fromarray(smooth(150, 170, 1)[..., 0], "L").save(os.path.join(root, "a/gray.jpeg"), quality=90)
+Image.fromarray(smooth(140, 160, 4), "CMYK").save(os.path.join(root, "a/cmyk.jpg"), quality=90)
+Image.fromarray(smooth(100, 90, 4), "RGBA").save(os.path.join(root, "c/rgba.png"))
+Image.fromarray(smooth(80, 100, 3)).convert("P", palette=Image.ADAPTIVE, colors=64).save(os.path.join(root, "c/palette.png"))
+Image.fromarray(smooth(70, 75, 1)[..., 0], "L").save(os.path.join(root, "c/gray.png"))
+b = io.BytesIO(); Image.fromarray(smooth(120, 160, 3)).save(b, "JPEG", quality=90)
+open(os.path.join(root, "a/bad_truncated.jpg"), "wb").write(b.getvalue()[: len(b.getvalue()) // 2])
+open(os.path.join(root, "c/x.jpg"), "w").write("not an image\n")
+open(os.path.join(root, "c/notes.txt"), "w").write("ignored\n")
+tf = T.Compose([T.Resize(64), T.CenterCrop(56), T.ToTensor(),
+                T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+for dirpath, _, names in os.walk(root):
+    for n in names:
+        if n.endswith(".txt") or n in ("x.jpg", "bad_truncated.jpg"): continue
+        rel = os.path.relpath(os.path.join(dirpath, n), root)
+        with open(os.path.join(root, rel), "rb") as f:
+            img = Image.open(f).convert("RGB")
+        np.save(os.path.join(ref, rel.replace("/", "_") + ".npy"), tf(img).numpy())
+)PY";
+
+class ImageSourceTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::TempDir();
+    made_ = testing::RunPython(kMake, dir_->path());
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  void SetUp() override { ASSERT_EQ(made_, 0) << "fixture script failed"; }
+
+  static std::string Spec(const std::string& extra) {
+    return absl::StrCat("images:", dir_->File("imgs"), "?resize=64&crop=56&mean=", kMean, "&std=", kStd, extra);
+  }
+  static at::Tensor Ref(const std::string& rel) {
+    std::string name = rel;
+    std::replace(name.begin(), name.end(), '/', '_');
+    std::string bytes = testing::ReadBytes(dir_->File("ref/" + name + ".npy"));
+    // float32 [3,56,56], 128-byte npy v1 header from numpy.
+    const size_t header = 10 + (static_cast<uint8_t>(bytes[8]) | (static_cast<uint8_t>(bytes[9]) << 8));
+    return at::from_blob(bytes.data() + header, {3, 56, 56}, at::kFloat).clone();
+  }
+  // All batches of a source, concatenated; fails the test on an error.
+  static at::Tensor ReadAll(BatchSource& s) {
+    std::vector<at::Tensor> parts;
+    while (true) {
+      absl::StatusOr<std::optional<Batch>> b = s.Next();
+      EXPECT_TRUE(b.ok()) << b.status();
+      if (!b.ok() || !b->has_value()) break;
+      EXPECT_EQ((**b)[0].size(1), 3);
+      parts.push_back((**b)[0]);
+    }
+    return at::cat(parts);
+  }
+  // Max |difference| in [0,1] pixel units (normalisation undone).
+  static double MaxPixelDiff(const at::Tensor& got, const at::Tensor& want) {
+    double worst = 0;
+    for (int c = 0; c < 3; ++c) {
+      worst = std::max(worst, (got[c] - want[c]).abs().max().item<double>() * kStdV[c]);
+    }
+    return worst;
+  }
+
+  static testing::TempDir* dir_;
+  static int made_;
+};
+testing::TempDir* ImageSourceTest::dir_ = nullptr;
+int ImageSourceTest::made_ = -1;
+
+TEST_F(ImageSourceTest, MatchesTorchvisionInSortedOrderSkippingBadFiles) {
+  for (bool dct : {false, true}) {
+    auto s = OpenImageSource(*ParseDataSpec(Spec("&on_bad=skip")), 3, {.threads = 4, .jpeg_dct_scaling = dct});
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ((*s)->num_samples(), 10);
+    at::Tensor all = ReadAll(**s);
+    ASSERT_EQ(all.size(0), static_cast<int64_t>(kGood.size()));
+    EXPECT_EQ(ImageSourceSkipped(**s), 2);
+    double worst = 0;
+    for (size_t i = 0; i < kGood.size(); ++i) {
+      const double d = MaxPixelDiff(all[i], Ref(kGood[i]));
+      std::cout << (dct ? "dct " : "full ") << kGood[i] << " max diff " << d * 255 << "/255\n";
+      worst = std::max(worst, d);
+      if (!dct) {
+        EXPECT_LE(d, 1.0 / 255 + 1e-6) << kGood[i];
+      }
+    }
+    std::cout << "max |diff| vs torchvision, DCT scaling " << (dct ? "on" : "off") << ": " << worst * 255 << "/255\n";
+  }
+}
+
+TEST_F(ImageSourceTest, FailNamesTheBadFile) {
+  auto s = OpenBatchSource(Spec(""), 16);
+  ASSERT_TRUE(s.ok()) << s.status();
+  absl::StatusOr<std::optional<Batch>> b = (*s)->Next();
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(b.status().message()), HasSubstr("a/bad_truncated.jpg"));
+  // Sorted order: only a/b/big.JPG precedes it.
+  auto one = OpenBatchSource(Spec("&samples=1"), 16);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ((*one)->num_samples(), 1);
+  b = (*one)->Next();
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_TRUE(b->has_value());
+  EXPECT_LE(MaxPixelDiff((**b)[0][0], Ref("a/b/big.JPG")), 1.0 / 255 + 1e-6);
+  b = (*one)->Next();
+  ASSERT_TRUE(b.ok());
+  EXPECT_FALSE(b->has_value());
+}
+
+TEST_F(ImageSourceTest, ShuffleIsSeededAndThreadCountDoesNotMatter) {
+  const DataSpec spec = *ParseDataSpec(Spec("&on_bad=skip&shuffle=1&seed=7&samples=6"));
+  auto a = OpenImageSource(spec, 4, {.threads = 1});
+  auto b = OpenImageSource(spec, 4, {.threads = 4});
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ((*a)->num_samples(), 6);
+  at::Tensor ta = ReadAll(**a), tb = ReadAll(**b);
+  EXPECT_TRUE(at::equal(ta, tb));
+  DataSpec other = spec;
+  other.seed = 8;
+  auto c = OpenImageSource(other, 4, {.threads = 2});
+  ASSERT_TRUE(c.ok());
+  at::Tensor tc = ReadAll(**c);
+  EXPECT_FALSE(ta.sizes() == tc.sizes() && at::equal(ta, tc));
+  // Unshuffled with 1 vs 4 threads.
+  auto d1 = OpenImageSource(*ParseDataSpec(Spec("&on_bad=skip")), 5, {.threads = 1});
+  auto d4 = OpenImageSource(*ParseDataSpec(Spec("&on_bad=skip")), 5, {.threads = 4});
+  EXPECT_TRUE(at::equal(ReadAll(**d1), ReadAll(**d4)));
+}
+
+TEST_F(ImageSourceTest, MissingOrEmptyDirectory) {
+  auto s = OpenBatchSource("images:" + dir_->File("nope") + "?resize=8&crop=8&mean=0,0,0&std=1,1,1", 2);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kNotFound);
+  s = OpenBatchSource("images:" + dir_->File("ref") + "?resize=8&crop=8&mean=0,0,0&std=1,1,1", 2);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(ImageSpec, ParsesAndRejects) {
+  absl::StatusOr<DataSpec> s =
+      ParseDataSpec("images:/d/x?resize=256&crop=224&mean=0.5,0.5,0.5&std=0.25,0.5,1&samples=10&shuffle=1&seed=3&on_bad=skip");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->scheme, DataSpec::Scheme::kImages);
+  EXPECT_EQ(s->path, "/d/x");
+  EXPECT_EQ(s->resize, 256);
+  EXPECT_EQ(s->crop, 224);
+  EXPECT_EQ(s->samples, 10);
+  EXPECT_TRUE(s->shuffle);
+  EXPECT_TRUE(s->skip_bad);
+  EXPECT_EQ(s->seed, 3u);
+  EXPECT_EQ(s->std[0], 0.25);
+  EXPECT_EQ(DataSpecToString(*ParseDataSpec(DataSpecToString(*s))), DataSpecToString(*s));
+  for (const char* bad : {
+           "images:/d?resize=0&crop=1&mean=0,0,0&std=1,1,1",        // bad resize
+           "images:/d?resize=x&crop=1&mean=0,0,0&std=1,1,1",        // bad resize
+           "images:/d?resize=8&mean=0,0,0&std=1,1,1",               // missing crop
+           "images:/d?resize=8&crop=4&mean=0,0,0&std=1,1,1&foo=1",  // unknown key
+           "images:/d?resize=8&crop=9&mean=0,0,0&std=1,1,1",        // crop > resize
+           "images:/d?resize=8&crop=4&mean=0,0&std=1,1,1",          // 2 means
+           "images:/d?resize=8&crop=4&mean=0,0,0&std=1,0,1",        // zero std
+           "images:/d?resize=8&crop=4&mean=0,0,0&std=1,1,1&on_bad=x",
+           "images:/d?resize=8&resize=8&crop=4&mean=0,0,0&std=1,1,1",
+           "images:/d",
+           "images:?resize=8&crop=4&mean=0,0,0&std=1,1,1",
+       }) {
+    EXPECT_EQ(ParseDataSpec(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace recal::data
