@@ -30,13 +30,6 @@ using ::testing::HasSubstr;
 const std::string kFixtures = RECAL_FIXTURES_DIR;
 const std::string kModel = kFixtures + "/models/resnet18.traced_eval.pt";
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream bytes;
-  bytes << in.rdbuf();
-  return bytes.str();
-}
-
 // A plain HTTP/1.0 GET of /metrics on loopback; the body, or "" on any failure.
 std::string Scrape(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -140,7 +133,7 @@ class ObservabilityTest : public ::testing::Test {
     stub_ = server_->Stub();
   }
   std::string UploadModel() {
-    const std::string bytes = ReadFile(kModel);
+    const std::string bytes = ReadBytes(kModel);
     grpc::ClientContext context;
     v1::Model model;
     auto writer = stub_->UploadModel(&context, &model);

@@ -25,13 +25,6 @@ namespace fs = std::filesystem;
 const std::string kFixtures = RECAL_FIXTURES_DIR;
 const std::string kModel = kFixtures + "/models/resnet18.traced_eval.pt";
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream bytes;
-  bytes << in.rdbuf();
-  return bytes.str();
-}
-
 // Sends header + chunks [from, to) of `bytes`, then ends the stream, or with `break_off`
 // drops the connection instead (a broken upload).
 grpc::Status Upload(v1::Recal::Stub& stub, const std::string& bytes, v1::Model* model,
@@ -149,7 +142,7 @@ class ServerTest : public ::testing::Test {
   }
   std::string UploadModel() {
     v1::Model model;
-    grpc::Status status = Upload(*stub_, ReadFile(kModel), &model);
+    grpc::Status status = Upload(*stub_, ReadBytes(kModel), &model);
     EXPECT_TRUE(status.ok()) << status.error_message();
     return model.id();
   }
@@ -215,7 +208,7 @@ TEST_F(ServerTest, RecalibratesAFixtureModelToTheFloat64Reference) {
 }
 
 TEST_F(ServerTest, UploadsAreContentAddressedVerifiedAndResumable) {
-  const std::string bytes = ReadFile(kModel);
+  const std::string bytes = ReadBytes(kModel);
   v1::Model first, second;
   // Broken off after 10 of ~45 chunks of 1 MiB...
   Upload(*stub_, bytes, &first, 0, 10 << 20, "", /*break_off=*/true);
@@ -386,8 +379,8 @@ class TwoWorkerServerTest : public ServerTest {
 
 TEST_F(TwoWorkerServerTest, SeveralJobsRunAtOnceAndEachMatchesItsReference) {
   v1::Model resnet, twice;
-  ASSERT_TRUE(Upload(*stub_, ReadFile(kModel), &resnet).ok());
-  ASSERT_TRUE(Upload(*stub_, ReadFile(kFixtures + "/models/twice.scripted_train.pt"), &twice).ok());
+  ASSERT_TRUE(Upload(*stub_, ReadBytes(kModel), &resnet).ok());
+  ASSERT_TRUE(Upload(*stub_, ReadBytes(kFixtures + "/models/twice.scripted_train.pt"), &twice).ok());
   // Two jobs of a few seconds each: with two workers they run side by side.
   std::vector<v1::Job> long_jobs;
   for (int i = 0; i < 2; ++i) {
