@@ -171,17 +171,7 @@ class ObservabilityTest : public ::testing::Test {
     return job;
   }
   v1::Job WaitFor(const std::string& id, const std::function<bool(const v1::Job&)>& done, double seconds = 60) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-    v1::Job job;
-    while (std::chrono::steady_clock::now() < deadline) {
-      grpc::ClientContext context;
-      v1::GetJobRequest request;
-      request.set_id(id);
-      if (stub_->GetJob(&context, request, &job).ok() && done(job)) return job;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    ADD_FAILURE() << "job " << id << " is still " << v1::JobState_Name(job.state());
-    return job;
+    return PollJob(*stub_, id, done, seconds);
   }
   v1::Job WaitForState(const std::string& id, v1::JobState state) {
     return WaitFor(id, [state](const v1::Job& job) { return job.state() == state; });

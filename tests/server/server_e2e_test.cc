@@ -91,20 +91,7 @@ std::vector<v1::JobEvent> Watch(v1::Recal::Stub& stub, const std::string& id, in
 }
 
 v1::Job WaitForState(v1::Recal::Stub& stub, const std::string& id, v1::JobState state, double seconds = 120) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  v1::Job job;
-  while (std::chrono::steady_clock::now() < deadline) {
-    grpc::ClientContext context;
-    v1::GetJobRequest request;
-    request.set_id(id);
-    if (stub.GetJob(&context, request, &job).ok() && job.state() == state) return job;
-    const bool terminal = job.state() == v1::SUCCEEDED || job.state() == v1::FAILED || job.state() == v1::CANCELLED;
-    if (terminal) break;  // it will not change any more
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  ADD_FAILURE() << "job " << id << " never reached " << v1::JobState_Name(state) << ", is "
-                << v1::JobState_Name(job.state()) << " " << job.error().message();
-  return job;
+  return PollJob(stub, id, [state](const v1::Job& job) { return job.state() == state; }, seconds);
 }
 
 std::string Download(v1::Recal::Stub& stub, const std::string& id, v1::Artifact artifact,

@@ -11,6 +11,8 @@
 #include <sstream>
 #include <thread>
 
+#include <gtest/gtest.h>
+
 namespace recal::testing {
 
 ServerProcess::ServerProcess(std::string data_dir, std::vector<std::string> flags)
@@ -92,6 +94,26 @@ std::string ServerProcess::log() const {
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+v1::Job PollJob(v1::Recal::Stub& stub, const std::string& id,
+                const std::function<bool(const v1::Job&)>& done, double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  v1::Job job;
+  while (std::chrono::steady_clock::now() < deadline) {
+    grpc::ClientContext context;
+    v1::GetJobRequest request;
+    request.set_id(id);
+    if (stub.GetJob(&context, request, &job).ok()) {
+      if (done(job)) return job;
+      const v1::JobState s = job.state();
+      if (s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ADD_FAILURE() << "job " << id << " did not get there: it is " << v1::JobState_Name(job.state()) << " "
+                << job.error().message();
+  return job;
 }
 
 }  // namespace recal::testing

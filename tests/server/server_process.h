@@ -3,6 +3,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,5 +39,11 @@ class ServerProcess {
   pid_t pid_ = -1;
   int port_ = 0;
 };
+
+// Polls GetJob every 50 ms until `done(job)` holds, the job ends without it (it will not
+// change any more), or `seconds` pass; returns the last job seen and records a test failure
+// unless `done` held.
+v1::Job PollJob(v1::Recal::Stub& stub, const std::string& id,
+                const std::function<bool(const v1::Job&)>& done, double seconds);
 
 }  // namespace recal::testing

@@ -138,20 +138,23 @@ class Client:
                                retry=False)
         return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
 
+    def _all_pages(self, method, request, field):
+        """Every item of a paged List call, following next_page_token."""
+        items = []
+        while True:
+            page = self._unary(method, request)
+            items.extend(getattr(page, field))
+            if not page.next_page_token:
+                return items
+            request.page_token = page.next_page_token
+
     # -------------------------------------------------------------------------- models
 
     def get_model(self, model_id):
         return self._unary(self.stub.GetModel, recal_pb2.GetModelRequest(id=_id(model_id)))
 
     def list_models(self):
-        request = recal_pb2.ListModelsRequest()
-        models = []
-        while True:
-            page = self._unary(self.stub.ListModels, request)
-            models.extend(page.models)
-            if not page.next_page_token:
-                return models
-            request.page_token = page.next_page_token
+        return self._all_pages(self.stub.ListModels, recal_pb2.ListModelsRequest(), "models")
 
     def delete_model(self, model_id):
         self._unary(self.stub.DeleteModel, recal_pb2.DeleteModelRequest(id=_id(model_id)))
@@ -232,13 +235,7 @@ class Client:
         elif isinstance(states, (str, int)):
             states = [states]
         request = recal_pb2.ListJobsRequest(states=[specs.job_state(s) for s in states])
-        jobs = []
-        while True:
-            page = self._unary(self.stub.ListJobs, request)
-            jobs.extend(page.jobs)
-            if not page.next_page_token:
-                return jobs
-            request.page_token = page.next_page_token
+        return self._all_pages(self.stub.ListJobs, request, "jobs")
 
     def cancel(self, job_id):
         """Cancels a job: a queued one is CANCELLED at once, a running one CANCELLING until
