@@ -15,7 +15,8 @@ namespace recal::data {
 namespace {
 
 constexpr absl::string_view kSyntax =
-    "expected npy:PATH, safetensors:PATH[:KEY,KEY...], torch:PATH, synthetic:SHAPE[,seed=S] or "
+    "expected npy:PATH, safetensors:PATH[:KEY,KEY...], torch:PATH (each with an optional "
+    "?scale=S&mean=M,..&std=S,..), synthetic:SHAPE[,seed=S] or "
     "images:DIR?resize=R&crop=C&mean=M,M,M&std=S,S,S[&samples=N&seed=S&shuffle=0|1&on_bad=fail|skip]";
 
 absl::Status Bad(absl::string_view spec, absl::string_view why) {
@@ -47,19 +48,51 @@ bool ParsePositive(absl::string_view text, int64_t* out) {
   return digits && absl::SimpleAtoi(text, out) && *out >= 1;
 }
 
-absl::StatusOr<std::vector<double>> ParseTriple(absl::string_view spec, absl::string_view key,
-                                                absl::string_view text, bool positive) {
+// Comma-separated finite numbers (positive ones for std); `count` of them unless 0.
+absl::StatusOr<std::vector<double>> ParseNumbers(absl::string_view spec, absl::string_view key,
+                                                 absl::string_view text, bool positive, size_t count) {
   std::vector<double> out;
   for (absl::string_view part : absl::StrSplit(text, ',')) {
     double v = 0;
     if (!absl::SimpleAtod(part, &v) || !std::isfinite(v) || (positive && v <= 0)) {
-      return Bad(spec, absl::StrCat(key, " must be 3 comma-separated ", positive ? "positive " : "",
+      return Bad(spec, absl::StrCat(key, " must be comma-separated ", positive ? "positive " : "",
                                     "numbers; found '", part, "'"));
     }
     out.push_back(v);
   }
-  if (out.size() != 3) return Bad(spec, absl::StrCat(key, " must have 3 values (one per RGB channel)"));
+  if (count > 0 && out.size() != count) {
+    return Bad(spec, absl::StrCat(key, " must have ", count, " values (one per RGB channel)"));
+  }
   return out;
+}
+
+// The ?scale=S&mean=..&std=.. of a tensor file spec.
+absl::Status ParseNormalization(absl::string_view spec, absl::string_view options, DataSpec& out) {
+  if (options.empty()) return absl::OkStatus();
+  std::set<std::string> seen;
+  for (absl::string_view option : absl::StrSplit(options, '&')) {
+    const size_t eq = option.find('=');
+    if (eq == absl::string_view::npos) return Bad(spec, absl::StrCat("option '", option, "' is not KEY=VALUE"));
+    const std::string key(option.substr(0, eq));
+    const absl::string_view value = option.substr(eq + 1);
+    if (!seen.insert(key).second) return Bad(spec, absl::StrCat("repeated option '", key, "'"));
+    if (key == "scale") {
+      if (!absl::SimpleAtod(value, &out.scale) || !std::isfinite(out.scale) || out.scale <= 0) {
+        return Bad(spec, absl::StrCat("scale '", value, "' must be a positive number"));
+      }
+    } else if (key == "mean" || key == "std") {
+      absl::StatusOr<std::vector<double>> v = ParseNumbers(spec, key, value, key == "std", 0);
+      if (!v.ok()) return v.status();
+      (key == "mean" ? out.mean : out.std) = *std::move(v);
+    } else {
+      return Bad(spec, absl::StrCat("unknown option '", key, "'; tensor files take scale, mean, std"));
+    }
+  }
+  if (out.mean.size() != out.std.size()) {
+    return Bad(spec, absl::StrCat("mean has ", out.mean.size(), " values and std ", out.std.size(),
+                                  "; give both, one value per channel"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<DataSpec> ParseImages(absl::string_view spec, absl::string_view rest) {
@@ -86,7 +119,7 @@ absl::StatusOr<DataSpec> ParseImages(absl::string_view spec, absl::string_view r
       }
       (key == "resize" ? out.resize : key == "crop" ? out.crop : out.samples) = v;
     } else if (key == "mean" || key == "std") {
-      absl::StatusOr<std::vector<double>> v = ParseTriple(spec, key, value, key == "std");
+      absl::StatusOr<std::vector<double>> v = ParseNumbers(spec, key, value, key == "std", 3);
       if (!v.ok()) return v.status();
       (key == "mean" ? out.mean : out.std) = *std::move(v);
     } else if (key == "seed") {
@@ -124,6 +157,7 @@ absl::StatusOr<DataSpec> ParseDataSpec(absl::string_view spec) {
   const absl::string_view scheme = spec.substr(0, colon);
   absl::string_view rest = spec.substr(colon + 1);
   DataSpec out;
+  absl::string_view options;
 
   if (scheme == "synthetic") {
     out.scheme = DataSpec::Scheme::kSynthetic;
@@ -154,6 +188,14 @@ absl::StatusOr<DataSpec> ParseDataSpec(absl::string_view spec) {
     out.scheme = DataSpec::Scheme::kTorch;
   } else if (scheme == "safetensors") {
     out.scheme = DataSpec::Scheme::kSafetensors;
+  } else {
+    return Bad(spec, absl::StrCat("unknown scheme '", scheme, "'; ", kSyntax));
+  }
+  if (const size_t q = rest.rfind('?'); q != absl::string_view::npos) {
+    options = rest.substr(q + 1);
+    rest = rest.substr(0, q);
+  }
+  if (out.scheme == DataSpec::Scheme::kSafetensors) {
     const size_t last = rest.rfind(':');
     if (last != absl::string_view::npos) {
       const absl::string_view keys = rest.substr(last + 1);
@@ -165,26 +207,39 @@ absl::StatusOr<DataSpec> ParseDataSpec(absl::string_view spec) {
         }
       }
     }
-  } else {
-    return Bad(spec, absl::StrCat("unknown scheme '", scheme, "'; ", kSyntax));
   }
   if (rest.empty()) return Bad(spec, absl::StrCat("empty path after '", scheme, ":'"));
   out.path = std::string(rest);
+  if (absl::Status s = ParseNormalization(spec, options, out); !s.ok()) return s;
   return out;
 }
+
+namespace {
+
+// "?scale=..&mean=..&std=.." or "" (or "?" alone when the path contains a '?').
+std::string NormalizationSuffix(const DataSpec& spec) {
+  std::vector<std::string> options;
+  if (spec.scale > 0) options.push_back(absl::StrCat("scale=", spec.scale));
+  if (!spec.mean.empty()) options.push_back(absl::StrCat("mean=", absl::StrJoin(spec.mean, ",")));
+  if (!spec.std.empty()) options.push_back(absl::StrCat("std=", absl::StrJoin(spec.std, ",")));
+  if (options.empty() && !absl::StrContains(spec.path, '?')) return "";
+  return absl::StrCat("?", absl::StrJoin(options, "&"));
+}
+
+}  // namespace
 
 std::string DataSpecToString(const DataSpec& spec) {
   switch (spec.scheme) {
     case DataSpec::Scheme::kNpy:
-      return absl::StrCat("npy:", spec.path);
+      return absl::StrCat("npy:", spec.path, NormalizationSuffix(spec));
     case DataSpec::Scheme::kTorch:
-      return absl::StrCat("torch:", spec.path);
+      return absl::StrCat("torch:", spec.path, NormalizationSuffix(spec));
     case DataSpec::Scheme::kSafetensors: {
       std::string out = absl::StrCat("safetensors:", spec.path);
       if (!spec.keys.empty() || absl::StrContains(spec.path, ':')) {
         absl::StrAppend(&out, ":", absl::StrJoin(spec.keys, ","));
       }
-      return out;
+      return absl::StrCat(out, NormalizationSuffix(spec));
     }
     case DataSpec::Scheme::kSynthetic:
       return absl::StrCat("synthetic:", absl::StrJoin(spec.sample_shape, "x"), ",seed=", spec.seed);

@@ -1,9 +1,13 @@
 // Data specs name a source in one string, as clients send them:
-//   npy:PATH
-//   safetensors:PATH[:KEY,KEY...]   no keys: every tensor, sorted by name. The keys start
+//   npy:PATH[?NORM]
+//   safetensors:PATH[:KEY,KEY...][?NORM]
+//                                   no keys: every tensor, sorted by name. The keys start
 //                                   after the last ':', so a PATH containing ':' needs a
 //                                   trailing ':' ("safetensors:/a:b.st:" = all of /a:b.st).
-//   torch:PATH                      a torch.save'd tensor, or a list/tuple of tensors
+//   torch:PATH[?NORM]               a torch.save'd tensor, or a list/tuple of tensors
+//     NORM = scale=S&mean=M,M,..&std=S,S,.. (each optional; mean and std together, one value
+//     per channel of dim 1): uint8 and float16 inputs become float32 (x / S - mean) / std.
+//     Options start at the last '?', so a PATH containing '?' needs a trailing '?'.
 //   synthetic:SHAPE[,seed=S]        SHAPE per sample, e.g. 3x224x224; S defaults to 0
 //   images:DIR?resize=R&crop=C&mean=m0,m1,m2&std=s0,s1,s2[&samples=N&seed=S&shuffle=0|1&on_bad=fail|skip]
 //                                   every .jpg/.jpeg/.png under DIR (recursive), sorted by
@@ -31,7 +35,8 @@ struct DataSpec {
   // images: DIR is `path`.
   int64_t resize = 0;                 // shorter side after resizing
   int64_t crop = 0;                   // center crop size
-  std::vector<double> mean, std;      // 3 each
+  std::vector<double> mean, std;      // images: 3 each; file schemes: per channel or none
+  double scale = 0;                   // file schemes: divide uint8/float16 inputs by it (0: 1)
   int64_t samples = -1;               // -1 = all
   bool shuffle = false;
   bool skip_bad = false;              // on_bad=skip (default fail)

@@ -42,6 +42,38 @@ TEST(DataSpec, TrailingColonAllowsColonsInSafetensorsPath) {
   EXPECT_EQ(DataSpecToString(*s), "safetensors:/d/a:b.safetensors:");
 }
 
+TEST(DataSpec, ParsesTensorFileNormalization) {
+  absl::StatusOr<DataSpec> s = ParseDataSpec("safetensors:/d/x.st:images?scale=255&mean=0.5,0.25&std=0.2,0.1");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->path, "/d/x.st");
+  EXPECT_THAT(s->keys, ElementsAre("images"));
+  EXPECT_EQ(s->scale, 255);
+  EXPECT_THAT(s->mean, ElementsAre(0.5, 0.25));
+  EXPECT_THAT(s->std, ElementsAre(0.2, 0.1));
+  EXPECT_EQ(DataSpecToString(*s), "safetensors:/d/x.st:images?scale=255&mean=0.5,0.25&std=0.2,0.1");
+  s = ParseDataSpec("npy:/d/x.npy?scale=255");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->path, "/d/x.npy");
+  EXPECT_TRUE(s->mean.empty());
+  EXPECT_EQ(DataSpecToString(*s), "npy:/d/x.npy?scale=255");
+}
+
+TEST(DataSpec, TrailingQuestionMarkAllowsQuestionMarksInPaths) {
+  absl::StatusOr<DataSpec> s = ParseDataSpec("torch:/d/what?.pt?");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->path, "/d/what?.pt");
+  EXPECT_EQ(DataSpecToString(*s), "torch:/d/what?.pt?");
+}
+
+TEST(DataSpec, RejectsBadNormalization) {
+  EXPECT_THAT(Message(ParseDataSpec("npy:/x.npy?mean=0.5").status()), HasSubstr("give both"));
+  EXPECT_THAT(Message(ParseDataSpec("npy:/x.npy?mean=0.5&std=0").status()), HasSubstr("positive"));
+  EXPECT_THAT(Message(ParseDataSpec("npy:/x.npy?scale=-1").status()), HasSubstr("scale"));
+  EXPECT_THAT(Message(ParseDataSpec("npy:/x.npy?resize=3").status()), HasSubstr("unknown option 'resize'"));
+  EXPECT_THAT(Message(ParseDataSpec("npy:/x.npy?scale=2&scale=3").status()), HasSubstr("repeated"));
+  EXPECT_THAT(Message(ParseDataSpec("npy:?scale=2").status()), HasSubstr("empty path"));
+}
+
 TEST(DataSpec, ParsesSyntheticShapeAndSeed) {
   absl::StatusOr<DataSpec> s = ParseDataSpec("synthetic:3x224x224");
   ASSERT_TRUE(s.ok()) << s.status();
