@@ -4,6 +4,7 @@
 // process exits within --shutdown_timeout_seconds.
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -38,6 +39,8 @@ ABSL_FLAG(std::vector<std::string>, data_root, {},
 ABSL_FLAG(std::string, devices, "cpu", "cpu | auto | cuda:0,cuda:1 (one worker per device)");
 ABSL_FLAG(int32_t, cpu_workers, 1, "workers when --devices=cpu (or auto without CUDA)");
 ABSL_FLAG(int32_t, threads_per_worker, 0, "intra-op threads of each worker (0: LibTorch's default)");
+ABSL_FLAG(int32_t, prefetch_depth, 2, "batches each job prepares ahead on a background thread (0: none)");
+ABSL_FLAG(int32_t, decode_threads, 0, "image-folder jobs: decoding threads per job (0: the cores, at most 8)");
 ABSL_FLAG(int32_t, max_queued_jobs, 64, "jobs waiting at most; beyond it SubmitJob is RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_model_bytes, int64_t{2} << 30, "largest model archive accepted");
 ABSL_FLAG(int32_t, max_message_bytes, 8 << 20, "largest gRPC message accepted");
@@ -115,6 +118,8 @@ int main(int argc, char** argv) {
   options.devices = *devices;
   options.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_jobs);
   options.threads_per_worker = absl::GetFlag(FLAGS_threads_per_worker);
+  options.prefetch_depth = std::max(0, absl::GetFlag(FLAGS_prefetch_depth));
+  options.decode_threads = std::max(0, absl::GetFlag(FLAGS_decode_threads));
   options.data_roots = AllDataRoots(argc, argv);
   options.default_timeout_seconds = absl::GetFlag(FLAGS_job_timeout_seconds);
   options.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);

@@ -14,8 +14,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
 #include "server/data/batch_source.h"
-#include "server/data/prefetcher.h"
 #include "server/engine/recalibration.h"
 #include "server/engine/report.h"
 
@@ -23,6 +23,7 @@ ABSL_FLAG(std::string, model, "", "TorchScript archive to recalibrate (torch.jit
 ABSL_FLAG(std::string, data, "",
           "data spec: npy:PATH | safetensors:PATH[:key,key...] | torch:PATH | "
           "synthetic:SHAPE[,seed=S] (SHAPE per sample, e.g. 3x224x224) | "
+          "the file schemes take ?scale=S&mean=M,..&std=S,.. for uint8/float16 data | "
           "images:DIR?resize=R&crop=C&mean=M,M,M&std=S,S,S[&samples=N&seed=S&shuffle=0|1&on_bad=fail|skip]");
 ABSL_FLAG(std::string, out, "", "where to write the recalibrated TorchScript archive");
 ABSL_FLAG(std::string, bn_out, "", "optional: the BatchNorm buffers alone, as .safetensors");
@@ -43,7 +44,8 @@ ABSL_FLAG(double, target_rel_error, 0,
           "stop once every layer's statistics have this relative standard error (0: never)");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda:N");
 ABSL_FLAG(int32_t, threads, 0, "intra-op threads (0: LibTorch's default)");
-ABSL_FLAG(int32_t, prefetch, 2, "batches read ahead on a background thread (0: none)");
+ABSL_FLAG(int32_t, prefetch, 2, "batches prepared ahead on a background thread (0: none)");
+ABSL_FLAG(int32_t, decode_threads, 0, "images: decoding threads (0: the cores, at most 8)");
 
 namespace {
 
@@ -111,7 +113,13 @@ absl::Status RunMain() {
   auto options = OptionsFromFlags();
   if (!options.ok()) return options.status();
 
-  auto source = recal::data::OpenBatchSource(data, batch_size);
+  if (absl::GetFlag(FLAGS_prefetch) < 0 || absl::GetFlag(FLAGS_decode_threads) < 0) {
+    return absl::InvalidArgumentError("--prefetch and --decode_threads must be >= 0");
+  }
+  const recal::data::InputOptions input{.prefetch_depth = absl::GetFlag(FLAGS_prefetch),
+                                        .decode_threads = absl::GetFlag(FLAGS_decode_threads),
+                                        .pin_memory = absl::StartsWith(options->device, "cuda")};
+  auto source = recal::data::OpenBatchSource(data, batch_size, input);
   if (!source.ok()) return source.status();
   const std::optional<int64_t> samples = (*source)->num_samples();
   if (options->max_batches && samples && !options->allow_short_data &&
@@ -122,10 +130,7 @@ absl::Status RunMain() {
         "; pass --allow_short_data to use what there is"));
   }
   std::cerr << "recal-run: data " << (*source)->Describe() << "\n";
-  std::unique_ptr<recal::data::BatchSource> batches =
-      absl::GetFlag(FLAGS_prefetch) > 0
-          ? recal::data::Prefetched(std::move(*source), absl::GetFlag(FLAGS_prefetch))
-          : std::move(*source);
+  std::unique_ptr<recal::data::BatchSource> batches = *std::move(source);
 
   auto run = recal::engine::Recalibration::Create(model, *options);
   if (!run.ok()) return run.status();
@@ -140,13 +145,15 @@ absl::Status RunMain() {
   recal::v1::RunReport report = (*run)->Report();
   report.set_data(data);
   report.set_batch_size(batch_size);
+  report.set_skipped_files(batches->skipped_files());
   if (const std::string path = absl::GetFlag(FLAGS_report); !path.empty()) {
     if (absl::Status s = recal::engine::WriteReportJson(path, report); !s.ok()) return s;
   }
   std::cerr << absl::StrFormat(
-      "recal-run: recalibrated %d BatchNorm layers (%d unused) from %d batches, %d samples, "
+      "recal-run: recalibrated %d BatchNorm layers (%d unused) from %d batches, %d samples%s, "
       "in %.2f s; wrote %s\n",
       report.layers_recalibrated(), report.unused_layers_size(), report.batches(), report.samples(),
+      report.skipped_files() > 0 ? absl::StrCat(" (", report.skipped_files(), " bad files skipped)") : "",
       report.seconds(), out);
   return absl::OkStatus();
 }

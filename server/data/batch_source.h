@@ -29,12 +29,23 @@ class BatchSource {
 
   // One line for logs and errors, e.g. "npy:/data/x.npy (1000 x 3x224x224 float32)".
   virtual std::string Describe() const = 0;
+
+  // Files left out so far as corrupt or not images (image folders with on_bad=skip), in the
+  // batches returned by Next() up to now.
+  virtual int64_t skipped_files() const { return 0; }
 };
 
-// Opens a data spec: npy:PATH | safetensors:PATH[:key,key...] | torch:PATH |
-// synthetic:SHAPE[,seed=S] (SHAPE per sample, e.g. 3x224x224) |
-// images:DIR?resize=R&crop=C&mean=..&std=..[&...] (see image_source.h).
-absl::StatusOr<std::unique_ptr<BatchSource>> OpenBatchSource(const std::string& spec,
-                                                             int64_t batch_size);
+// How batches are prepared ahead of the forward pass.
+struct InputOptions {
+  int prefetch_depth = 2;   // batches prepared ahead on a background thread; 0: none
+  int decode_threads = 0;   // image folders: decoding threads; 0: hardware concurrency, at most 8
+  bool pin_memory = false;  // page-locked batches, for non-blocking copies to a CUDA device
+};
+
+// Opens a data spec (common/data_spec.h) as the whole input pipeline: the source
+// (image_source.h, sources.h), the conversion of uint8/float16 inputs with the spec's
+// scale/mean/std (normalization.h), and the read-ahead (prefetcher.h).
+absl::StatusOr<std::unique_ptr<BatchSource>> OpenBatchSource(const std::string& spec, int64_t batch_size,
+                                                             const InputOptions& options = {});
 
 }  // namespace recal::data

@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <condition_variable>
+#include <map>
+#include <mutex>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -14,15 +17,14 @@
 #include <thread>
 #include <utility>
 
-#include <ATen/ops/_upsample_bilinear2d_aa.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/from_blob.h>
 #include <png.h>
 #include <turbojpeg.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "server/data/pil_resample.h"
 #include "server/data/torch_error.h"
 
 namespace recal::data {
@@ -32,11 +34,6 @@ namespace fs = std::filesystem;
 
 // PIL refuses images above twice Image.MAX_IMAGE_PIXELS (decompression bombs).
 constexpr int64_t kMaxPixels = 2 * 89478485;
-
-struct Rgb {
-  int64_t width = 0, height = 0;
-  std::vector<uint8_t> pixels;  // height x width x 3
-};
 
 bool IsImageName(const fs::path& p) {
   const std::string ext = absl::AsciiStrToLower(p.extension().string());
@@ -58,7 +55,7 @@ std::pair<int64_t, int64_t> ResizedSize(int64_t h, int64_t w, int64_t r) {
   return {r, static_cast<int64_t>(static_cast<double>(r) * w / h)};
 }
 
-absl::StatusOr<Rgb> DecodeJpeg(const std::string& bytes, int64_t resize, bool dct_scaling,
+absl::StatusOr<RgbImage> DecodeJpeg(const std::string& bytes, int64_t resize, bool dct_scaling,
                                int64_t* orig_h, int64_t* orig_w) {
   tjhandle tj = tjInitDecompress();
   if (tj == nullptr) return absl::ResourceExhaustedError("tjInitDecompress failed");
@@ -102,7 +99,7 @@ absl::StatusOr<Rgb> DecodeJpeg(const std::string& bytes, int64_t resize, bool dc
     // Warnings too (e.g. a truncated file); PIL refuses those as well.
     return absl::InvalidArgumentError(absl::StrCat("bad JPEG data: ", tjGetErrorStr2(tj)));
   }
-  Rgb out{sw, sh, {}};
+  RgbImage out{sw, sh, {}};
   if (!cmyk) {
     out.pixels = std::move(raw);
     return out;
@@ -122,7 +119,7 @@ absl::StatusOr<Rgb> DecodeJpeg(const std::string& bytes, int64_t resize, bool dc
   return out;
 }
 
-absl::StatusOr<Rgb> DecodePng(const std::string& bytes) {
+absl::StatusOr<RgbImage> DecodePng(const std::string& bytes) {
   png_image image;
   std::memset(&image, 0, sizeof(image));
   image.version = PNG_IMAGE_VERSION;
@@ -144,7 +141,7 @@ absl::StatusOr<Rgb> DecodePng(const std::string& bytes) {
     png_image_free(&image);
     return absl::InvalidArgumentError(absl::StrCat("bad PNG data: ", msg));
   }
-  Rgb out{image.width, image.height, {}};
+  RgbImage out{image.width, image.height, {}};
   png_image_free(&image);
   const size_t n = static_cast<size_t>(out.width) * out.height;
   out.pixels.resize(n * 3);
@@ -152,61 +149,51 @@ absl::StatusOr<Rgb> DecodePng(const std::string& bytes) {
   return out;
 }
 
-// Bilinear antialiased resize of a float [1,3,H,W] tensor of 0..255 values, rounded to
-// integers like PIL (which resizes uint8 horizontally, rounds, then vertically).
-at::Tensor ResizeLikePil(at::Tensor x, int64_t oh, int64_t ow) {
-  const int64_t h = x.size(2), w = x.size(3);
-  if (ow != w) {
-    x = at::_upsample_bilinear2d_aa(x, {h, ow}, /*align_corners=*/false).round_().clamp_(0, 255);
-  }
-  if (oh != h) {
-    x = at::_upsample_bilinear2d_aa(x, {oh, ow}, /*align_corners=*/false).round_().clamp_(0, 255);
-  }
-  return x.contiguous();
-}
+// One file's result: a float [3, C, C] sample, or why the file could not be used.
+using Sample = absl::StatusOr<std::vector<float>>;
 
+// Decoding runs on a pool of threads that work through the file list in order, at most
+// `window` files ahead of the consumer; Next() takes the results back in file order, so the
+// batches do not depend on the thread count or on timing. The workers use no torch (no
+// intra-op thread pools to oversubscribe).
 class ImageSource final : public BatchSource {
  public:
   ImageSource(DataSpec spec, std::vector<std::string> files, int64_t batch_size, ImageSourceOptions options,
               std::string description)
       : spec_(std::move(spec)), files_(std::move(files)), batch_size_(batch_size), options_(options),
-        description_(std::move(description)) {}
+        description_(std::move(description)),
+        window_(static_cast<size_t>(2 * batch_size_ + 2 * options_.threads)) {}
+
+  ~ImageSource() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    work_.notify_all();
+    for (std::thread& t : workers_) t.join();
+  }
 
   absl::StatusOr<std::optional<Batch>> Next() override {
+    if (absl::Status started = StartWorkers(); !started.ok()) return started;
     const int64_t c = spec_.crop;
-    std::vector<at::Tensor> samples;
-    while (static_cast<int64_t>(samples.size()) < batch_size_ && next_ < files_.size()) {
-      const size_t want = std::min<size_t>(batch_size_ - samples.size(), files_.size() - next_);
-      std::vector<absl::StatusOr<at::Tensor>> decoded(want, absl::UnknownError("not decoded"));
-      const int threads = static_cast<int>(std::max<size_t>(1, std::min<size_t>(want, options_.threads)));
-      std::atomic<size_t> counter{0};
-      auto work = [&] {
-        for (size_t i; (i = counter.fetch_add(1)) < want;) decoded[i] = Load(files_[next_ + i]);
-      };
-      if (threads == 1) {
-        work();
+    std::vector<std::vector<float>> samples;
+    while (static_cast<int64_t>(samples.size()) < batch_size_ && consumed_ < files_.size()) {
+      const size_t index = consumed_;
+      Sample sample = Take(index);
+      if (sample.ok()) {
+        samples.push_back(*std::move(sample));
+      } else if (spec_.skip_bad && sample.status().code() == absl::StatusCode::kInvalidArgument) {
+        skipped_.fetch_add(1);
       } else {
-        std::vector<std::thread> pool;
-        for (int t = 0; t < threads; ++t) pool.emplace_back(work);
-        for (std::thread& t : pool) t.join();
+        // A later call moves on past the bad file.
+        return absl::Status(sample.status().code(), absl::StrCat(description_, ": ", sample.status().message()));
       }
-      for (size_t i = 0; i < want; ++i) {
-        if (decoded[i].ok()) {
-          samples.push_back(*std::move(decoded[i]));
-        } else if (spec_.skip_bad && decoded[i].status().code() == absl::StatusCode::kInvalidArgument) {
-          ++skipped_;
-        } else {
-          next_ += i + 1;  // a retry moves on past the bad file
-          return absl::Status(decoded[i].status().code(),
-                              absl::StrCat(description_, ": ", decoded[i].status().message()));
-        }
-      }
-      next_ += want;
     }
     if (samples.empty()) return std::optional<Batch>();
     try {
       at::Tensor batch = at::empty({static_cast<int64_t>(samples.size()), 3, c, c}, at::kFloat);
-      for (size_t i = 0; i < samples.size(); ++i) batch[i].copy_(samples[i]);
+      float* dst = batch.data_ptr<float>();
+      for (const std::vector<float>& sample : samples) dst = std::copy(sample.begin(), sample.end(), dst);
       return std::optional<Batch>(Batch{batch});
     } catch (const std::exception& e) {
       return absl::ResourceExhaustedError(absl::StrCat(description_, ": cannot make a batch: ", ExceptionMessage(e)));
@@ -215,15 +202,69 @@ class ImageSource final : public BatchSource {
 
   std::optional<int64_t> num_samples() const override { return static_cast<int64_t>(files_.size()); }
   std::string Describe() const override { return description_; }
-  int64_t skipped() const { return skipped_; }
+  int64_t skipped_files() const override { return skipped_.load(); }
 
  private:
-  // One file -> float [3,C,C]; INVALID_ARGUMENT (naming the file) for a bad image.
-  absl::StatusOr<at::Tensor> Load(const std::string& relative) const {
+  absl::Status StartWorkers() {
+    if (!workers_.empty()) return absl::OkStatus();
+    try {
+      for (int t = 0; t < options_.threads; ++t) workers_.emplace_back([this] { Work(); });
+    } catch (const std::exception& e) {
+      if (!workers_.empty()) return absl::OkStatus();  // fewer threads still work
+      return absl::ResourceExhaustedError(absl::StrCat(description_, ": cannot start decoding threads: ", e.what()));
+    }
+    return absl::OkStatus();
+  }
+
+  void Work() {
+    while (true) {
+      size_t index;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        work_.wait(lock, [this] {
+          return stopping_ || claimed_ >= files_.size() || claimed_ < consumed_ + window_;
+        });
+        if (stopping_ || claimed_ >= files_.size()) return;
+        index = claimed_++;
+      }
+      Sample sample = LoadNoThrow(files_[index]);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        done_.emplace(index, std::move(sample));
+      }
+      ready_.notify_all();
+    }
+  }
+
+  // The result for files_[index] (index == consumed_), waiting for the pool if need be.
+  Sample Take(size_t index) {
+    std::unique_lock<std::mutex> lock(mu_);
+    ready_.wait(lock, [&] { return done_.count(index) > 0; });
+    auto it = done_.find(index);
+    Sample sample = std::move(it->second);
+    done_.erase(it);
+    ++consumed_;
+    lock.unlock();
+    work_.notify_all();
+    return sample;
+  }
+
+  Sample LoadNoThrow(const std::string& relative) const {
+    try {
+      return Load(relative);
+    } catch (const std::exception& e) {
+      return absl::ResourceExhaustedError(absl::StrCat(relative, ": ", e.what()));
+    } catch (...) {
+      return absl::InternalError(absl::StrCat(relative, ": decoding threw a non-standard exception"));
+    }
+  }
+
+  // One file -> float [3, C, C]; INVALID_ARGUMENT (naming the file) for a bad image.
+  Sample Load(const std::string& relative) const {
     const std::string path = (fs::path(spec_.path) / relative).string();
     absl::StatusOr<std::string> bytes = ReadFile(path);
     if (!bytes.ok()) return bytes.status();
-    absl::StatusOr<Rgb> rgb = absl::InvalidArgumentError("not a JPEG or PNG file");
+    absl::StatusOr<RgbImage> rgb = absl::InvalidArgumentError("not a JPEG or PNG file");
     int64_t h = 0, w = 0;
     const std::string& b = *bytes;
     if (b.size() >= 3 && static_cast<uint8_t>(b[0]) == 0xFF && static_cast<uint8_t>(b[1]) == 0xD8 &&
@@ -236,31 +277,21 @@ class ImageSource final : public BatchSource {
     if (!rgb.ok()) {
       return absl::Status(rgb.status().code(), absl::StrCat(relative, ": ", rgb.status().message()));
     }
-    try {
-      const auto [oh, ow] = ResizedSize(h, w, spec_.resize);
-      at::Tensor x = at::from_blob(rgb->pixels.data(), {1, rgb->height, rgb->width, 3}, at::kByte)
-                         .permute({0, 3, 1, 2})
-                         .to(at::kFloat)
-                         .contiguous();
-      x = ResizeLikePil(std::move(x), oh, ow);
-      const int64_t c = spec_.crop;
-      const int64_t top = static_cast<int64_t>(std::nearbyint((oh - c) / 2.0));
-      const int64_t left = static_cast<int64_t>(std::nearbyint((ow - c) / 2.0));
-      at::Tensor out = at::empty({3, c, c}, at::kFloat);
-      const float* src = x.data_ptr<float>();
-      float* dst = out.data_ptr<float>();
-      for (int64_t ch = 0; ch < 3; ++ch) {
-        const float mean = static_cast<float>(spec_.mean[ch]), std = static_cast<float>(spec_.std[ch]);
-        for (int64_t y = 0; y < c; ++y) {
-          const float* row = src + (ch * oh + top + y) * ow + left;
-          float* o = dst + (ch * c + y) * c;
-          for (int64_t xx = 0; xx < c; ++xx) o[xx] = (row[xx] / 255.0f - mean) / std;
-        }
-      }
-      return out;
-    } catch (const std::exception& e) {
-      return absl::ResourceExhaustedError(absl::StrCat(relative, ": ", ExceptionMessage(e)));
+    // torchvision's Resize from the file's own size (DCT scaling decodes smaller), then
+    // CenterCrop with Python's round-half-even.
+    const auto [oh, ow] = ResizedSize(h, w, spec_.resize);
+    const int64_t c = spec_.crop;
+    const int64_t top = static_cast<int64_t>(std::nearbyint((oh - c) / 2.0));
+    const int64_t left = static_cast<int64_t>(std::nearbyint((ow - c) / 2.0));
+    const RgbImage cropped = ResizeCropLikePil(*rgb, oh, ow, top, left, c, c);
+    // ToTensor then Normalize, in float32 as torchvision computes them.
+    std::vector<float> out(static_cast<size_t>(3 * c * c));
+    for (int64_t ch = 0; ch < 3; ++ch) {
+      const float mean = static_cast<float>(spec_.mean[ch]), std = static_cast<float>(spec_.std[ch]);
+      float* o = out.data() + ch * c * c;
+      for (int64_t i = 0; i < c * c; ++i) o[i] = (cropped.pixels[3 * i + ch] / 255.0f - mean) / std;
     }
+    return out;
   }
 
   const DataSpec spec_;
@@ -268,8 +299,17 @@ class ImageSource final : public BatchSource {
   const int64_t batch_size_;
   const ImageSourceOptions options_;
   const std::string description_;
-  size_t next_ = 0;
-  int64_t skipped_ = 0;
+  const size_t window_;  // files decoded ahead of the consumer at most
+  std::atomic<int64_t> skipped_{0};
+
+  std::mutex mu_;
+  std::condition_variable work_;   // consumed_ moved on, or stopping_
+  std::condition_variable ready_;  // done_ gained a result
+  size_t claimed_ = 0;             // files handed to workers
+  size_t consumed_ = 0;            // files taken by Next()
+  std::map<size_t, Sample> done_;  // decoded, not yet taken
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
 };
 
 }  // namespace
@@ -313,11 +353,6 @@ absl::StatusOr<std::unique_ptr<BatchSource>> OpenImageSource(const DataSpec& spe
   const std::string description =
       absl::StrCat(label, " (", files.size(), " files -> ", spec.crop, "x", spec.crop, " float32)");
   return std::unique_ptr<BatchSource>(new ImageSource(spec, std::move(files), batch_size, options, description));
-}
-
-int64_t ImageSourceSkipped(const BatchSource& source) {
-  const auto* images = dynamic_cast<const ImageSource*>(&source);
-  return images == nullptr ? 0 : images->skipped();
 }
 
 }  // namespace recal::data

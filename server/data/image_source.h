@@ -3,10 +3,12 @@
 // order (or a seeded shuffle of it), the first N. Each image goes through torchvision's
 // ImageFolder eval pipeline: PIL convert("RGB") (alpha dropped, gray/palette/CMYK expanded),
 // Resize(R) (bilinear, antialiased), CenterCrop(C), ToTensor, Normalize(mean, std), giving
-// float32 [N,3,C,C] batches. A batch's images are decoded in parallel; the output does not
-// depend on the thread count. A corrupt file or non-image fails that batch's Next() with
-// INVALID_ARGUMENT naming the file (on_bad=fail) or is skipped (on_bad=skip; later files
-// fill the batch, num_samples() still counts it).
+// float32 [N,3,C,C] batches, bit for bit what torchvision gives (same libjpeg-turbo decode,
+// Pillow's fixed-point resampling reproduced). Files are decoded on a pool of threads ahead
+// of the reader; the output does not depend on the thread count. A corrupt file or
+// non-image fails that batch's Next() with INVALID_ARGUMENT naming the file (on_bad=fail) or
+// is skipped and counted in skipped_files() (on_bad=skip; later files fill the batch,
+// num_samples() still counts it).
 #pragma once
 
 #include <cstdint>
@@ -19,7 +21,7 @@
 namespace recal::data {
 
 struct ImageSourceOptions {
-  int threads = 0;  // decoding threads per batch; 0 = hardware concurrency, at most 8
+  int threads = 0;  // decoding threads; 0 = hardware concurrency, at most 8
   // Decode JPEGs at the smallest n/8 DCT scale whose shorter side is still >= R (faster,
   // but no longer pixel-identical to torchvision's PIL pipeline).
   bool jpeg_dct_scaling = false;
@@ -27,8 +29,5 @@ struct ImageSourceOptions {
 
 absl::StatusOr<std::unique_ptr<BatchSource>> OpenImageSource(const DataSpec& spec, int64_t batch_size,
                                                              ImageSourceOptions options = {});
-
-// Files skipped so far by an images source with on_bad=skip (0 for other sources).
-int64_t ImageSourceSkipped(const BatchSource& source);
 
 }  // namespace recal::data

@@ -14,7 +14,10 @@ namespace recal::data {
 // call, and the background thread stops there. Destroying the wrapper early stops the
 // thread after at most the one inner Next() call in progress; nothing leaks. Exceptions
 // thrown by `inner` become INTERNAL errors. num_samples() and Describe() are taken from
-// `inner` once, up front, so they never race with the thread.
-std::unique_ptr<BatchSource> Prefetched(std::unique_ptr<BatchSource> inner, int depth);
+// `inner` once, up front, so they never race with the thread; skipped_files() is the
+// inner source's count as of the batch last returned (not of batches still queued).
+// With `pin_memory` the batches are copied into page-locked memory on the thread (needs a
+// CUDA build), so that copies to the device can be non-blocking.
+std::unique_ptr<BatchSource> Prefetched(std::unique_ptr<BatchSource> inner, int depth, bool pin_memory = false);
 
 }  // namespace recal::data

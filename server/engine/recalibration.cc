@@ -146,10 +146,14 @@ absl::Status Recalibration::Feed(const std::vector<at::Tensor>& inputs) {
     return absl::InvalidArgumentError("a batch needs at least one input with a batch dimension");
   }
   collector_->BeginBatch(batches_);
-  std::vector<c10::IValue> args;
-  args.reserve(inputs.size());
-  for (const at::Tensor& input : inputs) args.emplace_back(input.to(device_));
   try {
+    std::vector<c10::IValue> args;
+    args.reserve(inputs.size());
+    // Pinned batches (the input pipeline pins them for CUDA) copy without blocking the host;
+    // the caching host allocator keeps their memory until the copy is done.
+    for (const at::Tensor& input : inputs) {
+      args.emplace_back(input.to(device_, /*non_blocking=*/device_.is_cuda() && input.is_pinned()));
+    }
     at::NoGradGuard no_grad;
     observed_->forward(std::move(args));
   } catch (const std::exception& e) {

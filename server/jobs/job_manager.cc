@@ -6,10 +6,10 @@
 #include <google/protobuf/util/time_util.h>
 
 #include "absl/random/random.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "server/data/batch_source.h"
-#include "server/data/prefetcher.h"
 #include "server/engine/recalibration.h"
 #include "server/engine/report.h"
 #include "server/jobs/data_source_spec.h"
@@ -462,10 +462,13 @@ absl::StatusOr<JobManager::Outputs> JobManager::Execute(const v1::Job& job, cons
                            std::chrono::duration<double>(timeout)));
     next_batch = [feed] { return feed->Next(); };
   } else {
-    auto source = data::OpenBatchSource(*data_spec, spec.batch_size());
+    const data::InputOptions input{.prefetch_depth = options_.prefetch_depth,
+                                   .decode_threads = options_.decode_threads,
+                                   .pin_memory = absl::StartsWith(device, "cuda")};
+    auto source = data::OpenBatchSource(*data_spec, spec.batch_size(), input);
     if (!source.ok()) return source.status();
     samples = (*source)->num_samples();
-    file_batches = data::Prefetched(std::move(*source), 2);
+    file_batches = *std::move(source);
     next_batch = [&] { return file_batches->Next(); };
   }
 
@@ -529,6 +532,7 @@ absl::StatusOr<JobManager::Outputs> JobManager::Execute(const v1::Job& job, cons
   outputs.report.set_model(spec.model_id());
   outputs.report.set_data(*data_spec);
   outputs.report.set_batch_size(spec.batch_size());
+  if (file_batches) outputs.report.set_skipped_files(file_batches->skipped_files());
   const std::string model_file = (scratch / "model.pt").string();
   const std::string bn_file = (scratch / "bn.safetensors").string();
   const std::string report_file = (scratch / "report.json").string();

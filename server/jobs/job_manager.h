@@ -33,6 +33,8 @@ struct JobManagerOptions {
   std::vector<std::string> devices = {"cpu"};  // one worker each
   int max_queued_jobs = 64;
   int threads_per_worker = 0;  // intra-op threads; 0 = LibTorch's default
+  int prefetch_depth = 2;      // batches each job prepares ahead (file and image sources)
+  int decode_threads = 0;      // image decoding threads per job; 0: the cores, at most 8
   std::vector<std::string> data_roots;
   double default_timeout_seconds = 6 * 3600;
   int64_t max_batch_size = 4096;

@@ -8,7 +8,11 @@
 namespace recal::jobs {
 
 StreamFeed::StreamFeed(v1::ClientStreamSource normalisation, int64_t max_batch_bytes, int capacity)
-    : normalisation_(std::move(normalisation)), max_batch_bytes_(max_batch_bytes), capacity_(capacity) {}
+    : normalization_{normalisation.scale(),
+                     {normalisation.mean().begin(), normalisation.mean().end()},
+                     {normalisation.std().begin(), normalisation.std().end()}},
+      max_batch_bytes_(max_batch_bytes),
+      capacity_(capacity) {}
 
 absl::StatusOr<at::Tensor> StreamFeed::ToTensor(const v1::Tensor& tensor) const {
   at::ScalarType type;
@@ -37,23 +41,13 @@ absl::StatusOr<at::Tensor> StreamFeed::ToTensor(const v1::Tensor& tensor) const 
                                                    tensor.data().size()));
   }
   std::vector<int64_t> shape(tensor.shape().begin(), tensor.shape().end());
-  at::Tensor x = at::from_blob(const_cast<char*>(tensor.data().data()), shape, at::TensorOptions(type))
-                     .to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);  // the message goes away
-  if (normalisation_.scale() > 0) x.div_(normalisation_.scale());
-  if (!normalisation_.mean().empty() || !normalisation_.std().empty()) {
-    const int64_t channels = x.dim() > 1 ? x.size(1) : 0;
-    if (normalisation_.mean_size() != channels || normalisation_.std_size() != channels) {
-      return absl::InvalidArgumentError(absl::StrCat("client_stream mean/std have ", normalisation_.mean_size(),
-                                                     "/", normalisation_.std_size(), " values for ",
-                                                     channels, " channels (dim 1)"));
-    }
-    std::vector<int64_t> view(x.dim(), 1);
-    view[1] = channels;
-    const at::Tensor mean = at::tensor(std::vector<float>(normalisation_.mean().begin(), normalisation_.mean().end()));
-    const at::Tensor std = at::tensor(std::vector<float>(normalisation_.std().begin(), normalisation_.std().end()));
-    x.sub_(mean.view(view)).div_(std.view(view));
+  // A copy even for float32 without normalisation: the message goes away.
+  const at::Tensor x = at::from_blob(const_cast<char*>(tensor.data().data()), shape, at::TensorOptions(type));
+  absl::StatusOr<at::Tensor> converted = data::ToModelInput(x, normalization_);
+  if (!converted.ok()) {
+    return absl::Status(converted.status().code(), absl::StrCat("client_stream: ", converted.status().message()));
   }
-  return x;
+  return converted->data_ptr() == x.data_ptr() ? converted->clone() : *std::move(converted);
 }
 
 absl::Status StreamFeed::Push(const google::protobuf::RepeatedPtrField<v1::Tensor>& inputs, bool last) {

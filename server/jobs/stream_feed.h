@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "recal/v1/recal.pb.h"
 #include "server/data/batch_source.h"
+#include "server/data/normalization.h"
 
 namespace recal::jobs {
 
@@ -34,7 +35,7 @@ class StreamFeed : public data::BatchSource {
  private:
   absl::StatusOr<at::Tensor> ToTensor(const v1::Tensor& tensor) const;
 
-  const v1::ClientStreamSource normalisation_;
+  const data::Normalization normalization_;
   const int64_t max_batch_bytes_;
   const int capacity_;
   std::mutex mu_;

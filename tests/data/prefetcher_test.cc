@@ -126,5 +126,33 @@ TEST(Prefetcher, DepthBelowOneMeansOne) {
   EXPECT_FALSE((*source->Next()).has_value());
 }
 
+// Skips one file per batch, as an image folder with on_bad=skip might.
+class SkippingSource : public BatchSource {
+ public:
+  absl::StatusOr<std::optional<Batch>> Next() override {
+    if (calls_ == 5) return std::optional<Batch>();
+    ++calls_;
+    return std::optional<Batch>(Batch{at::full({1}, calls_.load())});
+  }
+  std::optional<int64_t> num_samples() const override { return 5; }
+  std::string Describe() const override { return "skipping"; }
+  int64_t skipped_files() const override { return calls_.load(); }
+
+ private:
+  std::atomic<int> calls_{0};
+};
+
+TEST(Prefetcher, SkippedFilesCountOnlyTheBatchesReturned) {
+  auto source = Prefetched(std::make_unique<SkippingSource>(), 4);
+  EXPECT_EQ(source->skipped_files(), 0);
+  auto b = source->Next();
+  ASSERT_TRUE(b.ok() && b->has_value());
+  // Let the thread read ahead; the count must not follow it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(source->skipped_files(), 1);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(source->Next().ok());
+  EXPECT_EQ(source->skipped_files(), 5);
+}
+
 }  // namespace
 }  // namespace recal::data
