@@ -2,10 +2,14 @@
 # The benchmarks, after scripts/build.sh: (1) recalibration vs plain train-mode forward in
 # one process, interleaved; (2) recal-run vs fvcore's estimator in Python, whole process
 # against whole process; (3) recal-server: upload throughput, and a job through the server vs
-# recal-run. Each prints its own table. Takes ~10 minutes on 2 cores.
+# recal-run; (4) image folders (IMAGES=N generated 500x375 q90 JPEGs): decoding throughput
+# against threads, a recalibration against max(decode-only, forward-only), and recal-run
+# against torchvision ImageFolder + DataLoader + fvcore. Each prints its own table. Takes
+# ~15 minutes on 2 cores. ONLY=images runs (4) alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 threads="${THREADS:-2}"
+images="${IMAGES:-512}"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 /usr/bin/python3 - "$tmp/resnet18.pt" <<'PY'
@@ -16,6 +20,7 @@ import models
 model, _ = models.build("resnet18")
 torch.jit.save(torch.jit.script(model.eval()), sys.argv[1])
 PY
+if [ "${ONLY:-}" != images ]; then
 build/bin/recalibration_overhead --model "$tmp/resnet18.pt" --batch_size 32 --shape 3x112x112 \
   --batches 10 --reps 7 --threads "$threads"
 echo
@@ -23,3 +28,13 @@ echo
   --batches 20 --batch_size 32 --size 112 --repeats 3
 echo
 /usr/bin/python3 bench/server_bench.py --server build/bin/recal-server --run build/bin/recal-run
+fi
+echo
+/usr/bin/python3 bench/make_image_folder.py --out "$tmp/images" --count "$images" --jobs "$(nproc)" >/dev/null
+# Decoding and the forward pass share the cores: half each (1 + 1 on 2 cores).
+half=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))
+build/bin/input_pipeline --model "$tmp/resnet18.pt" --folder "$tmp/images" --resize 128 --crop 112 \
+  --batch_size 32 --thread_list "1,2,4" --decode_threads "$half" --threads "$half" --reps 3
+echo
+/usr/bin/python3 bench/image_folder_compare.py --bin build/bin/recal-run --model "$tmp/resnet18.pt" \
+  --folder "$tmp/images" --resize 128 --crop 112 --batch_size 32 --workers "$half" --threads "$half" --repeats 3
