@@ -1,5 +1,7 @@
 #include "common/data_spec.h"
 
+#include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -214,15 +216,38 @@ absl::StatusOr<DataSpec> ParseDataSpec(absl::string_view spec) {
   return out;
 }
 
+double FloatAsDecimal(float value) {
+  char text[32];
+  const std::to_chars_result written = std::to_chars(text, text + sizeof(text), value);
+  double out = value;
+  if (written.ec == std::errc()) std::from_chars(text, written.ptr, out);
+  return out;
+}
+
 namespace {
 
-// "?scale=..&mean=..&std=.." or "" (or "?" alone when the path contains a '?').
+// The shortest spelling that reads back as the same double (absl's StrCat keeps 6
+// significant digits, which would change the numbers of a spec on its way to the server).
+std::string Number(double value) {
+  char text[32];
+  const std::to_chars_result written = std::to_chars(text, text + sizeof(text), value);
+  return std::string(text, written.ptr);
+}
+
+std::string Numbers(const std::vector<double>& values) {
+  return absl::StrJoin(values, ",", [](std::string* out, double v) { out->append(Number(v)); });
+}
+
+// "?scale=..&mean=..&std=.." or "" (or "?" alone when the path or a key contains a '?').
 std::string NormalizationSuffix(const DataSpec& spec) {
   std::vector<std::string> options;
-  if (spec.scale > 0) options.push_back(absl::StrCat("scale=", spec.scale));
-  if (!spec.mean.empty()) options.push_back(absl::StrCat("mean=", absl::StrJoin(spec.mean, ",")));
-  if (!spec.std.empty()) options.push_back(absl::StrCat("std=", absl::StrJoin(spec.std, ",")));
-  if (options.empty() && !absl::StrContains(spec.path, '?')) return "";
+  if (spec.scale > 0) options.push_back(absl::StrCat("scale=", Number(spec.scale)));
+  if (!spec.mean.empty()) options.push_back(absl::StrCat("mean=", Numbers(spec.mean)));
+  if (!spec.std.empty()) options.push_back(absl::StrCat("std=", Numbers(spec.std)));
+  const bool question_mark = absl::StrContains(spec.path, '?') ||
+                             std::any_of(spec.keys.begin(), spec.keys.end(),
+                                         [](const std::string& key) { return absl::StrContains(key, '?'); });
+  if (options.empty() && !question_mark) return "";
   return absl::StrCat("?", absl::StrJoin(options, "&"));
 }
 
@@ -245,7 +270,7 @@ std::string DataSpecToString(const DataSpec& spec) {
       return absl::StrCat("synthetic:", absl::StrJoin(spec.sample_shape, "x"), ",seed=", spec.seed);
     case DataSpec::Scheme::kImages: {
       std::string out = absl::StrCat("images:", spec.path, "?resize=", spec.resize, "&crop=", spec.crop,
-                                     "&mean=", absl::StrJoin(spec.mean, ","), "&std=", absl::StrJoin(spec.std, ","));
+                                     "&mean=", Numbers(spec.mean), "&std=", Numbers(spec.std));
       if (spec.samples >= 0) absl::StrAppend(&out, "&samples=", spec.samples);
       if (spec.shuffle) absl::StrAppend(&out, "&shuffle=1&seed=", spec.seed);
       if (spec.skip_bad) absl::StrAppend(&out, "&on_bad=skip");

@@ -12,7 +12,8 @@
 //   images:DIR?resize=R&crop=C&mean=m0,m1,m2&std=s0,s1,s2[&samples=N&seed=S&shuffle=0|1&on_bad=fail|skip]
 //                                   every .jpg/.jpeg/.png under DIR (recursive), sorted by
 //                                   relative path (or shuffled with seed S), the first N;
-//                                   torchvision eval transform; needs 1 <= C <= R
+//                                   torchvision eval transform; needs 1 <= C <= R. The
+//                                   options start at the last '?', so DIR may contain '?'.
 // Parsing only checks the syntax; the files are looked at when the source is opened.
 #pragma once
 
@@ -45,7 +46,13 @@ struct DataSpec {
 // INVALID_ARGUMENT with the offending spec quoted and the expected syntax.
 absl::StatusOr<DataSpec> ParseDataSpec(absl::string_view spec);
 
-// The canonical spelling (e.g. what Describe() starts with).
+// The canonical spelling (e.g. what Describe() starts with). Numbers are spelled so that
+// they parse back to the same doubles.
 std::string DataSpecToString(const DataSpec& spec);
+
+// The double an API float (a mean, std or scale of recal.v1) stands for: the shortest
+// decimal that reads back as the same float, so 0.485f becomes 0.485 and a spec built
+// from a message spells 0.485, not 0.48500001430511475.
+double FloatAsDecimal(float value);
 
 }  // namespace recal::data

@@ -59,6 +59,12 @@ int RunPython(const std::string& script, const std::string& dir) {
   return rc;
 }
 
+int MakeImageFolders(const std::string& dir) {
+  return RunPython(absl::StrCat("import sys\nsys.path.insert(0, '", RECAL_TEST_FIXTURES_SOURCE_DIR,
+                                "')\nimport image_folders\nimage_folders.make(sys.argv[1])\n"),
+                   dir);
+}
+
 std::string NpyFile(absl::string_view dict, absl::string_view data, int major_version) {
   const size_t prefix = major_version == 1 ? 10 : 12;
   std::string header(dict);

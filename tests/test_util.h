@@ -33,6 +33,15 @@ std::string ReadBytes(const std::string& path);
 // the exit status (0 = success).
 int RunPython(const std::string& script, const std::string& dir);
 
+// Small image folders for image-folder jobs, made by tests/fixtures/image_folders.py with
+// RECAL_PYTHON and PIL; returns RunPython's status. Under `dir`:
+//   root/imgs/      kImageFolderImages JPEGs and PNGs, 30 to 120 pixels a side, RGB, gray,
+//                   RGBA and palette, in nested folders, and a .txt file (not an image file)
+//   root/with_bad/  the same plus c/x.jpg, a text file
+//   outside/imgs/   the same as root/imgs (for a folder outside the data root `dir`/root)
+inline constexpr int64_t kImageFolderImages = 6;  // image_folders.IMAGES
+int MakeImageFolders(const std::string& dir);
+
 // Little-endian bytes of a vector of trivially copyable values.
 template <typename T>
 std::string BytesOf(const std::vector<T>& v) {

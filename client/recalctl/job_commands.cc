@@ -110,8 +110,8 @@ int Failed(const absl::Status& status, bool usage) { return usage ? UsageError(s
 absl::StatusOr<std::unique_ptr<LocalBatches>> OpenLocal(const std::string& spec, int64_t batch_size,
                                                         bool* usage) {
   auto source = DataSourceFromSpec(spec);
-  *usage = !source.ok() || source->tensor_file().format() == v1::TensorFileSource::TORCH ||
-           source->has_synthetic();
+  *usage = !source.ok() || !source->has_tensor_file() ||
+           source->tensor_file().format() == v1::TensorFileSource::TORCH;
   return LocalBatches::Open(spec, batch_size);
 }
 
@@ -155,11 +155,13 @@ int Submit(Context& ctx) {
 
   std::unique_ptr<LocalBatches> batches;
   if (stream) {
+    auto source = StreamSourceFromSpec(data, normalisation);
+    if (!source.ok()) return UsageError(source.status());
+    *spec.mutable_data() = *std::move(source);
     bool usage = false;
     auto opened = OpenLocal(data, spec.batch_size(), &usage);
     if (!opened.ok()) return Failed(opened.status(), usage);
     batches = *std::move(opened);
-    *spec.mutable_data()->mutable_client_stream() = normalisation;
   } else {
     auto source = DataSourceFromSpec(data);
     if (!source.ok()) return UsageError(source.status());
@@ -202,7 +204,8 @@ int Run(Context& ctx) {
   const std::string data = ctx.args.Get("data");
   options.stream = ctx.args.GetBool("stream");
   // A malformed spec is the user's to fix; catch it before anything is uploaded.
-  if (auto source = DataSourceFromSpec(data); !source.ok()) return UsageError(source.status());
+  auto source = options.stream ? StreamSourceFromSpec(data, options.stream_normalisation) : DataSourceFromSpec(data);
+  if (!source.ok()) return UsageError(source.status());
   options.model_name = ctx.args.Get("name");
   options.bn_out = ctx.args.Get("bn_out");
   options.report_out = ctx.args.Get("report");

@@ -47,11 +47,19 @@ Job flags (submit, run):
   --allow_short_data  --priority N  --timeout SECONDS  --label K=V
   --stream             SPEC names a LOCAL npy:/safetensors: file (float32, float16, uint8),
                        sent in --batch_size batches through PushBatches
-  --scale S --mean A,B,C --std A,B,C   server-side normalisation of streamed data
+  --scale S --mean A,B,C --std A,B,C   server-side normalisation of streamed data (or
+                       the spec's ?NORM)
   --request_id ID      (submit) idempotency key; default: a random one
 
 Data SPEC (paths are the server's, relative to its --data_root or absolute):
-  npy:PATH  safetensors:PATH[:KEY,KEY...]  torch:PATH  synthetic:SHAPE[,seed=S]
+  npy:PATH[?NORM]  safetensors:PATH[:KEY,KEY...][?NORM]  torch:PATH[?NORM]
+      NORM = scale=S&mean=M,..&std=S,..: uint8/float16 inputs become (x / S - mean) / std
+  synthetic:SHAPE[,seed=S]
+  images:DIR?resize=R&crop=C&mean=M,M,M&std=S,S,S[&samples=N&shuffle=0|1&seed=S&on_bad=fail|skip]
+      every .jpg/.jpeg/.png under DIR through torchvision's Resize(R), CenterCrop(C),
+      ToTensor, Normalize(mean, std); sorted (or shuffled with seed S), the first N;
+      on_bad=skip skips unreadable files instead of failing the job
+  A PATH containing '?' needs a trailing '?' (npy:/d/what?.npy?).
 
 Global flags:
   --server HOST:PORT   (env RECAL_SERVER; default localhost:50051)

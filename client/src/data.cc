@@ -5,7 +5,6 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/data_spec.h"
 #include "common/formats/npy.h"
 #include "common/formats/safetensors.h"
@@ -14,69 +13,129 @@
 
 namespace recal {
 
+namespace {
+
+template <typename Floats>
+std::vector<double> Decimals(const Floats& values) {
+  std::vector<double> out;
+  for (float v : values) out.push_back(data::FloatAsDecimal(v));
+  return out;
+}
+
+}  // namespace
+
 // The one spec parser (common/data_spec.h) is shared with the server's data layer, so a
 // spec means the same thing to recal-run, recalctl and the server.
 absl::StatusOr<v1::DataSource> DataSourceFromSpec(absl::string_view spec) {
   RECAL_ASSIGN_OR_RETURN(data::DataSpec parsed, data::ParseDataSpec(spec));
   v1::DataSource source;
-  if (parsed.scheme == data::DataSpec::Scheme::kSynthetic) {
-    v1::SyntheticSource* synthetic = source.mutable_synthetic();
-    for (int64_t d : parsed.sample_shape) synthetic->add_sample_shape(d);
-    synthetic->set_seed(static_cast<int64_t>(parsed.seed));
-    return source;
-  }
-  if (parsed.scheme == data::DataSpec::Scheme::kImages) {
-    // recal-run reads image folders; the API's ImageFolderSource does not carry the
-    // transform yet, so the server cannot be asked for one.
-    return absl::UnimplementedError("images: data specs are not served through the API yet; use recal-run");
+  switch (parsed.scheme) {
+    case data::DataSpec::Scheme::kSynthetic: {
+      v1::SyntheticSource* synthetic = source.mutable_synthetic();
+      for (int64_t d : parsed.sample_shape) synthetic->add_sample_shape(d);
+      // int64 in the API: seeds of 2^63 and above travel bit for bit (the server casts back).
+      synthetic->set_seed(static_cast<int64_t>(parsed.seed));
+      return source;
+    }
+    case data::DataSpec::Scheme::kImages: {
+      v1::ImageFolderSource* folder = source.mutable_image_folder();
+      folder->set_path(parsed.path);
+      folder->set_resize(parsed.resize);
+      folder->set_crop(parsed.crop);
+      for (double m : parsed.mean) folder->add_mean(static_cast<float>(m));
+      for (double s : parsed.std) folder->add_std(static_cast<float>(s));
+      folder->set_samples(parsed.samples > 0 ? parsed.samples : 0);
+      folder->set_shuffle(parsed.shuffle);
+      folder->set_seed(parsed.seed);
+      folder->set_on_bad(parsed.skip_bad ? v1::ImageFolderSource::SKIP : v1::ImageFolderSource::FAIL);
+      return source;
+    }
+    case data::DataSpec::Scheme::kNpy:
+    case data::DataSpec::Scheme::kSafetensors:
+    case data::DataSpec::Scheme::kTorch:
+      break;
   }
   v1::TensorFileSource* file = source.mutable_tensor_file();
   file->set_path(parsed.path);
-  switch (parsed.scheme) {
-    case data::DataSpec::Scheme::kNpy:
-      file->set_format(v1::TensorFileSource::NPY);
-      break;
-    case data::DataSpec::Scheme::kSafetensors:
-      file->set_format(v1::TensorFileSource::SAFETENSORS);
-      for (const std::string& key : parsed.keys) file->add_keys(key);
-      break;
-    case data::DataSpec::Scheme::kTorch:
-      file->set_format(v1::TensorFileSource::TORCH);
-      break;
-    case data::DataSpec::Scheme::kSynthetic:
-    case data::DataSpec::Scheme::kImages:
-      break;
-  }
+  file->set_format(parsed.scheme == data::DataSpec::Scheme::kNpy           ? v1::TensorFileSource::NPY
+                   : parsed.scheme == data::DataSpec::Scheme::kSafetensors ? v1::TensorFileSource::SAFETENSORS
+                                                                           : v1::TensorFileSource::TORCH);
+  for (const std::string& key : parsed.keys) file->add_keys(key);
+  file->set_scale(static_cast<float>(parsed.scale));
+  for (double m : parsed.mean) file->add_mean(static_cast<float>(m));
+  for (double s : parsed.std) file->add_std(static_cast<float>(s));
   return source;
 }
 
 std::string DataSourceToSpec(const v1::DataSource& source) {
+  data::DataSpec spec;
   switch (source.source_case()) {
     case v1::DataSource::kTensorFile: {
       const v1::TensorFileSource& file = source.tensor_file();
       switch (file.format()) {
         case v1::TensorFileSource::NPY:
-          return absl::StrCat("npy:", file.path());
+          spec.scheme = data::DataSpec::Scheme::kNpy;
+          break;
         case v1::TensorFileSource::SAFETENSORS:
-          return file.keys().empty()
-                     ? absl::StrCat("safetensors:", file.path())
-                     : absl::StrCat("safetensors:", file.path(), ":", absl::StrJoin(file.keys(), ","));
+          spec.scheme = data::DataSpec::Scheme::kSafetensors;
+          break;
         case v1::TensorFileSource::TORCH:
-          return absl::StrCat("torch:", file.path());
+          spec.scheme = data::DataSpec::Scheme::kTorch;
+          break;
         default:
-          return absl::StrCat("file:", file.path());
+          return absl::StrCat("file:", file.path());  // no spec names a file of no format
       }
+      spec.path = file.path();
+      spec.keys.assign(file.keys().begin(), file.keys().end());
+      spec.scale = data::FloatAsDecimal(file.scale());
+      spec.mean = Decimals(file.mean());
+      spec.std = Decimals(file.std());
+      return data::DataSpecToString(spec);
+    }
+    case v1::DataSource::kImageFolder: {
+      const v1::ImageFolderSource& folder = source.image_folder();
+      spec.scheme = data::DataSpec::Scheme::kImages;
+      spec.path = folder.path();
+      spec.resize = folder.resize();
+      spec.crop = folder.crop();
+      spec.mean = Decimals(folder.mean());
+      spec.std = Decimals(folder.std());
+      spec.samples = folder.samples() > 0 ? folder.samples() : -1;
+      spec.shuffle = folder.shuffle();
+      spec.seed = folder.seed();
+      spec.skip_bad = folder.on_bad() == v1::ImageFolderSource::SKIP;
+      return data::DataSpecToString(spec);
     }
     case v1::DataSource::kSynthetic:
-      return absl::StrCat("synthetic:", absl::StrJoin(source.synthetic().sample_shape(), "x"),
-                          ",seed=", source.synthetic().seed());
+      spec.scheme = data::DataSpec::Scheme::kSynthetic;
+      spec.sample_shape.assign(source.synthetic().sample_shape().begin(), source.synthetic().sample_shape().end());
+      spec.seed = static_cast<uint64_t>(source.synthetic().seed());
+      return data::DataSpecToString(spec);
     case v1::DataSource::kClientStream:
       return "client_stream";
-    case v1::DataSource::kImageFolder:
-      return absl::StrCat("image_folder:", source.image_folder().path());
     default:
       return "";
   }
+}
+
+absl::StatusOr<v1::DataSource> StreamSourceFromSpec(absl::string_view spec,
+                                                    const v1::ClientStreamSource& normalisation) {
+  RECAL_ASSIGN_OR_RETURN(const v1::DataSource named, DataSourceFromSpec(spec));
+  v1::DataSource source;
+  *source.mutable_client_stream() = normalisation;
+  if (!named.has_tensor_file()) return source;  // LocalBatches::Open says why it cannot be streamed
+  const v1::TensorFileSource& file = named.tensor_file();
+  if (file.scale() == 0 && file.mean().empty()) return source;
+  if (normalisation.scale() != 0 || !normalisation.mean().empty() || !normalisation.std().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", spec, "' names its normalisation (?scale=&mean=&std=) and a stream normalisation is given "
+        "too; give one of them"));
+  }
+  v1::ClientStreamSource* stream = source.mutable_client_stream();
+  stream->set_scale(file.scale());
+  *stream->mutable_mean() = file.mean();
+  *stream->mutable_std() = file.std();
+  return source;
 }
 
 // ------------------------------------------------------------------------ LocalBatches

@@ -21,8 +21,7 @@ absl::StatusOr<RecalibrateResult> Client::Recalibrate(const std::string& model_p
                                                       const std::string& out_path,
                                                       const ProgressCallback& on_progress) {
   if (options.stream) {
-    v1::DataSource source;
-    *source.mutable_client_stream() = options.stream_normalisation;
+    RECAL_ASSIGN_OR_RETURN(v1::DataSource source, StreamSourceFromSpec(data, options.stream_normalisation));
     return Run(model_path, source, std::string(data), options, out_path, on_progress);
   }
   RECAL_ASSIGN_OR_RETURN(v1::DataSource source, DataSourceFromSpec(data));

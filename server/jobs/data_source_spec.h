@@ -13,8 +13,12 @@ namespace recal::jobs {
 // What DataSpecFor returns for client_stream: batches arrive through PushBatches.
 inline constexpr char kClientStreamSpec[] = "client_stream";
 
-// PERMISSION_DENIED for paths outside `data_roots`, NOT_FOUND for missing files,
-// INVALID_ARGUMENT for malformed sources, UNIMPLEMENTED for sources not served yet.
+// The canonical spec (data::DataSpecToString) of `source`, its path resolved under
+// `data_roots`. INVALID_ARGUMENT naming the field for a malformed source (an image folder's
+// resize, crop, mean, std, samples or on_bad; a tensor file's format, keys, scale, mean or
+// std), checked before the path; then PERMISSION_DENIED for a path outside `data_roots`,
+// NOT_FOUND for a missing file or folder, INVALID_ARGUMENT for an image_folder.path that is
+// not a directory.
 absl::StatusOr<std::string> DataSpecFor(const v1::DataSource& source,
                                         const std::vector<std::string>& data_roots);
 

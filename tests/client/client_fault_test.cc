@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <limits>
 #include <mutex>
 
 #include "absl/time/clock.h"
@@ -337,6 +338,104 @@ TEST(DataTest, SpecsMapToTypedSources) {
   }
   EXPECT_EQ(DataSourceFromSpec("png:x").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(DataSourceFromSpec("synthetic:3xq").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(DataTest, ImageSpecsMapToImageFolderSources) {
+  auto images = DataSourceFromSpec("images:calib/imgs?resize=36&crop=32&mean=0.485,0.456,0.406&std=0.229,0.224,0.225");
+  ASSERT_TRUE(images.ok()) << images.status();
+  const v1::ImageFolderSource& folder = images->image_folder();
+  EXPECT_EQ(folder.path(), "calib/imgs");
+  EXPECT_EQ(folder.resize(), 36);
+  EXPECT_EQ(folder.crop(), 32);
+  EXPECT_THAT(folder.mean(), ElementsAre(0.485f, 0.456f, 0.406f));
+  EXPECT_THAT(folder.std(), ElementsAre(0.229f, 0.224f, 0.225f));
+  EXPECT_EQ(folder.samples(), 0) << "all";
+  EXPECT_FALSE(folder.shuffle());
+  EXPECT_EQ(folder.on_bad(), v1::ImageFolderSource::FAIL);
+
+  auto options = DataSourceFromSpec(
+      "images:/d/a?b:c?resize=8&crop=8&mean=0,0,0&std=1,1,1&samples=5&shuffle=1&seed=18446744073709551615&on_bad=skip");
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->image_folder().path(), "/d/a?b:c") << "the options start at the last '?'";
+  EXPECT_EQ(options->image_folder().samples(), 5);
+  EXPECT_TRUE(options->image_folder().shuffle());
+  EXPECT_EQ(options->image_folder().seed(), std::numeric_limits<uint64_t>::max());
+  EXPECT_EQ(options->image_folder().on_bad(), v1::ImageFolderSource::SKIP);
+
+  // The canonical spelling round-trips (on_bad=fail and shuffle=0 are the defaults).
+  for (const char* spec : {
+           "images:calib/imgs?resize=36&crop=32&mean=0.485,0.456,0.406&std=0.229,0.224,0.225",
+           "images:/d/a?b:c?resize=8&crop=8&mean=0,-0.5,1e-07&std=1,2,0.1234567&samples=5&shuffle=1&seed=9&on_bad=skip",
+       }) {
+    auto source = DataSourceFromSpec(spec);
+    ASSERT_TRUE(source.ok()) << source.status();
+    EXPECT_EQ(DataSourceToSpec(*source), spec);
+  }
+  EXPECT_EQ(DataSourceToSpec(*DataSourceFromSpec("images:d?std=1,1,1&mean=0,0,0&on_bad=fail&crop=4&resize=4&shuffle=0")),
+            "images:d?resize=4&crop=4&mean=0,0,0&std=1,1,1");
+  // A hand-made message: ON_BAD_UNSPECIFIED fails, samples 0 is all.
+  v1::DataSource made;
+  made.mutable_image_folder()->set_path("x");
+  made.mutable_image_folder()->set_resize(2);
+  made.mutable_image_folder()->set_crop(1);
+  for (float v : {0.1f, 0.2f, 0.3f}) {
+    made.mutable_image_folder()->add_mean(v);
+    made.mutable_image_folder()->add_std(v);
+  }
+  EXPECT_EQ(DataSourceToSpec(made), "images:x?resize=2&crop=1&mean=0.1,0.2,0.3&std=0.1,0.2,0.3");
+
+  for (const char* bad : {"images:d", "images:d?resize=4&crop=8&mean=0,0,0&std=1,1,1",
+                          "images:d?resize=4&crop=4&mean=0,0&std=1,1,1", "images:d?resize=4&crop=4&mean=0,0,0&std=1,0,1",
+                          "images:d?resize=4&crop=4&mean=0,0,0&std=1,1,1&on_bad=ignore"}) {
+    const auto refused = DataSourceFromSpec(bad);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+TEST(DataTest, TensorFileSpecsCarryTheirNormalisation) {
+  auto npy = DataSourceFromSpec("npy:calib/u8.npy?scale=255&mean=0.485,0.456,0.406&std=0.229,0.224,0.225");
+  ASSERT_TRUE(npy.ok()) << npy.status();
+  const v1::TensorFileSource& file = npy->tensor_file();
+  EXPECT_EQ(file.format(), v1::TensorFileSource::NPY);
+  EXPECT_EQ(file.path(), "calib/u8.npy");
+  EXPECT_EQ(file.scale(), 255);
+  EXPECT_THAT(file.mean(), ElementsAre(0.485f, 0.456f, 0.406f));
+  EXPECT_THAT(file.std(), ElementsAre(0.229f, 0.224f, 0.225f));
+  auto plain = DataSourceFromSpec("torch:x.pt");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->tensor_file().scale(), 0);
+  EXPECT_TRUE(plain->tensor_file().mean().empty());
+
+  for (const char* spec : {"npy:calib/u8.npy?scale=255&mean=0.485,0.456,0.406&std=0.229,0.224,0.225",
+                           "safetensors:/d/x.st:pixels?scale=65535", "torch:x.pt?mean=0.5&std=0.25",
+                           "torch:/d/what?.pt?", "safetensors:/d/a:b?.st:?scale=2", "safetensors:/d/x.st:a?b?",
+                           "synthetic:3x8x8,seed=18446744073709551615"}) {
+    auto source = DataSourceFromSpec(spec);
+    ASSERT_TRUE(source.ok()) << spec << ": " << source.status();
+    EXPECT_EQ(DataSourceToSpec(*source), spec);
+  }
+  EXPECT_EQ(DataSourceFromSpec("torch:/d/what?.pt?")->tensor_file().path(), "/d/what?.pt");
+  EXPECT_THAT(DataSourceFromSpec("safetensors:/d/x.st:a?b?")->tensor_file().keys(), ElementsAre("a?b"));
+  EXPECT_EQ(DataSourceFromSpec("npy:x.npy?mean=0.5").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DataSourceFromSpec("npy:x.npy?scale=0").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(DataTest, StreamedFilesKeepTheNormalisationOfTheirSpec) {
+  auto from_spec = StreamSourceFromSpec("npy:/local/u8.npy?scale=255&mean=0.5,0.25&std=0.2,0.1", {});
+  ASSERT_TRUE(from_spec.ok()) << from_spec.status();
+  ASSERT_TRUE(from_spec->has_client_stream());
+  EXPECT_EQ(from_spec->client_stream().scale(), 255);
+  EXPECT_THAT(from_spec->client_stream().mean(), ElementsAre(0.5f, 0.25f));
+  EXPECT_THAT(from_spec->client_stream().std(), ElementsAre(0.2f, 0.1f));
+  v1::ClientStreamSource given;
+  given.set_scale(65535);
+  auto from_options = StreamSourceFromSpec("safetensors:/local/x.st:a", given);
+  ASSERT_TRUE(from_options.ok()) << from_options.status();
+  EXPECT_EQ(from_options->client_stream().scale(), 65535);
+  auto both = StreamSourceFromSpec("npy:/local/u8.npy?scale=255", given);
+  EXPECT_EQ(both.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(both.status().message(), HasSubstr("give one of them"));
+  EXPECT_EQ(StreamSourceFromSpec("npy:x?scale=-1", {}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(DataTest, LocalFilesAreCutIntoBatches) {

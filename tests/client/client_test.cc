@@ -3,6 +3,7 @@
 #include "recal/client.h"
 
 #include <gmock/gmock.h>
+#include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -12,7 +13,9 @@
 #include <thread>
 
 #include "common/sha256.h"
+#include "common/status_macros.h"
 #include "recal/data.h"
+#include "recal/v1/report.pb.h"
 #include "tests/client/client_test_util.h"
 
 namespace recal::testing {
@@ -272,6 +275,55 @@ TEST_F(ClientTest, RecalibrateStreamsLocalData) {
   EXPECT_EQ(pushed, 3);
   EXPECT_TRUE(result->job.spec().data().has_client_stream());
   EXPECT_LE(WorstBnError(options.bn_out), 1e-5);
+}
+
+TEST_F(ClientTest, RecalibratesOnImageFoldersNamedBySpecs) {
+  ASSERT_EQ(MakeImageFolders(tmp_.path()), 0);
+  const std::string transform = "?resize=36&crop=32&mean=0.485,0.456,0.406&std=0.229,0.224,0.225";
+  RecalibrateOptions options;
+  options.job.set_batch_size(3);
+  auto result = client_->Recalibrate(kModel, "images:imgs" + transform, options, tmp_.File("out.pt"));
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->job.state(), v1::SUCCEEDED);
+  EXPECT_EQ(result->job.progress().samples_done(), kImageFolderImages);
+  EXPECT_EQ(result->job.spec().data().image_folder().crop(), 32);
+  EXPECT_EQ(DataSourceToSpec(result->job.spec().data()), "images:imgs" + transform);
+  auto report_of = [&](const std::string& job_id) {
+    const std::string path = tmp_.File(job_id + ".report.json");
+    EXPECT_TRUE(client_->Download(job_id, v1::REPORT, path).ok());
+    v1::RunReport report;
+    EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(ReadBytes(path), &report).ok());
+    return report;
+  };
+  const v1::RunReport report = report_of(result->job.id());
+  EXPECT_EQ(report.samples(), kImageFolderImages);
+  EXPECT_EQ(report.batches(), 2);
+
+  const std::string model_id = result->job.spec().model_id();
+  auto submit = [&](const std::string& spec) -> absl::StatusOr<v1::Job> {
+    v1::JobSpec job;
+    job.set_model_id(model_id);
+    job.set_batch_size(3);
+    RECAL_ASSIGN_OR_RETURN(*job.mutable_data(), DataSourceFromSpec(spec));
+    return client_->Submit(job);
+  };
+  EXPECT_EQ(submit("images:" + tmp_.File("outside/imgs") + transform).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  auto fails = submit("images:with_bad" + transform + "&on_bad=fail");
+  ASSERT_TRUE(fails.ok()) << fails.status();
+  auto failed = client_->Wait(fails->id());
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  EXPECT_EQ(failed->state(), v1::FAILED);
+  EXPECT_THAT(failed->error().message(), HasSubstr("x.jpg"));
+  auto skips = submit("images:with_bad" + transform + "&on_bad=skip");
+  ASSERT_TRUE(skips.ok()) << skips.status();
+  auto skipped = client_->Wait(skips->id());
+  ASSERT_TRUE(skipped.ok()) << skipped.status();
+  EXPECT_EQ(skipped->state(), v1::SUCCEEDED) << skipped->error().message();
+  // The report, not the job's progress: progress events are throttled, and the expected
+  // batch count also counts the skipped file, so the last one may not be sent.
+  EXPECT_EQ(report_of(skips->id()).samples(), kImageFolderImages);
+  // TODO: EXPECT_EQ(report_of(skips->id()).skipped_files(), 1) once the server fills it.
 }
 
 class OneWorkerClientTest : public ClientTest {

@@ -56,6 +56,9 @@ TEST(RecalctlUsageTest, BadUsageExitsWith2AndHelpDocumentsTheExitCodes) {
            {"submit", "--model", "m", "--data", "npy:x", "--batch_size", "eight"},
            {"submit", "--model", "m", "--data", "npy:x", "--estimator", "median"},
            {"submit", "--model", "m", "--data", "npy:x", "--scale", "255"},  // not --stream
+           {"submit", "--model", "m", "--data", "images:d?resize=4&crop=8&mean=0,0,0&std=1,1,1"},
+           {"submit", "--model", "m", "--data", "images:d?resize=4&crop=4&mean=0,0,0&std=1,1,1", "--stream"},
+           {"submit", "--model", "m", "--data", "npy:x?scale=255", "--stream", "--scale", "255"},  // twice
            {"list", "--state", "sleeping"},
        }) {
     const Result r = Recalctl(args);
@@ -187,6 +190,32 @@ TEST_F(RecalctlTest, RunEndToEndMatchesTheReference) {
   EXPECT_LE(WorstBnError(streamed_bn), 1e-5);
   // Without --stream the server refuses the same path: it lies outside its data roots.
   EXPECT_EQ(Ctl({"run", kModel, "--data", "npy:" + local, "-o", tmp_.File("r.pt"), "-q"}).exit_code, 1);
+}
+
+TEST_F(RecalctlTest, SubmitsImageFolders) {
+  ASSERT_EQ(MakeImageFolders(tmp_.path()), 0);
+  const Result upload = Ctl({"upload", kModel, "--output=json"});
+  ASSERT_EQ(upload.exit_code, 0) << upload.err;
+  const std::string model_id = Parse<v1::Model>(upload).id();
+  const std::string spec =
+      "images:with_bad?resize=36&crop=32&mean=0.485,0.456,0.406&std=0.229,0.224,0.225&on_bad=skip";
+  const Result submit = Ctl({"submit", "--model", model_id, "--data", spec, "--batch_size", "3", "--output=json"});
+  ASSERT_EQ(submit.exit_code, 0) << submit.err;
+  const v1::Job job = Parse<v1::Job>(submit);
+  EXPECT_EQ(job.spec().data().image_folder().path(), "with_bad");
+  EXPECT_EQ(job.spec().data().image_folder().on_bad(), v1::ImageFolderSource::SKIP);
+  EXPECT_THAT(submit.out, HasSubstr("\"onBad\": \"SKIP\""));
+  const Result watch = Ctl({"watch", job.id()});
+  EXPECT_EQ(watch.exit_code, 0) << watch.err;
+  EXPECT_EQ(Field(watch.out, "state"), "SUCCEEDED");
+  EXPECT_EQ(Field(watch.out, "data"), spec);
+
+  // A folder outside the data roots: refused (1), nothing on stdout.
+  const Result outside = Ctl({"submit", "--model", model_id, "--data",
+                              "images:" + tmp_.File("outside/imgs") + "?resize=36&crop=32&mean=0,0,0&std=1,1,1"});
+  EXPECT_EQ(outside.exit_code, 1) << outside.err;
+  EXPECT_THAT(outside.err, HasSubstr("outside"));
+  EXPECT_TRUE(outside.out.empty());
 }
 
 TEST_F(RecalctlTest, FailedAndCancelledJobsHaveTheirExitCodes) {

@@ -355,6 +355,77 @@ TEST_F(ServerTest, ClientStreamedBatchesAreRecalibratedLikeFiles) {
   WaitForState(*stub_, other.id(), v1::CANCELLED, 30);
 }
 
+
+// ResNet-18 on 32x32 center crops of an image folder, 3 images a batch.
+v1::SubmitJobRequest ImageJob(const std::string& model_id, const std::string& path,
+                              v1::ImageFolderSource::OnBad on_bad = v1::ImageFolderSource::ON_BAD_UNSPECIFIED) {
+  v1::SubmitJobRequest request;
+  request.mutable_spec()->set_model_id(model_id);
+  request.mutable_spec()->set_batch_size(3);
+  v1::ImageFolderSource* folder = request.mutable_spec()->mutable_data()->mutable_image_folder();
+  folder->set_path(path);
+  folder->set_resize(36);
+  folder->set_crop(32);
+  for (float m : {0.485f, 0.456f, 0.406f}) folder->add_mean(m);
+  for (float s : {0.229f, 0.224f, 0.225f}) folder->add_std(s);
+  folder->set_on_bad(on_bad);
+  return request;
+}
+
+// The final summary of a job that ended (from its events).
+v1::RunReport Summary(v1::Recal::Stub& stub, const std::string& id) {
+  for (const v1::JobEvent& event : Watch(stub, id)) {
+    if (event.has_summary()) return event.summary();
+  }
+  ADD_FAILURE() << "job " << id << " has no summary";
+  return {};
+}
+
+TEST_F(ServerTest, RecalibratesOnAnImageFolder) {
+  ASSERT_EQ(MakeImageFolders(tmp_.path()), 0);
+  const std::string model_id = UploadModel();
+  v1::Job job = Submit(ImageJob(model_id, "imgs"));  // relative: resolved under the data roots
+  v1::Job done = WaitForState(*stub_, job.id(), v1::SUCCEEDED);
+  EXPECT_EQ(done.progress().samples_done(), kImageFolderImages);
+  const v1::RunReport summary = Summary(*stub_, job.id());
+  EXPECT_EQ(summary.samples(), kImageFolderImages);
+  EXPECT_EQ(summary.batches(), 2);
+  EXPECT_EQ(summary.layers_recalibrated(), 20);
+  // The data layer got the folder's canonical path and the numbers as they were sent.
+  EXPECT_EQ(summary.data(), "images:" + fs::canonical(own_root()).string() +
+                                "/imgs?resize=36&crop=32&mean=0.485,0.456,0.406&std=0.229,0.224,0.225");
+  grpc::Status status;
+  Download(*stub_, job.id(), v1::BN_BUFFERS, &status);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
+TEST_F(ServerTest, ImageFoldersOutsideTheRootsAreRefusedAndBadFilesFailOrAreSkipped) {
+  ASSERT_EQ(MakeImageFolders(tmp_.path()), 0);
+  const std::string model_id = UploadModel();
+  grpc::Status status;
+  Submit(ImageJob(model_id, tmp_.File("outside/imgs")), &status);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED) << status.error_message();
+  Submit(ImageJob(model_id, "no_such_folder"), &status);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << status.error_message();
+  v1::SubmitJobRequest padded = ImageJob(model_id, "imgs");
+  padded.mutable_spec()->mutable_data()->mutable_image_folder()->set_crop(40);
+  Submit(padded, &status);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("image_folder.crop"));
+
+  v1::Job fails = Submit(ImageJob(model_id, "with_bad", v1::ImageFolderSource::FAIL));
+  v1::Job failed = WaitForState(*stub_, fails.id(), v1::FAILED);
+  EXPECT_THAT(failed.error().message(), HasSubstr("x.jpg"));
+  EXPECT_EQ(failed.error().code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+
+  v1::Job skips = Submit(ImageJob(model_id, "with_bad", v1::ImageFolderSource::SKIP));
+  WaitForState(*stub_, skips.id(), v1::SUCCEEDED);
+  const v1::RunReport summary = Summary(*stub_, skips.id());
+  EXPECT_EQ(summary.samples(), kImageFolderImages);
+  EXPECT_THAT(summary.data(), HasSubstr("&on_bad=skip"));
+  // TODO: EXPECT_EQ(summary.skipped_files(), 1) once the server fills RunReport.skipped_files.
+}
+
 class TwoWorkerServerTest : public ServerTest {
  protected:
   std::vector<std::string> Flags() override {

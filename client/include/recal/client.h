@@ -109,7 +109,7 @@ struct RecalibrateOptions {
   v1::JobSpec job;
   // true: the data spec names a LOCAL npy:/safetensors: file, pushed in batches of
   // job.batch_size through PushBatches; the server applies `stream_normalisation` (scale,
-  // mean, std) to uint8 / float16 inputs.
+  // mean, std), or the spec's own ?scale=&mean=&std= (not both), to uint8 / float16 inputs.
   bool stream = false;
   v1::ClientStreamSource stream_normalisation;
   std::string bn_out;      // optional: also download the BatchNorm buffers (safetensors)
@@ -186,8 +186,8 @@ class Client {
   // ----------------------------------------------------------------------- all in one
   // Upload (or find) the model, submit, stream the local data if options.stream, watch,
   // and download the recalibrated model to `out_path` (plus bn_out / report_out).
-  // `data` is a spec as recalctl takes it (npy:PATH, safetensors:PATH[:keys], torch:PATH,
-  // synthetic:SHAPE[,seed=S]); paths are the server's unless options.stream.
+  // `data` is a spec as recalctl takes it (recal/data.h: npy:, safetensors:, torch:,
+  // synthetic:, images:); paths are the server's unless options.stream.
   absl::StatusOr<RecalibrateResult> Recalibrate(const std::string& model_path, absl::string_view data,
                                                 const RecalibrateOptions& options,
                                                 const std::string& out_path,

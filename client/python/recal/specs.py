@@ -1,19 +1,42 @@
 """Data specs, engine options, states and artifacts: Python values -> recal.v1 messages.
 
-Data specs are the strings recal-run and the server use (server-side paths):
-    npy:PATH
-    safetensors:PATH[:KEY,KEY...]   keys start after the last ':' (a PATH containing ':'
+Data specs are the strings recal-run and the server use (server-side paths); the same
+syntax as the C++ client's (common/data_spec.h):
+    npy:PATH[?NORM]
+    safetensors:PATH[:KEY,KEY...][?NORM]
+                                    keys start after the last ':' (a PATH containing ':'
                                     needs a trailing ':', "safetensors:/a:b.st:")
-    torch:PATH
+    torch:PATH[?NORM]
+        NORM = scale=S&mean=M,M,..&std=S,S,.. (each optional; mean and std together, one
+        value per channel of dim 1): the server turns uint8 / float16 inputs into float32
+        (x / S - mean) / std. Options start at the last '?', so a PATH containing '?' needs
+        a trailing '?' ("npy:/d/what?.npy?").
     synthetic:SHAPE[,seed=S]        per-sample SHAPE such as 3x224x224
+    images:DIR?resize=R&crop=C&mean=M,M,M&std=S,S,S[&samples=N&seed=S&shuffle=0|1&on_bad=fail|skip]
+                                    every .jpg/.jpeg/.png under DIR (recursively) through
+                                    torchvision's Resize(R), CenterCrop(C), ToTensor,
+                                    Normalize(mean, std); sorted by path (or shuffled with
+                                    seed S), the first N (default all); on_bad=skip skips
+                                    unreadable files instead of failing the job.
+                                    1 <= C <= R <= 65536. DIR may contain '?'.
 """
+
+import math
+import re
 
 import grpc
 
 from recal._proto.recal.v1 import recal_pb2, report_pb2
 from recal.errors import RecalError
 
-_SYNTAX = "expected npy:PATH, safetensors:PATH[:KEY,KEY...], torch:PATH or synthetic:SHAPE[,seed=S]"
+_SYNTAX = ("expected npy:PATH, safetensors:PATH[:KEY,KEY...], torch:PATH (each with an optional "
+           "?scale=S&mean=M,..&std=S,..), synthetic:SHAPE[,seed=S] or "
+           "images:DIR?resize=R&crop=C&mean=M,M,M&std=S,S,S[&samples=N&seed=S&shuffle=0|1&on_bad=fail|skip]")
+# What the C++ parser (absl::SimpleAtod) reads as a number; Python's float() would also
+# take "1_0", " 1" and the like.
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+_MAX_SIDE = 65536
+_INT64_MAX = (1 << 63) - 1
 
 
 def _bad(spec, why):
@@ -24,9 +47,110 @@ def _digits(text):
     return text != "" and all("0" <= c <= "9" for c in text)
 
 
+def _number(text):
+    """The finite number `text` spells, or None."""
+    if not _NUMBER.fullmatch(text):
+        return None
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
+def _seed(spec, text):
+    if not _digits(text) or int(text) >= 1 << 64:
+        raise _bad(spec, "seed %r must be a non-negative integer below 2^64" % text)
+    return int(text)
+
+
+def _numbers(spec, key, text, positive, count=0):
+    """Comma-separated finite numbers (positive ones for std); `count` of them unless 0."""
+    values = []
+    for part in text.split(","):
+        value = _number(part)
+        if value is None or (positive and value <= 0):
+            raise _bad(spec, "%s must be comma-separated %snumbers; found %r"
+                       % (key, "positive " if positive else "", part))
+        values.append(value)
+    if count and len(values) != count:
+        raise _bad(spec, "%s must have %d values (one per RGB channel)" % (key, count))
+    return values
+
+
+def _options(spec, text):
+    """{KEY: VALUE} of KEY=VALUE&KEY=VALUE..., each KEY once."""
+    options = {}
+    for option in text.split("&"):
+        key, eq, value = option.partition("=")
+        if not eq:
+            raise _bad(spec, "option %r is not KEY=VALUE" % option)
+        if key in options:
+            raise _bad(spec, "repeated option %r" % key)
+        options[key] = value
+    return options
+
+
+def _normalization(spec, text, file):
+    """The ?scale=S&mean=..&std=.. of a tensor file spec, into the TensorFileSource `file`."""
+    if text == "":
+        return
+    for key, value in _options(spec, text).items():
+        if key == "scale":
+            scale = _number(value)
+            if scale is None or scale <= 0:
+                raise _bad(spec, "scale %r must be a positive number" % value)
+            file.scale = scale
+        elif key in ("mean", "std"):
+            getattr(file, key).extend(_numbers(spec, key, value, key == "std"))
+        else:
+            raise _bad(spec, "unknown option %r; tensor files take scale, mean, std" % key)
+    if len(file.mean) != len(file.std):
+        raise _bad(spec, "mean has %d values and std %d; give both, one value per channel"
+                   % (len(file.mean), len(file.std)))
+
+
+def _images(spec, rest):
+    path, question, text = rest.rpartition("?")
+    if not question:
+        raise _bad(spec, "images needs options: images:DIR?resize=R&crop=C&mean=M,M,M&std=S,S,S")
+    if not path:
+        raise _bad(spec, "empty directory after 'images:'")
+    folder = recal_pb2.ImageFolderSource(path=path, on_bad=recal_pb2.ImageFolderSource.FAIL)
+    options = _options(spec, text)
+    for key, value in options.items():
+        if key in ("resize", "crop", "samples"):
+            limit = _INT64_MAX if key == "samples" else _MAX_SIDE
+            if not _digits(value) or not 1 <= int(value) <= limit:
+                raise _bad(spec, "%s %r must be a positive integer%s"
+                           % (key, value, "" if key == "samples" else " <= %d" % _MAX_SIDE))
+            setattr(folder, key, int(value))
+        elif key in ("mean", "std"):
+            getattr(folder, key).extend(_numbers(spec, key, value, key == "std", 3))
+        elif key == "seed":
+            folder.seed = _seed(spec, value)
+        elif key == "shuffle":
+            if value not in ("0", "1"):
+                raise _bad(spec, "shuffle %r must be 0 or 1" % value)
+            folder.shuffle = value == "1"
+        elif key == "on_bad":
+            if value not in ("fail", "skip"):
+                raise _bad(spec, "on_bad %r must be fail or skip" % value)
+            folder.on_bad = (recal_pb2.ImageFolderSource.SKIP if value == "skip"
+                             else recal_pb2.ImageFolderSource.FAIL)
+        else:
+            raise _bad(spec, "unknown option %r; images takes resize, crop, mean, std, samples, seed, "
+                       "shuffle, on_bad" % key)
+    for required in ("resize", "crop", "mean", "std"):
+        if required not in options:
+            raise _bad(spec, "images needs %s=" % required)
+    if folder.crop > folder.resize:
+        raise _bad(spec, "crop %d is larger than resize %d (padding is not supported)"
+                   % (folder.crop, folder.resize))
+    return recal_pb2.DataSource(image_folder=folder)
+
+
 def data_source(data):
     """A DataSource message for a spec string or a message (DataSource, TensorFileSource,
-    SyntheticSource, ClientStreamSource). Bad specs raise RecalError(INVALID_ARGUMENT)."""
+    SyntheticSource, ClientStreamSource, ImageFolderSource). Bad specs raise
+    RecalError(INVALID_ARGUMENT)."""
     if isinstance(data, recal_pb2.DataSource):
         out = recal_pb2.DataSource()
         out.CopyFrom(data)
@@ -37,6 +161,8 @@ def data_source(data):
         return recal_pb2.DataSource(synthetic=data)
     if isinstance(data, recal_pb2.ClientStreamSource):
         return recal_pb2.DataSource(client_stream=data)
+    if isinstance(data, recal_pb2.ImageFolderSource):
+        return recal_pb2.DataSource(image_folder=data)
     if not isinstance(data, str):
         raise TypeError("data must be a spec string or a recal DataSource message, not %s"
                         % type(data).__name__)
@@ -55,15 +181,23 @@ def data_source(data):
             raise _bad(data, "synthetic needs a per-sample SHAPE such as 3x224x224")
         seed = 0
         for option in parts[1:]:
-            if not option.startswith("seed=") or not _digits(option[5:]) or len(parts) > 2:
+            if not option.startswith("seed=") or len(parts) > 2:
                 raise _bad(data, "unknown or repeated option %r; the only option is seed=S" % option)
-            seed = int(option[5:])
+            seed = _seed(data, option[5:])
+        # int64 in the API: seeds of 2^63 and above travel bit for bit, as from the C++ client.
+        if seed > _INT64_MAX:
+            seed -= 1 << 64
         return recal_pb2.DataSource(synthetic=recal_pb2.SyntheticSource(sample_shape=shape, seed=seed))
+    if scheme == "images":
+        return _images(data, rest)
     formats = {"npy": recal_pb2.TensorFileSource.NPY,
                "safetensors": recal_pb2.TensorFileSource.SAFETENSORS,
                "torch": recal_pb2.TensorFileSource.TORCH}
     if scheme not in formats:
         raise _bad(data, "unknown scheme %r; %s" % (scheme, _SYNTAX))
+    norm = ""
+    if "?" in rest:
+        rest, _, norm = rest.rpartition("?")
     keys = []
     if scheme == "safetensors" and ":" in rest:
         rest, _, key_list = rest.rpartition(":")
@@ -73,8 +207,9 @@ def data_source(data):
                 raise _bad(data, "empty key in the key list (KEY,KEY...)")
     if not rest:
         raise _bad(data, "empty path after '%s:'" % scheme)
-    return recal_pb2.DataSource(tensor_file=recal_pb2.TensorFileSource(
-        format=formats[scheme], path=rest, keys=keys))
+    file = recal_pb2.TensorFileSource(format=formats[scheme], path=rest, keys=keys)
+    _normalization(data, norm, file)
+    return recal_pb2.DataSource(tensor_file=file)
 
 
 def _enum(enum, value, names, what):
