@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <optional>
 
 #include <google/protobuf/util/time_util.h>
 
@@ -488,19 +489,7 @@ absl::StatusOr<JobManager::Outputs> JobManager::Execute(const v1::Job& job, cons
   };
   auto last_event = std::chrono::steady_clock::now() - std::chrono::hours(1);
   int64_t counted_batches = 0, counted_samples = 0;
-  auto on_progress = [&](const engine::Progress& p) {
-    if (options_.metrics) {
-      options_.metrics->batches_processed.Increment(static_cast<double>(p.batches - counted_batches));
-      options_.metrics->samples_processed.Increment(static_cast<double>(p.samples - counted_samples));
-    }
-    counted_batches = p.batches;
-    counted_samples = p.samples;
-    const auto now = std::chrono::steady_clock::now();
-    const int64_t total = samples ? std::min(p.max_batches, (*samples + spec.batch_size() - 1) / spec.batch_size())
-                                  : p.max_batches;
-    const bool last = p.batches >= total;
-    if (!last && now - last_event < absl::ToChronoMilliseconds(options_.progress_interval)) return;
-    last_event = now;
+  auto publish = [&](const engine::Progress& p, int64_t total) {
     v1::Job update = job;
     v1::JobProgress* progress = update.mutable_progress();
     progress->set_batches_done(p.batches);
@@ -519,8 +508,30 @@ absl::StatusOr<JobManager::Outputs> JobManager::Execute(const v1::Job& job, cons
       Record(*current, event).IgnoreError();
     }
   };
+  std::optional<engine::Progress> latest;
+  bool latest_published_as_final = false;
+  auto on_progress = [&](const engine::Progress& p) {
+    if (options_.metrics) {
+      options_.metrics->batches_processed.Increment(static_cast<double>(p.batches - counted_batches));
+      options_.metrics->samples_processed.Increment(static_cast<double>(p.samples - counted_samples));
+    }
+    counted_batches = p.batches;
+    counted_samples = p.samples;
+    const auto now = std::chrono::steady_clock::now();
+    const int64_t total = samples ? std::min(p.max_batches, (*samples + spec.batch_size() - 1) / spec.batch_size())
+                                  : p.max_batches;
+    const bool last = p.batches >= total;
+    latest = p;
+    latest_published_as_final = last;
+    if (!last && now - last_event < absl::ToChronoMilliseconds(options_.progress_interval)) return;
+    last_event = now;
+    publish(p, total);
+  };
   absl::Status ran = (*run)->Run(next, on_progress, &running.cancel);
   if (!ran.ok()) return ran;
+  // The data ended before the expected count (skipped files, a stream, early stopping) or
+  // the last event was throttled away: the last event says where it really ended.
+  if (latest && !latest_published_as_final) publish(*latest, latest->batches);
 
   namespace fs = std::filesystem;
   const fs::path scratch = fs::path(blobs_->scratch_dir()) / job.id();

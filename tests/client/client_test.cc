@@ -320,10 +320,9 @@ TEST_F(ClientTest, RecalibratesOnImageFoldersNamedBySpecs) {
   auto skipped = client_->Wait(skips->id());
   ASSERT_TRUE(skipped.ok()) << skipped.status();
   EXPECT_EQ(skipped->state(), v1::SUCCEEDED) << skipped->error().message();
-  // The report, not the job's progress: progress events are throttled, and the expected
-  // batch count also counts the skipped file, so the last one may not be sent.
+  EXPECT_EQ(skipped->progress().samples_done(), kImageFolderImages);
   EXPECT_EQ(report_of(skips->id()).samples(), kImageFolderImages);
-  // TODO: EXPECT_EQ(report_of(skips->id()).skipped_files(), 1) once the server fills it.
+  EXPECT_EQ(report_of(skips->id()).skipped_files(), 1);
 }
 
 class OneWorkerClientTest : public ClientTest {

@@ -419,11 +419,14 @@ TEST_F(ServerTest, ImageFoldersOutsideTheRootsAreRefusedAndBadFilesFailOrAreSkip
   EXPECT_EQ(failed.error().code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
 
   v1::Job skips = Submit(ImageJob(model_id, "with_bad", v1::ImageFolderSource::SKIP));
-  WaitForState(*stub_, skips.id(), v1::SUCCEEDED);
+  const v1::Job done = WaitForState(*stub_, skips.id(), v1::SUCCEEDED);
   const v1::RunReport summary = Summary(*stub_, skips.id());
   EXPECT_EQ(summary.samples(), kImageFolderImages);
   EXPECT_THAT(summary.data(), HasSubstr("&on_bad=skip"));
-  // TODO: EXPECT_EQ(summary.skipped_files(), 1) once the server fills RunReport.skipped_files.
+  EXPECT_EQ(summary.skipped_files(), 1);
+  // The last progress event is sent even though the file count promised one more sample.
+  EXPECT_EQ(done.progress().samples_done(), kImageFolderImages);
+  EXPECT_EQ(done.progress().batches_done(), done.progress().batches_total());
 }
 
 class TwoWorkerServerTest : public ServerTest {
