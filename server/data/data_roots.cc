@@ -44,7 +44,7 @@ absl::StatusOr<std::string> ResolveUnderRoots(const std::vector<std::string>& ro
     }
     if (IsWithin(resolved, canonical_root)) return resolved.string();
   }
-  if (missing_inside) return absl::NotFoundError(absl::StrCat("no such data file: ", path));
+  if (missing_inside) return absl::NotFoundError(absl::StrCat("no such file or folder under the data roots: ", path));
   return absl::PermissionDeniedError(absl::StrCat(
       "path ", path, " is outside the server's data roots (", absl::StrJoin(roots, ", "), ")"));
 }
