@@ -119,33 +119,141 @@ absl::StatusOr<RgbImage> DecodeJpeg(const std::string& bytes, int64_t resize, bo
   return out;
 }
 
+// PNG with libpng's classic API, which applies only the transformations asked for (the
+// simplified API converts to sRGB and linearises 16-bit data; PIL does neither). libpng reports
+// errors by longjmp out of PngError: the setjmp sits in two small helpers so that the frames it
+// unwinds (theirs, libpng's, the callbacks') hold no objects with destructors, and no C++
+// exception ever passes through libpng (the callbacks only copy bytes).
+struct PngStream {
+  const uint8_t* data;
+  size_t size, pos;
+  char error[160];
+};
+
+void PngRead(png_structp png, png_bytep out, size_t n) {
+  auto* s = static_cast<PngStream*>(png_get_io_ptr(png));
+  if (s->size - s->pos < n) png_error(png, "file is truncated");
+  std::memcpy(out, s->data + s->pos, n);
+  s->pos += n;
+}
+
+[[noreturn]] void PngError(png_structp png, png_const_charp message) {
+  auto* s = static_cast<PngStream*>(png_get_error_ptr(png));
+  std::strncpy(s->error, message, sizeof(s->error) - 1);  // error[] starts zeroed
+  png_longjmp(png, 1);
+}
+
+void PngWarning(png_structp, png_const_charp) {}  // PIL never sees what libpng only warns about
+
+// The header, with only the transformation PIL's unpackers do too: 1/2/4-bit samples to a
+// byte each (unscaled). No gamma, no tRNS expansion, no 16-bit reduction: see DecodePng.
+bool PngReadHeader(png_structp png, png_infop info, int* passes, int* depth) {
+  if (setjmp(png_jmpbuf(png))) return false;
+  // PIL checks the CRC of every chunk before the first IDAT (ancillary ones too) and of none
+  // after it.
+  png_set_crc_action(png, PNG_CRC_DEFAULT, PNG_CRC_ERROR_QUIT);
+  png_read_info(png, info);
+  *depth = png_get_bit_depth(png, info);  // before png_set_packing makes it 8
+  png_set_crc_action(png, PNG_CRC_QUIET_USE, PNG_CRC_QUIET_USE);
+  png_set_packing(png);
+  *passes = png_set_interlace_handling(png);
+  png_read_update_info(png, info);
+  return true;
+}
+
+bool PngReadRows(png_structp png, int passes, png_uint_32 height, size_t stride, uint8_t* raw) {
+  if (setjmp(png_jmpbuf(png))) return false;
+  for (int pass = 0; pass < passes; ++pass) {
+    for (png_uint_32 y = 0; y < height; ++y) png_read_row(png, raw + y * stride, nullptr);
+  }
+  return true;
+}
+
 absl::StatusOr<RgbImage> DecodePng(const std::string& bytes) {
-  png_image image;
-  std::memset(&image, 0, sizeof(image));
-  image.version = PNG_IMAGE_VERSION;
-  if (!png_image_begin_read_from_memory(&image, bytes.data(), bytes.size())) {
-    const std::string msg = image.message;
-    png_image_free(&image);
-    return absl::InvalidArgumentError(absl::StrCat("bad PNG: ", msg));
+  // PIL decodes whatever part of a cut-off IDAT chunk is there (the rows may all be in it);
+  // libpng reads chunk data in blocks and fails on a short one. Shorten such a chunk to what
+  // the file holds, so that only missing rows make the file bad.
+  std::string cut;
+  for (size_t pos = 8; pos + 8 <= bytes.size();) {
+    const auto* p = reinterpret_cast<const uint8_t*>(bytes.data()) + pos;
+    const size_t length = static_cast<size_t>(p[0]) << 24 | p[1] << 16 | p[2] << 8 | p[3];
+    if (bytes.size() - pos - 8 >= length) {
+      pos += 12 + length;
+      continue;
+    }
+    if (std::memcmp(p + 4, "IDAT", 4) == 0) {
+      cut = bytes;
+      const size_t have = bytes.size() - pos - 8;
+      for (int i = 0; i < 4; ++i) cut[pos + i] = static_cast<char>(have >> (24 - 8 * i));
+    }
+    break;
   }
-  if (image.width < 1 || image.height < 1 ||
-      static_cast<int64_t>(image.width) * image.height > kMaxPixels) {
-    png_image_free(&image);
-    return absl::InvalidArgumentError(absl::StrCat("PNG size ", image.width, "x", image.height, " out of range"));
+  const std::string& data = cut.empty() ? bytes : cut;
+  PngStream stream{reinterpret_cast<const uint8_t*>(data.data()), data.size(), 0, {}};
+  struct Handles {
+    png_structp png = nullptr;
+    png_infop info = nullptr;
+    ~Handles() { png_destroy_read_struct(&png, &info, nullptr); }
+  } h;
+  h.png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &stream, PngError, PngWarning);
+  if (h.png != nullptr) h.info = png_create_info_struct(h.png);
+  if (h.info == nullptr) return absl::ResourceExhaustedError("cannot start the PNG decoder");
+  png_set_read_fn(h.png, &stream, PngRead);
+  // PIL limits the pixel count only (kMaxPixels), not the width or height.
+  png_set_user_limits(h.png, PNG_UINT_31_MAX, PNG_UINT_31_MAX);
+  // PIL feeds zlib IDAT data in the same pieces (64 KiB, split at chunk ends), so a bad zlib
+  // checksum after the last row is seen, or not, by both alike.
+  png_set_compression_buffer_size(h.png, 65536);
+  // PIL skips unknown chunks, critical ones too.
+  png_set_read_user_chunk_fn(h.png, nullptr, [](png_structp, png_unknown_chunkp) { return 1; });
+  int passes = 1, depth = 8;
+  if (!PngReadHeader(h.png, h.info, &passes, &depth)) {
+    return absl::InvalidArgumentError(absl::StrCat("bad PNG header: ", stream.error));
   }
-  // RGBA, then drop alpha: PIL's convert("RGB") discards alpha rather than compositing.
-  image.format = PNG_FORMAT_RGBA;
-  std::vector<uint8_t> rgba(PNG_IMAGE_SIZE(image));
-  if (!png_image_finish_read(&image, nullptr, rgba.data(), 0, nullptr)) {
-    const std::string msg = image.message;
-    png_image_free(&image);
-    return absl::InvalidArgumentError(absl::StrCat("bad PNG data: ", msg));
+  const png_uint_32 width = png_get_image_width(h.png, h.info), height = png_get_image_height(h.png, h.info);
+  if (width < 1 || height < 1 || static_cast<int64_t>(width) * height > kMaxPixels) {
+    return absl::InvalidArgumentError(absl::StrCat("PNG size ", width, "x", height, " out of range"));
   }
-  RgbImage out{image.width, image.height, {}};
-  png_image_free(&image);
-  const size_t n = static_cast<size_t>(out.width) * out.height;
-  out.pixels.resize(n * 3);
-  for (size_t i = 0; i < n; ++i) std::memcpy(&out.pixels[3 * i], &rgba[4 * i], 3);
+  const int type = png_get_color_type(h.png, h.info);
+  const int channels = png_get_channels(h.png, h.info), sample = depth == 16 ? 2 : 1;
+  const size_t stride = png_get_rowbytes(h.png, h.info);
+  // PIL's palette starts as a gray ramp: indices past the PLTE entries read as (i, i, i).
+  uint8_t palette[256][3];
+  for (int i = 0; i < 256; ++i) palette[i][0] = palette[i][1] = palette[i][2] = static_cast<uint8_t>(i);
+  png_colorp plte = nullptr;
+  int plte_size = 0;
+  if (type == PNG_COLOR_TYPE_PALETTE && png_get_PLTE(h.png, h.info, &plte, &plte_size) != 0) {
+    for (int i = 0; i < plte_size && i < 256; ++i) {
+      palette[i][0] = plte[i].red, palette[i][1] = plte[i].green, palette[i][2] = plte[i].blue;
+    }
+  }
+  std::vector<uint8_t> raw(stride * height);
+  // PIL stops once it has every row, so an error in what libpng reads after the last one (the
+  // rest of the zlib stream, the IDAT CRC, up to a truncation) does not make the file bad.
+  if (!PngReadRows(h.png, passes, height, stride, raw.data()) &&
+      (passes > 1 ? png_get_current_pass_number(h.png) < 7 : png_get_current_row_number(h.png) < height)) {
+    return absl::InvalidArgumentError(absl::StrCat("bad PNG data: ", stream.error));
+  }
+  // convert("RGB") as Pillow 9.4 does it: gray replicated (1/2/4-bit scaled to 0..255), alpha
+  // and tRNS dropped without compositing, 16-bit samples cut to their high byte -- except
+  // 16-bit gray, which PIL opens as mode "I" and clips to 0..255.
+  const int gray_scale = depth < 8 ? 255 / ((1 << depth) - 1) : 1;
+  RgbImage out{width, height, std::vector<uint8_t>(static_cast<size_t>(width) * height * 3)};
+  uint8_t* o = out.pixels.data();
+  for (png_uint_32 y = 0; y < height; ++y) {
+    const uint8_t* s = raw.data() + y * stride;
+    for (png_uint_32 x = 0; x < width; ++x, s += channels * sample, o += 3) {
+      if (type == PNG_COLOR_TYPE_PALETTE) {
+        std::memcpy(o, palette[s[0]], 3);
+      } else if (type == PNG_COLOR_TYPE_GRAY && depth == 16) {
+        o[0] = o[1] = o[2] = static_cast<uint8_t>(std::min((s[0] << 8) | s[1], 255));
+      } else if (channels <= 2) {  // gray, gray + alpha
+        o[0] = o[1] = o[2] = static_cast<uint8_t>(s[0] * gray_scale);
+      } else {  // RGB, RGBA
+        o[0] = s[0], o[1] = s[sample], o[2] = s[2 * sample];
+      }
+    }
+  }
   return out;
 }
 

@@ -19,18 +19,21 @@ constexpr const char* kMean = "0.485,0.456,0.406";
 constexpr const char* kStd = "0.229,0.224,0.225";
 const double kStdV[3] = {0.229, 0.224, 0.225};
 
-// Good files in sorted relative-path order; bad ones: a/bad_truncated.jpg, c/x.jpg.
-const std::vector<std::string> kGood = {"a/b/big.JPG", "a/cmyk.jpg", "a/gray.jpeg", "a/tall.jpg",
-                                        "c/gray.png", "c/palette.png", "c/rgba.png", "top.jpeg"};
+// Good files in sorted relative-path order; bad ones: a/bad_truncated.jpg, c/x.jpg, p/bad_short.png,
+// p/bad_truncated.png. p/ holds PNG kinds where PIL differs from libpng's defaults.
+const std::vector<std::string> kGood = {
+    "a/b/big.JPG",  "a/cmyk.jpg",   "a/gray.jpeg",  "a/tall.jpg",  "c/gray.png",       "c/palette.png", "c/rgba.png",
+    "p/gama05.png", "p/gama10.png", "p/gray16.png", "p/gray2.png", "p/interlaced.png", "p/la.png",
+    "p/palette_trns.png", "p/rgb16.png", "top.jpeg"};
 
 constexpr const char* kMake = R"PY(
-import os, sys, io
+import os, sys, io, struct, zlib, warnings
 import numpy as np
 from PIL import Image
 import torchvision.transforms as T
 d = sys.argv[1]
 root = os.path.join(d, "imgs"); ref = os.path.join(d, "ref")
-for p in ["a/b", "c"]: os.makedirs(os.path.join(root, p), exist_ok=True)
+for p in ["a/b", "c", "p"]: os.makedirs(os.path.join(root, p), exist_ok=True)
 os.makedirs(ref, exist_ok=True)
 rng = np.random.default_rng(0)
 def smooth(h, w, c):
@@ -51,11 +54,44 @@ b = io.BytesIO(); Image.fromarray(smooth(120, 160, 3)).save(b, "JPEG", quality=9
 open(os.path.join(root, "a/bad_truncated.jpg"), "wb").write(b.getvalue()[: len(b.getvalue()) // 2])
 open(os.path.join(root, "c/x.jpg"), "w").write("not an image\n")
 open(os.path.join(root, "c/notes.txt"), "w").write("ignored\n")
+# PIL can't write gAMA, 16-bit RGB, 2-bit gray or Adam7 PNGs: build those chunk by chunk.
+chunk = lambda t, d: struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+def png(path, a, bits, ctype, pre=b"", interlace=False):
+    a = a.reshape(a.shape[0], a.shape[1], -1)
+    def rows(sub):  # filter type 0 (none) on every row
+        if bits < 8:
+            packed = lambda r: np.packbits(np.unpackbits(r.astype(np.uint8)[:, None], axis=1)[:, 8 - bits:])
+        else:
+            packed = lambda r: r.astype(">u2" if bits == 16 else np.uint8)
+        return b"".join(b"\0" + packed(r.reshape(-1)).tobytes() for r in sub)
+    passes = [(0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2)]
+    raw = b"".join(rows(a[y::dy, x::dx]) for x, y, dx, dy in (passes if interlace else [(0, 0, 1, 1)])
+                   if a[y::dy, x::dx].size)
+    ihdr = struct.pack(">IIBBBBB", a.shape[1], a.shape[0], bits, ctype, 0, 0, int(interlace))
+    data = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + pre + chunk(b"IDAT", zlib.compress(raw))
+            + chunk(b"IEND", b""))
+    open(os.path.join(root, path), "wb").write(data)
+    return data
+# PIL ignores gAMA; libpng's simplified API would convert to sRGB.
+png("p/gama10.png", smooth(60, 70, 3), 8, 2, pre=chunk(b"gAMA", struct.pack(">I", 100000)))
+png("p/gama05.png", smooth(50, 80, 3), 8, 2, pre=chunk(b"gAMA", struct.pack(">I", 50000)))
+# Low bytes random, so taking the high byte and rounding to 8 bits differ.
+png("p/rgb16.png", smooth(55, 65, 3).astype(np.uint16) * 256 + rng.integers(0, 256, (55, 65, 3)), 16, 2)
+# 0..511: PIL opens 16-bit gray as mode "I" and convert("RGB") clips, so about half are 255.
+png("p/gray16.png", smooth(45, 85, 1).astype(np.uint16) * 2 + rng.integers(0, 2, (45, 85, 1)), 16, 0)
+png("p/gray2.png", smooth(70, 45, 1) // 64, 2, 0)
+b = png("p/interlaced.png", smooth(67, 45, 3), 8, 2, interlace=True)
+open(os.path.join(root, "p/bad_truncated.png"), "wb").write(b[: len(b) // 2])
+open(os.path.join(root, "p/bad_short.png"), "wb").write(b[:20])
+Image.fromarray(smooth(80, 60, 2), "LA").save(os.path.join(root, "p/la.png"))
+Image.fromarray(smooth(60, 90, 3)).convert("P", palette=Image.ADAPTIVE, colors=32).save(
+    os.path.join(root, "p/palette_trns.png"), transparency=bytes(range(0, 256, 8)))
+warnings.filterwarnings("ignore", "Palette images with Transparency")  # p/palette_trns.png
 tf = T.Compose([T.Resize(64), T.CenterCrop(56), T.ToTensor(),
                 T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
 for dirpath, _, names in os.walk(root):
     for n in names:
-        if n.endswith(".txt") or n in ("x.jpg", "bad_truncated.jpg"): continue
+        if n.endswith(".txt") or n == "x.jpg" or n.startswith("bad_"): continue
         rel = os.path.relpath(os.path.join(dirpath, n), root)
         with open(os.path.join(root, rel), "rb") as f:
             img = Image.open(f).convert("RGB")
@@ -113,10 +149,10 @@ TEST_F(ImageSourceTest, MatchesTorchvisionInSortedOrderSkippingBadFiles) {
   for (bool dct : {false, true}) {
     auto s = OpenImageSource(*ParseDataSpec(Spec("&on_bad=skip")), 3, {.threads = 4, .jpeg_dct_scaling = dct});
     ASSERT_TRUE(s.ok()) << s.status();
-    EXPECT_EQ((*s)->num_samples(), 10);
+    EXPECT_EQ((*s)->num_samples(), 20);
     at::Tensor all = ReadAll(**s);
     ASSERT_EQ(all.size(0), static_cast<int64_t>(kGood.size()));
-    EXPECT_EQ((*s)->skipped_files(), 2);
+    EXPECT_EQ((*s)->skipped_files(), 4);
     double worst = 0;
     for (size_t i = 0; i < kGood.size(); ++i) {
       const double d = MaxPixelDiff(all[i], Ref(kGood[i]));
@@ -148,6 +184,24 @@ TEST_F(ImageSourceTest, FailNamesTheBadFile) {
   b = (*one)->Next();
   ASSERT_TRUE(b.ok());
   EXPECT_FALSE(b->has_value());
+}
+
+TEST_F(ImageSourceTest, CutPngsAreBadFilesNamedInOrder) {
+  // The source itself (no prefetcher, whose errors stick) moves on past a bad file.
+  const DataSpec spec =
+      *ParseDataSpec(absl::StrCat("images:", dir_->File("imgs/p"), "?resize=64&crop=56&mean=", kMean, "&std=", kStd));
+  auto s = OpenImageSource(spec, 16, {.threads = 2});
+  ASSERT_TRUE(s.ok()) << s.status();
+  for (const char* bad : {"bad_short.png", "bad_truncated.png"}) {
+    absl::StatusOr<std::optional<Batch>> b = (*s)->Next();
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << b.status();
+    EXPECT_THAT(std::string(b.status().message()), HasSubstr(bad));
+    EXPECT_THAT(std::string(b.status().message()), HasSubstr("bad PNG"));
+  }
+  absl::StatusOr<std::optional<Batch>> b = (*s)->Next();
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_TRUE(b->has_value());
+  EXPECT_EQ((**b)[0].size(0), 8);
 }
 
 TEST_F(ImageSourceTest, ShuffleIsSeededAndThreadCountDoesNotMatter) {
