@@ -40,6 +40,8 @@ struct InputOptions {
   int prefetch_depth = 2;   // batches prepared ahead on a background thread; 0: none
   int decode_threads = 0;   // image folders: decoding threads; 0: hardware concurrency, at most 8
   bool pin_memory = false;  // page-locked batches, for non-blocking copies to a CUDA device
+  // Not empty (the server's data roots): image-folder files must resolve under one of these.
+  std::vector<std::string> data_roots;
 };
 
 // Opens a data spec (common/data_spec.h) as the whole input pipeline: the source

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -24,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "server/data/data_roots.h"
 #include "server/data/pil_resample.h"
 #include "server/data/torch_error.h"
 
@@ -369,7 +371,16 @@ class ImageSource final : public BatchSource {
 
   // One file -> float [3, C, C]; INVALID_ARGUMENT (naming the file) for a bad image.
   Sample Load(const std::string& relative) const {
-    const std::string path = (fs::path(spec_.path) / relative).string();
+    std::string path = (fs::path(spec_.path) / relative).string();
+    if (!options_.allowed_roots.empty()) {
+      // A link inside the folder must not lead outside what the server may read. Not a bad
+      // file: on_bad=skip does not hide it.
+      absl::StatusOr<std::string> resolved = ResolveUnderRoots(options_.allowed_roots, path);
+      if (!resolved.ok()) {
+        return absl::Status(resolved.status().code(), absl::StrCat(relative, ": ", resolved.status().message()));
+      }
+      path = *std::move(resolved);
+    }
     absl::StatusOr<std::string> bytes = ReadFile(path);
     if (!bytes.ok()) return bytes.status();
     absl::StatusOr<RgbImage> rgb = absl::InvalidArgumentError("not a JPEG or PNG file");
@@ -436,11 +447,17 @@ absl::StatusOr<std::unique_ptr<BatchSource>> OpenImageSource(const DataSpec& spe
   if (!fs::is_directory(spec.path, ec)) {
     return absl::NotFoundError(absl::StrCat(label, ": ", spec.path, " is not a directory"));
   }
+  // Symbolic links to directories are followed, as torchvision's ImageFolder does
+  // (os.walk(followlinks=True)); a directory reached a second time (a link loop, or two
+  // links to one place) is not entered again.
   std::vector<std::string> files;
-  fs::recursive_directory_iterator it(spec.path, fs::directory_options::none, ec);
+  std::set<fs::path> entered = {fs::canonical(spec.path, ec)};
+  fs::recursive_directory_iterator it(spec.path, fs::directory_options::follow_directory_symlink, ec);
   for (; !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
     std::error_code ec2;
-    if (it->is_regular_file(ec2) && IsImageName(it->path())) {
+    if (it->is_directory(ec2)) {
+      if (!entered.insert(fs::canonical(it->path(), ec2)).second || ec2) it.disable_recursion_pending();
+    } else if (it->is_regular_file(ec2) && IsImageName(it->path())) {
       files.push_back(it->path().lexically_relative(spec.path).generic_string());
     }
   }

@@ -1,5 +1,6 @@
 // images:DIR?resize=R&crop=C&mean=..&std=..[&samples=N&seed=S&shuffle=0|1&on_bad=fail|skip]
-// Every .jpg/.jpeg/.png (case-insensitive) under DIR, recursively, in sorted relative-path
+// Every .jpg/.jpeg/.png (case-insensitive) under DIR, recursively (following links to
+// directories, each directory entered once), in sorted relative-path
 // order (or a seeded shuffle of it), the first N. Each image goes through torchvision's
 // ImageFolder eval pipeline: PIL convert("RGB") (alpha dropped, gray/palette/CMYK expanded),
 // Resize(R) (bilinear, antialiased), CenterCrop(C), ToTensor, Normalize(mean, std), giving
@@ -13,6 +14,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/data_spec.h"
@@ -25,6 +28,9 @@ struct ImageSourceOptions {
   // Decode JPEGs at the smallest n/8 DCT scale whose shorter side is still >= R (faster,
   // but no longer pixel-identical to torchvision's PIL pipeline).
   bool jpeg_dct_scaling = false;
+  // Not empty (the server's data roots): every file, links resolved, must lie under one of
+  // them, or reading it fails with PERMISSION_DENIED (whatever on_bad says).
+  std::vector<std::string> allowed_roots;
 };
 
 absl::StatusOr<std::unique_ptr<BatchSource>> OpenImageSource(const DataSpec& spec, int64_t batch_size,

@@ -22,7 +22,8 @@ absl::StatusOr<std::unique_ptr<BatchSource>> OpenSource(const DataSpec& parsed, 
     case DataSpec::Scheme::kSynthetic:
       return OpenSyntheticSource(parsed.sample_shape, parsed.seed, batch_size);
     case DataSpec::Scheme::kImages:
-      return OpenImageSource(parsed, batch_size, {.threads = options.decode_threads});
+      return OpenImageSource(parsed, batch_size,
+                             {.threads = options.decode_threads, .allowed_roots = options.data_roots});
   }
   return absl::InternalError(absl::StrCat("unhandled data spec scheme in '", DataSpecToString(parsed), "'"));
 }

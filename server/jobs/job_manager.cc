@@ -465,7 +465,8 @@ absl::StatusOr<JobManager::Outputs> JobManager::Execute(const v1::Job& job, cons
   } else {
     const data::InputOptions input{.prefetch_depth = options_.prefetch_depth,
                                    .decode_threads = options_.decode_threads,
-                                   .pin_memory = absl::StartsWith(device, "cuda")};
+                                   .pin_memory = absl::StartsWith(device, "cuda"),
+                                   .data_roots = options_.data_roots};
     auto source = data::OpenBatchSource(*data_spec, spec.batch_size(), input);
     if (!source.ok()) return source.status();
     samples = (*source)->num_samples();

@@ -1,6 +1,7 @@
 #include "server/data/image_source.h"
 
 #include <cmath>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -222,6 +223,36 @@ TEST_F(ImageSourceTest, ShuffleIsSeededAndThreadCountDoesNotMatter) {
   auto d1 = OpenImageSource(*ParseDataSpec(Spec("&on_bad=skip")), 5, {.threads = 1});
   auto d4 = OpenImageSource(*ParseDataSpec(Spec("&on_bad=skip")), 5, {.threads = 4});
   EXPECT_TRUE(at::equal(ReadAll(**d1), ReadAll(**d4)));
+}
+
+TEST_F(ImageSourceTest, FollowsDirectoryLinksOnceAndKeepsToTheAllowedRoots) {
+  namespace fs = std::filesystem;
+  testing::TempDir tmp;
+  const fs::path root = fs::path(tmp.path()) / "root", other = fs::path(tmp.path()) / "other";
+  fs::create_directories(root / "a");
+  fs::create_directories(other);
+  fs::copy_file(dir_->File("imgs/top.jpeg"), root / "a" / "x.jpeg");
+  fs::copy_file(dir_->File("imgs/a/tall.jpg"), other / "y.jpg");
+  fs::create_directory_symlink(other, root / "link");  // followed, as os.walk(followlinks=True)
+  fs::create_directory_symlink(root, root / "a" / "loop");  // entered once, no endless walk
+  const DataSpec spec = *ParseDataSpec(absl::StrCat("images:", root.string(), "?resize=64&crop=56&mean=", kMean,
+                                                    "&std=", kStd, "&on_bad=skip"));
+  auto open = OpenImageSource(spec, 4, {.threads = 2});
+  ASSERT_TRUE(open.ok()) << open.status();
+  EXPECT_EQ((*open)->num_samples(), 2);
+  at::Tensor all = ReadAll(**open);
+  ASSERT_EQ(all.size(0), 2);
+  EXPECT_TRUE(at::equal(all[0], Ref("top.jpeg")));
+  EXPECT_TRUE(at::equal(all[1], Ref("a/tall.jpg")));
+  // The server's data roots: the link leads outside them, which even on_bad=skip refuses.
+  auto confined = OpenImageSource(spec, 4, {.threads = 2, .allowed_roots = {root.string()}});
+  ASSERT_TRUE(confined.ok()) << confined.status();
+  absl::StatusOr<std::optional<Batch>> b = (*confined)->Next();
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(b.status().message()), HasSubstr("link/y.jpg"));
+  auto both = OpenImageSource(spec, 4, {.threads = 2, .allowed_roots = {root.string(), other.string()}});
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_EQ(ReadAll(**both).size(0), 2);
 }
 
 TEST_F(ImageSourceTest, MissingOrEmptyDirectory) {

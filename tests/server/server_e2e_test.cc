@@ -412,6 +412,14 @@ TEST_F(ServerTest, ImageFoldersOutsideTheRootsAreRefusedAndBadFilesFailOrAreSkip
   Submit(padded, &status);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(status.error_message(), HasSubstr("image_folder.crop"));
+  // A folder inside the roots whose link leads outside them: the job fails at that file,
+  // and on_bad=skip does not hide it.
+  fs::create_directories(fs::path(own_root()) / "escape");
+  fs::create_directory_symlink(tmp_.File("outside/imgs"), fs::path(own_root()) / "escape" / "out");
+  v1::Job escapes = Submit(ImageJob(model_id, "escape", v1::ImageFolderSource::SKIP));
+  v1::Job refused = WaitForState(*stub_, escapes.id(), v1::FAILED);
+  EXPECT_EQ(refused.error().code(), static_cast<int>(grpc::StatusCode::PERMISSION_DENIED));
+  EXPECT_THAT(refused.error().message(), HasSubstr("outside the server's data roots"));
 
   v1::Job fails = Submit(ImageJob(model_id, "with_bad", v1::ImageFolderSource::FAIL));
   v1::Job failed = WaitForState(*stub_, fails.id(), v1::FAILED);
