@@ -11,10 +11,11 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/match.h"
 #include "server/data/batch_source.h"
 #include "server/engine/recalibration.h"
 #include "server/engine/report.h"
@@ -165,6 +166,11 @@ int main(int argc, char** argv) {
       "recalibrates the BatchNorm statistics of a TorchScript model on local data\n"
       "  recal-run --model M.pt --data npy:X.npy --out OUT.pt [--bn_out BN.safetensors] "
       "[--report R.json] [options]");
+  // --help lists this file's flags (absl's default looks for a file named after the binary).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) { return absl::EndsWith(file, "server/run_main.cc"); };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   absl::Status status = RunMain();
   if (!status.ok()) {

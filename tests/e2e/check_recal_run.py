@@ -492,6 +492,14 @@ def main():
     work = tempfile.mkdtemp(prefix="recal-e2e-")
     passed = failed = 0
     t0 = time.time()
+    # --help documents every flag (absl shows only the flags of a file it takes for main).
+    helped = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=60)
+    missing = [f for f in ("--model", "--data", "--out", "--decode_threads", "--prefetch", "--device")
+               if f + " (" not in helped.stdout + helped.stderr]
+    print("%s recal-run --help lists every flag%s" % ("FAIL" if missing else "PASS",
+                                                       ": missing " + " ".join(missing) if missing else ""))
+    failed += bool(missing)
+    passed += not missing
     try:
         cases = plan(args, lines, work)
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
