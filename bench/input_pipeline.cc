@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/data_spec.h"
+#include "bench/median.h"
 #include "server/data/batch_source.h"
 #include "server/data/image_source.h"
 #include "server/engine/recalibration.h"
@@ -37,6 +38,8 @@ ABSL_FLAG(int32_t, reps, 5, "interleaved repetitions");
 
 namespace {
 
+using recal::bench::Median;
+
 using recal::data::Batch;
 using recal::data::BatchSource;
 using recal::data::InputOptions;
@@ -45,12 +48,6 @@ double Seconds(const std::function<absl::Status()>& fn, absl::Status* status) {
   const auto start = std::chrono::steady_clock::now();
   *status = fn();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 std::string Spec() {

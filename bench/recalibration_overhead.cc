@@ -17,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "bench/median.h"
 #include "server/engine/recalibration.h"
 
 ABSL_FLAG(std::string, model, "", "TorchScript model (bench/run_benchmarks.sh makes resnet18)");
@@ -28,16 +29,12 @@ ABSL_FLAG(int32_t, threads, 2, "intra-op threads");
 
 namespace {
 
+using recal::bench::Median;
+
 double TimeIt(const std::function<void()>& fn) {
   const auto start = std::chrono::steady_clock::now();
   fn();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 }  // namespace
