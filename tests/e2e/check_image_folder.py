@@ -33,9 +33,9 @@ In a temp dir (about 10 s on 2 busy cores):
          --decode_threads 4: bit-identical bn_out;
        - on_bad=fail (the default): a non-zero exit whose reason names the first bad file,
          and no output files.
---png-edge-cases adds PNGs where libpng's simplified API and PIL disagree (a gAMA chunk of
-1.0, 16-bit RGB, 16-bit gray): PIL ignores gAMA, keeps the high byte of 16-bit RGB and
-clips 16-bit gray ("I" mode) at 255; the pixel probe names them.
+--png-edge-cases (ctest passes it) adds PNGs where a generic decoder would disagree with PIL
+(a gAMA chunk of 1.0, 16-bit RGB, 16-bit gray): PIL ignores gAMA, keeps the high byte of
+16-bit RGB and clips 16-bit gray ("I" mode) at 255; the pixel probe names any mismatch.
 """
 
 import argparse
@@ -303,7 +303,7 @@ def main():
     ap.add_argument("--fixtures", help="unused (the model is built here)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument("--png-edge-cases", action="store_true",
-                    help="add PNGs with gAMA 1.0 / 16-bit samples, where libpng and PIL disagree")
+                    help="add PNGs with gAMA 1.0 / 16-bit samples, which PIL reads in its own way")
     args = ap.parse_args()
     binary = os.path.abspath(args.bin)
     if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
