@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/data_source.h"
 #include "common/data_spec.h"
 #include "common/formats/npy.h"
 #include "common/formats/safetensors.h"
@@ -12,17 +13,6 @@
 #include "common/status_macros.h"
 
 namespace recal {
-
-namespace {
-
-template <typename Floats>
-std::vector<double> Decimals(const Floats& values) {
-  std::vector<double> out;
-  for (float v : values) out.push_back(data::FloatAsDecimal(v));
-  return out;
-}
-
-}  // namespace
 
 // The one spec parser (common/data_spec.h) is shared with the server's data layer, so a
 // spec means the same thing to recal-run, recalctl and the server.
@@ -68,51 +58,12 @@ absl::StatusOr<v1::DataSource> DataSourceFromSpec(absl::string_view spec) {
 }
 
 std::string DataSourceToSpec(const v1::DataSource& source) {
-  data::DataSpec spec;
+  if (std::optional<data::DataSpec> spec = data::DataSpecOfSource(source)) return data::DataSpecToString(*spec);
   switch (source.source_case()) {
-    case v1::DataSource::kTensorFile: {
-      const v1::TensorFileSource& file = source.tensor_file();
-      switch (file.format()) {
-        case v1::TensorFileSource::NPY:
-          spec.scheme = data::DataSpec::Scheme::kNpy;
-          break;
-        case v1::TensorFileSource::SAFETENSORS:
-          spec.scheme = data::DataSpec::Scheme::kSafetensors;
-          break;
-        case v1::TensorFileSource::TORCH:
-          spec.scheme = data::DataSpec::Scheme::kTorch;
-          break;
-        default:
-          return absl::StrCat("file:", file.path());  // no spec names a file of no format
-      }
-      spec.path = file.path();
-      spec.keys.assign(file.keys().begin(), file.keys().end());
-      spec.scale = data::FloatAsDecimal(file.scale());
-      spec.mean = Decimals(file.mean());
-      spec.std = Decimals(file.std());
-      return data::DataSpecToString(spec);
-    }
-    case v1::DataSource::kImageFolder: {
-      const v1::ImageFolderSource& folder = source.image_folder();
-      spec.scheme = data::DataSpec::Scheme::kImages;
-      spec.path = folder.path();
-      spec.resize = folder.resize();
-      spec.crop = folder.crop();
-      spec.mean = Decimals(folder.mean());
-      spec.std = Decimals(folder.std());
-      spec.samples = folder.samples() > 0 ? folder.samples() : -1;
-      spec.shuffle = folder.shuffle();
-      spec.seed = folder.seed();
-      spec.skip_bad = folder.on_bad() == v1::ImageFolderSource::SKIP;
-      return data::DataSpecToString(spec);
-    }
-    case v1::DataSource::kSynthetic:
-      spec.scheme = data::DataSpec::Scheme::kSynthetic;
-      spec.sample_shape.assign(source.synthetic().sample_shape().begin(), source.synthetic().sample_shape().end());
-      spec.seed = static_cast<uint64_t>(source.synthetic().seed());
-      return data::DataSpecToString(spec);
     case v1::DataSource::kClientStream:
       return "client_stream";
+    case v1::DataSource::kTensorFile:
+      return absl::StrCat("file:", source.tensor_file().path());  // no spec names a file of no format
     default:
       return "";
   }
