@@ -42,6 +42,9 @@ bool IsImageName(const fs::path& p) {
   return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
 }
 
+// Read, not memory-mapped like tensor files (common/mapped_file.h): an image on shared
+// storage may be replaced while a job runs, and a mapping of a truncated file faults (SIGBUS)
+// where a read just fails.
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
