@@ -1,10 +1,13 @@
 #include "server/engine/collector.h"
 
+#include <cmath>
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace recal::engine {
 namespace {
@@ -96,21 +99,34 @@ at::Tensor Collector::Observe(const at::Tensor& input, const c10::optional<at::T
     return at::batch_norm(input, weight, bias, running_mean, running_var, /*training=*/false,
                           momentum, eps, cudnn_enabled);
   }
+  if (locate_nonfinite_) LocateNonFinite(*layer, input);
   // With momentum 1 the fused kernel leaves this batch's mean and unbiased variance in the
   // scratch buffers: the statistics come with no extra pass over the activations.
   at::Tensor batch_mean = at::zeros_like(running_mean);
   at::Tensor batch_var = at::zeros_like(running_var);
   at::Tensor out = at::batch_norm(input, weight, bias, batch_mean, batch_var, /*training=*/true,
                                   /*momentum=*/1.0, eps, cudnn_enabled);
-  const int64_t n = input.numel() / input.size(1);
+  // Values per channel. With n = 1 the kernel normalises correctly (every value is the mean:
+  // the output is the bias) but its unbiased variance is 0/0; with n = 0 it leaves the
+  // scratch buffers alone. Neither is a property of the data.
+  const int64_t channels = input.size(1);
+  const int64_t n = channels > 0 ? input.numel() / channels : 0;
+  if (n == 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    layer->stats.AddCall(0, at::Tensor(), at::Tensor());
+    return out;
+  }
   at::Tensor mean = batch_mean.to(at::kDouble);
-  at::Tensor var = batch_var.to(at::kDouble).mul_(static_cast<double>(n - 1) / n);
+  at::Tensor var = n == 1 ? at::zeros_like(mean)
+                          : batch_var.to(at::kDouble).mul_(static_cast<double>(n - 1) / n);
 
   // Only the CPU kernels were measured to lose precision; elsewhere the check would cost a
-  // host sync per call.
+  // host sync per call. Statistics that overflow float32 while the input is finite are
+  // recomputed too. With n = 1 the statistics are exact already.
   bool refine = false;
-  if (input.device().is_cpu()) {
-    at::Tensor ill = mean.abs() > var.sqrt() * kRefineRatio;
+  if (input.device().is_cpu() && n > 1) {
+    at::Tensor ill = (mean.abs() > var.sqrt() * kRefineRatio).logical_or_(
+        at::isfinite(mean + var).logical_not_());
     refine = ill.any().item<bool>();
     if (refine) RefineChannels(input, weight, bias, eps, ill.nonzero().squeeze(1), mean, var, out);
   }
@@ -121,6 +137,51 @@ at::Tensor Collector::Observe(const at::Tensor& input, const c10::optional<at::T
   if (refine) ++layer->refined_calls;
   layer->stats.AddCall(n, mean, var);
   return out;
+}
+
+void Collector::LocateNonFinite(const Layer& layer, const at::Tensor& input) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!nonfinite_location_.empty()) return;  // the first in execution order is the cause
+  }
+  at::Tensor bad = at::isfinite(input).logical_not_();
+  std::string found;
+  if (bad.any().item<bool>()) {
+    const int64_t flat = bad.reshape({-1}).nonzero()[0][0].item<int64_t>();
+    std::vector<int64_t> index(input.dim());
+    int64_t rest = flat;
+    for (int64_t d = input.dim() - 1; d >= 0; --d) {
+      index[d] = rest % input.size(d);
+      rest /= input.size(d);
+    }
+    const double value = input.reshape({-1})[flat].item<double>();
+    found = absl::StrCat("the input of BatchNorm layer '", layer.name, "' holds ",
+                         std::isnan(value) ? "NaN" : value > 0 ? "+Inf" : "-Inf", " at [",
+                         absl::StrJoin(index, ", "), "] in batch ", batch_index_,
+                         " (made by the data or by the layers before it)");
+  } else {
+    const std::vector<int64_t> dims = NonChannelDims(input);
+    at::Tensor x = input.to(at::kDouble);
+    at::Tensor stats = x.mean(dims) + x.var(dims, /*unbiased=*/false);
+    if (at::isfinite(stats.to(input.scalar_type())).all().item<bool>()) return;
+    found = absl::StrCat("the batch statistics of BatchNorm layer '", layer.name, "' in batch ",
+                         batch_index_, " overflow ", std::string(input.dtype().name()),
+                         " (largest |activation| ", input.abs().max().item<double>(),
+                         "), though every activation is finite");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (nonfinite_location_.empty()) nonfinite_location_ = std::move(found);
+}
+
+void Collector::set_locate_nonfinite(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  locate_nonfinite_ = on;
+  nonfinite_location_.clear();
+}
+
+std::string Collector::nonfinite_location() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return nonfinite_location_;
 }
 
 void Collector::BeginBatch(int64_t index) {
@@ -140,8 +201,8 @@ absl::Status Collector::EndBatch() {
   for (Layer* layer : called_) {
     if (layer->nonfinite.defined() && layer->nonfinite.item<bool>()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("non-finite activations (NaN or Inf) reach BatchNorm layer '", layer->name,
-                       "' in batch ", batch_index_));
+          absl::StrCat("the batch statistics of BatchNorm layer '", layer->name, "' in batch ",
+                       batch_index_, " are not finite (NaN or Inf in its input)"));
     }
   }
   return absl::OkStatus();

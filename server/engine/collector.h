@@ -54,11 +54,18 @@ class Collector {
   void BeginBatch(int64_t index);
   absl::Status EndBatch();
 
+  // Diagnosis of a batch that EndBatch failed, run again with this on: every observed call
+  // checks its input at once (a host sync per call) and the first non-finite one found, in
+  // execution order, is described with its layer, batch and position.
+  void set_locate_nonfinite(bool on);
+  std::string nonfinite_location() const;  // empty: nothing found
+
   // Layers in the order they were declared or first seen.
   const std::vector<std::unique_ptr<Layer>>& layers() const { return layers_; }
 
  private:
   Layer* FindOrAddLayer(const at::Tensor& running_mean, const at::Tensor& running_var);
+  void LocateNonFinite(const Layer& layer, const at::Tensor& input);
 
   std::unordered_map<const void*, std::string> buffer_names_;
   std::function<bool(const std::string&)> included_;
@@ -67,6 +74,8 @@ class Collector {
   std::unordered_map<const void*, Layer*> by_mean_buffer_;
   int64_t batch_index_ = 0;
   std::vector<Layer*> called_;  // layers in the order the current batch first called them
+  bool locate_nonfinite_ = false;
+  std::string nonfinite_location_;
 };
 
 }  // namespace recal::engine

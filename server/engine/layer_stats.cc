@@ -7,17 +7,29 @@
 namespace recal::engine {
 
 void LayerStats::AddCall(int64_t n, const at::Tensor& mean, const at::Tensor& biased_var) {
+  ++calls_;
+  if (n < 2) ++calls_without_variance_;
+  if (n < 1) return;
   at::Tensor zeros = at::zeros_like(mean);
+  if (n == 1) {
+    population_.Add(1, mean, zeros);
+    return;
+  }
   population_.Add(static_cast<double>(n), mean, biased_var * static_cast<double>(n));
   call_means_.Add(1, mean, zeros);
-  // n == 1 has no unbiased variance; the layer would have failed in at::batch_norm already.
   call_vars_.Add(1, biased_var * (static_cast<double>(n) / static_cast<double>(n - 1)), zeros);
 }
 
 void LayerStats::Merge(const LayerStats& other) {
+  calls_ += other.calls_;
+  calls_without_variance_ += other.calls_without_variance_;
   population_.Merge(other.population_);
   call_means_.Merge(other.call_means_);
   call_vars_.Merge(other.call_vars_);
+}
+
+bool LayerStats::has_estimate(v1::Estimator estimator) const {
+  return (estimator == v1::BATCH_AVERAGE ? call_means_ : population_).count() > 0;
 }
 
 at::Tensor LayerStats::mean(v1::Estimator estimator) const {
@@ -35,7 +47,8 @@ at::Tensor LayerStats::RelStdErrorTensor() const {
   const double k = call_means_.count();
   if (k < 2) {
     return at::full({}, std::numeric_limits<double>::infinity(),
-                    k > 0 ? population_.mean().options() : at::TensorOptions(at::kDouble));
+                    population_.count() > 0 ? population_.mean().options()
+                                            : at::TensorOptions(at::kDouble));
   }
   const at::Tensor var = population_.population_variance();
   const at::Tensor se_mean = (call_means_.sample_variance() / k).sqrt();

@@ -13,29 +13,38 @@ namespace recal::engine {
 class LayerStats {
  public:
   // One execution of the layer: n elements per channel (numel / C), with that call's
-  // float64 mean and biased (population) variance per channel.
+  // float64 mean and biased (population) variance per channel. n = 1 counts exactly
+  // (variance 0) for the population; n = 0 adds nothing (mean and variance may be undefined).
+  // A call with n < 2 has no unbiased variance, so batch_average leaves it out entirely.
   void AddCall(int64_t n, const at::Tensor& mean, const at::Tensor& biased_var);
   // Exact for any split of the calls between two accumulators.
   void Merge(const LayerStats& other);
 
-  int64_t calls() const { return static_cast<int64_t>(call_means_.count()); }
+  int64_t calls() const { return calls_; }
   int64_t samples() const { return static_cast<int64_t>(population_.count()); }
+  // Calls that saw fewer than two values per channel, left out of batch_average.
+  int64_t calls_without_variance() const { return calls_without_variance_; }
 
-  // The new running statistics (float64, [C]); only when calls() > 0.
+  // Whether `estimator` has new statistics (else the layer keeps its stored ones).
+  bool has_estimate(v1::Estimator estimator) const;
+  // The new running statistics (float64, [C]); only when has_estimate(estimator).
   at::Tensor mean(v1::Estimator estimator) const;
   at::Tensor var(v1::Estimator estimator) const;
 
   // Largest standard error over channels, relative to the channel's std (for the mean) or
-  // variance (for the variance), from the spread of per-call statistics. Infinite with
-  // fewer than two calls. Channels with zero variance are left out.
+  // variance (for the variance), from the spread of per-call statistics of the calls with
+  // a variance. Infinite with fewer than two such calls. Channels with zero variance are
+  // left out.
   double RelStdError() const;
   // The same as a 0-dim float64 tensor on the layer's device, without a host sync.
   at::Tensor RelStdErrorTensor() const;
 
  private:
+  int64_t calls_ = 0;
+  int64_t calls_without_variance_ = 0;
   Moments population_;  // every element counts once
-  Moments call_means_;  // one value per call: its mean
-  Moments call_vars_;   // one value per call: its unbiased variance
+  Moments call_means_;  // one value per call with n >= 2: its mean
+  Moments call_vars_;   // one value per call with n >= 2: its unbiased variance
 };
 
 }  // namespace recal::engine

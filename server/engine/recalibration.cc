@@ -145,31 +145,47 @@ absl::Status Recalibration::Feed(const std::vector<at::Tensor>& inputs) {
   if (inputs.empty() || inputs[0].dim() == 0) {
     return absl::InvalidArgumentError("a batch needs at least one input with a batch dimension");
   }
-  collector_->BeginBatch(batches_);
-  try {
-    std::vector<c10::IValue> args;
-    args.reserve(inputs.size());
-    // Pinned batches (the input pipeline pins them for CUDA) copy without blocking the host;
-    // the caching host allocator keeps their memory until the copy is done.
-    for (const at::Tensor& input : inputs) {
-      args.emplace_back(input.to(device_, /*non_blocking=*/device_.is_cuda() && input.is_pinned()));
-    }
-    at::NoGradGuard no_grad;
-    observed_->forward(std::move(args));
-  } catch (const std::exception& e) {
-    return TorchErrorStatus(absl::StrCat("forward failed on batch ", batches_), e);
+  if (inputs[0].size(0) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("batch ", batches_, " has no samples"));
   }
-  if (absl::Status finite = collector_->EndBatch(); !finite.ok()) return finite;
+  std::vector<c10::IValue> args;
+  args.reserve(inputs.size());
+  // Pinned batches (the input pipeline pins them for CUDA) copy without blocking the host;
+  // the caching host allocator keeps their memory until the copy is done.
+  for (const at::Tensor& input : inputs) {
+    args.emplace_back(input.to(device_, /*non_blocking=*/device_.is_cuda() && input.is_pinned()));
+  }
+  if (absl::Status forward = Forward(args); !forward.ok()) return forward;
+  if (absl::Status finite = collector_->EndBatch(); !finite.ok()) {
+    // Checking every call's input at once would cost a host sync per call on every batch;
+    // the failed batch alone runs again to say where the first NaN or Inf is.
+    collector_->set_locate_nonfinite(true);
+    absl::Status again = Forward(args);
+    const std::string location = collector_->nonfinite_location();
+    collector_->set_locate_nonfinite(false);
+    return again.ok() && !location.empty() ? absl::InvalidArgumentError(location) : finite;
+  }
   ++batches_;
   samples_ += inputs[0].size(0);
   seconds_ += Seconds(start);
   return absl::OkStatus();
 }
 
+absl::Status Recalibration::Forward(const std::vector<c10::IValue>& args) {
+  collector_->BeginBatch(batches_);
+  try {
+    at::NoGradGuard no_grad;
+    observed_->forward(args);
+  } catch (const std::exception& e) {
+    return TorchErrorStatus(absl::StrCat("forward failed on batch ", batches_), e);
+  }
+  return absl::OkStatus();
+}
+
 double Recalibration::RelStdError() const {
   std::vector<at::Tensor> errors;
   for (const auto& layer : collector_->layers()) {
-    if (layer->stats.calls() > 0) errors.push_back(layer->stats.RelStdErrorTensor().view({1}));
+    if (layer->stats.samples() > 0) errors.push_back(layer->stats.RelStdErrorTensor().view({1}));
   }
   return errors.empty() ? 0 : at::cat(errors).max().item<double>();  // one host sync
 }
@@ -213,6 +229,26 @@ absl::Status Recalibration::Run(const NextBatchFn& next_batch,
   if (!any_recalibrated) {
     return absl::InvalidArgumentError("every BatchNorm layer that ran is left out by include/exclude");
   }
+  return CheckStatisticsFitBuffers();
+}
+
+absl::Status Recalibration::CheckStatisticsFitBuffers() const {
+  // Finite float64 statistics of finite activations can still exceed float32 (|x| ~ 1e20
+  // squares past 3.4e38): a saved Inf would poison every later forward.
+  for (const auto& layer : collector_->layers()) {
+    if (!layer->stats.has_estimate(options_.estimator)) continue;
+    auto buffer = BufferAt(*observed_, layer->var_key);
+    if (!buffer.ok()) continue;
+    const at::Tensor var = layer->stats.var(options_.estimator);
+    const at::Tensor mean = layer->stats.mean(options_.estimator);
+    if (!at::isfinite(var.to(buffer->scalar_type())).all().item<bool>() ||
+        !at::isfinite(mean.to(buffer->scalar_type())).all().item<bool>()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the new statistics of BatchNorm layer '", layer->name, "' (variance up to ",
+          var.max().item<double>(), ") do not fit its ", std::string(buffer->dtype().name()),
+          " buffers"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -222,7 +258,7 @@ std::vector<std::pair<std::string, at::Tensor>> Recalibration::FinalBuffers() co
     auto old_mean = BufferAt(*observed_, layer->mean_key);
     auto old_var = BufferAt(*observed_, layer->var_key);
     if (!old_mean.ok() || !old_var.ok()) continue;
-    if (layer->excluded || layer->stats.calls() == 0) {
+    if (!layer->stats.has_estimate(options_.estimator)) {  // excluded, unused or never measured
       buffers.emplace_back(layer->mean_key, old_mean->cpu());
       buffers.emplace_back(layer->var_key, old_var->cpu());
     } else {

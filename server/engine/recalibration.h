@@ -20,6 +20,9 @@
 #include "server/engine/inspect.h"
 #include "server/engine/options.h"
 
+namespace c10 {
+struct IValue;
+}
 namespace torch::jit {
 struct Module;
 }
@@ -77,6 +80,10 @@ class Recalibration {
   // Every layer's buffers after recalibration: new statistics where it was recalibrated,
   // the stored ones where it was unused or excluded.
   std::vector<std::pair<std::string, at::Tensor>> FinalBuffers() const;
+  // Fails naming the first layer whose new statistics overflow its buffers' type.
+  absl::Status CheckStatisticsFitBuffers() const;
+  // One forward pass of the observed model over batch number batches_.
+  absl::Status Forward(const std::vector<c10::IValue>& args);
 
   std::string model_path_;
   Options options_;

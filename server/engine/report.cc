@@ -35,7 +35,8 @@ void DescribeLayer(const Layer& layer, const at::Tensor& old_mean, const at::Ten
   out->set_calls_per_forward(forwards > 0 ? static_cast<double>(layer.calls) / forwards : 0);
   out->set_refined_calls(layer.refined_calls);
   out->set_used(layer.calls > 0);
-  if (layer.stats.calls() == 0) return;  // unused or excluded: no new statistics
+  out->set_calls_without_variance(layer.stats.calls_without_variance());
+  if (!layer.stats.has_estimate(estimator)) return;  // stored statistics kept
 
   at::Tensor mean = layer.stats.mean(estimator).cpu();
   at::Tensor var = layer.stats.var(estimator).cpu();

@@ -238,6 +238,9 @@ def check_report(path, line, layers, errors):
             errors.append("report: %s samples %r, want %d" % (name, layer.get("samples"), info["samples"]))
         if _int(layer.get("calls", 0)) != info["calls"]:
             errors.append("report: %s calls %r, want %d" % (name, layer.get("calls"), info["calls"]))
+        if _int(layer.get("calls_without_variance", 0)) != info["calls_without_variance"]:
+            errors.append("report: %s calls_without_variance %r, want %d" % (
+                name, layer.get("calls_without_variance"), info["calls_without_variance"]))
         want_cpf = line.calls.get(name, 1) if info["used"] else 0
         if "calls_per_forward" in layer or name in line.calls:
             cpf = _int(layer.get("calls_per_forward", 0))
@@ -454,7 +457,8 @@ def plan(args, lines, work):
     fail("corrupt_archive", with_(model=corrupt))
     fail("truncated_archive", with_(model=truncated))
     fail("wrong_channels", with_(data="npy:" + wrong))
-    fail("nan_data", with_(data="npy:" + nan), stderr_has=["bn1"])
+    # The first BatchNorm whose input holds the NaN, the sample within the batch, the batch.
+    fail("nan_data", with_(data="npy:" + nan), stderr_has=["layer 'bn1' holds NaN at [2, ", "in batch 1"])
     fail("missing_model", with_(model=missing + ".pt"))
     fail("missing_data", with_(data="npy:" + missing + ".npy"))
     fail("max_batches_past_data", with_(extra=["--max_batches", "100"]))

@@ -167,7 +167,59 @@ TEST(Recalibration, NonFiniteActivationsNameTheLayerAndBatch) {
   auto run = RunOn(model, {at::randn({4, 3}), at::randn({4, 3}), bad});
   ASSERT_FALSE(run.ok());
   EXPECT_EQ(run.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(run.status().message(), HasSubstr("layer 'first' in batch 2"));
+  EXPECT_THAT(run.status().message(), HasSubstr("BatchNorm layer 'first' holds NaN at [2, 1] in batch 2"));
+}
+
+TEST(Recalibration, LayersSeeingOneValuePerChannelCountExactly) {
+  // A last batch of one sample: BatchNorm on (N, C) sees n = 1. Eager PyTorch refuses it
+  // in train mode; the population statistics count it as one more sample.
+  recal::testing::TempDir tmp;
+  const std::string model = SaveModule(MakeNet(3), tmp.path() + "/net.pt");
+  const std::vector<at::Tensor> batches = {at::randn({4, 3}) * 3 + 1, at::randn({4, 3}),
+                                           at::randn({1, 3}) + 5};
+  for (v1::Estimator estimator : {v1::POPULATION, v1::BATCH_AVERAGE}) {
+    Options options;
+    options.estimator = estimator;
+    auto run = RunOn(model, batches, options);
+    ASSERT_TRUE(run.ok()) << run.status();
+    ASSERT_TRUE((*run)->WriteBatchNormBuffers(tmp.path() + "/bn.safetensors").ok());
+    auto written = ReadSafetensors(tmp.path() + "/bn.safetensors");
+    if (estimator == v1::POPULATION) {
+      ExpectStatsClose(written, "first.", Float64Stats(batches), 1e-6);
+    } else {  // the mean of the first two batches' means and unbiased variances
+      at::Tensor a = batches[0].to(at::kDouble), b = batches[1].to(at::kDouble);
+      ExpectStatsClose(written, "first.",
+                       {(a.mean(0) + b.mean(0)) / 2, (a.var(0) + b.var(0)) / 2}, 1e-6);
+    }
+    const v1::RunReport report = (*run)->Report();
+    ASSERT_GE(report.layers_size(), 2);
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_EQ(report.layers(i).samples(), 9) << report.layers(i).name();
+      EXPECT_EQ(report.layers(i).calls(), 3);
+      EXPECT_EQ(report.layers(i).calls_without_variance(), 1);
+    }
+  }
+}
+
+TEST(Recalibration, BatchWithoutSamplesIsRefused) {
+  recal::testing::TempDir tmp;
+  const std::string model = SaveModule(MakeNet(3), tmp.path() + "/net.pt");
+  auto run = RunOn(model, {at::randn({4, 3}), at::randn({0, 3})});
+  ASSERT_FALSE(run.ok());
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(run.status().message(), HasSubstr("batch 1 has no samples"));
+}
+
+TEST(Recalibration, StatisticsBeyondFloat32AreRefusedNotSaved) {
+  // Every activation is finite, but the variance (1e40) is not a float32: the float64
+  // refinement measures it and the run refuses to write Inf into the model.
+  recal::testing::TempDir tmp;
+  const std::string model = SaveModule(MakeNet(3), tmp.path() + "/net.pt");
+  auto run = RunOn(model, {at::randn({4, 3}) * 1e20, at::randn({4, 3}) * 1e20});
+  ASSERT_FALSE(run.ok());
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(run.status().message(), HasSubstr("BatchNorm layer 'first'"));
+  EXPECT_THAT(run.status().message(), HasSubstr("do not fit its float buffers"));
 }
 
 TEST(Recalibration, ShortDataFailsUnlessAllowed) {

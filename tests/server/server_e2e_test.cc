@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "common/sha256.h"
+#include "google/protobuf/util/json_util.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "server/data/batch_source.h"
 #include "tests/engine/test_util.h"
@@ -287,6 +288,77 @@ v1::Tensor ToProto(const at::Tensor& t) {
   const at::Tensor c = t.contiguous();
   proto.set_data(static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size());
   return proto;
+}
+
+TEST_F(ServerTest, LastBatchOfOneSampleCountsThroughFilesAndStreams) {
+  // 33 samples at batch size 8: in the last batch BatchNorm1d on (N, C) and on (N, C, 1)
+  // sees one value per channel. Files and pushed batches, both estimators, give the float64
+  // reference; the report counts the call that has no variance.
+  v1::Model model;
+  ASSERT_TRUE(Upload(*stub_, ReadBytes(kFixtures + "/models/last_single_1d.traced_train.pt"), &model).ok());
+  auto source = data::OpenBatchSource(
+      "safetensors:" + kFixtures + "/data/last_single_1d.safetensors:seq,vec", 8);
+  ASSERT_TRUE(source.ok()) << source.status();
+  std::vector<std::vector<at::Tensor>> batches;
+  while (true) {
+    auto batch = (*source)->Next();
+    ASSERT_TRUE(batch.ok()) << batch.status();
+    if (!*batch) break;
+    batches.push_back(**batch);
+  }
+  ASSERT_EQ(batches.back()[0].size(0), 1);
+
+  for (v1::Estimator estimator : {v1::POPULATION, v1::BATCH_AVERAGE}) {
+    const std::string name = v1::Estimator_Name(estimator);
+    v1::SubmitJobRequest files;
+    files.mutable_spec()->set_model_id(model.id());
+    files.mutable_spec()->set_batch_size(8);
+    files.mutable_spec()->mutable_options()->set_estimator(estimator);
+    auto* file = files.mutable_spec()->mutable_data()->mutable_tensor_file();
+    file->set_format(v1::TensorFileSource::SAFETENSORS);
+    file->set_path("data/last_single_1d.safetensors");
+    file->add_keys("seq");
+    file->add_keys("vec");
+    v1::SubmitJobRequest streamed = files;
+    streamed.mutable_spec()->mutable_data()->mutable_client_stream();
+    const v1::Job file_job = Submit(files);
+    const v1::Job stream_job = Submit(streamed);
+
+    grpc::ClientContext context;
+    v1::PushBatchesResponse pushed;
+    auto writer = stub_->PushBatches(&context, &pushed);
+    for (const auto& batch : batches) {
+      v1::PushBatchesRequest message;
+      message.set_job_id(stream_job.id());
+      for (const at::Tensor& input : batch) *message.add_inputs() = ToProto(input);
+      ASSERT_TRUE(writer->Write(message));
+    }
+    v1::PushBatchesRequest last;
+    last.set_job_id(stream_job.id());
+    last.set_last(true);
+    writer->Write(last);
+    writer->WritesDone();
+    ASSERT_TRUE(writer->Finish().ok());
+
+    const std::string reference_path = kFixtures + "/ref/last_single_1d." +
+                                       (estimator == v1::POPULATION ? "population" : "batch_average") +
+                                       ".safetensors";
+    for (const v1::Job& job : {file_job, stream_job}) {
+      WaitForState(*stub_, job.id(), v1::SUCCEEDED);
+      const std::string path = tmp_.File(job.id() + ".safetensors");
+      std::ofstream(path, std::ios::binary) << Download(*stub_, job.id(), v1::BN_BUFFERS);
+      EXPECT_LE(engine::testing::WorstRelativeError(engine::testing::ReadSafetensors(path),
+                                                    engine::testing::ReadSafetensors(reference_path)),
+                1e-5) << name;
+      v1::RunReport report;
+      ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(
+                      Download(*stub_, job.id(), v1::REPORT), &report).ok());
+      std::map<std::string, int64_t> without_variance;
+      for (const auto& layer : report.layers()) without_variance[layer.name()] = layer.calls_without_variance();
+      EXPECT_EQ(without_variance, (std::map<std::string, int64_t>{{"bn_seq", 0}, {"bn_pooled", 1}, {"bn_vec", 1}}))
+          << name;
+    }
+  }
 }
 
 TEST_F(ServerTest, ClientStreamedBatchesAreRecalibratedLikeFiles) {
