@@ -8,10 +8,10 @@ WORKDIR /src
 COPY scripts/debian-packages.txt scripts/install-deps.sh scripts/
 RUN scripts/install-deps.sh && rm -rf /var/lib/apt/lists/*
 COPY . .
-# Only the two executables (and librecal_engine.so): the tests do not run in the image.
+# Only the executables (and librecal_engine.so): the tests do not run in the image.
 RUN --mount=type=cache,target=/root/.ccache \
     CCACHE_DIR=/root/.ccache cmake --preset default \
- && CCACHE_DIR=/root/.ccache cmake --build --preset default --target recal-server recalctl -j "$(nproc)"
+ && CCACHE_DIR=/root/.ccache cmake --build --preset default --target recal-server recal-worker recalctl -j "$(nproc)"
 
 # ---- runtime: only the shared libraries' packages (deploy/runtime-packages.txt)
 FROM debian:bookworm-slim AS runtime
@@ -21,7 +21,8 @@ RUN apt-get update -q \
       $(grep -v '^\s*#' /tmp/runtime-packages.txt | grep -v '^\s*$') \
  && rm -rf /var/lib/apt/lists/* /tmp/runtime-packages.txt
 COPY --from=build /src/build/lib/librecal_engine.so /usr/local/lib/
-COPY --from=build /src/build/bin/recal-server /src/build/bin/recalctl /usr/local/bin/
+# recal-worker beside recal-server: every model runs in it, sandboxed.
+COPY --from=build /src/build/bin/recal-server /src/build/bin/recal-worker /src/build/bin/recalctl /usr/local/bin/
 RUN ldconfig \
  && useradd --system --user-group --uid 10001 --home-dir /var/lib/recal --shell /usr/sbin/nologin recal \
  && mkdir -p /var/lib/recal /data \

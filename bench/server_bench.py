@@ -9,8 +9,10 @@ Upload: a real TorchScript archive of about --model_mb MB (a Linear layer big en
 BatchNorm), 1 MiB chunks, from Python's grpc client; the time runs from the first chunk to
 the accepted model (digest verified, archive loaded and inspected).
 Job: ResNet-18 (scripted), --batches batches of 32x3x112x112 (npy under the server's data
-root), 2 intra-op threads on both sides; through the server the time runs from SubmitJob to
-the last byte of the three downloaded artifacts; recal-run is timed as a whole process.
+root), and a job of 1 batch (the fixed cost of a job), 2 intra-op threads on both sides;
+through the server the time runs from SubmitJob to the last byte of the three downloaded
+artifacts (the job runs in a sandboxed recal-worker process of its own); recal-run is timed
+as a whole process.
 """
 import argparse
 import hashlib
@@ -91,10 +93,10 @@ def main():
         print("upload: %.1f MB in 1 MiB chunks in %.2f s = %.0f MB/s (digest verified, archive "
               "inspected)" % (size / 1e6, seconds, size / 1e6 / seconds))
         model, _, _ = upload(stub, pb, os.path.join(work, "root", "resnet18.pt"))
-        spec = pb.JobSpec(model_id=model.id, batch_size=32, data=pb.DataSource(
-            tensor_file=pb.TensorFileSource(format=pb.TensorFileSource.NPY, path="x.npy")))
-        server_times, run_times = [], []
-        for i in range(args.repeats + 1):  # the first of each is a warm-up
+        def through_server(max_batches):
+            spec = pb.JobSpec(model_id=model.id, batch_size=32, data=pb.DataSource(
+                tensor_file=pb.TensorFileSource(format=pb.TensorFileSource.NPY, path="x.npy")),
+                options=pb.EngineOptions(max_batches=max_batches))
             start = time.perf_counter()
             job = stub.SubmitJob(pb.SubmitJobRequest(spec=spec))
             for event in stub.WatchJob(pb.WatchJobRequest(id=job.id)):
@@ -103,25 +105,37 @@ def main():
             for artifact in (pb.MODEL, pb.BN_BUFFERS, pb.REPORT):
                 for _ in stub.DownloadResult(pb.DownloadResultRequest(job_id=job.id, artifact=artifact)):
                     pass
-            server_s = time.perf_counter() - start
+            return time.perf_counter() - start
+
+        def recal_run(max_batches):
             start = time.perf_counter()
             subprocess.run([args.run, "--model", os.path.join(work, "root", "resnet18.pt"),
                             "--data", "npy:" + os.path.join(work, "root", "x.npy"), "--batch_size", "32",
                             "--threads", "2", "--out", os.path.join(work, "out.pt"),
                             "--bn_out", os.path.join(work, "bn.safetensors"),
-                            "--report", os.path.join(work, "report.json")],
+                            "--report", os.path.join(work, "report.json"),
+                            "--max_batches", str(max_batches)],
                            check=True, stderr=subprocess.DEVNULL)
-            run_s = time.perf_counter() - start
+            return time.perf_counter() - start
+
+        times = {key: [] for key in ("server", "run", "server1", "run1")}
+        for i in range(args.repeats + 1):  # the first of each is a warm-up
+            # Interleaved, so that the machine's drift hits both sides alike.
+            sample = {"server": through_server(args.batches), "run": recal_run(args.batches),
+                      "server1": through_server(1), "run1": recal_run(1)}
             if i > 0:
-                server_times.append(server_s)
-                run_times.append(run_s)
-        s, r = statistics.median(server_times), statistics.median(run_times)
-        print("job, %d batches of 32x3x112x112, ResNet-18, 2 threads (median of %d):" % (args.batches, args.repeats))
-        print("| path                                   | seconds |")
-        print("|----------------------------------------|---------|")
-        print("| recal-server: submit .. downloaded     | %7.2f |" % s)
-        print("| recal-run: whole process               | %7.2f |" % r)
-        print("ratio server / recal-run: %.3f" % (s / r))
+                for key, value in sample.items():
+                    times[key].append(value)
+        m = {key: statistics.median(values) for key, values in times.items()}
+        print("job, ResNet-18 on 32x3x112x112 batches, 2 threads (median of %d):" % args.repeats)
+        print("| path                                   | %2d batches | 1 batch |" % args.batches)
+        print("|----------------------------------------|------------|---------|")
+        print("| recal-server: submit .. downloaded     | %8.2f s | %5.2f s |" % (m["server"], m["server1"]))
+        print("| recal-run: whole process               | %8.2f s | %5.2f s |" % (m["run"], m["run1"]))
+        print("ratio server / recal-run: %.3f (%d batches), %.3f (1 batch)" % (
+            m["server"] / m["run"], args.batches, m["server1"] / m["run1"]))
+        print("fixed cost of a job through the server (1-batch job: worker start, sandbox, load, "
+              "validation, rewrite, save, reload, store): %.0f ms" % (1000 * m["server1"]))
     finally:
         proc.terminate()
         proc.wait(timeout=60)

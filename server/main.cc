@@ -21,6 +21,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
@@ -28,6 +29,7 @@
 #include "server/engine/devices.h"
 #include "server/jobs/job_manager.h"
 #include "server/jobs/model_registry.h"
+#include "server/jobs/worker_runner.h"
 #include "server/log/log.h"
 #include "server/metrics/metrics.h"
 #include "server/store/blob_store.h"
@@ -50,6 +52,15 @@ ABSL_FLAG(int64_t, max_batch_size, 4096, "largest batch_size a job may ask for")
 ABSL_FLAG(int64_t, max_batch_bytes, int64_t{256} << 20, "largest tensor a client may push (PushBatches)");
 ABSL_FLAG(double, job_timeout_seconds, 6 * 3600, "a job's time limit unless its spec sets one");
 ABSL_FLAG(double, shutdown_timeout_seconds, 20, "how long SIGTERM waits for workers and calls");
+ABSL_FLAG(std::string, worker_binary, "", "recal-worker, which runs every model (default: beside recal-server)");
+ABSL_FLAG(int64_t, job_memory_bytes, int64_t{16} << 30, "address space of each job's worker (RLIMIT_AS); 0: no limit");
+ABSL_FLAG(int64_t, job_file_bytes, 0, "largest file a worker may write (0: twice --max_model_bytes)");
+ABSL_FLAG(std::string, worker_user, "",
+          "run workers as this user (the server must be root); empty: the server's user without capabilities");
+ABSL_FLAG(int32_t, max_attempts, 3, "runs of a job the server died during, after which it fails");
+ABSL_FLAG(std::vector<std::string>, extra_allowed_ops, {},
+          "operators (ns::name, comma-separated) a model may use beyond the built-in allowlist");
+ABSL_FLAG(int64_t, max_graph_nodes, 500000, "largest model graph accepted, in nodes (inlined forward)");
 ABSL_FLAG(int32_t, download_chunk_bytes, 1 << 20, "bytes per DownloadResult message");
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9464",
           "address to serve Prometheus metrics on at /metrics (port 0: any free port; empty: none)");
@@ -120,19 +131,44 @@ int main(int argc, char** argv) {
   std::unique_ptr<recal::metrics::Metrics> metrics;
   if (!metrics_listen.empty()) metrics = std::make_unique<recal::metrics::Metrics>();
 
-  recal::jobs::ModelRegistry models(metadata->get(), blobs->get(), absl::GetFlag(FLAGS_max_model_bytes));
+  recal::jobs::WorkerRunnerOptions worker;
+  worker.binary = absl::GetFlag(FLAGS_worker_binary);
+  if (worker.binary.empty()) {
+    std::error_code error;
+    worker.binary = (std::filesystem::read_symlink("/proc/self/exe", error).parent_path() / "recal-worker").string();
+  }
+  worker.scratch_root = blobs->get()->scratch_dir();
+  worker.data_roots = AllDataRoots(argc, argv);
+  worker.memory_bytes = absl::GetFlag(FLAGS_job_memory_bytes);
+  worker.file_bytes = absl::GetFlag(FLAGS_job_file_bytes) > 0 ? absl::GetFlag(FLAGS_job_file_bytes)
+                                                              : 2 * absl::GetFlag(FLAGS_max_model_bytes);
+  worker.user = absl::GetFlag(FLAGS_worker_user);
+  worker.extra_allowed_ops = absl::GetFlag(FLAGS_extra_allowed_ops);
+  worker.max_graph_nodes = absl::GetFlag(FLAGS_max_graph_nodes);
+  worker.threads = absl::GetFlag(FLAGS_threads_per_worker);
+  worker.prefetch_depth = std::max(0, absl::GetFlag(FLAGS_prefetch_depth));
+  worker.decode_threads = std::max(0, absl::GetFlag(FLAGS_decode_threads));
+  recal::jobs::WorkerRunner runner(worker);
+  // Said once at start: what the sandbox holds on this machine, and by name what it cannot.
+  auto sandbox = runner.DescribeSandbox();
+  if (!sandbox.ok()) return Fail(absl::Status(sandbox.status().code(),
+                                              absl::StrCat("the worker does not start: ", sandbox.status().message())));
+  recal::log::Info("recal-server: jobs run in sandboxed workers",
+                   {{"worker", worker.binary}, {"enforced", absl::StrJoin(sandbox->enforced(), ", ")}});
+  for (const std::string& missing : sandbox->missing()) {
+    recal::log::Warning(absl::StrCat("recal-server: sandbox: not enforced on this machine: ", missing));
+  }
+  recal::jobs::ModelRegistry models(metadata->get(), blobs->get(), absl::GetFlag(FLAGS_max_model_bytes), &runner);
   recal::jobs::JobManagerOptions options;
   options.devices = *devices;
   options.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_jobs);
-  options.threads_per_worker = absl::GetFlag(FLAGS_threads_per_worker);
-  options.prefetch_depth = std::max(0, absl::GetFlag(FLAGS_prefetch_depth));
-  options.decode_threads = std::max(0, absl::GetFlag(FLAGS_decode_threads));
   options.data_roots = AllDataRoots(argc, argv);
   options.default_timeout_seconds = absl::GetFlag(FLAGS_job_timeout_seconds);
   options.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
   options.max_batch_bytes = absl::GetFlag(FLAGS_max_batch_bytes);
   options.metrics = metrics.get();
-  recal::jobs::JobManager jobs(metadata->get(), blobs->get(), &models, options);
+  options.max_attempts = std::max(1, absl::GetFlag(FLAGS_max_attempts));
+  recal::jobs::JobManager jobs(metadata->get(), blobs->get(), &models, &runner, options);
   if (absl::Status started = jobs.Start(); !started.ok()) return Fail(started);
 
   // Declared after `jobs`: it stops serving (its gauges read the jobs) before they go.

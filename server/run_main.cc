@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -44,6 +45,10 @@ ABSL_FLAG(std::string, exclude, "", "leave layers whose name matches this regex 
 ABSL_FLAG(double, target_rel_error, 0,
           "stop once every layer's statistics have this relative standard error (0: never)");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda:N");
+ABSL_FLAG(bool, trust_model, false,
+          "skip the operator allowlist: the model is your own file and may do anything it says");
+ABSL_FLAG(std::vector<std::string>, extra_allowed_ops, {},
+          "operators (ns::name, comma-separated) the model may use beyond the built-in allowlist");
 ABSL_FLAG(int32_t, threads, 0, "intra-op threads (0: LibTorch's default)");
 ABSL_FLAG(int32_t, prefetch, 2, "batches prepared ahead on a background thread (0: none)");
 ABSL_FLAG(int32_t, decode_threads, 0, "images: decoding threads (0: the cores, at most 8)");
@@ -81,6 +86,8 @@ absl::StatusOr<Options> OptionsFromFlags() {
   options.target_rel_error = absl::GetFlag(FLAGS_target_rel_error);
   options.device = absl::GetFlag(FLAGS_device);
   options.threads = absl::GetFlag(FLAGS_threads);
+  options.graph_policy.trusted = absl::GetFlag(FLAGS_trust_model);
+  options.graph_policy.extra_allowed_ops = absl::GetFlag(FLAGS_extra_allowed_ops);
   return options;
 }
 

@@ -459,6 +459,16 @@ absl::StatusOr<std::unique_ptr<BatchSource>> OpenImageSource(const DataSpec& spe
   for (; !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
     std::error_code ec2;
     if (it->is_directory(ec2)) {
+      if (!options.allowed_roots.empty()) {
+        // A link to a directory outside the roots is refused before it is listed, as a file
+        // link is before it is read (the worker's sandbox would refuse the listing too).
+        absl::StatusOr<std::string> inside = ResolveUnderRoots(options.allowed_roots, it->path().string());
+        if (!inside.ok()) {
+          return absl::Status(inside.status().code(),
+                              absl::StrCat(label, ": ", it->path().lexically_relative(spec.path).generic_string(),
+                                           ": ", inside.status().message()));
+        }
+      }
       if (!entered.insert(fs::canonical(it->path(), ec2)).second || ec2) it.disable_recursion_pending();
     } else if (it->is_regular_file(ec2) && IsImageName(it->path())) {
       files.push_back(it->path().lexically_relative(spec.path).generic_string());

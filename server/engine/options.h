@@ -6,6 +6,7 @@
 #include <string>
 
 #include "recal/v1/report.pb.h"
+#include "server/engine/graph_validation.h"
 
 namespace recal::engine {
 
@@ -27,6 +28,7 @@ struct Options {
   int64_t min_batches_for_target = 10;
   std::string device = "cpu";  // "cpu" or "cuda:N"
   int threads = 0;             // intra-op threads; 0 = LibTorch's default
+  GraphPolicy graph_policy;    // what the model's graphs may do (server/engine/graph_validation.h)
 };
 
 // fvcore's default number of batches for precise BN.

@@ -8,8 +8,15 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <caffe2/serialize/read_adapter_interface.h>
+#include <sys/stat.h>
 #include <torch/script.h>
+#include <unistd.h>
 
+#include <cerrno>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -54,13 +61,52 @@ absl::StatusOr<std::function<bool(const std::string&)>> LayerFilter(const Option
   }
 }
 
+// An archive on an open file descriptor: recal-worker gets the model that way, so that the
+// sandbox need not allow its path.
+class FdReadAdapter : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  FdReadAdapter(int fd, size_t size) : fd_(fd), size_(size) {}
+  size_t size() const override { return size_; }
+  size_t read(uint64_t pos, void* buf, size_t n, const char* what) const override {
+    size_t done = 0;
+    while (done < n) {
+      const ssize_t got = ::pread(fd_, static_cast<char*>(buf) + done, n - done, pos + done);
+      if (got < 0 && errno == EINTR) continue;
+      TORCH_CHECK(got > 0, "cannot read the model archive (", what, ")");
+      done += static_cast<size_t>(got);
+    }
+    return done;
+  }
+
+ private:
+  const int fd_;
+  const size_t size_;
+};
+
 absl::StatusOr<torch::jit::Module> LoadArchive(const std::string& path, const c10::Device& device) {
-  std::error_code error;
-  if (!std::filesystem::is_regular_file(path, error)) {
-    return absl::NotFoundError(absl::StrCat("no model file ", path));
+  // Loading compiles the archive's code and, by LibTorch's default, inlines every call in
+  // it: a few kB of hostile archive (f_k calls f_{k-1} twice) would make that exponential.
+  // The engine inlines forward itself, once ValidateGraphs has bounded the inlined size.
+  static const bool kNoInliningAtLoad = [] { return torch::jit::getInlineEverythingMode() = false; }();
+  (void)kNoInliningAtLoad;
+  int fd = -1;
+  if (absl::StartsWith(path, kModelFdPrefix)) {
+    if (!absl::SimpleAtoi(path.substr(kModelFdPrefix.size()), &fd) || fd < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("bad model descriptor ", path));
+    }
+  } else {
+    std::error_code error;
+    if (!std::filesystem::is_regular_file(path, error)) {
+      return absl::NotFoundError(absl::StrCat("no model file ", path));
+    }
   }
   try {
-    return torch::jit::load(path, device);
+    if (fd < 0) return torch::jit::load(path, device);
+    struct stat info;
+    if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+      return absl::InvalidArgumentError(absl::StrCat(path, " is not an open regular file"));
+    }
+    return torch::jit::load(std::make_shared<FdReadAdapter>(fd, static_cast<size_t>(info.st_size)), device);
   } catch (const std::exception& e) {
     return TorchErrorStatus(absl::StrCat("cannot load TorchScript archive ", path), e);
   }
@@ -114,6 +160,9 @@ absl::StatusOr<std::unique_ptr<Recalibration>> Recalibration::Create(const std::
   run->observed_ = std::make_unique<torch::jit::Module>(std::move(*module));
   torch::jit::Module& observed = *run->observed_;
 
+  if (absl::Status valid = ValidateGraphs(observed, options.graph_policy); !valid.ok()) {
+    return valid;
+  }
   if (options.modules == v1::EVAL) observed.eval();
   if (options.modules == v1::TRAIN) observed.train(true);
 
@@ -333,8 +382,11 @@ std::vector<DeclaredLayer> Recalibration::Layers() const {
   return layers;
 }
 
-absl::StatusOr<std::vector<DeclaredLayer>> InspectModel(const std::string& path) {
-  auto run = Recalibration::Create(path, Options());
+absl::StatusOr<std::vector<DeclaredLayer>> InspectModel(const std::string& path,
+                                                        const GraphPolicy& policy) {
+  Options options;
+  options.graph_policy = policy;
+  auto run = Recalibration::Create(path, options);
   if (!run.ok()) return run.status();
   return (*run)->Layers();
 }

@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "recal/v1/report.pb.h"
 #include "server/engine/inspect.h"
 #include "server/engine/options.h"
@@ -42,9 +43,13 @@ struct Progress {
   double rel_std_error = 0;  // worst layer so far (infinite before two batches)
 };
 
+// A model path "fd:N" names an archive open on file descriptor N (recal-worker).
+inline constexpr absl::string_view kModelFdPrefix = "fd:";
+
 class Recalibration {
  public:
-  // Loads the archive at `model_path` and instruments a private copy of it.
+  // Loads the archive at `model_path` (or "fd:N"), validates its graphs
+  // (Options::graph_policy) and instruments a private copy of it.
   static absl::StatusOr<std::unique_ptr<Recalibration>> Create(const std::string& model_path,
                                                                const Options& options);
   ~Recalibration();

@@ -1,6 +1,7 @@
 #include "server/jobs/job_manager.h"
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <optional>
 
@@ -10,9 +11,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "server/data/batch_source.h"
-#include "server/engine/recalibration.h"
-#include "server/engine/report.h"
 #include "server/jobs/data_source_spec.h"
 #include "server/log/log.h"
 #include "server/metrics/metrics.h"
@@ -40,21 +38,6 @@ v1::JobError ErrorOf(const absl::Status& status) {
   return error;
 }
 
-engine::Options EngineOptionsOf(const v1::JobSpec& spec, const std::string& device, int threads) {
-  engine::Options options;
-  const v1::EngineOptions& o = spec.options();
-  if (o.estimator() != v1::ESTIMATOR_UNSPECIFIED) options.estimator = o.estimator();
-  if (o.modules() != v1::MODULE_MODE_UNSPECIFIED) options.modules = o.modules();
-  options.include = o.include();
-  options.exclude = o.exclude();
-  if (o.max_batches() > 0) options.max_batches = o.max_batches();
-  options.allow_short_data = o.allow_short_data();
-  options.target_rel_error = o.target_rel_error();
-  options.device = device;
-  options.threads = threads;
-  return options;
-}
-
 double SecondsBetween(const google::protobuf::Timestamp& from, const google::protobuf::Timestamp& to) {
   return TimeUtil::DurationToNanoseconds(to - from) / 1e9;
 }
@@ -78,10 +61,11 @@ struct JobManager::Outputs {
 };
 
 JobManager::JobManager(store::MetadataStore* metadata, store::BlobStore* blobs,
-                       ModelRegistry* models, JobManagerOptions options)
+                       ModelRegistry* models, JobRunner* runner, JobManagerOptions options)
     : metadata_(metadata),
       blobs_(blobs),
       models_(models),
+      runner_(runner),
       options_(std::move(options)),
       queue_(options_.max_queued_jobs) {}
 
@@ -111,11 +95,18 @@ absl::Status JobManager::Start() {
   auto interrupted = metadata_->JobsInStates({v1::RUNNING, v1::CANCELLING});
   if (!interrupted.ok()) return interrupted.status();
   for (v1::Job& job : *interrupted) {
-    const v1::JobState next = job.state() == v1::CANCELLING ? v1::CANCELLED : v1::QUEUED;
+    v1::JobState next = job.state() == v1::CANCELLING ? v1::CANCELLED : v1::QUEUED;
     if (next == v1::CANCELLED) *job.mutable_error() = ErrorOf(absl::CancelledError("cancelled"));
+    // A job that keeps taking the server down must not do so forever.
+    if (next == v1::QUEUED && job.attempts() >= options_.max_attempts) {
+      next = v1::FAILED;
+      *job.mutable_error() = ErrorOf(absl::AbortedError(absl::StrCat(
+          "the server stopped while this job ran, ", job.attempts(), " times (--max_attempts=",
+          options_.max_attempts, "); it is not run again")));
+    }
     job.clear_progress();
     if (absl::Status s = RecordState(job, next); !s.ok()) return s;
-    if (next == v1::CANCELLED) {
+    if (next != v1::QUEUED) {
       Finished(job);
     } else {
       log::Info("job re-queued at start-up", {{"job_id", job.id()}, {"attempts", job.attempts()}});
@@ -448,126 +439,108 @@ absl::StatusOr<JobManager::Outputs> JobManager::Execute(const v1::Job& job, cons
   if (!model_path.ok()) return model_path.status();
   auto data_spec = DataSpecFor(spec.data(), options_.data_roots);
   if (!data_spec.ok()) return data_spec.status();
-  std::optional<int64_t> samples;
-  std::function<absl::StatusOr<std::optional<data::Batch>>()> next_batch;
-  std::unique_ptr<data::BatchSource> file_batches;
+  const double timeout = spec.timeout_seconds() > 0 ? spec.timeout_seconds() : options_.default_timeout_seconds;
+
+  RunHooks hooks;
+  hooks.cancel = &running.cancel;
+  hooks.deadline = absl::Now() + absl::Seconds(timeout);
   if (spec.data().has_client_stream()) {
     std::shared_ptr<StreamFeed> feed;
     {
       std::lock_guard<std::mutex> lock(mu_);
       feed = FeedLocked(job);
     }
-    const double timeout = spec.timeout_seconds() > 0 ? spec.timeout_seconds() : options_.default_timeout_seconds;
     feed->set_deadline(std::chrono::steady_clock::now() +
                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                            std::chrono::duration<double>(timeout)));
-    next_batch = [feed] { return feed->Next(); };
-  } else {
-    const data::InputOptions input{.prefetch_depth = options_.prefetch_depth,
-                                   .decode_threads = options_.decode_threads,
-                                   .pin_memory = absl::StartsWith(device, "cuda"),
-                                   .data_roots = options_.data_roots};
-    auto source = data::OpenBatchSource(*data_spec, spec.batch_size(), input);
-    if (!source.ok()) return source.status();
-    samples = (*source)->num_samples();
-    file_batches = *std::move(source);
-    next_batch = [&] { return file_batches->Next(); };
+    hooks.next_pushed = [feed] { return feed->Next(); };
+    hooks.release_pushed = [feed] { feed->Close(absl::FailedPreconditionError("the job has ended")); };
   }
 
-  auto run = engine::Recalibration::Create(*model_path, EngineOptionsOf(spec, device, options_.threads_per_worker));
-  if (!run.ok()) return run.status();
-
-  const double timeout = spec.timeout_seconds() > 0 ? spec.timeout_seconds() : options_.default_timeout_seconds;
   const auto start = std::chrono::steady_clock::now();
   auto elapsed = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
-  auto next = [&]() -> absl::StatusOr<std::optional<std::vector<at::Tensor>>> {
-    if (elapsed() > timeout) {
-      return absl::DeadlineExceededError(absl::StrCat("the job ran past its timeout of ", timeout, " s"));
-    }
-    return next_batch();
-  };
   auto last_event = std::chrono::steady_clock::now() - std::chrono::hours(1);
   int64_t counted_batches = 0, counted_samples = 0;
-  auto publish = [&](const engine::Progress& p, int64_t total) {
-    v1::Job update = job;
-    v1::JobProgress* progress = update.mutable_progress();
-    progress->set_batches_done(p.batches);
-    progress->set_batches_total(total);
-    progress->set_samples_done(p.samples);
-    const double rate = elapsed() > 0 ? p.samples / elapsed() : 0;
-    progress->set_samples_per_second(rate);
-    progress->set_eta_seconds(p.batches > 0 ? elapsed() / p.batches * (total - p.batches) : 0);
-    progress->set_rel_std_error(std::isfinite(p.rel_std_error) ? p.rel_std_error : -1);
+  auto publish = [&](const worker::v1::Progress& p, int64_t total) {
+    v1::JobProgress progress;
+    progress.set_batches_done(p.batches());
+    progress.set_batches_total(total);
+    progress.set_samples_done(p.samples());
+    progress.set_samples_per_second(elapsed() > 0 ? p.samples() / elapsed() : 0);
+    progress.set_eta_seconds(p.batches() > 0 ? elapsed() / p.batches() * (total - p.batches()) : 0);
+    progress.set_rel_std_error(std::isfinite(p.rel_std_error()) ? p.rel_std_error() : -1);
     v1::JobEvent event;
-    *event.mutable_progress() = *progress;
+    *event.mutable_progress() = progress;
     std::lock_guard<std::mutex> lock(mu_);
     auto current = metadata_->GetJob(job.id());
     if (current.ok()) {
-      *current->mutable_progress() = *progress;
+      *current->mutable_progress() = progress;
       Record(*current, event).IgnoreError();
     }
   };
-  std::optional<engine::Progress> latest;
+  std::optional<worker::v1::Progress> latest;
   bool latest_published_as_final = false;
-  auto on_progress = [&](const engine::Progress& p) {
+  hooks.on_progress = [&](const worker::v1::Progress& p) {
     if (options_.metrics) {
-      options_.metrics->batches_processed.Increment(static_cast<double>(p.batches - counted_batches));
-      options_.metrics->samples_processed.Increment(static_cast<double>(p.samples - counted_samples));
+      options_.metrics->batches_processed.Increment(static_cast<double>(p.batches() - counted_batches));
+      options_.metrics->samples_processed.Increment(static_cast<double>(p.samples() - counted_samples));
     }
-    counted_batches = p.batches;
-    counted_samples = p.samples;
+    counted_batches = p.batches();
+    counted_samples = p.samples();
     const auto now = std::chrono::steady_clock::now();
-    const int64_t total = samples ? std::min(p.max_batches, (*samples + spec.batch_size() - 1) / spec.batch_size())
-                                  : p.max_batches;
-    const bool last = p.batches >= total;
+    const int64_t total = p.total_samples() > 0
+                              ? std::min(p.max_batches(), (p.total_samples() + spec.batch_size() - 1) / spec.batch_size())
+                              : p.max_batches();
+    const bool last = p.batches() >= total;
     latest = p;
     latest_published_as_final = last;
     if (!last && now - last_event < absl::ToChronoMilliseconds(options_.progress_interval)) return;
     last_event = now;
     publish(p, total);
   };
-  absl::Status ran = (*run)->Run(next, on_progress, &running.cancel);
-  if (!ran.ok()) return ran;
-  // The data ended before the expected count (skipped files, a stream, early stopping) or
-  // the last event was throttled away: the last event says where it really ended.
-  if (latest && !latest_published_as_final) publish(*latest, latest->batches);
 
   namespace fs = std::filesystem;
   const fs::path scratch = fs::path(blobs_->scratch_dir()) / job.id();
   std::error_code error;
+  fs::remove_all(scratch, error);  // what an earlier attempt left
   fs::create_directories(scratch, error);
   if (error) return absl::InternalError(absl::StrCat("cannot create ", scratch.string(), ": ", error.message()));
+  struct RemoveScratch {
+    const fs::path& dir;
+    ~RemoveScratch() {
+      std::error_code ignored;
+      fs::remove_all(dir, ignored);
+    }
+  } remove_scratch{scratch};
+
+  RecalibrationTask task;
+  task.spec = spec;
+  task.model_path = *model_path;
+  task.data_spec = spec.data().has_client_stream() ? "" : *data_spec;
+  task.device = device;
+  task.scratch_dir = scratch.string();
+  absl::StatusOr<v1::RunReport> report = runner_->Recalibrate(task, hooks);
+  if (absl::IsDeadlineExceeded(report.status())) {
+    return absl::DeadlineExceededError(absl::StrCat("the job ran past its timeout of ", timeout, " s"));
+  }
+  if (!report.ok()) return report.status();
+  // The data ended before the expected count (skipped files, a stream, early stopping) or
+  // the last event was throttled away: the last event says where it really ended.
+  if (latest && !latest_published_as_final) publish(*latest, latest->batches());
+
   Outputs outputs;
-  outputs.report = (*run)->Report();
-  outputs.report.set_model(spec.model_id());
-  outputs.report.set_data(*data_spec);
-  outputs.report.set_batch_size(spec.batch_size());
-  if (file_batches) outputs.report.set_skipped_files(file_batches->skipped_files());
-  const std::string model_file = (scratch / "model.pt").string();
-  const std::string bn_file = (scratch / "bn.safetensors").string();
-  const std::string report_file = (scratch / "report.json").string();
-  absl::Status written = (*run)->WriteModel(model_file);
-  if (written.ok()) written = (*run)->WriteBatchNormBuffers(bn_file);
-  if (written.ok()) written = engine::WriteReportJson(report_file, outputs.report);
-  for (const auto& [artifact, file] : {std::pair{v1::MODEL, model_file}, std::pair{v1::BN_BUFFERS, bn_file},
-                                       std::pair{v1::REPORT, report_file}}) {
-    if (!written.ok()) break;
-    auto digest = blobs_->AdoptFile(file);
-    if (!digest.ok()) {
-      written = digest.status();
-      break;
-    }
+  outputs.report = *std::move(report);
+  for (const auto& [artifact, name] : {std::pair{v1::MODEL, "model.pt"}, std::pair{v1::BN_BUFFERS, "bn.safetensors"},
+                                       std::pair{v1::REPORT, "report.json"}}) {
+    // Written by the worker: only plain files are taken (AdoptFile refuses links).
+    auto digest = blobs_->AdoptFile((scratch / name).string());
+    if (!digest.ok()) return digest.status();
     auto size = blobs_->SizeOf(*digest);
-    if (!size.ok()) {
-      written = size.status();
-      break;
-    }
+    if (!size.ok()) return size.status();
     outputs.results[artifact] = {*digest, *size};
   }
-  fs::remove_all(scratch, error);
-  if (!written.ok()) return written;
   return outputs;
 }
 

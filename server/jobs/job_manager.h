@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "recal/v1/recal.pb.h"
 #include "server/jobs/job_queue.h"
+#include "server/jobs/job_runner.h"
 #include "server/jobs/model_registry.h"
 #include "server/jobs/stream_feed.h"
 #include "server/store/blob_store.h"
@@ -32,21 +33,21 @@ namespace recal::jobs {
 struct JobManagerOptions {
   std::vector<std::string> devices = {"cpu"};  // one worker each
   int max_queued_jobs = 64;
-  int threads_per_worker = 0;  // intra-op threads; 0 = LibTorch's default
-  int prefetch_depth = 2;      // batches each job prepares ahead (file and image sources)
-  int decode_threads = 0;      // image decoding threads per job; 0: the cores, at most 8
   std::vector<std::string> data_roots;
   double default_timeout_seconds = 6 * 3600;
   int64_t max_batch_size = 4096;
   int64_t max_batch_bytes = int64_t{256} << 20;  // one pushed tensor, client_stream
   absl::Duration progress_interval = absl::Milliseconds(250);
   metrics::Metrics* metrics = nullptr;  // none: nothing is counted
+  // Runs of a job the server died during; past it the job fails instead of running again.
+  int max_attempts = 3;
 };
 
 class JobManager {
  public:
+  // Every job's model runs through `runner` (the server's: a sandboxed worker process).
   JobManager(store::MetadataStore* metadata, store::BlobStore* blobs, ModelRegistry* models,
-             JobManagerOptions options);
+             JobRunner* runner, JobManagerOptions options);
   ~JobManager();
 
   // Re-queues jobs a previous process left running, queues the waiting ones, starts workers.
@@ -105,6 +106,7 @@ class JobManager {
   store::MetadataStore* metadata_;
   store::BlobStore* blobs_;
   ModelRegistry* models_;
+  JobRunner* runner_;
   const JobManagerOptions options_;
   JobQueue queue_;
 

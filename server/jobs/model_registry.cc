@@ -4,7 +4,6 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "server/engine/inspect.h"
 
 namespace recal::jobs {
 namespace {
@@ -54,7 +53,7 @@ absl::StatusOr<v1::Model> ModelRegistry::FinishUpload(const v1::UploadHeader& he
   }
   auto path = blobs_->CommitUpload(header.sha256());
   if (!path.ok()) return path.status();
-  auto layers = engine::InspectModel(*path);
+  auto layers = runner_->Inspect(*path);
   if (!layers.ok()) {
     // Not kept: nothing may refer to a model that was refused.
     blobs_->Remove(header.sha256()).IgnoreError();
@@ -65,13 +64,7 @@ absl::StatusOr<v1::Model> ModelRegistry::FinishUpload(const v1::UploadHeader& he
   model.set_name(header.name());
   model.set_size(header.size());
   model.mutable_labels()->insert(header.labels().begin(), header.labels().end());
-  for (const engine::DeclaredLayer& layer : *layers) {
-    v1::BatchNormLayer* out = model.add_layers();
-    out->set_name(layer.name);
-    out->set_running_mean_key(layer.mean_key);
-    out->set_running_var_key(layer.var_key);
-    out->set_channels(layer.channels);
-  }
+  for (v1::BatchNormLayer& layer : *layers) *model.add_layers() = std::move(layer);
   *model.mutable_create_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
   return metadata_->PutModel(model);
 }

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "recal/v1/recal.pb.h"
+#include "server/jobs/job_runner.h"
 #include "server/store/blob_store.h"
 #include "server/store/metadata_store.h"
 
@@ -15,15 +16,17 @@ namespace recal::jobs {
 
 class ModelRegistry {
  public:
-  ModelRegistry(store::MetadataStore* metadata, store::BlobStore* blobs, int64_t max_model_bytes)
-      : metadata_(metadata), blobs_(blobs), max_model_bytes_(max_model_bytes) {}
+  // `runner` validates and inspects every upload (the server never loads a model itself).
+  ModelRegistry(store::MetadataStore* metadata, store::BlobStore* blobs, int64_t max_model_bytes,
+                JobRunner* runner)
+      : metadata_(metadata), blobs_(blobs), max_model_bytes_(max_model_bytes), runner_(runner) {}
 
   // Checks the header. Returns the model if these bytes are stored already (nothing to
   // upload), std::nullopt if the upload should proceed.
   absl::StatusOr<std::optional<v1::Model>> StartUpload(const v1::UploadHeader& header);
   absl::Status AppendChunk(const v1::UploadHeader& header, const v1::UploadChunk& chunk);
-  // Once every byte is committed: verifies the digest, loads and inspects the archive, and
-  // stores the model.
+  // Once every byte is committed: verifies the digest, loads the archive, validates its
+  // graphs, inspects it, and stores the model.
   absl::StatusOr<v1::Model> FinishUpload(const v1::UploadHeader& header);
   absl::StatusOr<v1::UploadStatus> UploadStatus(const std::string& sha256);
 
@@ -39,6 +42,7 @@ class ModelRegistry {
   store::MetadataStore* metadata_;
   store::BlobStore* blobs_;
   const int64_t max_model_bytes_;
+  JobRunner* runner_;
 };
 
 // "sha256:<hex>" <-> "<hex>"; INVALID_ARGUMENT for anything else.

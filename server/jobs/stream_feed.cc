@@ -1,25 +1,19 @@
 #include "server/jobs/stream_feed.h"
 
-#include <ATen/ATen.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
 namespace recal::jobs {
 
 StreamFeed::StreamFeed(v1::ClientStreamSource normalisation, int64_t max_batch_bytes, int capacity)
-    : normalization_{normalisation.scale(),
-                     {normalisation.mean().begin(), normalisation.mean().end()},
-                     {normalisation.std().begin(), normalisation.std().end()}},
-      max_batch_bytes_(max_batch_bytes),
-      capacity_(capacity) {}
+    : normalisation_(std::move(normalisation)), max_batch_bytes_(max_batch_bytes), capacity_(capacity) {}
 
-absl::StatusOr<at::Tensor> StreamFeed::ToTensor(const v1::Tensor& tensor) const {
-  at::ScalarType type;
+absl::Status StreamFeed::Check(const v1::Tensor& tensor) const {
+  int64_t element_bytes;
   switch (tensor.dtype()) {
-    case v1::Tensor::FLOAT32: type = at::kFloat; break;
-    case v1::Tensor::FLOAT16: type = at::kHalf; break;
-    case v1::Tensor::UINT8: type = at::kByte; break;
+    case v1::Tensor::FLOAT32: element_bytes = 4; break;
+    case v1::Tensor::FLOAT16: element_bytes = 2; break;
+    case v1::Tensor::UINT8: element_bytes = 1; break;
     default: return absl::InvalidArgumentError("tensor dtype must be FLOAT32, FLOAT16 or UINT8");
   }
   if (tensor.shape().empty()) return absl::InvalidArgumentError("a tensor needs a batch dimension");
@@ -29,7 +23,7 @@ absl::StatusOr<at::Tensor> StreamFeed::ToTensor(const v1::Tensor& tensor) const 
     numel *= d;
     if (numel > max_batch_bytes_) break;
   }
-  const int64_t bytes = numel * static_cast<int64_t>(at::elementSize(type));
+  const int64_t bytes = numel * element_bytes;
   if (bytes > max_batch_bytes_) {
     return absl::ResourceExhaustedError(absl::StrCat("a pushed tensor of shape [", absl::StrJoin(tensor.shape(), ","),
                                                      "] exceeds the server's batch limit of ",
@@ -40,31 +34,33 @@ absl::StatusOr<at::Tensor> StreamFeed::ToTensor(const v1::Tensor& tensor) const 
                                                    "] needs ", bytes, " bytes of data, got ",
                                                    tensor.data().size()));
   }
-  std::vector<int64_t> shape(tensor.shape().begin(), tensor.shape().end());
-  // A copy even for float32 without normalisation: the message goes away.
-  const at::Tensor x = at::from_blob(const_cast<char*>(tensor.data().data()), shape, at::TensorOptions(type));
-  absl::StatusOr<at::Tensor> converted = data::ToModelInput(x, normalization_);
-  if (!converted.ok()) {
-    return absl::Status(converted.status().code(), absl::StrCat("client_stream: ", converted.status().message()));
+  // Normalisation is per channel (dim 1); the worker applies it (data::ToModelInput).
+  if (!normalisation_.mean().empty() || !normalisation_.std().empty()) {
+    const int64_t channels = tensor.shape_size() > 1 ? tensor.shape(1) : 0;
+    if (normalisation_.mean_size() != channels || normalisation_.std_size() != channels) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "client_stream: mean/std have ", normalisation_.mean_size(), "/", normalisation_.std_size(),
+          " values for an input with ", channels, " channels (dim 1)"));
+    }
   }
-  return converted->data_ptr() == x.data_ptr() ? converted->clone() : *std::move(converted);
+  return absl::OkStatus();
 }
 
 absl::Status StreamFeed::Push(const google::protobuf::RepeatedPtrField<v1::Tensor>& inputs, bool last) {
-  data::Batch batch;
+  worker::v1::PushedBatch batch;
   for (const v1::Tensor& input : inputs) {
-    auto tensor = ToTensor(input);
-    if (!tensor.ok()) return tensor.status();
-    if (!batch.empty() && tensor->size(0) != batch[0].size(0)) {
+    if (absl::Status checked = Check(input); !checked.ok()) return checked;
+    if (!batch.inputs().empty() && input.shape(0) != batch.inputs(0).shape(0)) {
       return absl::InvalidArgumentError("the inputs of a batch must share dim 0");
     }
-    batch.push_back(*std::move(tensor));
+    *batch.add_inputs() = input;
   }
+  batch.set_last(last);
   std::unique_lock<std::mutex> lock(mu_);
   changed_.wait(lock, [&] { return !closed_.ok() || ended_ || static_cast<int>(batches_.size()) < capacity_; });
   if (!closed_.ok()) return closed_;
   if (ended_) return absl::FailedPreconditionError("the job's data has ended (a batch was marked last)");
-  if (!batch.empty()) batches_.push_back(std::move(batch));
+  batches_.push_back(std::move(batch));
   ended_ = last;
   changed_.notify_all();
   return absl::OkStatus();
@@ -82,22 +78,21 @@ void StreamFeed::set_deadline(std::chrono::steady_clock::time_point deadline) {
   changed_.notify_all();
 }
 
-absl::StatusOr<std::optional<data::Batch>> StreamFeed::Next() {
+absl::StatusOr<std::optional<worker::v1::PushedBatch>> StreamFeed::Next() {
   std::unique_lock<std::mutex> lock(mu_);
-  const auto ready = [&] { return !closed_.ok() || ended_ || !batches_.empty(); };
+  const auto ready = [&] { return !closed_.ok() || !batches_.empty() || (ended_ && delivered_last_); };
   while (!ready()) {
     if (changed_.wait_until(lock, deadline_) == std::cv_status::timeout && !ready()) {
       return absl::DeadlineExceededError("the job ran past its timeout waiting for pushed batches");
     }
   }
   if (!closed_.ok()) return closed_;
-  if (!batches_.empty()) {
-    data::Batch batch = std::move(batches_.front());
-    batches_.pop_front();
-    changed_.notify_all();
-    return std::optional<data::Batch>(std::move(batch));
-  }
-  return std::optional<data::Batch>();
+  if (batches_.empty()) return std::optional<worker::v1::PushedBatch>();
+  worker::v1::PushedBatch batch = std::move(batches_.front());
+  batches_.pop_front();
+  delivered_last_ = batch.last();
+  changed_.notify_all();
+  return std::optional<worker::v1::PushedBatch>(std::move(batch));
 }
 
 }  // namespace recal::jobs

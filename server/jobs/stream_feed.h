@@ -1,26 +1,30 @@
 // Batches a client pushes (PushBatches) for a job whose data source is client_stream: a
 // bounded queue between the RPC (which blocks while it is full: back-pressure) and the
-// job's worker (which blocks while it is empty).
+// job's runner, which relays them to the worker (which converts and normalises them).
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <optional>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "recal/v1/recal.pb.h"
-#include "server/data/batch_source.h"
-#include "server/data/normalization.h"
+#include "recal/worker/v1/worker.pb.h"
 
 namespace recal::jobs {
 
-class StreamFeed : public data::BatchSource {
+class StreamFeed {
  public:
   StreamFeed(v1::ClientStreamSource normalisation, int64_t max_batch_bytes, int capacity = 4);
 
-  // Converts and queues one batch (blocks while `capacity` batches wait). `last` ends the
-  // data. Fails once the feed is closed or ended, or for a malformed batch.
+  // Checks and queues one batch (blocks while `capacity` batches wait). `last` ends the
+  // data. Fails once the feed is closed or ended, or for a malformed batch: a dtype other
+  // than float32/float16/uint8, a shape without a batch dim or with a non-positive dim, data
+  // that does not match the shape, over max_batch_bytes, inputs not sharing dim 0, or
+  // mean/std that do not match the channels (dim 1).
   absl::Status Push(const google::protobuf::RepeatedPtrField<v1::Tensor>& inputs, bool last);
   // Wakes both sides: Next() returns `reason` (cancellation, shutdown), Push() fails.
   void Close(const absl::Status& reason);
@@ -28,20 +32,20 @@ class StreamFeed : public data::BatchSource {
   // Next() waits no later than this for the client (DEADLINE_EXCEEDED after).
   void set_deadline(std::chrono::steady_clock::time_point deadline);
 
-  absl::StatusOr<std::optional<data::Batch>> Next() override;
-  std::optional<int64_t> num_samples() const override { return std::nullopt; }
-  std::string Describe() const override { return "client stream"; }
+  // The next batch, or std::nullopt after the one marked last.
+  absl::StatusOr<std::optional<worker::v1::PushedBatch>> Next();
 
  private:
-  absl::StatusOr<at::Tensor> ToTensor(const v1::Tensor& tensor) const;
+  absl::Status Check(const v1::Tensor& tensor) const;
 
-  const data::Normalization normalization_;
+  const v1::ClientStreamSource normalisation_;
   const int64_t max_batch_bytes_;
   const int capacity_;
   std::mutex mu_;
   std::condition_variable changed_;
-  std::deque<data::Batch> batches_;
-  bool ended_ = false;
+  std::deque<worker::v1::PushedBatch> batches_;
+  bool ended_ = false;          // the client sent the batch marked last
+  bool delivered_last_ = false;  // and Next() has handed it out
   std::chrono::steady_clock::time_point deadline_ = std::chrono::steady_clock::time_point::max();
   absl::Status closed_;
 };

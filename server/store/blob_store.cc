@@ -107,6 +107,12 @@ absl::StatusOr<std::string> BlobStore::Put(absl::string_view bytes) {
 }
 
 absl::StatusOr<std::string> BlobStore::AdoptFile(const std::string& path) {
+  // Files made by a worker: a link would make a blob of a file the worker could not read.
+  struct stat info;
+  if (::lstat(path.c_str(), &info) != 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot adopt '", path, "'"));
+  if (!S_ISREG(info.st_mode) || info.st_nlink != 1) {
+    return absl::FailedPreconditionError(absl::StrCat("refusing to adopt '", path, "': not a plain file"));
+  }
   RECAL_ASSIGN_OR_RETURN(std::string hex, Sha256OfFile(path));
   const std::string target = PathOf(hex);
   if (Exists(target)) {

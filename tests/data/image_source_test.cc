@@ -244,12 +244,22 @@ TEST_F(ImageSourceTest, FollowsDirectoryLinksOnceAndKeepsToTheAllowedRoots) {
   ASSERT_EQ(all.size(0), 2);
   EXPECT_TRUE(at::equal(all[0], Ref("top.jpeg")));
   EXPECT_TRUE(at::equal(all[1], Ref("a/tall.jpg")));
-  // The server's data roots: the link leads outside them, which even on_bad=skip refuses.
+  // The server's data roots: the link leads outside them, which even on_bad=skip refuses,
+  // before the directory is listed (a sandboxed worker could not list it anyway).
   auto confined = OpenImageSource(spec, 4, {.threads = 2, .allowed_roots = {root.string()}});
-  ASSERT_TRUE(confined.ok()) << confined.status();
-  absl::StatusOr<std::optional<Batch>> b = (*confined)->Next();
+  EXPECT_EQ(confined.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(confined.status().message()), HasSubstr("link: path"));
+  EXPECT_THAT(std::string(confined.status().message()), HasSubstr("outside the server's data roots"));
+  // A link to a file outside them is refused when it is read.
+  fs::remove(root / "link");
+  fs::create_symlink(other / "y.jpg", root / "y.jpg");
+  auto file_link = OpenImageSource(spec, 4, {.threads = 2, .allowed_roots = {root.string()}});
+  ASSERT_TRUE(file_link.ok()) << file_link.status();
+  absl::StatusOr<std::optional<Batch>> b = (*file_link)->Next();
   EXPECT_EQ(b.status().code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_THAT(std::string(b.status().message()), HasSubstr("link/y.jpg"));
+  EXPECT_THAT(std::string(b.status().message()), HasSubstr("y.jpg"));
+  fs::remove(root / "y.jpg");
+  fs::create_directory_symlink(other, root / "link");
   auto both = OpenImageSource(spec, 4, {.threads = 2, .allowed_roots = {root.string(), other.string()}});
   ASSERT_TRUE(both.ok()) << both.status();
   EXPECT_EQ(ReadAll(**both).size(0), 2);

@@ -288,8 +288,9 @@ def check_dockerfile(source, runtime_pkgs):
     check(re.search(r"^RUN\s.*install-deps\.sh", build_text, re.M) is not None,
           "build stage RUNs scripts/install-deps.sh")
     check("apt-get install" not in build_text, "build stage has no apt-get install of its own")
-    check("recal-server" in build_text and "recalctl" in build_text and "--preset default" in build_text,
-          "build stage builds recal-server and recalctl with the default preset")
+    check("recal-server" in build_text and "recal-worker" in build_text and "recalctl" in build_text
+          and "--preset default" in build_text,
+          "build stage builds recal-server, recal-worker and recalctl with the default preset")
 
     copy_list = re.search(r"^COPY\s+(?!--from)\S*deploy/runtime-packages\.txt\s+(\S+)$", runtime_text, re.M)
     check(copy_list is not None, "runtime stage COPYs deploy/runtime-packages.txt")
@@ -309,8 +310,9 @@ def check_dockerfile(source, runtime_pkgs):
     check(re.search(r"^COPY\s+--from=\S+\s.*librecal_engine\.so", runtime_text, re.M) is not None,
           "runtime stage copies librecal_engine.so")
     check(re.search(r"^COPY\s+--from=\S+\s.*recal-server.*\s", runtime_text, re.M) is not None
+          and re.search(r"^COPY\s+--from=\S+\s.*recal-worker", runtime_text, re.M) is not None
           and re.search(r"^COPY\s+--from=\S+\s.*recalctl", runtime_text, re.M) is not None,
-          "runtime stage copies recal-server and recalctl")
+          "runtime stage copies recal-server, recal-worker (beside it) and recalctl")
     check(re.search(r"^USER\s+recal\b", runtime_text, re.M) is not None, "runs as user recal")
     expose = set()
     for l in runtime:
@@ -438,7 +440,7 @@ def check_runtime_deps(binaries, runtime_pkgs):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--source", default=os.path.join(os.path.dirname(__file__), "..", ".."))
-    ap.add_argument("binaries", nargs="*", help="recal-server, recalctl, librecal_engine.so")
+    ap.add_argument("binaries", nargs="*", help="recal-server, recal-worker, recalctl, librecal_engine.so")
     a = ap.parse_args()
     source = os.path.abspath(a.source)
     deploy = os.path.join(source, "deploy")

@@ -256,6 +256,10 @@ TEST_F(ObservabilityTest, MetricsCountCallsJobsBatchesAndBytes) {
   EXPECT_GT(during.Value("recal_batches_processed_total"), 0);
   EXPECT_EQ(during.Value("recal_build_info"), 1);
 
+  // The counter goes on while the job runs (cancelling stops its worker mid-batch).
+  const double batches_during = during.Value("recal_batches_processed_total");
+  Exposition later = ScrapeUntil(
+      [&](const Exposition& m) { return m.Value("recal_batches_processed_total") > batches_during; });
   Cancel(running.id());
   WaitForState(running.id(), v1::CANCELLED);
   watcher.join();
@@ -271,7 +275,8 @@ TEST_F(ObservabilityTest, MetricsCountCallsJobsBatchesAndBytes) {
   EXPECT_EQ(after.Value("recal_job_queue_wait_seconds_count"), 3);
   EXPECT_EQ(after.Value("recal_job_duration_seconds_count"), 3);
   EXPECT_GE(after.Value("recal_job_duration_seconds_sum"), 0);
-  EXPECT_GT(after.Value("recal_batches_processed_total"), during.Value("recal_batches_processed_total"));
+  EXPECT_GT(later.Value("recal_batches_processed_total"), batches_during);
+  EXPECT_GE(after.Value("recal_batches_processed_total"), later.Value("recal_batches_processed_total"));
   EXPECT_GT(after.Value("recal_samples_processed_total"), after.Value("recal_batches_processed_total"));
   EXPECT_GE(after.Value("recal_upload_bytes_total"), model_size);
   EXPECT_GE(after.Value("recal_download_bytes_total"), static_cast<double>(bn.size()));

@@ -195,6 +195,47 @@ TEST_F(ServerTest, RecalibratesAFixtureModelToTheFloat64Reference) {
   EXPECT_EQ(Download(*stub_, job.id(), v1::MODEL, &status, 1000), model.substr(1000));
 }
 
+TEST_F(ServerTest, ModelsThatDoMoreThanMathAreRefusedAtUploadNamingTheOperator) {
+  for (const auto& [name, reason] : std::vector<std::pair<std::string, std::string>>{
+           {"reads_file", "aten::from_file"}, {"writes_file", "aten::save"}, {"prints", "prim::Print"},
+           {"exploding_graph", "nodes"}}) {
+    v1::Model model;
+    grpc::Status status = Upload(*stub_, ReadBytes(kFixtures + "/hostile/" + name + ".pt"), &model);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << name;
+    EXPECT_THAT(status.error_message(), HasSubstr(reason)) << name;
+  }
+  EXPECT_FALSE(fs::exists(kFixtures + "/hostile/written.pt"));
+  UploadModel();  // the server goes on
+}
+
+TEST_F(ServerTest, EndlessModelEndsAtItsTimeoutOrOnCancelAndTheNextJobRuns) {
+  // 32 samples of 4 features, what the hostile models take.
+  std::vector<float> values(32 * 4);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 7) - 3.0f;
+  WriteBytes(own_root() + "/x4.npy",
+             NpyFile("{'descr': '<f4', 'fortran_order': False, 'shape': (32, 4), }", BytesOf(values)));
+  v1::Model endless;
+  ASSERT_TRUE(Upload(*stub_, ReadBytes(kFixtures + "/hostile/endless_loop.pt"), &endless).ok());
+  v1::SubmitJobRequest request = NpyJob(endless.id(), own_root() + "/x4.npy", 8);
+  request.mutable_spec()->set_timeout_seconds(1);
+  auto start = std::chrono::steady_clock::now();
+  const v1::Job timed_out = WaitForState(*stub_, Submit(request).id(), v1::FAILED, 30);
+  EXPECT_THAT(timed_out.error().message(), HasSubstr("timeout of 1 s"));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(8));
+
+  request.mutable_spec()->set_timeout_seconds(0);
+  const v1::Job running = Submit(request);
+  WaitForState(*stub_, running.id(), v1::RUNNING, 30);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  start = std::chrono::steady_clock::now();
+  Cancel(running.id());
+  WaitForState(*stub_, running.id(), v1::CANCELLED, 30);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+
+  const std::string good = UploadModel();
+  WaitForState(*stub_, Submit(NpyJob(good, "data/resnet18.npy", 8)).id(), v1::SUCCEEDED);
+}
+
 TEST_F(ServerTest, UploadsAreContentAddressedVerifiedAndResumable) {
   const std::string bytes = ReadBytes(kModel);
   v1::Model first, second;

@@ -1,0 +1,52 @@
+// How a job's model runs: the seam between scheduling (JobManager) and execution. The
+// server's runner is WorkerRunner (a sandboxed recal-worker process per task); tests may
+// put a fake behind it.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "recal/v1/recal.pb.h"
+#include "recal/v1/report.pb.h"
+#include "recal/worker/v1/worker.pb.h"
+
+namespace recal::jobs {
+
+struct RecalibrationTask {
+  v1::JobSpec spec;
+  std::string model_path;   // the stored archive
+  std::string data_spec;    // resolved under the data roots; empty for a client stream
+  std::string device;
+  std::string scratch_dir;  // receives model.pt, bn.safetensors and report.json
+};
+
+struct RunHooks {
+  // After every batch.
+  std::function<void(const worker::v1::Progress&)> on_progress;
+  // A client-stream job's next pushed batch; std::nullopt once the client sent the last.
+  std::function<absl::StatusOr<std::optional<worker::v1::PushedBatch>>()> next_pushed;
+  // Called once the run is over, to release a next_pushed() still waiting for the client.
+  std::function<void()> release_pushed;
+  // Checked from outside the model: once set, or once the deadline passes, the run ends
+  // within a few seconds whatever the model does (CANCELLED / DEADLINE_EXCEEDED).
+  const std::atomic<bool>* cancel = nullptr;
+  absl::Time deadline = absl::InfiniteFuture();
+};
+
+class JobRunner {
+ public:
+  virtual ~JobRunner() = default;
+
+  // Runs one recalibration to its end; its files are in task.scratch_dir when it succeeds.
+  virtual absl::StatusOr<v1::RunReport> Recalibrate(const RecalibrationTask& task, const RunHooks& hooks) = 0;
+
+  // Validates an uploaded archive and lists its BatchNorm layers (INVALID_ARGUMENT: refused).
+  virtual absl::StatusOr<std::vector<v1::BatchNormLayer>> Inspect(const std::string& model_path) = 0;
+};
+
+}  // namespace recal::jobs

@@ -1,0 +1,360 @@
+#include "server/jobs/worker_runner.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <pwd.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "server/worker/channel.h"
+
+extern char** environ;
+
+namespace recal::jobs {
+namespace {
+
+namespace wire = worker::v1;
+namespace fs = std::filesystem;
+
+constexpr int64_t kMaxEventBytes = int64_t{64} << 20;
+constexpr size_t kStderrTail = 4096;
+
+absl::Status ErrnoStatus(absl::string_view what) {
+  return absl::ErrnoToStatus(errno, what);
+}
+
+// A descriptor closed when it goes out of scope.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& other) noexcept : fd_(other.release()) {}
+  Fd& operator=(Fd&& other) noexcept {
+    reset(other.release());
+    return *this;
+  }
+  ~Fd() { reset(); }
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+  void reset(int fd = -1) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// Above the descriptors the child gets (0-4), so that no dup2 in the child overwrites another
+// source descriptor.
+absl::StatusOr<Fd> High(int fd) {
+  const int high = ::fcntl(fd, F_DUPFD_CLOEXEC, 10);
+  ::close(fd);
+  if (high < 0) return ErrnoStatus("fcntl(F_DUPFD_CLOEXEC)");
+  return Fd(high);
+}
+
+absl::Status Pipe(Fd& read_end, Fd& write_end) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return ErrnoStatus("pipe2");
+  auto r = High(fds[0]);
+  auto w = High(fds[1]);
+  if (!r.ok()) return r.status();
+  if (!w.ok()) return w.status();
+  read_end = *std::move(r);
+  write_end = *std::move(w);
+  return absl::OkStatus();
+}
+
+std::string SignalName(int signal) {
+  const char* name = ::sigabbrev_np(signal);
+  return absl::StrCat("SIG", name ? name : absl::StrCat(signal), " (", ::strsignal(signal), ")");
+}
+
+std::string LastLine(std::string text) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+  const size_t cut = text.find_last_of('\n');
+  return cut == std::string::npos ? text : text.substr(cut + 1);
+}
+
+}  // namespace
+
+WorkerRunner::WorkerRunner(WorkerRunnerOptions options) : options_(std::move(options)) {
+  // Writing to a worker that died must be an error, not the end of the server.
+  ::signal(SIGPIPE, SIG_IGN);
+}
+
+wire::Task WorkerRunner::NewTask() const {
+  wire::Task task;
+  for (const std::string& op : options_.extra_allowed_ops) task.mutable_graph_policy()->add_extra_allowed_ops(op);
+  task.mutable_graph_policy()->set_max_graph_nodes(options_.max_graph_nodes);
+  return task;
+}
+
+absl::StatusOr<wire::Event> WorkerRunner::Run(const wire::Task& task, const std::string& model_path,
+                                             const std::string& scratch, const RunHooks& hooks,
+                                             wire::Sandboxed* sandboxed) {
+  Fd task_read, task_write, events_read, events_write, err_read, err_write, model;
+  if (absl::Status s = Pipe(task_read, task_write); !s.ok()) return s;
+  if (absl::Status s = Pipe(events_read, events_write); !s.ok()) return s;
+  if (absl::Status s = Pipe(err_read, err_write); !s.ok()) return s;
+  if (!model_path.empty()) {
+    const int fd = ::open(model_path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ErrnoStatus(absl::StrCat("cannot open the model ", model_path));
+    auto high = High(fd);
+    if (!high.ok()) return high.status();
+    model = *std::move(high);
+  }
+
+  std::vector<std::string> args = {options_.binary, "--scratch=" + scratch};
+  if (!options_.data_roots.empty()) args.push_back("--read_path=" + absl::StrJoin(options_.data_roots, ","));
+  if (options_.memory_bytes > 0) args.push_back(absl::StrCat("--memory_bytes=", options_.memory_bytes));
+  if (options_.file_bytes > 0) args.push_back(absl::StrCat("--file_bytes=", options_.file_bytes));
+  if (!options_.user.empty()) args.push_back("--user=" + options_.user);
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  // Nothing of the server's environment (credentials, tokens) reaches the model.
+  std::string path_env = "PATH=/usr/bin:/bin", lang_env = "LANG=C.UTF-8";
+  char* envp[] = {path_env.data(), lang_env.data(), nullptr};
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  absl::Cleanup destroy_actions = [&actions] { posix_spawn_file_actions_destroy(&actions); };
+  posix_spawn_file_actions_adddup2(&actions, task_read.get(), 0);
+  posix_spawn_file_actions_adddup2(&actions, err_write.get(), 1);
+  posix_spawn_file_actions_adddup2(&actions, err_write.get(), 2);
+  posix_spawn_file_actions_adddup2(&actions, events_write.get(), 3);
+  if (model.get() >= 0) posix_spawn_file_actions_adddup2(&actions, model.get(), 4);
+  // Nothing else of the server's (the metadata DB, sockets, blobs) is inherited.
+  posix_spawn_file_actions_addclosefrom_np(&actions, model.get() >= 0 ? 5 : 4);
+  // The server blocks SIGTERM for its signal thread and ignores SIGPIPE; the worker must not.
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  absl::Cleanup destroy_attributes = [&attributes] { posix_spawnattr_destroy(&attributes); };
+  sigset_t none, defaults;
+  sigemptyset(&none);
+  sigemptyset(&defaults);
+  for (int signal : {SIGTERM, SIGINT, SIGPIPE, SIGHUP}) sigaddset(&defaults, signal);
+  posix_spawnattr_setsigmask(&attributes, &none);
+  posix_spawnattr_setsigdefault(&attributes, &defaults);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  pid_t pid = -1;
+  const int spawned = ::posix_spawn(&pid, options_.binary.c_str(), &actions, &attributes, argv.data(), envp);
+  if (spawned != 0) {
+    return absl::InternalError(absl::StrCat("cannot start ", options_.binary, ": ", std::strerror(spawned)));
+  }
+  // Signals go through a pidfd: never to another process that reused the pid.
+  Fd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+  task_read.reset();
+  events_write.reset();
+  err_write.reset();
+  model.reset();
+
+  std::atomic<bool> finished{false};  // waited for: its pid may be another process's now
+  const auto signal_worker = [&](int signal) {
+    if (pidfd.get() >= 0) {
+      ::syscall(SYS_pidfd_send_signal, pidfd.get(), signal, nullptr, 0);
+    } else if (!finished.load()) {  // kernels before 5.3
+      ::kill(pid, signal);
+    }
+  };
+  std::atomic<int> stopped_by{0};  // 1: cancelled, 2: past the deadline
+  std::thread watchdog([&] {
+    while (!finished.load()) {
+      const bool cancel = hooks.cancel != nullptr && hooks.cancel->load();
+      const bool late = absl::Now() > hooks.deadline;
+      if (cancel || late) {
+        stopped_by = cancel ? 1 : 2;
+        signal_worker(SIGTERM);
+        const absl::Time kill_at = absl::Now() + options_.kill_grace;
+        while (!finished.load() && absl::Now() < kill_at) absl::SleepFor(absl::Milliseconds(20));
+        if (!finished.load()) signal_worker(SIGKILL);
+        return;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  });
+  std::string err_tail;
+  std::thread err_reader([&] {
+    char buffer[4096];
+    while (true) {
+      const ssize_t got = ::read(err_read.get(), buffer, sizeof(buffer));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) break;
+      err_tail.append(buffer, static_cast<size_t>(got));
+      if (err_tail.size() > 2 * kStderrTail) err_tail.erase(0, err_tail.size() - kStderrTail);
+    }
+  });
+  std::thread feeder([&, write_fd = task_write.release()] {
+    Fd input(write_fd);
+    if (!worker::WriteMessage(input.get(), task).ok()) return;
+    if (!hooks.next_pushed) return;  // closing stdin: nothing more comes
+    while (true) {
+      auto batch = hooks.next_pushed();
+      if (!batch.ok() || !batch->has_value()) return;
+      if (!worker::WriteMessage(input.get(), **batch).ok()) return;
+      if ((*batch)->last()) return;
+    }
+  });
+
+  std::optional<wire::Event> last;
+  absl::Status protocol;
+  {
+    worker::MessageReader events(events_read.get(), kMaxEventBytes);
+    while (true) {
+      wire::Event event;
+      absl::StatusOr<bool> read = events.Read(&event);
+      if (!read.ok()) {
+        protocol = read.status();
+        break;
+      }
+      if (!*read) break;
+      switch (event.kind_case()) {
+        case wire::Event::kSandboxed:
+          if (sandboxed) *sandboxed = event.sandboxed();
+          break;
+        case wire::Event::kProgress:
+          if (hooks.on_progress && !last) hooks.on_progress(event.progress());
+          break;
+        default:
+          if (!last) last = std::move(event);
+      }
+    }
+  }
+  if (!protocol.ok()) signal_worker(SIGKILL);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  finished = true;
+  watchdog.join();
+  err_reader.join();
+  // A feeder blocked in next_pushed() is released by the job's end (its feed is closed).
+  if (hooks.release_pushed) hooks.release_pushed();
+  feeder.join();
+
+  const std::string why = LastLine(err_tail);
+  if (stopped_by == 1) return absl::CancelledError("cancelled");
+  if (stopped_by == 2) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "the job ran past its deadline; its worker was stopped"));
+  }
+  if (last && WIFEXITED(status) && WEXITSTATUS(status) == 0) return *std::move(last);
+  if (WIFSIGNALED(status)) {
+    const int signal = WTERMSIG(status);
+    std::string message = absl::StrCat("the worker running the model was killed by ", SignalName(signal));
+    if (signal == SIGKILL) {
+      absl::StrAppend(&message, " from outside: the kernel's out-of-memory killer, most likely");
+    } else if (signal == SIGXFSZ) {
+      absl::StrAppend(&message, ": it wrote a file past the limit of ", options_.file_bytes, " bytes");
+    } else if (signal == SIGSEGV || signal == SIGABRT || signal == SIGBUS || signal == SIGILL) {
+      absl::StrAppend(&message, ": LibTorch crashed on this model");
+    }
+    if (!why.empty()) absl::StrAppend(&message, " (last words: ", why, ")");
+    return absl::InternalError(message);
+  }
+  if (!protocol.ok()) return absl::InternalError(absl::StrCat("the worker broke the protocol: ", protocol.message()));
+  return absl::InternalError(absl::StrCat("the worker exited with code ", WEXITSTATUS(status),
+                                          why.empty() ? "" : ": ", why));
+}
+
+absl::StatusOr<wire::Event> WorkerRunner::RunInScratch(const wire::Task& task, const std::string& model_path,
+                                                      const RunHooks& hooks, wire::Sandboxed* sandboxed) {
+  const fs::path scratch = fs::path(options_.scratch_root) /
+                           absl::StrFormat("worker-%016x", absl::Uniform<uint64_t>(absl::BitGen()));
+  std::error_code error;
+  fs::create_directories(scratch, error);
+  if (error) return absl::InternalError(absl::StrCat("cannot create ", scratch.string(), ": ", error.message()));
+  absl::Cleanup remove = [&scratch] {
+    std::error_code ignored;
+    fs::remove_all(scratch, ignored);
+  };
+  if (absl::Status owned = GiveToWorkerUser(scratch.string()); !owned.ok()) return owned;
+  return Run(task, model_path, scratch.string(), hooks, sandboxed);
+}
+
+absl::Status WorkerRunner::GiveToWorkerUser(const std::string& dir) const {
+  if (options_.user.empty()) return absl::OkStatus();
+  struct passwd* user = ::getpwnam(options_.user.c_str());
+  if (user == nullptr) return absl::InvalidArgumentError(absl::StrCat("no user ", options_.user));
+  if (::chown(dir.c_str(), user->pw_uid, user->pw_gid) != 0) {
+    return ErrnoStatus(absl::StrCat("cannot give ", dir, " to ", options_.user));
+  }
+  return absl::OkStatus();
+}
+
+// The outcome of a task whose last event should be `expected`: the worker's own failure
+// keeps its code (INVALID_ARGUMENT for a refused model, NOT_FOUND for missing data...).
+static absl::StatusOr<wire::Event> Expect(absl::StatusOr<wire::Event> event, wire::Event::KindCase expected) {
+  if (!event.ok()) return event.status();
+  if (event->has_failure()) {
+    return absl::Status(static_cast<absl::StatusCode>(event->failure().code()), event->failure().message());
+  }
+  if (event->kind_case() != expected) return absl::InternalError("the worker answered with the wrong event");
+  return event;
+}
+
+absl::StatusOr<v1::RunReport> WorkerRunner::Recalibrate(const RecalibrationTask& task, const RunHooks& hooks) {
+  wire::Task request = NewTask();
+  wire::Recalibrate* job = request.mutable_recalibrate();
+  *job->mutable_spec() = task.spec;
+  job->set_data_spec(task.data_spec);
+  job->set_device(task.device);
+  job->set_threads(options_.threads);
+  job->set_prefetch_depth(options_.prefetch_depth);
+  job->set_decode_threads(options_.decode_threads);
+  for (const std::string& root : options_.data_roots) job->add_data_roots(root);
+  if (absl::Status owned = GiveToWorkerUser(task.scratch_dir); !owned.ok()) return owned;
+  auto event = Expect(Run(request, task.model_path, task.scratch_dir, hooks), wire::Event::kReport);
+  if (!event.ok()) return event.status();
+  return event->report();
+}
+
+absl::StatusOr<std::vector<v1::BatchNormLayer>> WorkerRunner::Inspect(const std::string& model_path) {
+  wire::Task request = NewTask();
+  request.mutable_inspect();
+  RunHooks hooks;
+  hooks.deadline = absl::Now() + options_.inspect_timeout;
+  auto event = Expect(RunInScratch(request, model_path, hooks), wire::Event::kLayers);
+  if (!event.ok()) return event.status();
+  return std::vector<v1::BatchNormLayer>(event->layers().layers().begin(), event->layers().layers().end());
+}
+
+absl::StatusOr<wire::Sandboxed> WorkerRunner::DescribeSandbox() {
+  RunHooks hooks;
+  hooks.deadline = absl::Now() + absl::Minutes(1);
+  wire::Sandboxed sandboxed;
+  // An empty task: the worker enters the sandbox, says what holds, and refuses the task.
+  auto event = RunInScratch(NewTask(), "", hooks, &sandboxed);
+  if (!event.ok()) return event.status();
+  if (sandboxed.enforced().empty()) return absl::InternalError("the worker did not describe its sandbox");
+  return sandboxed;
+}
+
+absl::StatusOr<wire::ProbeResult> WorkerRunner::Probe(const wire::SandboxProbe& probe) {
+  wire::Task request = NewTask();
+  *request.mutable_sandbox_probe() = probe;
+  RunHooks hooks;
+  hooks.deadline = absl::Now() + absl::Minutes(1);
+  auto event = Expect(RunInScratch(request, "", hooks), wire::Event::kProbe);
+  if (!event.ok()) return event.status();
+  return event->probe();
+}
+
+}  // namespace recal::jobs

@@ -1,0 +1,60 @@
+// JobRunner that runs every task in its own recal-worker process (server/worker), inside the
+// sandbox (server/sandbox): the only way the server runs an uploaded model. The process is
+// watched from outside: cancellation and the deadline end it (SIGTERM, then SIGKILL after
+// `kill_grace`), and a worker that dies (signal, exit code, memory limit) fails its task
+// with a message naming the cause; the server goes on.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "server/jobs/job_runner.h"
+
+namespace recal::jobs {
+
+struct WorkerRunnerOptions {
+  std::string binary;                   // recal-worker
+  std::string scratch_root;             // inspections get a directory here
+  std::vector<std::string> data_roots;  // readable by jobs
+  int64_t memory_bytes = 0;             // RLIMIT_AS per worker; 0: none
+  int64_t file_bytes = 0;               // RLIMIT_FSIZE per worker; 0: none
+  std::string user;                     // run workers as this user; empty: the server's, without capabilities
+  std::vector<std::string> extra_allowed_ops;
+  int64_t max_graph_nodes = 0;          // 0: the engine's default
+  int threads = 0;                      // intra-op threads per worker
+  int prefetch_depth = 2;
+  int decode_threads = 0;
+  absl::Duration kill_grace = absl::Seconds(2);
+  absl::Duration inspect_timeout = absl::Minutes(10);
+};
+
+class WorkerRunner : public JobRunner {
+ public:
+  explicit WorkerRunner(WorkerRunnerOptions options);
+
+  absl::StatusOr<v1::RunReport> Recalibrate(const RecalibrationTask& task, const RunHooks& hooks) override;
+  absl::StatusOr<std::vector<v1::BatchNormLayer>> Inspect(const std::string& model_path) override;
+
+  // What the sandbox enforces on this machine (a worker started for nothing else).
+  absl::StatusOr<worker::v1::Sandboxed> DescribeSandbox();
+  // Tests: a worker tries what the sandbox must refuse.
+  absl::StatusOr<worker::v1::ProbeResult> Probe(const worker::v1::SandboxProbe& probe);
+
+ private:
+  // Starts a worker for `task`, feeds it, watches it and returns its last event (or why
+  // there is none). `sandboxed` receives its first event.
+  absl::StatusOr<worker::v1::Event> Run(const worker::v1::Task& task, const std::string& model_path,
+                                        const std::string& scratch, const RunHooks& hooks,
+                                        worker::v1::Sandboxed* sandboxed = nullptr);
+  absl::StatusOr<worker::v1::Event> RunInScratch(const worker::v1::Task& task, const std::string& model_path,
+                                                 const RunHooks& hooks, worker::v1::Sandboxed* sandboxed = nullptr);
+  worker::v1::Task NewTask() const;
+  // With --worker_user, the worker's scratch directory must be its own.
+  absl::Status GiveToWorkerUser(const std::string& dir) const;
+
+  const WorkerRunnerOptions options_;
+};
+
+}  // namespace recal::jobs

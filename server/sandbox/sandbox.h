@@ -1,0 +1,46 @@
+// The walls around a process that runs an uploaded model (recal-worker): what Linux offers
+// without privileges beyond those the server already has. Entered once, early, while the
+// process is still single-threaded; irreversible.
+//
+//   network     its own network namespace (no interface but a down loopback), Landlock's
+//               TCP rules where the kernel has them, and seccomp refusing every socket
+//               family but AF_UNIX
+//   files       Landlock: read only the system libraries, the paths the job names (model,
+//               data roots) and what LibTorch reads about the CPU; read and write only the
+//               job's scratch directory; no links, devices or executables made anywhere
+//   privileges  no_new_privs, every capability dropped, optionally another user
+//   syscalls    seccomp: no execve, fork, ptrace, mount, module, keyring, bpf, io_uring,
+//               namespace or clock calls; signals only to itself
+//   resources   RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NOFILE, no core dumps; killed with the server
+//
+// Whatever the kernel cannot enforce is reported by name (Enforcement::missing), never
+// skipped silently.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace recal::sandbox {
+
+struct Policy {
+  std::vector<std::string> read_paths;   // files or directories, recursively
+  std::vector<std::string> write_paths;  // directories the process may create files in
+  int64_t memory_bytes = 0;              // RLIMIT_AS; 0: no limit
+  int64_t file_bytes = 0;                // RLIMIT_FSIZE; 0: no limit
+  int64_t open_files = 1024;             // RLIMIT_NOFILE
+  std::string user;                      // switch to this user (needs root); empty: stay
+};
+
+struct Enforcement {
+  std::vector<std::string> enforced;  // e.g. "landlock-fs (ABI 6)"
+  std::vector<std::string> missing;   // e.g. "network-namespace: unshare: Operation not permitted"
+};
+
+// Applies `policy` to the calling process. Fails only when something that must hold cannot
+// be set at all (rlimits, no_new_privs, seccomp); the rest is reported in `missing`.
+absl::StatusOr<Enforcement> Enter(const Policy& policy);
+
+}  // namespace recal::sandbox

@@ -1,0 +1,79 @@
+// recal-worker: runs one task of the server in a sandbox (server/sandbox). Started by the
+// server for every job and every upload, never by hand:
+//
+//   recal-worker --scratch=DIR [--read_path=DIR ...] [--memory_bytes=N] [--file_bytes=N]
+//                [--user=NAME]   stdin: Task (+ pushed batches), fd 3: events, fd 4: model
+//
+// The protocol is proto/recal/worker/v1/worker.proto. Exits 0 when the last event (results,
+// layers or a failure) was sent; anything else is a crash for the server to report.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/sandbox/sandbox.h"
+#include "server/worker/channel.h"
+#include "server/worker/worker_task.h"
+
+ABSL_FLAG(std::string, scratch, "", "the task's scratch directory: the only place it may write");
+ABSL_FLAG(std::vector<std::string>, read_path, {}, "files or directories the task may read (data roots)");
+ABSL_FLAG(int64_t, memory_bytes, 0, "address-space limit (RLIMIT_AS); 0: none");
+ABSL_FLAG(int64_t, file_bytes, 0, "largest file it may write (RLIMIT_FSIZE); 0: none");
+ABSL_FLAG(std::string, user, "", "run as this user (when started as root)");
+ABSL_FLAG(int64_t, max_message_bytes, int64_t{1} << 30, "largest message accepted on stdin");
+
+namespace {
+
+constexpr int kEventsFd = 3;
+constexpr int kModelFd = 4;
+
+int Fail(const std::string& message) {
+  std::cerr << "recal-worker: " << message << "\n";
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const std::string scratch = absl::GetFlag(FLAGS_scratch);
+  if (scratch.empty()) return Fail("--scratch is required");
+  if (::fcntl(kEventsFd, F_GETFD) < 0) return Fail("no events channel on file descriptor 3");
+  ::setenv("TMPDIR", scratch.c_str(), 1);
+
+  recal::sandbox::Policy policy;
+  policy.read_paths = absl::GetFlag(FLAGS_read_path);
+  policy.write_paths = {scratch};
+  policy.memory_bytes = absl::GetFlag(FLAGS_memory_bytes);
+  policy.file_bytes = absl::GetFlag(FLAGS_file_bytes);
+  policy.user = absl::GetFlag(FLAGS_user);
+  auto enforcement = recal::sandbox::Enter(policy);
+  if (!enforcement.ok()) return Fail(absl::StrCat("cannot enter the sandbox: ", enforcement.status().ToString()));
+
+  const auto send = [](const recal::worker::v1::Event& event) {
+    return recal::worker::WriteMessage(kEventsFd, event);
+  };
+  recal::worker::v1::Event sandboxed;
+  for (const std::string& s : enforcement->enforced) sandboxed.mutable_sandboxed()->add_enforced(s);
+  for (const std::string& s : enforcement->missing) sandboxed.mutable_sandboxed()->add_missing(s);
+  if (!send(sandboxed).ok()) return Fail("the server is gone");
+
+  recal::worker::MessageReader input(STDIN_FILENO, absl::GetFlag(FLAGS_max_message_bytes));
+  recal::worker::v1::Task task;
+  auto read = input.Read(&task);
+  if (!read.ok() || !*read) return Fail("no task on stdin");
+  recal::worker::TaskContext context;
+  context.model = ::fcntl(kModelFd, F_GETFD) >= 0 ? absl::StrCat("fd:", kModelFd) : "";
+  context.scratch = scratch;
+  context.input = &input;
+  const absl::Status done = recal::worker::RunTask(task, context, send);
+  if (!done.ok()) return Fail(done.ToString());
+  return 0;
+}

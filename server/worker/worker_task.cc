@@ -1,0 +1,221 @@
+#include "server/worker/worker_task.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "server/data/batch_source.h"
+#include "server/data/normalization.h"
+#include "server/engine/recalibration.h"
+#include "server/engine/report.h"
+#include "server/worker/pushed_batches.h"
+
+namespace recal::worker {
+namespace {
+
+namespace api = ::recal::v1;
+
+engine::Options EngineOptionsOf(const v1::Task& task) {
+  const v1::Recalibrate& job = task.recalibrate();
+  const api::EngineOptions& o = job.spec().options();
+  engine::Options options;
+  if (o.estimator() != api::ESTIMATOR_UNSPECIFIED) options.estimator = o.estimator();
+  if (o.modules() != api::MODULE_MODE_UNSPECIFIED) options.modules = o.modules();
+  options.include = o.include();
+  options.exclude = o.exclude();
+  if (o.max_batches() > 0) options.max_batches = o.max_batches();
+  options.allow_short_data = o.allow_short_data();
+  options.target_rel_error = o.target_rel_error();
+  options.device = job.device().empty() ? "cpu" : job.device();
+  options.threads = job.threads();
+  return options;
+}
+
+engine::GraphPolicy GraphPolicyOf(const v1::Task& task) {
+  engine::GraphPolicy policy;
+  policy.extra_allowed_ops.assign(task.graph_policy().extra_allowed_ops().begin(),
+                                  task.graph_policy().extra_allowed_ops().end());
+  if (task.graph_policy().max_graph_nodes() > 0) policy.max_graph_nodes = task.graph_policy().max_graph_nodes();
+  return policy;
+}
+
+v1::Event FailureEvent(const absl::Status& status) {
+  v1::Event event;
+  event.mutable_failure()->set_code(static_cast<int>(status.code()));
+  event.mutable_failure()->set_message(std::string(status.message()));
+  return event;
+}
+
+absl::StatusOr<std::unique_ptr<data::BatchSource>> OpenData(const v1::Recalibrate& job, const TaskContext& context) {
+  if (job.spec().data().has_client_stream()) {
+    const api::ClientStreamSource& stream = job.spec().data().client_stream();
+    if (context.input == nullptr) return absl::InternalError("no channel for pushed batches");
+    return data::Normalized(PushedBatches(context.input),
+                            {stream.scale(), {stream.mean().begin(), stream.mean().end()},
+                             {stream.std().begin(), stream.std().end()}});
+  }
+  data::InputOptions input;
+  input.prefetch_depth = job.prefetch_depth();
+  input.decode_threads = job.decode_threads();
+  input.pin_memory = absl::StartsWith(job.device(), "cuda");
+  input.data_roots.assign(job.data_roots().begin(), job.data_roots().end());
+  return data::OpenBatchSource(job.data_spec(), job.spec().batch_size(), input);
+}
+
+absl::Status Recalibrate(const v1::Task& task, const TaskContext& context, const EventSink& send) {
+  const v1::Recalibrate& job = task.recalibrate();
+  auto source = OpenData(job, context);
+  if (!source.ok()) return source.status();
+  engine::Options options = EngineOptionsOf(task);
+  options.graph_policy = GraphPolicyOf(task);
+  auto run = engine::Recalibration::Create(context.model, options);
+  if (!run.ok()) return run.status();
+
+  const std::optional<int64_t> total = (*source)->num_samples();
+  absl::Status sent;
+  auto on_progress = [&](const engine::Progress& p) {
+    v1::Event event;
+    v1::Progress* progress = event.mutable_progress();
+    progress->set_batches(p.batches);
+    progress->set_samples(p.samples);
+    progress->set_max_batches(p.max_batches);
+    progress->set_total_samples(total.value_or(0));
+    progress->set_seconds(p.seconds);
+    progress->set_rel_std_error(p.rel_std_error);
+    if (sent.ok()) sent = send(event);
+  };
+  absl::Status ran = (*run)->Run([&] { return (*source)->Next(); }, on_progress);
+  if (!sent.ok()) return sent;
+  if (!ran.ok()) return ran;
+
+  api::RunReport report = (*run)->Report();
+  report.set_model(job.spec().model_id());
+  report.set_data(job.data_spec().empty() ? "client stream" : job.data_spec());
+  report.set_batch_size(job.spec().batch_size());
+  report.set_skipped_files((*source)->skipped_files());
+  const std::filesystem::path scratch(context.scratch);
+  absl::Status written = (*run)->WriteModel((scratch / "model.pt").string());
+  if (written.ok()) written = (*run)->WriteBatchNormBuffers((scratch / "bn.safetensors").string());
+  if (written.ok()) written = engine::WriteReportJson((scratch / "report.json").string(), report);
+  if (!written.ok()) return written;
+  v1::Event done;
+  *done.mutable_report() = std::move(report);
+  return send(done);
+}
+
+absl::Status Inspect(const v1::Task& task, const TaskContext& context, const EventSink& send) {
+  auto layers = engine::InspectModel(context.model, GraphPolicyOf(task));
+  if (!layers.ok()) return layers.status();
+  v1::Event event;
+  for (const engine::DeclaredLayer& layer : *layers) {
+    api::BatchNormLayer* out = event.mutable_layers()->add_layers();
+    out->set_name(layer.name);
+    out->set_running_mean_key(layer.mean_key);
+    out->set_running_var_key(layer.var_key);
+    out->set_channels(layer.channels);
+  }
+  return send(event);
+}
+
+// ---------------------------------------------------------------- the sandbox, tried
+
+void Attempt(v1::ProbeResult* result, const std::string& what, bool refused, const std::string& detail) {
+  v1::ProbeAttempt* attempt = result->add_attempts();
+  attempt->set_what(what);
+  attempt->set_refused(refused);
+  attempt->set_detail(detail);
+}
+
+std::string Outcome(int rc) { return rc < 0 ? std::strerror(errno) : "succeeded"; }
+
+absl::Status Probe(const v1::SandboxProbe& probe, const TaskContext& context, const EventSink& send) {
+  if (probe.crash()) ::raise(SIGSEGV);
+  v1::Event event;
+  v1::ProbeResult* result = event.mutable_probe();
+  {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int rc = fd;
+    if (fd >= 0) {
+      sockaddr_in address{};
+      address.sin_family = AF_INET;
+      address.sin_port = htons(static_cast<uint16_t>(probe.tcp_port()));
+      address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      rc = ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+      ::close(fd);
+    }
+    Attempt(result, absl::StrCat("connect to 127.0.0.1:", probe.tcp_port()), rc < 0, Outcome(rc));
+  }
+  {
+    const int fd = ::open(probe.secret_path().c_str(), O_RDONLY | O_CLOEXEC);
+    char byte;
+    const int rc = fd < 0 ? -1 : static_cast<int>(::read(fd, &byte, 1));
+    if (fd >= 0) ::close(fd);
+    Attempt(result, "read " + probe.secret_path(), rc < 0, Outcome(rc));
+  }
+  {
+    const int fd = ::open(probe.outside_path().c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    const int rc = fd < 0 ? -1 : static_cast<int>(::write(fd, "x", 1));
+    if (fd >= 0) ::close(fd);
+    Attempt(result, "write " + probe.outside_path(), rc < 0, Outcome(rc));
+  }
+  {
+    const std::string link = (std::filesystem::path(context.scratch) / "link").string();
+    const int rc = ::symlink(probe.secret_path().c_str(), link.c_str());
+    Attempt(result, "symlink in scratch to " + probe.secret_path(), rc < 0, Outcome(rc));
+  }
+  {
+    char* const argv[] = {const_cast<char*>("/bin/true"), nullptr};
+    char* const envp[] = {nullptr};
+    const int rc = ::execve("/bin/true", argv, envp);  // returns only when refused
+    Attempt(result, "execve /bin/true", rc < 0, Outcome(rc));
+  }
+  {
+    const pid_t pid = ::fork();
+    if (pid == 0) ::_exit(0);
+    Attempt(result, "fork", pid < 0, Outcome(pid));
+  }
+  {
+    const int rc = ::kill(probe.server_pid(), 0);
+    Attempt(result, absl::StrCat("signal the server (pid ", probe.server_pid(), ")"), rc < 0, Outcome(rc));
+  }
+  {
+    const int fd = ::open(std::filesystem::path(context.scratch).append("ok").c_str(),
+                          O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    const int rc = fd < 0 ? -1 : static_cast<int>(::write(fd, "ok", 2));
+    if (fd >= 0) ::close(fd);
+    // The control: the one thing here that must work.
+    Attempt(result, "write in scratch", rc < 0, Outcome(rc));
+  }
+  return send(event);
+}
+
+}  // namespace
+
+absl::Status RunTask(const v1::Task& task, const TaskContext& context, const EventSink& send) {
+  absl::Status send_failed;
+  const EventSink tracked = [&](const v1::Event& event) {
+    absl::Status sent = send(event);
+    if (!sent.ok() && send_failed.ok()) send_failed = sent;
+    return sent;
+  };
+  absl::Status outcome;
+  switch (task.kind_case()) {
+    case v1::Task::kRecalibrate: outcome = Recalibrate(task, context, tracked); break;
+    case v1::Task::kInspect: outcome = Inspect(task, context, tracked); break;
+    case v1::Task::kSandboxProbe: outcome = Probe(task.sandbox_probe(), context, tracked); break;
+    default: outcome = absl::InvalidArgumentError("an empty task");
+  }
+  if (!send_failed.ok()) return send_failed;
+  if (outcome.ok()) return outcome;
+  return send(FailureEvent(outcome));
+}
+
+}  // namespace recal::worker

@@ -1,0 +1,208 @@
+// The real recal-worker through WorkerRunner: the sandbox tried from inside, hostile models
+// refused or stopped from outside, crashes reported, and a good model still recalibrated.
+#include "server/jobs/worker_runner.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/test_util.h"
+
+namespace recal::jobs {
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+const std::string kFixtures = RECAL_FIXTURES_DIR;
+const std::string kHostile = kFixtures + "/hostile/";
+
+class WorkerRunnerTest : public ::testing::Test {
+ protected:
+  WorkerRunnerTest() {
+    fs::create_directories(tmp_.File("scratch"));
+    options_.binary = RECAL_WORKER_BINARY;
+    options_.scratch_root = tmp_.File("scratch");
+    options_.data_roots = {kFixtures};
+    options_.threads = 1;
+  }
+
+  // A job over 32 samples of 4 features (what the hostile models take), run to its end.
+  absl::StatusOr<v1::RunReport> Recalibrate(WorkerRunner& runner, const std::string& model,
+                                            const RunHooks& hooks = {}) {
+    RecalibrationTask task;
+    task.spec.set_batch_size(8);
+    task.model_path = model;
+    task.data_spec = "npy:" + data_;
+    task.device = "cpu";
+    task.scratch_dir = tmp_.File("job");
+    fs::remove_all(task.scratch_dir);
+    fs::create_directories(task.scratch_dir);
+    return runner.Recalibrate(task, hooks);
+  }
+
+  void SetUp() override {
+    ASSERT_EQ(testing::RunPython(
+                  "import numpy as np, sys\n"
+                  "np.save(sys.argv[1] + '/x4.npy', np.random.RandomState(0).randn(32, 4).astype('<f4'))\n",
+                  tmp_.path()),
+              0);
+    data_ = tmp_.File("x4.npy");
+    options_.data_roots.push_back(tmp_.path());
+  }
+
+  testing::TempDir tmp_;
+  WorkerRunnerOptions options_;
+  std::string data_;
+};
+
+TEST_F(WorkerRunnerTest, SandboxRefusesNetworkFilesExecForkAndSignals) {
+  // A listening socket the worker must not reach.
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(::listen(listener, 4), 0);
+  socklen_t length = sizeof(address);
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length);
+
+  testing::TempDir outside;  // outside every path the worker may use
+  testing::WriteBytes(outside.File("secret"), "the server's secret");
+  worker::v1::SandboxProbe probe;
+  probe.set_tcp_port(ntohs(address.sin_port));
+  probe.set_secret_path(outside.File("secret"));
+  probe.set_outside_path(outside.File("written"));
+  probe.set_server_pid(::getpid());
+  WorkerRunner runner(options_);
+  auto result = runner.Probe(probe);
+  ::close(listener);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_GE(result->attempts_size(), 8);
+  for (const auto& attempt : result->attempts()) {
+    if (attempt.what() == "write in scratch") {
+      EXPECT_FALSE(attempt.refused()) << "the control failed: " << attempt.detail();
+    } else {
+      EXPECT_TRUE(attempt.refused()) << attempt.what() << " was allowed: " << attempt.detail();
+    }
+  }
+  EXPECT_FALSE(fs::exists(outside.File("written")));
+  // /etc/shadow too, which the server's own user may read when it is root.
+  probe.set_secret_path("/etc/shadow");
+  result = runner.Probe(probe);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(result->attempts(1).refused()) << result->attempts(1).detail();
+}
+
+TEST_F(WorkerRunnerTest, SandboxStateIsDescribed) {
+  WorkerRunner runner(options_);
+  auto sandboxed = runner.DescribeSandbox();
+  ASSERT_TRUE(sandboxed.ok()) << sandboxed.status();
+  EXPECT_THAT(sandboxed->enforced(), ::testing::Contains("seccomp"));
+  EXPECT_THAT(sandboxed->enforced(), ::testing::Contains("no-new-privs"));
+  for (const std::string& missing : sandboxed->missing()) std::cerr << "not enforced here: " << missing << "\n";
+}
+
+TEST_F(WorkerRunnerTest, UploadsOutsideTheAllowlistAreRefusedInTheWorker) {
+  WorkerRunner runner(options_);
+  auto layers = runner.Inspect(kHostile + "reads_file.pt");
+  EXPECT_EQ(layers.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(layers.status().message(), HasSubstr("aten::from_file"));
+  layers = runner.Inspect(kHostile + "exploding_graph.pt");
+  EXPECT_EQ(layers.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(layers.status().message(), HasSubstr("nodes"));
+  layers = runner.Inspect(kFixtures + "/models/resnet18.traced_eval.pt");
+  ASSERT_TRUE(layers.ok()) << layers.status();
+  EXPECT_EQ(layers->size(), 20u);
+}
+
+TEST_F(WorkerRunnerTest, AllowedFileOperatorsStillMeetTheSandbox) {
+  // An administrator allowed them; the sandbox still keeps the model to its scratch.
+  options_.extra_allowed_ops = {"aten::from_file", "aten::save"};
+  WorkerRunner runner(options_);
+  auto read = Recalibrate(runner, kHostile + "reads_file.pt");
+  EXPECT_FALSE(read.ok());
+  EXPECT_THAT(read.status().message(), HasSubstr("/etc/passwd"));
+  // aten::save writes through a std::ofstream that fails silently: the job may even
+  // succeed, but the file (where the server's user could write) must not exist.
+  Recalibrate(runner, kHostile + "writes_file.pt").status().IgnoreError();
+  EXPECT_FALSE(fs::exists(kHostile + "written.pt"));
+  // The control: with the sandbox's walls where they are, the same model run in this very
+  // test process (no sandbox) would have written it.
+  EXPECT_TRUE(fs::is_directory(kHostile));
+}
+
+TEST_F(WorkerRunnerTest, EndlessLoopIsStoppedAtTheDeadlineAndOnCancel) {
+  WorkerRunner runner(options_);
+  RunHooks hooks;
+  hooks.deadline = absl::Now() + absl::Seconds(1);
+  auto start = std::chrono::steady_clock::now();
+  auto report = Recalibrate(runner, kHostile + "endless_loop.pt", hooks);
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kDeadlineExceeded) << report.status();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+
+  std::atomic<bool> cancel{false};
+  RunHooks cancellable;
+  cancellable.cancel = &cancel;
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    cancel = true;
+  });
+  start = std::chrono::steady_clock::now();
+  report = Recalibrate(runner, kHostile + "endless_loop.pt", cancellable);
+  canceller.join();
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kCancelled) << report.status();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(1500 + 5000));
+}
+
+TEST_F(WorkerRunnerTest, MemoryBombFailsAgainstTheLimit) {
+  options_.memory_bytes = int64_t{3} << 30;
+  WorkerRunner runner(options_);
+  auto report = Recalibrate(runner, kHostile + "memory_bomb.pt");
+  ASSERT_FALSE(report.ok());
+  EXPECT_THAT(report.status().message(), HasSubstr("memory"));
+}
+
+TEST_F(WorkerRunnerTest, CrashedWorkerIsReportedBySignal) {
+  WorkerRunner runner(options_);
+  worker::v1::SandboxProbe probe;
+  probe.set_crash(true);
+  auto result = runner.Probe(probe);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(result.status().message(), HasSubstr("SIGSEGV"));
+  // The runner is still good for the next task.
+  auto layers = runner.Inspect(kFixtures + "/models/bn1d_2d.scripted_eval.pt");
+  EXPECT_TRUE(layers.ok()) << layers.status();
+}
+
+TEST_F(WorkerRunnerTest, GoodModelIsRecalibratedWithItsFilesInScratch) {
+  WorkerRunner runner(options_);
+  RecalibrationTask task;
+  task.spec.set_batch_size(8);
+  task.model_path = kFixtures + "/models/bn1d_2d.traced_train.pt";
+  task.data_spec = "npy:" + kFixtures + "/data/bn1d_2d.npy";
+  task.device = "cpu";
+  task.scratch_dir = tmp_.File("good");
+  fs::create_directories(task.scratch_dir);
+  int progress_events = 0;
+  RunHooks hooks;
+  hooks.on_progress = [&](const worker::v1::Progress& p) { ++progress_events; };
+  auto report = runner.Recalibrate(task, hooks);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->samples(), 26);
+  EXPECT_EQ(progress_events, 4);
+  for (const char* name : {"model.pt", "bn.safetensors", "report.json"}) {
+    EXPECT_TRUE(fs::is_regular_file(fs::path(task.scratch_dir) / name)) << name;
+  }
+}
+
+}  // namespace
+}  // namespace recal::jobs
