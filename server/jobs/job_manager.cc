@@ -389,30 +389,46 @@ void JobManager::RunJob(const std::string& id, const std::string& device) {
   if (outputs.ok()) {
     v1::JobEvent summary;
     *summary.mutable_summary() = outputs->report;
-    Record(job, summary).IgnoreError();
-    RecordState(job, v1::SUCCEEDED).IgnoreError();
-    Finished(job);
+    if (RecordEnd(job, summary, v1::SUCCEEDED)) Finished(job);
     return;
   }
   if (running->cancel && !running->by_user) {
     // Shutdown: the job runs again, from the start, when the server next starts.
     job.clear_progress();
-    RecordState(job, v1::QUEUED).IgnoreError();
-    log::Info("job re-queued: the server is shutting down", {{"job_id", id}});
+    if (RecordEnd(job, std::nullopt, v1::QUEUED)) {
+      log::Info("job re-queued: the server is shutting down", {{"job_id", id}});
+    }
     return;
   }
   if (running->by_user) {
     *job.mutable_error() = ErrorOf(absl::CancelledError("cancelled by request"));
-    RecordState(job, v1::CANCELLED).IgnoreError();
-    Finished(job);
+    if (RecordEnd(job, std::nullopt, v1::CANCELLED)) Finished(job);
     return;
   }
   *job.mutable_error() = ErrorOf(outputs.status());
   v1::JobEvent failure;
   *failure.mutable_failure() = job.error();
-  Record(job, failure).IgnoreError();
-  RecordState(job, v1::FAILED).IgnoreError();
-  Finished(job);
+  if (RecordEnd(job, failure, v1::FAILED)) Finished(job);
+}
+
+bool JobManager::RecordEnd(v1::Job& job, const std::optional<v1::JobEvent>& last_event, v1::JobState state) {
+  absl::Status stored;
+  bool event_stored = !last_event.has_value();
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    if (attempt > 0) absl::SleepFor(absl::Milliseconds(100 << attempt));
+    if (!event_stored) {
+      stored = Record(job, *last_event);
+      event_stored = stored.ok();
+      if (!event_stored) continue;
+    }
+    stored = RecordState(job, state);
+    if (stored.ok()) return true;
+  }
+  // The store keeps the job RUNNING: the next start takes it up again (--max_attempts).
+  log::Error("job end not stored", {{"job_id", job.id()},
+                                    {"state", v1::JobState_Name(state)},
+                                    {"error", std::string(stored.message())}});
+  return false;
 }
 
 void JobManager::Finished(const v1::Job& job) {

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -96,6 +97,10 @@ class JobManager {
   // Stores `job` (already changed by the caller) with `event`, then wakes watchers.
   absl::Status Record(const v1::Job& job, v1::JobEvent event);
   absl::Status RecordState(v1::Job& job, v1::JobState state);
+  // The end of a run: `last_event` (summary, failure) then `state`, retried a few times; a
+  // store that keeps failing is logged as an error and the job stays RUNNING there, for the
+  // next start to take up. True once stored.
+  bool RecordEnd(v1::Job& job, const std::optional<v1::JobEvent>& last_event, v1::JobState state);
   absl::Status ValidateSpec(const v1::JobSpec& spec);
   // Logs and counts a job that has just reached a terminal state.
   void Finished(const v1::Job& job);
