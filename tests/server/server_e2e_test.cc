@@ -716,6 +716,27 @@ TEST_F(OneWorkerServerTest, AJobKilledMidRunCompletesAfterRestart) {
   EXPECT_TRUE(stub_->GetModel(&context, get, &model).ok());
 }
 
+TEST_F(OneWorkerServerTest, AJobThatKeepsTakingTheServerDownEndsFailed) {
+  // A job during which the server dies, every time: re-queued at start-up at most
+  // --max_attempts times, then FAILED, never a crash loop.
+  std::vector<std::string> flags = Flags();
+  flags.push_back("--max_attempts=2");
+  Restart(flags);
+  const std::string model_id = UploadModel();
+  v1::Job job = Submit(LongJob(model_id));
+  for (int attempt = 1; attempt <= 2; ++attempt) {
+    const v1::Job running = WaitForState(*stub_, job.id(), v1::RUNNING);
+    EXPECT_EQ(running.attempts(), attempt);
+    server_->Kill();
+    Restart(flags);
+  }
+  const v1::Job failed = WaitForState(*stub_, job.id(), v1::FAILED, 30);
+  EXPECT_EQ(failed.attempts(), 2);
+  EXPECT_THAT(failed.error().message(), HasSubstr("--max_attempts=2"));
+  // The server goes on with other work.
+  WaitForState(*stub_, Submit(NpyJob(model_id, "data/resnet18.npy", 8)).id(), v1::SUCCEEDED);
+}
+
 TEST_F(OneWorkerServerTest, SigtermStopsPromptlyAndLeavesTheJobQueued) {
   const std::string model_id = UploadModel();
   v1::Job job = Submit(LongJob(model_id));
