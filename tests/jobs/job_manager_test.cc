@@ -1,0 +1,174 @@
+// JobManager over a fake JobRunner (no model, no worker process): what a runner's outcome
+// does to a job — results adopted only as plain files, failures, cancellation and the
+// timeout handed to the runner — with the real SQLite store and blob store underneath.
+#include "server/jobs/job_manager.h"
+
+#include <filesystem>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "common/sha256.h"
+#include "tests/test_util.h"
+
+namespace recal::jobs {
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+class FakeRunner : public JobRunner {
+ public:
+  std::function<absl::StatusOr<v1::RunReport>(const RecalibrationTask&, const RunHooks&)> recalibrate;
+
+  absl::StatusOr<v1::RunReport> Recalibrate(const RecalibrationTask& task, const RunHooks& hooks) override {
+    return recalibrate(task, hooks);
+  }
+  absl::StatusOr<std::vector<v1::BatchNormLayer>> Inspect(const std::string& model_path) override {
+    v1::BatchNormLayer layer;
+    layer.set_name("bn");
+    return std::vector<v1::BatchNormLayer>{layer};
+  }
+};
+
+// What a worker leaves in scratch when it succeeds.
+void WriteResults(const RecalibrationTask& task) {
+  for (const char* name : {"model.pt", "bn.safetensors", "report.json"}) {
+    testing::WriteBytes((fs::path(task.scratch_dir) / name).string(), std::string("bytes of ") + name);
+  }
+}
+
+class JobManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    metadata_ = *store::MetadataStore::Open(tmp_.File("recal.db"));
+    blobs_ = *store::BlobStore::Open(tmp_.File("blobs"));
+    models_ = std::make_unique<ModelRegistry>(metadata_.get(), blobs_.get(), 1 << 20, &runner_);
+    JobManagerOptions options;
+    options.progress_interval = absl::ZeroDuration();
+    jobs_ = std::make_unique<JobManager>(metadata_.get(), blobs_.get(), models_.get(), &runner_, options);
+    ASSERT_TRUE(jobs_->Start().ok());
+    // Any bytes: the fake runner inspects nothing.
+    const std::string bytes = "a model archive";
+    v1::UploadHeader header;
+    header.set_name("m");
+    header.set_size(bytes.size());
+    header.set_sha256(Sha256Hex(bytes));
+    ASSERT_TRUE(models_->StartUpload(header).ok());
+    v1::UploadChunk chunk;
+    chunk.set_data(bytes);
+    ASSERT_TRUE(models_->AppendChunk(header, chunk).ok());
+    auto model = models_->FinishUpload(header);
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_id_ = model->id();
+  }
+  void TearDown() override { jobs_->Shutdown(absl::Seconds(10)); }
+
+  v1::Job Submit(double timeout_seconds = 0) {
+    v1::SubmitJobRequest request;
+    request.mutable_spec()->set_model_id(model_id_);
+    request.mutable_spec()->set_batch_size(4);
+    request.mutable_spec()->set_timeout_seconds(timeout_seconds);
+    request.mutable_spec()->mutable_data()->mutable_synthetic()->add_sample_shape(3);
+    auto job = jobs_->Submit(request);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return *job;
+  }
+  v1::Job WaitForEnd(const std::string& id) {
+    for (int i = 0; i < 500; ++i) {
+      auto job = jobs_->Get(id);
+      if (job.ok() && IsTerminal(job->state())) return *job;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ADD_FAILURE() << "job " << id << " did not end";
+    return *jobs_->Get(id);
+  }
+
+  testing::TempDir tmp_;
+  FakeRunner runner_;
+  std::unique_ptr<store::MetadataStore> metadata_;
+  std::unique_ptr<store::BlobStore> blobs_;
+  std::unique_ptr<ModelRegistry> models_;
+  std::unique_ptr<JobManager> jobs_;
+  std::string model_id_;
+};
+
+TEST_F(JobManagerTest, SucceededRunsLeaveTheirFilesAsResultsAndTheirProgressAsEvents) {
+  runner_.recalibrate = [](const RecalibrationTask& task, const RunHooks& hooks) -> absl::StatusOr<v1::RunReport> {
+    EXPECT_TRUE(task.model_path.size() > 0 && fs::exists(task.model_path));
+    EXPECT_EQ(task.data_spec.rfind("synthetic:", 0), 0u) << task.data_spec;
+    for (int batch = 1; batch <= 3; ++batch) {
+      worker::v1::Progress progress;
+      progress.set_batches(batch);
+      progress.set_samples(4 * batch);
+      progress.set_max_batches(3);
+      hooks.on_progress(progress);
+    }
+    WriteResults(task);
+    v1::RunReport report;
+    report.set_batches(3);
+    return report;
+  };
+  const v1::Job job = WaitForEnd(Submit().id());
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.error().message();
+  EXPECT_EQ(job.progress().batches_done(), 3);
+  auto model = jobs_->Result(job.id(), v1::MODEL);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ(testing::ReadBytes(blobs_->PathOf(model->sha256)), "bytes of model.pt");
+  EXPECT_TRUE(fs::is_empty(blobs_->scratch_dir()) || !fs::exists(fs::path(blobs_->scratch_dir()) / job.id()));
+}
+
+TEST_F(JobManagerTest, ARunnerFailureFailsTheJobWithItsMessageAndTheNextJobRuns) {
+  runner_.recalibrate = [](const RecalibrationTask&, const RunHooks&) -> absl::StatusOr<v1::RunReport> {
+    return absl::InternalError("the worker running the model was killed by SIGSEGV (Segmentation fault)");
+  };
+  v1::Job job = WaitForEnd(Submit().id());
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_THAT(job.error().message(), HasSubstr("SIGSEGV"));
+  runner_.recalibrate = [](const RecalibrationTask& task, const RunHooks&) -> absl::StatusOr<v1::RunReport> {
+    WriteResults(task);
+    return v1::RunReport();
+  };
+  EXPECT_EQ(WaitForEnd(Submit().id()).state(), v1::SUCCEEDED);
+}
+
+TEST_F(JobManagerTest, CancellationAndTheTimeoutReachTheRunner) {
+  runner_.recalibrate = [](const RecalibrationTask&, const RunHooks& hooks) -> absl::StatusOr<v1::RunReport> {
+    // A model that never ends: only what the runner is told from outside stops it.
+    while (true) {
+      if (hooks.cancel && hooks.cancel->load()) return absl::CancelledError("cancelled");
+      if (absl::Now() > hooks.deadline) return absl::DeadlineExceededError("past the deadline");
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  };
+  const v1::Job running = Submit();
+  for (int i = 0; i < 200 && jobs_->Get(running.id())->state() != v1::RUNNING; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(jobs_->Cancel(running.id()).ok());
+  EXPECT_EQ(WaitForEnd(running.id()).state(), v1::CANCELLED);
+
+  const v1::Job late = WaitForEnd(Submit(/*timeout_seconds=*/0.3).id());
+  EXPECT_EQ(late.state(), v1::FAILED);
+  EXPECT_THAT(late.error().message(), HasSubstr("timeout of 0.3 s"));
+}
+
+TEST_F(JobManagerTest, FilesAWorkerLinkedElsewhereAreNotAdopted) {
+  testing::WriteBytes(tmp_.File("secret"), "the server's secret");
+  const std::string secret = tmp_.File("secret");
+  runner_.recalibrate = [&](const RecalibrationTask& task, const RunHooks&) -> absl::StatusOr<v1::RunReport> {
+    WriteResults(task);
+    fs::remove(fs::path(task.scratch_dir) / "model.pt");
+    fs::create_symlink(secret, fs::path(task.scratch_dir) / "model.pt");
+    return v1::RunReport();
+  };
+  const v1::Job job = WaitForEnd(Submit().id());
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_THAT(job.error().message(), HasSubstr("not a plain file"));
+  EXPECT_FALSE(jobs_->Result(job.id(), v1::MODEL).ok());
+  EXPECT_EQ(testing::ReadBytes(secret), "the server's secret");
+}
+
+}  // namespace
+}  // namespace recal::jobs
