@@ -74,11 +74,7 @@ JobManager::~JobManager() { Shutdown(absl::Seconds(30)); }
 absl::Status JobManager::Record(const v1::Job& job, v1::JobEvent event) {
   auto stored = metadata_->UpdateJob(job, std::move(event));
   if (!stored.ok()) return stored.status();
-  {
-    std::lock_guard<std::mutex> lock(events_mu_);
-    ++events_version_;
-  }
-  events_cv_.notify_all();
+  events_.Publish();
   return absl::OkStatus();
 }
 
@@ -132,11 +128,7 @@ void JobManager::Shutdown(absl::Duration deadline) {
     for (auto& [id, feed] : feeds_) feed->Close(absl::UnavailableError("the server is shutting down"));
   }
   queue_.Close();
-  {
-    std::lock_guard<std::mutex> lock(events_mu_);
-    ++events_version_;
-  }
-  events_cv_.notify_all();
+  events_.Publish();  // watchers see stopping_
   {
     std::unique_lock<std::mutex> lock(workers_mu_);
     workers_cv_.wait_for(lock, absl::ToChronoSeconds(deadline),
@@ -275,11 +267,7 @@ absl::Status JobManager::Watch(const std::string& id, int64_t after_seq,
   if (!deliver(snapshot)) return absl::CancelledError("the watcher went away");
   int64_t last = after_seq;
   while (true) {
-    int64_t version;
-    {
-      std::lock_guard<std::mutex> lock(events_mu_);
-      version = events_version_;
-    }
+    const int64_t version = events_.version();
     auto events = metadata_->EventsAfter(id, last, 256);
     if (!events.ok()) return events.status();
     for (const v1::JobEvent& event : *events) {
@@ -296,9 +284,7 @@ absl::Status JobManager::Watch(const std::string& id, int64_t after_seq,
     if (IsTerminal(now->state())) return absl::OkStatus();
     if (stopping_) return absl::UnavailableError("the server is shutting down; watch again");
     if (stopped && stopped()) return absl::CancelledError("the watcher went away");
-    std::unique_lock<std::mutex> lock(events_mu_);
-    events_cv_.wait_for(lock, std::chrono::milliseconds(500),
-                        [&] { return events_version_ != version; });
+    events_.WaitForChange(version, absl::Milliseconds(500));
   }
 }
 

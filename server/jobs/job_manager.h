@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "recal/v1/recal.pb.h"
+#include "server/jobs/event_hub.h"
 #include "server/jobs/job_queue.h"
 #include "server/jobs/job_runner.h"
 #include "server/jobs/model_registry.h"
@@ -124,9 +125,7 @@ class JobManager {
   std::atomic<bool> stopping_{false};
 
   // Watchers wait here for the next recorded event.
-  std::mutex events_mu_;
-  std::condition_variable events_cv_;
-  int64_t events_version_ = 0;
+  EventHub events_;
 
   std::mutex workers_mu_;
   std::condition_variable workers_cv_;
