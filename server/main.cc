@@ -131,6 +131,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<recal::metrics::Metrics> metrics;
   if (!metrics_listen.empty()) metrics = std::make_unique<recal::metrics::Metrics>();
 
+  const std::vector<std::string> data_roots = AllDataRoots(argc, argv);
   recal::jobs::WorkerRunnerOptions worker;
   worker.binary = absl::GetFlag(FLAGS_worker_binary);
   if (worker.binary.empty()) {
@@ -138,7 +139,7 @@ int main(int argc, char** argv) {
     worker.binary = (std::filesystem::read_symlink("/proc/self/exe", error).parent_path() / "recal-worker").string();
   }
   worker.scratch_root = blobs->get()->scratch_dir();
-  worker.data_roots = AllDataRoots(argc, argv);
+  worker.data_roots = data_roots;
   worker.memory_bytes = absl::GetFlag(FLAGS_job_memory_bytes);
   worker.file_bytes = absl::GetFlag(FLAGS_job_file_bytes) > 0 ? absl::GetFlag(FLAGS_job_file_bytes)
                                                               : 2 * absl::GetFlag(FLAGS_max_model_bytes);
@@ -162,7 +163,7 @@ int main(int argc, char** argv) {
   recal::jobs::JobManagerOptions options;
   options.devices = *devices;
   options.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_jobs);
-  options.data_roots = AllDataRoots(argc, argv);
+  options.data_roots = data_roots;
   options.default_timeout_seconds = absl::GetFlag(FLAGS_job_timeout_seconds);
   options.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
   options.max_batch_bytes = absl::GetFlag(FLAGS_max_batch_bytes);

@@ -7,6 +7,7 @@
 
 #include <google/protobuf/util/time_util.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -509,13 +510,10 @@ absl::StatusOr<JobManager::Outputs> JobManager::Execute(const v1::Job& job, cons
   fs::remove_all(scratch, error);  // what an earlier attempt left
   fs::create_directories(scratch, error);
   if (error) return absl::InternalError(absl::StrCat("cannot create ", scratch.string(), ": ", error.message()));
-  struct RemoveScratch {
-    const fs::path& dir;
-    ~RemoveScratch() {
-      std::error_code ignored;
-      fs::remove_all(dir, ignored);
-    }
-  } remove_scratch{scratch};
+  absl::Cleanup remove_scratch = [&scratch] {
+    std::error_code ignored;
+    fs::remove_all(scratch, ignored);
+  };
 
   RecalibrationTask task;
   task.spec = spec;

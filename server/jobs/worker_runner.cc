@@ -93,6 +93,17 @@ std::string LastLine(std::string text) {
   return cut == std::string::npos ? text : text.substr(cut + 1);
 }
 
+// The outcome of a task whose last event should be `expected`: the worker's own failure
+// keeps its code (INVALID_ARGUMENT for a refused model, NOT_FOUND for missing data...).
+absl::StatusOr<wire::Event> Expect(absl::StatusOr<wire::Event> event, wire::Event::KindCase expected) {
+  if (!event.ok()) return event.status();
+  if (event->has_failure()) {
+    return absl::Status(static_cast<absl::StatusCode>(event->failure().code()), event->failure().message());
+  }
+  if (event->kind_case() != expected) return absl::InternalError("the worker answered with the wrong event");
+  return event;
+}
+
 }  // namespace
 
 WorkerRunner::WorkerRunner(WorkerRunnerOptions options) : options_(std::move(options)) {
@@ -297,17 +308,6 @@ absl::Status WorkerRunner::GiveToWorkerUser(const std::string& dir) const {
     return ErrnoStatus(absl::StrCat("cannot give ", dir, " to ", options_.user));
   }
   return absl::OkStatus();
-}
-
-// The outcome of a task whose last event should be `expected`: the worker's own failure
-// keeps its code (INVALID_ARGUMENT for a refused model, NOT_FOUND for missing data...).
-static absl::StatusOr<wire::Event> Expect(absl::StatusOr<wire::Event> event, wire::Event::KindCase expected) {
-  if (!event.ok()) return event.status();
-  if (event->has_failure()) {
-    return absl::Status(static_cast<absl::StatusCode>(event->failure().code()), event->failure().message());
-  }
-  if (event->kind_case() != expected) return absl::InternalError("the worker answered with the wrong event");
-  return event;
 }
 
 absl::StatusOr<v1::RunReport> WorkerRunner::Recalibrate(const RecalibrationTask& task, const RunHooks& hooks) {
