@@ -161,14 +161,14 @@ int main(int argc, char** argv) {
   }
   recal::jobs::ModelRegistry models(metadata->get(), blobs->get(), absl::GetFlag(FLAGS_max_model_bytes), &runner);
   recal::jobs::JobManagerOptions options;
-  options.devices = *devices;
-  options.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_jobs);
-  options.data_roots = data_roots;
-  options.default_timeout_seconds = absl::GetFlag(FLAGS_job_timeout_seconds);
+  options.scheduler.devices = *devices;
+  options.scheduler.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_jobs);
+  options.scheduler.data_roots = data_roots;
+  options.scheduler.default_timeout_seconds = absl::GetFlag(FLAGS_job_timeout_seconds);
   options.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
   options.max_batch_bytes = absl::GetFlag(FLAGS_max_batch_bytes);
-  options.metrics = metrics.get();
-  options.max_attempts = std::max(1, absl::GetFlag(FLAGS_max_attempts));
+  options.scheduler.metrics = metrics.get();
+  options.scheduler.max_attempts = std::max(1, absl::GetFlag(FLAGS_max_attempts));
   recal::jobs::JobManager jobs(metadata->get(), blobs->get(), &models, &runner, options);
   if (absl::Status started = jobs.Start(); !started.ok()) return Fail(started);
 

@@ -1,6 +1,5 @@
 #include "server/api/recal_service.h"
 
-#include <fstream>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -134,31 +133,29 @@ grpc::Status RecalService::PushBatches(grpc::ServerContext*, grpc::ServerReader<
 grpc::Status RecalService::DownloadResult(grpc::ServerContext* context,
                                           const v1::DownloadResultRequest* request,
                                           grpc::ServerWriter<v1::DownloadResultChunk>* writer) {
-  auto ref = jobs_->Result(request->job_id(), request->artifact());
-  if (!ref.ok()) return ToGrpcStatus(ref.status());
-  if (request->offset() < 0 || request->offset() > ref->size) {
+  auto result = jobs_->OpenResult(request->job_id(), request->artifact());
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  const store::ResultRef& ref = result->ref;
+  if (request->offset() < 0 || request->offset() > ref.size) {
     return ToGrpcStatus(absl::OutOfRangeError(
-        absl::StrCat("offset ", request->offset(), " is outside the artifact's ", ref->size, " bytes")));
+        absl::StrCat("offset ", request->offset(), " is outside the artifact's ", ref.size, " bytes")));
   }
-  std::ifstream in(jobs_->BlobPath(ref->sha256), std::ios::binary);
-  if (!in) return ToGrpcStatus(absl::DataLossError(absl::StrCat("result blob ", ref->sha256, " is missing")));
-  in.seekg(request->offset());
-  std::vector<char> buffer(download_chunk_bytes_);
   int64_t offset = request->offset();
   bool first = true;
   do {
-    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
-    const std::streamsize got = in.gcount();
     v1::DownloadResultChunk chunk;
     chunk.set_offset(offset);
-    chunk.set_data(buffer.data(), got);
-    chunk.set_total_size(ref->size);
-    if (first) chunk.set_sha256(ref->sha256);
+    if (absl::Status read = result->reader->ReadAt(offset, download_chunk_bytes_, chunk.mutable_data()); !read.ok()) {
+      return ToGrpcStatus(read);
+    }
+    const int64_t got = static_cast<int64_t>(chunk.data().size());
+    chunk.set_total_size(ref.size);
+    if (first) chunk.set_sha256(ref.sha256);
     first = false;
     if (!writer->Write(chunk)) return grpc::Status(grpc::StatusCode::CANCELLED, "download broken off");
     if (metrics_) metrics_->download_bytes.Increment(static_cast<double>(got));
     offset += got;
-  } while (offset < ref->size && !context->IsCancelled());
+  } while (offset < ref.size && !context->IsCancelled());
   return grpc::Status::OK;
 }
 

@@ -1,48 +1,34 @@
-// Jobs: submission (validated, idempotent on request_id), a bounded priority queue, one
-// worker per device running the engine, cancellation at batch boundaries, per-job
-// timeouts, an event log that watchers follow (also across restarts), and recovery of
-// interrupted jobs at start-up. Every state change is durable before it is announced.
+// Jobs as the API sees them: submission (validated, idempotent on request_id), cancellation,
+// pushed batches, watches and results, over the three parts that do the work: the job
+// repository (durable state machine), the event hub (watchers) and the scheduler (queue,
+// workers, runner).
 #pragma once
 
-#include <atomic>
-#include <condition_variable>
 #include <functional>
-#include <map>
+#include <atomic>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "recal/v1/recal.pb.h"
 #include "server/jobs/event_hub.h"
-#include "server/jobs/job_queue.h"
+#include "server/jobs/job_repository.h"
 #include "server/jobs/job_runner.h"
 #include "server/jobs/model_registry.h"
+#include "server/jobs/scheduler.h"
 #include "server/jobs/stream_feed.h"
 #include "server/store/blob_store.h"
 #include "server/store/metadata_store.h"
 
-namespace recal::metrics {
-struct Metrics;
-}
-
 namespace recal::jobs {
 
 struct JobManagerOptions {
-  std::vector<std::string> devices = {"cpu"};  // one worker each
-  int max_queued_jobs = 64;
-  std::vector<std::string> data_roots;
-  double default_timeout_seconds = 6 * 3600;
+  SchedulerOptions scheduler;
   int64_t max_batch_size = 4096;
   int64_t max_batch_bytes = int64_t{256} << 20;  // one pushed tensor, client_stream
-  absl::Duration progress_interval = absl::Milliseconds(250);
-  metrics::Metrics* metrics = nullptr;  // none: nothing is counted
-  // Runs of a job the server died during; past it the job fails instead of running again.
-  int max_attempts = 3;
 };
 
 class JobManager {
@@ -54,9 +40,8 @@ class JobManager {
 
   // Re-queues jobs a previous process left running, queues the waiting ones, starts workers.
   absl::Status Start();
-  // Refuses new work, stops workers at their next batch boundary (their jobs go back to
-  // QUEUED for the next start) and ends watches. Returns when the workers have stopped or
-  // `deadline` has passed.
+  // Refuses new work, stops the runners (their jobs go back to QUEUED for the next start)
+  // and ends watches. Returns when the workers have stopped or `deadline` has passed.
   void Shutdown(absl::Duration deadline);
 
   absl::StatusOr<v1::Job> Submit(const v1::SubmitJobRequest& request);
@@ -78,60 +63,29 @@ class JobManager {
                      const std::function<bool(const v1::JobEvent&)>& deliver,
                      const std::function<bool()>& stopped);
 
-  // The stored artifact of a SUCCEEDED job (FAILED_PRECONDITION otherwise) and its file.
+  // The stored artifact of a SUCCEEDED job (FAILED_PRECONDITION otherwise), and its bytes.
   absl::StatusOr<store::ResultRef> Result(const std::string& id, v1::Artifact artifact);
-  std::string BlobPath(const std::string& sha256) const { return blobs_->PathOf(sha256); }
+  struct OpenedResult {
+    store::ResultRef ref;
+    std::unique_ptr<store::BlobReader> reader;
+  };
+  absl::StatusOr<OpenedResult> OpenResult(const std::string& id, v1::Artifact artifact);
 
-  int queued() const { return queue_.size(); }
-  int running() const;
+  int queued() const { return scheduler_.queued(); }
+  int running() const { return scheduler_.running(); }
 
  private:
-  struct Running {
-    std::atomic<bool> cancel{false};
-    std::atomic<bool> by_user{false};
-  };
-  struct Outputs;
-
-  void WorkerLoop(std::string device);
-  void RunJob(const std::string& id, const std::string& device);
-  absl::StatusOr<Outputs> Execute(const v1::Job& job, const std::string& device, Running& running);
-  // Stores `job` (already changed by the caller) with `event`, then wakes watchers.
-  absl::Status Record(const v1::Job& job, v1::JobEvent event);
-  absl::Status RecordState(v1::Job& job, v1::JobState state);
-  // The end of a run: `last_event` (summary, failure) then `state`, retried a few times; a
-  // store that keeps failing is logged as an error and the job stays RUNNING there, for the
-  // next start to take up. True once stored.
-  bool RecordEnd(v1::Job& job, const std::optional<v1::JobEvent>& last_event, v1::JobState state);
   absl::Status ValidateSpec(const v1::JobSpec& spec);
-  // Logs and counts a job that has just reached a terminal state.
-  void Finished(const v1::Job& job);
-  // The feed of a client_stream job, made on first use (caller holds mu_).
-  std::shared_ptr<StreamFeed> FeedLocked(const v1::Job& job);
-  void CloseFeedLocked(const std::string& id, const absl::Status& reason);
 
-  store::MetadataStore* metadata_;
   store::BlobStore* blobs_;
   ModelRegistry* models_;
-  JobRunner* runner_;
   const JobManagerOptions options_;
-  JobQueue queue_;
-
-  // Serialises state transitions (submit, cancel, start, finish) so that none is lost.
-  mutable std::mutex mu_;
-  std::map<std::string, std::shared_ptr<Running>> running_;
-  std::map<std::string, std::shared_ptr<StreamFeed>> feeds_;
-  std::vector<std::thread> workers_;
-  bool started_ = false;
-  std::atomic<bool> stopping_{false};
-
-  // Watchers wait here for the next recorded event.
   EventHub events_;
-
-  std::mutex workers_mu_;
-  std::condition_variable workers_cv_;
-  int active_workers_ = 0;
+  JobRepository repository_;
+  StreamFeeds feeds_;
+  Scheduler scheduler_;
+  std::atomic<bool> stopping_{false};
+  std::mutex submit_mu_;
 };
-
-bool IsTerminal(v1::JobState state);
 
 }  // namespace recal::jobs

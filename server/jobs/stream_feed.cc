@@ -95,4 +95,38 @@ absl::StatusOr<std::optional<worker::v1::PushedBatch>> StreamFeed::Next() {
   return std::optional<worker::v1::PushedBatch>(std::move(batch));
 }
 
+std::shared_ptr<StreamFeed> StreamFeeds::Open(const v1::Job& job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::shared_ptr<StreamFeed>& feed = feeds_[job.id()];
+  if (!feed) feed = std::make_shared<StreamFeed>(job.spec().data().client_stream(), max_batch_bytes_);
+  return feed;
+}
+
+std::shared_ptr<StreamFeed> StreamFeeds::Find(const std::string& job_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto feed = feeds_.find(job_id);
+  return feed == feeds_.end() ? nullptr : feed->second;
+}
+
+void StreamFeeds::Close(const std::string& job_id, const absl::Status& reason) {
+  std::shared_ptr<StreamFeed> feed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto found = feeds_.find(job_id);
+    if (found == feeds_.end()) return;
+    feed = std::move(found->second);
+    feeds_.erase(found);
+  }
+  feed->Close(reason);
+}
+
+void StreamFeeds::CloseAll(const absl::Status& reason) {
+  std::map<std::string, std::shared_ptr<StreamFeed>> feeds;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    feeds.swap(feeds_);
+  }
+  for (auto& [id, feed] : feeds) feed->Close(reason);
+}
+
 }  // namespace recal::jobs

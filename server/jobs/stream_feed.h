@@ -6,6 +6,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <map>
+#include <memory>
+#include <string>
 #include <mutex>
 #include <optional>
 
@@ -48,6 +51,27 @@ class StreamFeed {
   bool delivered_last_ = false;  // and Next() has handed it out
   std::chrono::steady_clock::time_point deadline_ = std::chrono::steady_clock::time_point::max();
   absl::Status closed_;
+};
+
+// The feeds of the client_stream jobs that have not ended, by job id. A feed is opened when
+// its job is queued and closed when the job ends, so that a push never makes a feed nobody
+// reads. Thread-safe.
+class StreamFeeds {
+ public:
+  explicit StreamFeeds(int64_t max_batch_bytes) : max_batch_bytes_(max_batch_bytes) {}
+
+  // The job's feed, made if it has none.
+  std::shared_ptr<StreamFeed> Open(const v1::Job& job);
+  // nullptr once closed (or never opened).
+  std::shared_ptr<StreamFeed> Find(const std::string& job_id) const;
+  // Ends the feed (both sides see `reason`) and forgets it.
+  void Close(const std::string& job_id, const absl::Status& reason);
+  void CloseAll(const absl::Status& reason);
+
+ private:
+  const int64_t max_batch_bytes_;
+  mutable std::mutex mu_;
+  std::map<std::string, std::shared_ptr<StreamFeed>> feeds_;
 };
 
 }  // namespace recal::jobs

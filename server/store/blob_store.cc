@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <utility>
 
@@ -94,6 +95,41 @@ absl::StatusOr<int64_t> BlobStore::SizeOf(const std::string& sha256_hex) const {
     return absl::ErrnoToStatus(errno, absl::StrCat("cannot stat blob '", PathOf(sha256_hex), "'"));
   }
   return static_cast<int64_t>(st.st_size);
+}
+
+BlobReader::~BlobReader() { ::close(fd_); }
+
+absl::Status BlobReader::ReadAt(int64_t offset, int64_t max_bytes, std::string* out) const {
+  out->clear();
+  if (offset < 0 || max_bytes < 0) return absl::InvalidArgumentError("negative offset or length");
+  const int64_t want = std::min(max_bytes, std::max<int64_t>(0, size_ - offset));
+  out->resize(static_cast<size_t>(want));
+  int64_t done = 0;
+  while (done < want) {
+    const ssize_t got = ::pread(fd_, out->data() + done, static_cast<size_t>(want - done), offset + done);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot read blob ", name_));
+    if (got == 0) return absl::DataLossError(absl::StrCat("blob ", name_, " is shorter than its ", size_, " bytes"));
+    done += got;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<BlobReader>> BlobStore::OpenReader(const std::string& sha256_hex) const {
+  RECAL_RETURN_IF_ERROR(ValidateDigest(sha256_hex));
+  const int fd = ::open(PathOf(sha256_hex).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) {
+    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat("no blob sha256:", sha256_hex));
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot open blob sha256:", sha256_hex));
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int error = errno;
+    ::close(fd);
+    return absl::ErrnoToStatus(error, absl::StrCat("cannot stat blob sha256:", sha256_hex));
+  }
+  return std::unique_ptr<BlobReader>(
+      new BlobReader(fd, static_cast<int64_t>(st.st_size), absl::StrCat("sha256:", sha256_hex)));
 }
 
 absl::StatusOr<std::string> BlobStore::Put(absl::string_view bytes) {

@@ -14,6 +14,26 @@
 
 namespace recal::store {
 
+// One blob's bytes, read at any offset (downloads resume mid-blob). The blob stays
+// readable while the reader is open, even if it is removed meanwhile.
+class BlobReader {
+ public:
+  ~BlobReader();
+  BlobReader(const BlobReader&) = delete;
+  BlobReader& operator=(const BlobReader&) = delete;
+
+  int64_t size() const { return size_; }
+  // Up to `max_bytes` from `offset` into `out` (fewer only at the end; none past it).
+  absl::Status ReadAt(int64_t offset, int64_t max_bytes, std::string* out) const;
+
+ private:
+  friend class BlobStore;
+  BlobReader(int fd, int64_t size, std::string name) : fd_(fd), size_(size), name_(std::move(name)) {}
+  const int fd_;
+  const int64_t size_;
+  const std::string name_;
+};
+
 class BlobStore {
  public:
   static absl::StatusOr<std::unique_ptr<BlobStore>> Open(const std::string& dir);
@@ -22,6 +42,7 @@ class BlobStore {
   std::string PathOf(const std::string& sha256_hex) const;
   bool Has(const std::string& sha256_hex) const;
   absl::StatusOr<int64_t> SizeOf(const std::string& sha256_hex) const;  // NOT_FOUND
+  absl::StatusOr<std::unique_ptr<BlobReader>> OpenReader(const std::string& sha256_hex) const;  // NOT_FOUND
 
   // Stores `bytes` and returns their hex digest.
   absl::StatusOr<std::string> Put(absl::string_view bytes);

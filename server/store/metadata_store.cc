@@ -150,6 +150,8 @@ struct MetadataStore::Impl {
   // Inserts the event with the next seq of the job and the current time. Caller holds a
   // transaction.
   absl::StatusOr<v1::JobEvent> InsertEvent(const std::string& job_id, v1::JobEvent event);
+  absl::Status WriteJob(const v1::Job& job);
+  absl::Status InsertResult(const std::string& job_id, v1::Artifact artifact, const ResultRef& ref);
 };
 
 absl::Status MetadataStore::Impl::MigrateSchema() {
@@ -398,24 +400,45 @@ absl::StatusOr<v1::JobEvent> MetadataStore::Impl::InsertEvent(const std::string&
   return event;
 }
 
+absl::Status MetadataStore::Impl::WriteJob(const v1::Job& job) {
+  // request_id and create_seq are fixed at creation; the state column follows the proto.
+  RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("UPDATE jobs SET state = ?2, model_id = ?3, proto = ?4 WHERE id = ?1"));
+  RECAL_RETURN_IF_ERROR(q.Bind(1, job.id())
+                            .Bind(2, int64_t{job.state()})
+                            .Bind(3, job.spec().model_id())
+                            .BindBlob(4, job.SerializeAsString())
+                            .Run());
+  if (db.Changes() == 0) return absl::NotFoundError(absl::StrCat("no job '", job.id(), "' to update"));
+  return absl::OkStatus();
+}
+
+absl::Status MetadataStore::Impl::InsertResult(const std::string& job_id, v1::Artifact artifact,
+                                               const ResultRef& ref) {
+  if (artifact == v1::ARTIFACT_UNSPECIFIED) {
+    return absl::InvalidArgumentError(absl::StrCat("result of job '", job_id, "' needs an artifact kind"));
+  }
+  RECAL_ASSIGN_OR_RETURN(
+      Query q, db.Prepare("INSERT OR REPLACE INTO results(job_id, artifact, sha256, size) VALUES(?1, ?2, ?3, ?4)"));
+  return q.Bind(1, job_id).Bind(2, int64_t{artifact}).Bind(3, ref.sha256).Bind(4, ref.size).Run();
+}
+
 absl::StatusOr<v1::JobEvent> MetadataStore::UpdateJob(const v1::Job& job, v1::JobEvent event) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  Db& db = impl_->db;
-  RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
-  {
-    // request_id and create_seq are fixed at creation; the state column follows the proto.
-    RECAL_ASSIGN_OR_RETURN(
-        Query q, db.Prepare("UPDATE jobs SET state = ?2, model_id = ?3, proto = ?4 WHERE id = ?1"));
-    RECAL_RETURN_IF_ERROR(q.Bind(1, job.id())
-                                    .Bind(2, int64_t{job.state()})
-                                    .Bind(3, job.spec().model_id())
-                                    .BindBlob(4, job.SerializeAsString())
-                                    .Run());
-  }
-  if (db.Changes() == 0) return absl::NotFoundError(absl::StrCat("no job '", job.id(), "' to update"));
+  RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->db));
+  RECAL_RETURN_IF_ERROR(impl_->WriteJob(job));
   RECAL_ASSIGN_OR_RETURN(v1::JobEvent stored, impl_->InsertEvent(job.id(), std::move(event)));
   RECAL_RETURN_IF_ERROR(txn.Commit());
   return stored;
+}
+
+absl::Status MetadataStore::CommitJob(const v1::Job& job, std::vector<v1::JobEvent> events,
+                                      const std::map<v1::Artifact, ResultRef>& results) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->db));
+  RECAL_RETURN_IF_ERROR(impl_->WriteJob(job));
+  for (const auto& [artifact, ref] : results) RECAL_RETURN_IF_ERROR(impl_->InsertResult(job.id(), artifact, ref));
+  for (v1::JobEvent& event : events) RECAL_RETURN_IF_ERROR(impl_->InsertEvent(job.id(), std::move(event)).status());
+  return txn.Commit();
 }
 
 absl::StatusOr<v1::JobEvent> MetadataStore::AppendEvent(const std::string& job_id, v1::JobEvent event) {
@@ -457,21 +480,11 @@ absl::StatusOr<std::vector<v1::JobEvent>> MetadataStore::EventsAfter(const std::
 
 absl::Status MetadataStore::PutResult(const std::string& job_id, v1::Artifact artifact,
                                       const ResultRef& ref) {
-  if (artifact == v1::ARTIFACT_UNSPECIFIED) {
-    return absl::InvalidArgumentError(absl::StrCat("result of job '", job_id, "' needs an artifact kind"));
-  }
   std::lock_guard<std::mutex> lock(impl_->mu);
   RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->db));
   RECAL_ASSIGN_OR_RETURN(const bool exists, impl_->JobExists(job_id));
   if (!exists) return absl::NotFoundError(absl::StrCat("no job '", job_id, "' to store a result for"));
-  {
-    RECAL_ASSIGN_OR_RETURN(
-        Query q,
-        impl_->db.Prepare(
-            "INSERT OR REPLACE INTO results(job_id, artifact, sha256, size) VALUES(?1, ?2, ?3, ?4)"));
-    RECAL_RETURN_IF_ERROR(
-        q.Bind(1, job_id).Bind(2, int64_t{artifact}).Bind(3, ref.sha256).Bind(4, ref.size).Run());
-  }
+  RECAL_RETURN_IF_ERROR(impl_->InsertResult(job_id, artifact, ref));
   return txn.Commit();
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -58,6 +59,10 @@ class MetadataStore {
   // Replaces the stored job and appends `event` (its seq and time are assigned here:
   // seq = last seq of the job + 1) in one transaction. Returns the event as stored.
   absl::StatusOr<v1::JobEvent> UpdateJob(const v1::Job& job, v1::JobEvent event);
+  // Replaces the stored job, stores `results` and appends `events` (seq and time assigned
+  // here), all in one transaction: a job never ends without its results.
+  absl::Status CommitJob(const v1::Job& job, std::vector<v1::JobEvent> events,
+                         const std::map<v1::Artifact, ResultRef>& results = {});
   // Appends an event without changing the job (progress).
   absl::StatusOr<v1::JobEvent> AppendEvent(const std::string& job_id, v1::JobEvent event);
   // Events with seq > after_seq, in order, at most `limit`.

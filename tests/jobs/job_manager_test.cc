@@ -9,35 +9,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "common/sha256.h"
-#include "tests/test_util.h"
+#include "tests/jobs/fake_runner.h"
 
 namespace recal::jobs {
 namespace {
 
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
-
-class FakeRunner : public JobRunner {
- public:
-  std::function<absl::StatusOr<v1::RunReport>(const RecalibrationTask&, const RunHooks&)> recalibrate;
-
-  absl::StatusOr<v1::RunReport> Recalibrate(const RecalibrationTask& task, const RunHooks& hooks) override {
-    return recalibrate(task, hooks);
-  }
-  absl::StatusOr<std::vector<v1::BatchNormLayer>> Inspect(const std::string& model_path) override {
-    v1::BatchNormLayer layer;
-    layer.set_name("bn");
-    return std::vector<v1::BatchNormLayer>{layer};
-  }
-};
-
-// What a worker leaves in scratch when it succeeds.
-void WriteResults(const RecalibrationTask& task) {
-  for (const char* name : {"model.pt", "bn.safetensors", "report.json"}) {
-    testing::WriteBytes((fs::path(task.scratch_dir) / name).string(), std::string("bytes of ") + name);
-  }
-}
 
 class JobManagerTest : public ::testing::Test {
  protected:
@@ -46,22 +24,11 @@ class JobManagerTest : public ::testing::Test {
     blobs_ = *store::BlobStore::Open(tmp_.File("blobs"));
     models_ = std::make_unique<ModelRegistry>(metadata_.get(), blobs_.get(), 1 << 20, &runner_);
     JobManagerOptions options;
-    options.progress_interval = absl::ZeroDuration();
+    options.scheduler.progress_interval = absl::ZeroDuration();
     jobs_ = std::make_unique<JobManager>(metadata_.get(), blobs_.get(), models_.get(), &runner_, options);
     ASSERT_TRUE(jobs_->Start().ok());
-    // Any bytes: the fake runner inspects nothing.
-    const std::string bytes = "a model archive";
-    v1::UploadHeader header;
-    header.set_name("m");
-    header.set_size(bytes.size());
-    header.set_sha256(Sha256Hex(bytes));
-    ASSERT_TRUE(models_->StartUpload(header).ok());
-    v1::UploadChunk chunk;
-    chunk.set_data(bytes);
-    ASSERT_TRUE(models_->AppendChunk(header, chunk).ok());
-    auto model = models_->FinishUpload(header);
-    ASSERT_TRUE(model.ok()) << model.status();
-    model_id_ = model->id();
+    model_id_ = UploadAnyModel(*models_);
+    ASSERT_FALSE(model_id_.empty());
   }
   void TearDown() override { jobs_->Shutdown(absl::Seconds(10)); }
 

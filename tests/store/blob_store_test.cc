@@ -48,6 +48,29 @@ TEST(BlobStoreTest, PutHasSizeRemove) {
   EXPECT_TRUE(store->Remove(hex).ok());  // absent is fine
 }
 
+TEST(BlobStoreTest, AReaderReadsAnyRangeAndOutlivesRemoval) {
+  TempDir tmp;
+  auto store = OpenStore(tmp.path());
+  const std::string hex = *store->Put("0123456789");
+  auto reader = store->OpenReader(hex);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ((*reader)->size(), 10);
+  std::string bytes;
+  ASSERT_TRUE((*reader)->ReadAt(3, 4, &bytes).ok());
+  EXPECT_EQ(bytes, "3456");
+  ASSERT_TRUE((*reader)->ReadAt(8, 100, &bytes).ok());
+  EXPECT_EQ(bytes, "89");
+  ASSERT_TRUE((*reader)->ReadAt(10, 5, &bytes).ok());
+  EXPECT_EQ(bytes, "");
+  EXPECT_TRUE(absl::IsInvalidArgument((*reader)->ReadAt(-1, 5, &bytes)));
+  // A download in progress keeps its bytes when the blob goes.
+  ASSERT_TRUE(store->Remove(hex).ok());
+  ASSERT_TRUE((*reader)->ReadAt(0, 10, &bytes).ok());
+  EXPECT_EQ(bytes, "0123456789");
+  EXPECT_TRUE(absl::IsNotFound(store->OpenReader(hex).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(store->OpenReader("../../etc/passwd").status()));
+}
+
 TEST(BlobStoreTest, RejectsDigestsThatAreNotLowercaseHex) {
   TempDir dir;
   auto store = OpenStore(dir.path());

@@ -1,0 +1,228 @@
+#include "server/jobs/job_repository.h"
+
+#include <google/protobuf/util/time_util.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace recal::jobs {
+namespace {
+
+using google::protobuf::util::TimeUtil;
+
+v1::JobError ErrorOf(const absl::Status& status) {
+  v1::JobError error;
+  error.set_code(static_cast<int>(status.code()));
+  error.set_message(std::string(status.message()));
+  return error;
+}
+
+absl::Status NotIn(const v1::Job& job, const char* what) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("job ", job.id(), " is ", v1::JobState_Name(job.state()), "; it cannot ", what));
+}
+
+bool Runs(v1::JobState state) { return state == v1::RUNNING || state == v1::CANCELLING; }
+
+}  // namespace
+
+bool IsTerminal(v1::JobState state) {
+  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
+}
+
+JobRepository::JobRepository(store::MetadataStore* metadata, EventHub* events)
+    : metadata_(metadata), events_(events) {}
+
+absl::StatusOr<v1::Job> JobRepository::Create(v1::Job job, bool* created) {
+  job.set_state(v1::QUEUED);
+  job.set_attempts(0);
+  job.clear_progress();
+  job.clear_error();
+  job.clear_start_time();
+  job.clear_end_time();
+  *job.mutable_create_time() = TimeUtil::GetCurrentTime();
+  std::lock_guard<std::mutex> lock(mu_);
+  auto stored = metadata_->CreateJob(job, created);
+  if (!stored.ok() || !*created) return stored;
+  v1::JobEvent queued;
+  queued.set_state(v1::QUEUED);
+  if (absl::Status s = metadata_->CommitJob(*stored, {queued}); !s.ok()) return s;
+  events_->Publish();
+  return stored;
+}
+
+absl::StatusOr<v1::Job> JobRepository::Get(const std::string& id) { return metadata_->GetJob(id); }
+
+absl::StatusOr<store::JobPage> JobRepository::List(const std::vector<v1::JobState>& states, int page_size,
+                                                   const std::string& page_token) {
+  return metadata_->ListJobs(states, page_size, page_token);
+}
+
+absl::StatusOr<std::vector<v1::Job>> JobRepository::InStates(const std::vector<v1::JobState>& states) {
+  return metadata_->JobsInStates(states);
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> JobRepository::EventsAfter(const std::string& id, int64_t after_seq,
+                                                                      int limit) {
+  return metadata_->EventsAfter(id, after_seq, limit);
+}
+
+absl::StatusOr<store::ResultRef> JobRepository::Result(const std::string& id, v1::Artifact artifact) {
+  return metadata_->GetResult(id, artifact);
+}
+
+absl::StatusOr<v1::Job> JobRepository::Transition(const std::string& id, const Change& change,
+                                                  const std::map<v1::Artifact, store::ResultRef>& results) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto job = metadata_->GetJob(id);
+  if (!job.ok()) return job.status();
+  const v1::JobState before = job->state();
+  std::vector<v1::JobEvent> events;
+  if (absl::Status s = change(*job, events); !s.ok()) return s;
+  if (job->state() != before) {
+    if (IsTerminal(job->state())) *job->mutable_end_time() = TimeUtil::GetCurrentTime();
+    v1::JobEvent state;
+    state.set_state(job->state());
+    events.push_back(std::move(state));
+  }
+  if (events.empty() && results.empty()) return job;
+  if (absl::Status s = metadata_->CommitJob(*job, std::move(events), results); !s.ok()) return s;
+  events_->Publish();
+  return job;
+}
+
+absl::StatusOr<v1::Job> JobRepository::TransitionRetried(const std::string& id, const Change& change,
+                                                         const std::map<v1::Artifact, store::ResultRef>& results) {
+  absl::StatusOr<v1::Job> job;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    if (attempt > 0) absl::SleepFor(absl::Milliseconds(100 << attempt));
+    job = Transition(id, change, results);
+    // The transition itself refused (not the store): trying again changes nothing.
+    if (job.ok() || absl::IsFailedPrecondition(job.status()) || absl::IsNotFound(job.status())) break;
+  }
+  return job;
+}
+
+absl::StatusOr<v1::Job> JobRepository::Start(const std::string& id, const std::string& device) {
+  return Transition(id, [&](v1::Job& job, std::vector<v1::JobEvent>&) {
+    if (job.state() != v1::QUEUED) return NotIn(job, "start");
+    job.set_state(v1::RUNNING);
+    job.set_device(device);
+    job.set_attempts(job.attempts() + 1);
+    *job.mutable_start_time() = TimeUtil::GetCurrentTime();
+    job.clear_error();
+    job.clear_progress();
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<v1::Job> JobRepository::Cancel(const std::string& id, const std::string& reason) {
+  return Transition(id, [&](v1::Job& job, std::vector<v1::JobEvent>&) {
+    if (job.state() == v1::QUEUED) {
+      job.set_state(v1::CANCELLED);
+      *job.mutable_error() = ErrorOf(absl::CancelledError(absl::StrCat(reason, " while queued")));
+    } else if (job.state() == v1::RUNNING) {
+      job.set_state(v1::CANCELLING);
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status JobRepository::Progress(const std::string& id, const v1::JobProgress& progress) {
+  return Transition(id, [&](v1::Job& job, std::vector<v1::JobEvent>& events) {
+           if (!Runs(job.state())) return NotIn(job, "make progress");
+           *job.mutable_progress() = progress;
+           v1::JobEvent event;
+           *event.mutable_progress() = progress;
+           events.push_back(std::move(event));
+           return absl::OkStatus();
+         })
+      .status();
+}
+
+absl::StatusOr<v1::Job> JobRepository::Succeed(const std::string& id,
+                                               const std::map<v1::Artifact, store::ResultRef>& results,
+                                               const v1::RunReport& report) {
+  return TransitionRetried(
+      id,
+      [&](v1::Job& job, std::vector<v1::JobEvent>& events) {
+        if (!Runs(job.state())) return NotIn(job, "succeed");
+        // A cancel that came as the last batch finished loses: the results exist and are whole.
+        job.set_state(v1::SUCCEEDED);
+        v1::JobEvent summary;
+        *summary.mutable_summary() = report;
+        events.push_back(std::move(summary));
+        return absl::OkStatus();
+      },
+      results);
+}
+
+absl::StatusOr<v1::Job> JobRepository::Fail(const std::string& id, const absl::Status& error) {
+  return TransitionRetried(id, [&](v1::Job& job, std::vector<v1::JobEvent>& events) {
+    if (!Runs(job.state())) return NotIn(job, "fail");
+    if (job.state() == v1::CANCELLING) {
+      job.set_state(v1::CANCELLED);
+      *job.mutable_error() = ErrorOf(absl::CancelledError("cancelled by request"));
+      return absl::OkStatus();
+    }
+    job.set_state(v1::FAILED);
+    *job.mutable_error() = ErrorOf(error);
+    v1::JobEvent failure;
+    *failure.mutable_failure() = job.error();
+    events.push_back(std::move(failure));
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<v1::Job> JobRepository::Cancelled(const std::string& id, const std::string& reason) {
+  return TransitionRetried(id, [&](v1::Job& job, std::vector<v1::JobEvent>&) {
+    if (!Runs(job.state())) return NotIn(job, "be cancelled");
+    job.set_state(v1::CANCELLED);
+    *job.mutable_error() = ErrorOf(absl::CancelledError(reason));
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<v1::Job> JobRepository::Requeue(const std::string& id) {
+  return TransitionRetried(id, [&](v1::Job& job, std::vector<v1::JobEvent>&) {
+    if (!Runs(job.state())) return NotIn(job, "be queued again");
+    if (job.state() == v1::CANCELLING) {
+      job.set_state(v1::CANCELLED);
+      *job.mutable_error() = ErrorOf(absl::CancelledError("cancelled by request"));
+      return absl::OkStatus();
+    }
+    job.set_state(v1::QUEUED);
+    job.clear_progress();
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<std::vector<v1::Job>> JobRepository::RecoverInterrupted(int max_attempts) {
+  auto interrupted = metadata_->JobsInStates({v1::RUNNING, v1::CANCELLING});
+  if (!interrupted.ok()) return interrupted.status();
+  std::vector<v1::Job> changed;
+  for (const v1::Job& found : *interrupted) {
+    auto job = Transition(found.id(), [&](v1::Job& job, std::vector<v1::JobEvent>&) {
+      if (!Runs(job.state())) return absl::OkStatus();  // ended meanwhile
+      job.clear_progress();
+      if (job.state() == v1::CANCELLING) {
+        job.set_state(v1::CANCELLED);
+        *job.mutable_error() = ErrorOf(absl::CancelledError("cancelled"));
+      } else if (job.attempts() >= max_attempts) {
+        // A job that keeps taking the server down must not do so forever.
+        job.set_state(v1::FAILED);
+        *job.mutable_error() = ErrorOf(absl::AbortedError(
+            absl::StrCat("the server stopped while this job ran, ", job.attempts(), " times (--max_attempts=",
+                         max_attempts, "); it is not run again")));
+      } else {
+        job.set_state(v1::QUEUED);
+      }
+      return absl::OkStatus();
+    });
+    if (!job.ok()) return job.status();
+    changed.push_back(*std::move(job));
+  }
+  return changed;
+}
+
+}  // namespace recal::jobs

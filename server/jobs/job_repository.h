@@ -1,0 +1,89 @@
+// The durable jobs and their state machine: every change of a job's state goes through
+// here, is checked against the transitions below, is stored with its event in one
+// transaction, and only then is announced on the event hub.
+//
+//   QUEUED ──Start──▶ RUNNING ──Succeed──▶ SUCCEEDED
+//     │                 │  ├──Fail───────▶ FAILED
+//     │             Cancel  └──Requeue────▶ QUEUED (shutdown; start-up recovery)
+//     │                 ▼
+//     │            CANCELLING ──(any end but Succeed and Requeue)──▶ CANCELLED
+//     └──Cancel──▶ CANCELLED
+//
+// The scheduler, the API and start-up recovery all go through the same calls; the cluster
+// mode puts a PostgreSQL store under the same repository.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "recal/v1/recal.pb.h"
+#include "server/jobs/event_hub.h"
+#include "server/store/metadata_store.h"
+
+namespace recal::jobs {
+
+bool IsTerminal(v1::JobState state);
+
+class JobRepository {
+ public:
+  JobRepository(store::MetadataStore* metadata, EventHub* events);
+
+  // Stores `job` (its id, request_id and spec; state, times and counters are set here) as
+  // QUEUED. A job with the same non-empty request_id is returned instead, `*created` false.
+  absl::StatusOr<v1::Job> Create(v1::Job job, bool* created);
+  absl::StatusOr<v1::Job> Get(const std::string& id);  // NOT_FOUND
+  absl::StatusOr<store::JobPage> List(const std::vector<v1::JobState>& states, int page_size,
+                                      const std::string& page_token);
+  absl::StatusOr<std::vector<v1::Job>> InStates(const std::vector<v1::JobState>& states);
+  absl::StatusOr<std::vector<v1::JobEvent>> EventsAfter(const std::string& id, int64_t after_seq, int limit);
+  absl::StatusOr<store::ResultRef> Result(const std::string& id, v1::Artifact artifact);
+
+  // QUEUED → RUNNING on `device`, one attempt more. FAILED_PRECONDITION in any other state
+  // (cancelled while it waited).
+  absl::StatusOr<v1::Job> Start(const std::string& id, const std::string& device);
+  // QUEUED → CANCELLED, RUNNING → CANCELLING (the runner is stopped by the caller); a
+  // CANCELLING or ended job is returned as it is.
+  absl::StatusOr<v1::Job> Cancel(const std::string& id, const std::string& reason);
+  // A running job's progress, kept on the job and appended as an event.
+  absl::Status Progress(const std::string& id, const v1::JobProgress& progress);
+
+  // The ends of a run (RUNNING or CANCELLING), each written whole or not at all, retried a
+  // few times: an error returned means the store kept refusing and the job stays where it
+  // was, for the next start to take up (bounded by max_attempts).
+  // SUCCEEDED with its results and the report as a summary event.
+  absl::StatusOr<v1::Job> Succeed(const std::string& id, const std::map<v1::Artifact, store::ResultRef>& results,
+                                  const v1::RunReport& report);
+  // FAILED with `error` (a failure event first); CANCELLED instead if a cancel came first.
+  absl::StatusOr<v1::Job> Fail(const std::string& id, const absl::Status& error);
+  // CANCELLED (the runner stopped on request).
+  absl::StatusOr<v1::Job> Cancelled(const std::string& id, const std::string& reason);
+  // QUEUED again, progress cleared (the server stops: the job runs again from the start);
+  // CANCELLED instead if a cancel came first.
+  absl::StatusOr<v1::Job> Requeue(const std::string& id);
+
+  // Start-up: jobs a previous process left RUNNING are queued again, or FAILED once they
+  // have run `max_attempts` times; CANCELLING ones end CANCELLED. Returns the jobs changed.
+  absl::StatusOr<std::vector<v1::Job>> RecoverInterrupted(int max_attempts);
+
+ private:
+  // Reads the job, lets `change` edit it (an error leaves it unchanged), and stores it with
+  // `events` (a state event for a new state is added) and `results` in one transaction.
+  using Change = std::function<absl::Status(v1::Job&, std::vector<v1::JobEvent>&)>;
+  absl::StatusOr<v1::Job> Transition(const std::string& id, const Change& change,
+                                     const std::map<v1::Artifact, store::ResultRef>& results = {});
+  absl::StatusOr<v1::Job> TransitionRetried(const std::string& id, const Change& change,
+                                            const std::map<v1::Artifact, store::ResultRef>& results = {});
+
+  store::MetadataStore* metadata_;
+  EventHub* events_;
+  // Read-modify-write of one job is atomic in this process (the store's transaction makes
+  // each write whole; this makes the read and the write one step).
+  std::mutex mu_;
+};
+
+}  // namespace recal::jobs

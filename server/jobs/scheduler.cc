@@ -1,0 +1,309 @@
+#include "server/jobs/scheduler.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <optional>
+
+#include <google/protobuf/util/time_util.h>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "server/jobs/data_source_spec.h"
+#include "server/log/log.h"
+#include "server/metrics/metrics.h"
+
+namespace recal::jobs {
+namespace {
+
+using google::protobuf::util::TimeUtil;
+
+double SecondsBetween(const google::protobuf::Timestamp& from, const google::protobuf::Timestamp& to) {
+  return TimeUtil::DurationToNanoseconds(to - from) / 1e9;
+}
+
+}  // namespace
+
+Scheduler::Scheduler(JobRepository* jobs, store::BlobStore* blobs, ModelRegistry* models, JobRunner* runner,
+                     StreamFeeds* feeds, SchedulerOptions options)
+    : jobs_(jobs),
+      blobs_(blobs),
+      models_(models),
+      runner_(runner),
+      feeds_(feeds),
+      options_(std::move(options)),
+      queue_(options_.max_queued_jobs) {}
+
+Scheduler::~Scheduler() { Shutdown(absl::Seconds(30)); }
+
+absl::Status Scheduler::Start() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (started_) return absl::OkStatus();
+  auto recovered = jobs_->RecoverInterrupted(options_.max_attempts);
+  if (!recovered.ok()) return recovered.status();
+  for (const v1::Job& job : *recovered) {
+    if (IsTerminal(job.state())) {
+      JobFinished(job, options_.metrics);
+    } else {
+      log::Info("job re-queued at start-up", {{"job_id", job.id()}, {"attempts", job.attempts()}});
+    }
+  }
+  auto waiting = jobs_->InStates({v1::QUEUED});
+  if (!waiting.ok()) return waiting.status();
+  for (const v1::Job& job : *waiting) {
+    if (job.spec().data().has_client_stream()) feeds_->Open(job);
+    queue_.Push(job.id(), job.spec().priority(), /*force=*/true).IgnoreError();
+  }
+  for (const std::string& device : options_.devices) {
+    workers_.emplace_back([this, device] { WorkerLoop(device); });
+  }
+  started_ = true;
+  return absl::OkStatus();
+}
+
+void Scheduler::Shutdown(absl::Duration deadline) {
+  if (stopping_.exchange(true)) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, running] : running_) running->cancel = true;
+  }
+  queue_.Close();
+  bool all_stopped;
+  {
+    std::unique_lock<std::mutex> lock(workers_mu_);
+    all_stopped = workers_cv_.wait_for(lock, absl::ToChronoSeconds(deadline), [&] { return active_workers_ == 0; });
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (std::thread& worker : workers_) {
+    // A worker still ending its job past the deadline is left to the process exit.
+    if (all_stopped) {
+      worker.join();
+    } else {
+      worker.detach();
+    }
+  }
+  workers_.clear();
+}
+
+absl::Status Scheduler::CheckCapacity() const {
+  if (stopping_) return absl::UnavailableError("the server is shutting down");
+  if (queue_.size() >= options_.max_queued_jobs) {
+    return absl::ResourceExhaustedError(absl::StrCat("the queue is full: ", options_.max_queued_jobs,
+                                                     " jobs are waiting (--max_queued_jobs); retry later"));
+  }
+  return absl::OkStatus();
+}
+
+void Scheduler::Enqueue(const v1::Job& job) {
+  if (job.spec().data().has_client_stream()) feeds_->Open(job);
+  queue_.Push(job.id(), job.spec().priority(), /*force=*/true).IgnoreError();
+}
+
+void Scheduler::Cancel(const std::string& id) {
+  queue_.Remove(id);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto running = running_.find(id);
+  if (running == running_.end()) return;
+  running->second->by_user = true;
+  running->second->cancel = true;
+}
+
+int Scheduler::running() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(running_.size());
+}
+
+void Scheduler::WorkerLoop(const std::string& device) {
+  {
+    std::lock_guard<std::mutex> lock(workers_mu_);
+    ++active_workers_;
+  }
+  while (!stopping_) {
+    std::optional<std::string> id = queue_.Pop();
+    if (!id) break;
+    RunJob(*id, device);
+  }
+  {
+    std::lock_guard<std::mutex> lock(workers_mu_);
+    --active_workers_;
+  }
+  workers_cv_.notify_all();
+}
+
+void Scheduler::RunJob(const std::string& id, const std::string& device) {
+  // Registered before the job starts, so that a cancel between the two is not lost.
+  auto running = std::make_shared<Running>();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;  // stays QUEUED for the next start
+    running_[id] = running;
+  }
+  absl::Cleanup unregister = [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_.erase(id);
+  };
+  auto started = jobs_->Start(id, device);
+  if (!started.ok()) {
+    // Cancelled while it waited; anything else is the store's, and the job stays QUEUED.
+    if (!absl::IsFailedPrecondition(started.status())) {
+      log::Error("job not started", {{"job_id", id}, {"error", std::string(started.status().message())}});
+    }
+    return;
+  }
+  const v1::Job& job = *started;
+  const double queue_wait = SecondsBetween(job.create_time(), job.start_time());
+  if (options_.metrics) {
+    options_.metrics->job_queue_wait_seconds.Observe(queue_wait);
+    options_.metrics->WorkerBusy(device).Increment();
+  }
+  log::Info("job started",
+            {{"job_id", id}, {"device", device}, {"attempt", job.attempts()}, {"queue_wait_seconds", queue_wait}});
+  absl::StatusOr<Outputs> outputs;
+  {
+    absl::Cleanup idle = [&] {
+      if (options_.metrics) options_.metrics->WorkerBusy(device).Decrement();
+    };
+    outputs = Execute(job, device, *running);
+  }
+  feeds_->Close(id, absl::FailedPreconditionError("the job has ended"));
+
+  absl::StatusOr<v1::Job> ended;
+  if (outputs.ok()) {
+    ended = jobs_->Succeed(id, outputs->results, outputs->report);
+  } else if (running->cancel && !running->by_user) {
+    // Shutdown: the job runs again, from the start, when the server next starts.
+    ended = jobs_->Requeue(id);
+    if (ended.ok() && ended->state() == v1::QUEUED) {
+      log::Info("job re-queued: the server is shutting down", {{"job_id", id}});
+      return;
+    }
+  } else if (running->by_user) {
+    ended = jobs_->Cancelled(id, "cancelled by request");
+  } else {
+    ended = jobs_->Fail(id, outputs.status());
+  }
+  if (!ended.ok()) {
+    // The store keeps the job RUNNING: the next start takes it up again (--max_attempts).
+    log::Error("job end not stored", {{"job_id", id}, {"error", std::string(ended.status().message())}});
+    return;
+  }
+  JobFinished(*ended, options_.metrics);
+}
+
+void JobFinished(const v1::Job& job, metrics::Metrics* metrics) {
+  const bool started = job.has_start_time();
+  const double duration = started ? SecondsBetween(job.start_time(), job.end_time()) : 0;
+  if (metrics) {
+    metrics->JobsFinished(v1::JobState_Name(job.state())).Increment();
+    if (started) metrics->job_duration_seconds.Observe(duration);
+  }
+  log::Fields fields = {{"job_id", job.id()}, {"state", v1::JobState_Name(job.state())}};
+  if (started) fields.emplace_back("duration_seconds", duration);
+  if (job.has_progress()) {
+    fields.emplace_back("batches", job.progress().batches_done());
+    fields.emplace_back("samples", job.progress().samples_done());
+  }
+  if (job.has_error()) fields.emplace_back("error", job.error().message());
+  log::Write(job.state() == v1::FAILED ? log::Level::kWarning : log::Level::kInfo, "job finished", fields);
+}
+
+absl::StatusOr<Scheduler::Outputs> Scheduler::Execute(const v1::Job& job, const std::string& device,
+                                                      Running& running) {
+  const v1::JobSpec& spec = job.spec();
+  auto model_path = models_->PathOf(spec.model_id());
+  if (!model_path.ok()) return model_path.status();
+  auto data_spec = DataSpecFor(spec.data(), options_.data_roots);
+  if (!data_spec.ok()) return data_spec.status();
+  const double timeout = spec.timeout_seconds() > 0 ? spec.timeout_seconds() : options_.default_timeout_seconds;
+
+  RunHooks hooks;
+  hooks.cancel = &running.cancel;
+  hooks.deadline = absl::Now() + absl::Seconds(timeout);
+  if (spec.data().has_client_stream()) {
+    std::shared_ptr<StreamFeed> feed = feeds_->Find(job.id());
+    if (!feed) return absl::CancelledError("the job's stream was closed before it started");
+    feed->set_deadline(std::chrono::steady_clock::now() +
+                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                           std::chrono::duration<double>(timeout)));
+    hooks.next_pushed = [feed] { return feed->Next(); };
+    hooks.release_pushed = [feed] { feed->Close(absl::FailedPreconditionError("the job has ended")); };
+  }
+
+  const auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  auto last_event = std::chrono::steady_clock::now() - std::chrono::hours(1);
+  int64_t counted_batches = 0, counted_samples = 0;
+  auto publish = [&](const worker::v1::Progress& p, int64_t total) {
+    v1::JobProgress progress;
+    progress.set_batches_done(p.batches());
+    progress.set_batches_total(total);
+    progress.set_samples_done(p.samples());
+    progress.set_samples_per_second(elapsed() > 0 ? p.samples() / elapsed() : 0);
+    progress.set_eta_seconds(p.batches() > 0 ? elapsed() / p.batches() * (total - p.batches()) : 0);
+    progress.set_rel_std_error(std::isfinite(p.rel_std_error()) ? p.rel_std_error() : -1);
+    // Progress is advice: a store that refuses it does not stop the job.
+    jobs_->Progress(job.id(), progress).IgnoreError();
+  };
+  std::optional<worker::v1::Progress> latest;
+  bool latest_published_as_final = false;
+  hooks.on_progress = [&](const worker::v1::Progress& p) {
+    if (options_.metrics) {
+      options_.metrics->batches_processed.Increment(static_cast<double>(p.batches() - counted_batches));
+      options_.metrics->samples_processed.Increment(static_cast<double>(p.samples() - counted_samples));
+    }
+    counted_batches = p.batches();
+    counted_samples = p.samples();
+    const auto now = std::chrono::steady_clock::now();
+    const int64_t total =
+        p.total_samples() > 0
+            ? std::min(p.max_batches(), (p.total_samples() + spec.batch_size() - 1) / spec.batch_size())
+            : p.max_batches();
+    const bool last = p.batches() >= total;
+    latest = p;
+    latest_published_as_final = last;
+    if (!last && now - last_event < absl::ToChronoMilliseconds(options_.progress_interval)) return;
+    last_event = now;
+    publish(p, total);
+  };
+
+  namespace fs = std::filesystem;
+  const fs::path scratch = fs::path(blobs_->scratch_dir()) / job.id();
+  std::error_code error;
+  fs::remove_all(scratch, error);  // what an earlier attempt left
+  fs::create_directories(scratch, error);
+  if (error) return absl::InternalError(absl::StrCat("cannot create ", scratch.string(), ": ", error.message()));
+  absl::Cleanup remove_scratch = [&scratch] {
+    std::error_code ignored;
+    fs::remove_all(scratch, ignored);
+  };
+
+  RecalibrationTask task;
+  task.spec = spec;
+  task.model_path = *model_path;
+  task.data_spec = spec.data().has_client_stream() ? "" : *data_spec;
+  task.device = device;
+  task.scratch_dir = scratch.string();
+  absl::StatusOr<v1::RunReport> report = runner_->Recalibrate(task, hooks);
+  if (absl::IsDeadlineExceeded(report.status())) {
+    return absl::DeadlineExceededError(absl::StrCat("the job ran past its timeout of ", timeout, " s"));
+  }
+  if (!report.ok()) return report.status();
+  // The data ended before the expected count (skipped files, a stream, early stopping) or
+  // the last event was throttled away: the last event says where it really ended.
+  if (latest && !latest_published_as_final) publish(*latest, latest->batches());
+
+  Outputs outputs;
+  outputs.report = *std::move(report);
+  for (const auto& [artifact, name] : {std::pair{v1::MODEL, "model.pt"}, std::pair{v1::BN_BUFFERS, "bn.safetensors"},
+                                       std::pair{v1::REPORT, "report.json"}}) {
+    // Written by the worker: only plain files are taken (AdoptFile refuses links).
+    auto digest = blobs_->AdoptFile((scratch / name).string());
+    if (!digest.ok()) return digest.status();
+    auto size = blobs_->SizeOf(*digest);
+    if (!size.ok()) return size.status();
+    outputs.results[artifact] = {*digest, *size};
+  }
+  return outputs;
+}
+
+}  // namespace recal::jobs

@@ -1,0 +1,53 @@
+// A JobRunner without a model or a worker process, for the tests of what runs jobs: each
+// test says what a run does (progress, files left in scratch, failure, waiting for cancel).
+#pragma once
+
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/sha256.h"
+#include "server/jobs/job_runner.h"
+#include "server/jobs/model_registry.h"
+#include "tests/test_util.h"
+
+namespace recal::jobs {
+
+class FakeRunner : public JobRunner {
+ public:
+  std::function<absl::StatusOr<v1::RunReport>(const RecalibrationTask&, const RunHooks&)> recalibrate;
+
+  absl::StatusOr<v1::RunReport> Recalibrate(const RecalibrationTask& task, const RunHooks& hooks) override {
+    return recalibrate(task, hooks);
+  }
+  absl::StatusOr<std::vector<v1::BatchNormLayer>> Inspect(const std::string&) override {
+    v1::BatchNormLayer layer;
+    layer.set_name("bn");
+    return std::vector<v1::BatchNormLayer>{layer};
+  }
+};
+
+// What a worker leaves in scratch when it succeeds.
+inline void WriteResults(const RecalibrationTask& task) {
+  for (const char* name : {"model.pt", "bn.safetensors", "report.json"}) {
+    testing::WriteBytes((std::filesystem::path(task.scratch_dir) / name).string(), std::string("bytes of ") + name);
+  }
+}
+
+// Uploads `bytes` as a model (the fake runner inspects nothing) and returns its id.
+inline std::string UploadAnyModel(ModelRegistry& models, const std::string& bytes = "a model archive") {
+  v1::UploadHeader header;
+  header.set_name("m");
+  header.set_size(bytes.size());
+  header.set_sha256(Sha256Hex(bytes));
+  if (!models.StartUpload(header).ok()) return "";
+  v1::UploadChunk chunk;
+  chunk.set_data(bytes);
+  if (!models.AppendChunk(header, chunk).ok()) return "";
+  auto model = models.FinishUpload(header);
+  return model.ok() ? model->id() : "";
+}
+
+}  // namespace recal::jobs
