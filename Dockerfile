@@ -34,5 +34,6 @@ VOLUME /var/lib/recal
 EXPOSE 50051 9464
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
   CMD recalctl --server=localhost:50051 health
+# Credentials are required: the auth file comes as a secret (compose: secrets.recal_auth).
 ENTRYPOINT ["recal-server", "--data_dir=/var/lib/recal", "--data_root=/data", \
-            "--listen=0.0.0.0:50051", "--metrics_listen=0.0.0.0:9464"]
+            "--listen=0.0.0.0:50051", "--metrics_listen=0.0.0.0:9464", "--auth_file=/run/secrets/recal_auth"]

@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""The main job through the service: start recal-server, upload a real torchvision
+"""The main job through the service, the secure way: make a token (recalctl token new), start
+recal-server with the auth file that admits it, upload a real torchvision
 ResNet-18 (TorchScript), submit a job on data under the server's data root, follow its
 events, download the recalibrated model, its BatchNorm buffers and the report, and check
 them against the float64 reference. Python stubs are generated from proto/ with Debian's
@@ -10,6 +11,7 @@ protoc and grpc_python_plugin (until the Python client package lands).
 """
 import argparse
 import hashlib
+import json
 import os
 import re
 import subprocess
@@ -55,10 +57,26 @@ def main():
     import grpc
     from recal.v1 import recal_pb2, recal_pb2_grpc
 
+    # 1. A token for tenant "demo", and the auth-file line that admits it (the server keeps only its hash).
+    recalctl = os.path.join(os.path.dirname(args.server), "recalctl")
+    made = json.loads(subprocess.run([recalctl, "token", "new", "--tenant", "demo", "--role", "submit",
+                                      "--output", "json", "--quiet"],
+                                     check=True, capture_output=True, text=True).stdout)
+    auth_file = os.path.join(work, "auth.txt")
+    with open(auth_file, "w") as f:
+        f.write(made["auth_line"] + "\n")
+    # 2. The server, with credentials required.
     proc, port = start_server(args.server, os.path.join(work, "data"), args.fixtures,
-                              os.path.join(work, "server.log"))
+                              os.path.join(work, "server.log"), ["--auth_file=" + auth_file])
     try:
+        # 3. Calls that carry the token.
+        metadata = (("authorization", "Bearer " + made["token"]),)
         stub = recal_pb2_grpc.RecalStub(grpc.insecure_channel("127.0.0.1:%d" % port))
+        try:
+            stub.ListJobs(recal_pb2.ListJobsRequest())
+            sys.exit("the server answered a call without a token")
+        except grpc.RpcError as error:
+            print("without a token:", error.code().name)
         model_path = os.path.join(args.fixtures, "models", "resnet18.traced_eval.pt")
         blob = open(model_path, "rb").read()
 
@@ -69,14 +87,14 @@ def main():
                 yield recal_pb2.UploadModelRequest(chunk=recal_pb2.UploadChunk(
                     offset=offset, data=blob[offset:offset + (1 << 20)]))
 
-        model = stub.UploadModel(upload())
+        model = stub.UploadModel(upload(), metadata=metadata)
         print("uploaded %s: %d BatchNorm layers" % (model.id, len(model.layers)))
         spec = recal_pb2.JobSpec(model_id=model.id, batch_size=8, data=recal_pb2.DataSource(
             tensor_file=recal_pb2.TensorFileSource(format=recal_pb2.TensorFileSource.NPY,
                                                    path="data/resnet18.npy")))
-        job = stub.SubmitJob(recal_pb2.SubmitJobRequest(spec=spec, request_id="demo-1"))
+        job = stub.SubmitJob(recal_pb2.SubmitJobRequest(spec=spec, request_id="demo-1"), metadata=metadata)
         print("submitted", job.id)
-        for event in stub.WatchJob(recal_pb2.WatchJobRequest(id=job.id)):
+        for event in stub.WatchJob(recal_pb2.WatchJobRequest(id=job.id), metadata=metadata):
             kind = event.WhichOneof("kind")
             if kind == "state":
                 print("  #%d state %s" % (event.seq, recal_pb2.JobState.Name(event.state)))
@@ -90,7 +108,7 @@ def main():
                                (recal_pb2.REPORT, "server.report.json")):
             with open(os.path.join(args.out, name), "wb") as f:
                 for chunk in stub.DownloadResult(recal_pb2.DownloadResultRequest(
-                        job_id=job.id, artifact=artifact)):
+                        job_id=job.id, artifact=artifact), metadata=metadata):
                     f.write(chunk.data)
         print("downloaded to", args.out)
     finally:

@@ -1,7 +1,7 @@
 // recal-server: the gRPC service, embedded by default (SQLite metadata and blobs under
 // --data_dir). SIGTERM / SIGINT: health goes NOT_SERVING, workers stop at a batch
 // boundary (their jobs stay QUEUED for the next start), watchers are ended, and the
-// process exits within --shutdown_timeout_seconds.
+// process exits within --shutdown_timeout_seconds. SIGHUP: the auth file is read again.
 #include <signal.h>
 
 #include <algorithm>
@@ -25,7 +25,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
+#include "server/api/listen_security.h"
 #include "server/api/recal_service.h"
+#include "server/auth/authenticator.h"
 #include "server/engine/devices.h"
 #include "server/jobs/job_manager.h"
 #include "server/jobs/model_registry.h"
@@ -35,11 +37,23 @@
 #include "server/store/blob_store.h"
 #include "server/store/metadata_store.h"
 
-ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "address to serve gRPC on (port 0: any free port)");
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+          "address to serve gRPC on (port 0: any free port); beyond loopback it needs --auth_file "
+          "(or --allow_unauthenticated)");
+ABSL_FLAG(std::string, auth_file, "",
+          "credentials, roles, tenants and quotas (see README, 'Identities and tenants'); re-read on SIGHUP. "
+          "Without it every caller is admin of the tenant 'default'");
+ABSL_FLAG(bool, allow_unauthenticated, false, "serve beyond loopback without --auth_file (anyone may do anything)");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain to serve TLS with (re-read when it changes)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM roots: clients must present a certificate they signed (mTLS); its subject or SAN is looked up "
+          "in --auth_file as cert:<name>");
+ABSL_FLAG(bool, reflection, false, "serve gRPC server reflection");
 ABSL_FLAG(std::string, data_dir, "./recal-data", "where models, results and the metadata DB live");
 ABSL_FLAG(std::vector<std::string>, data_root, {},
-          "directories jobs may read data from (comma-separated, and the flag may repeat); "
-          "nothing else is readable");
+          "directories jobs may read data from (comma-separated, and the flag may repeat): PATH for every "
+          "tenant, TENANT=PATH for one; nothing else is readable");
 ABSL_FLAG(std::string, devices, "cpu", "cpu | auto | cuda:0,cuda:1 (one worker per device)");
 ABSL_FLAG(int32_t, cpu_workers, 1, "workers when --devices=cpu (or auto without CUDA)");
 ABSL_FLAG(int32_t, threads_per_worker, 0, "intra-op threads of each worker (0: LibTorch's default)");
@@ -70,8 +84,8 @@ ABSL_FLAG(std::string, log_level, "info", "debug | info | warning | error");
 namespace {
 
 // absl keeps only the last value of a repeated flag; --data_root accumulates.
-std::vector<std::string> AllDataRoots(int argc, char** argv) {
-  std::vector<std::string> roots;
+recal::jobs::DataRoots AllDataRoots(int argc, char** argv) {
+  recal::jobs::DataRoots roots;
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
     std::string value;
@@ -82,7 +96,7 @@ std::vector<std::string> AllDataRoots(int argc, char** argv) {
     } else {
       continue;
     }
-    for (absl::string_view root : absl::StrSplit(value, ',', absl::SkipEmpty())) roots.emplace_back(root);
+    roots.Add(value);
   }
   return roots;
 }
@@ -113,7 +127,32 @@ int main(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  // Who may call, decided before anything listens.
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  std::unique_ptr<recal::auth::Authenticator> auth;
+  if (!absl::GetFlag(FLAGS_auth_file).empty()) {
+    auto loaded = recal::auth::Authenticator::FromFile(absl::GetFlag(FLAGS_auth_file));
+    if (!loaded.ok()) return Fail(loaded.status());
+    auth = *std::move(loaded);
+  } else if (!recal::api::IsLoopbackAddress(listen) && !absl::GetFlag(FLAGS_allow_unauthenticated)) {
+    return Fail(absl::FailedPreconditionError(absl::StrCat(
+        "refusing to serve ", listen, " without credentials: anyone who reaches it could read every model and "
+        "result. Give --auth_file=FILE (make a token with 'recalctl token new --tenant T --role submit'), "
+        "listen on loopback (--listen=127.0.0.1:50051), or pass --allow_unauthenticated if the network is yours")));
+  } else {
+    auth = recal::auth::Authenticator::Open(recal::store::kDefaultTenant);
+    if (!recal::api::IsLoopbackAddress(listen)) {
+      recal::log::Warning(absl::StrCat("recal-server: serving ", listen,
+                                       " WITHOUT authentication (--allow_unauthenticated): every caller is admin"));
+    }
+  }
+  recal::api::TlsFiles tls{absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+                           absl::GetFlag(FLAGS_tls_client_ca)};
+  auto credentials = recal::api::ServerCredentialsFor(tls);
+  if (!credentials.ok()) return Fail(credentials.status());
 
   const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
   std::error_code error;
@@ -129,9 +168,12 @@ int main(int argc, char** argv) {
   // Metrics outlive everything that counts into them; null when --metrics_listen is empty.
   const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   std::unique_ptr<recal::metrics::Metrics> metrics;
-  if (!metrics_listen.empty()) metrics = std::make_unique<recal::metrics::Metrics>();
+  if (!metrics_listen.empty()) {
+    metrics = std::make_unique<recal::metrics::Metrics>();
+    for (const std::string& tenant : auth->Tenants()) metrics->AddTenant(tenant);
+  }
 
-  const std::vector<std::string> data_roots = AllDataRoots(argc, argv);
+  const recal::jobs::DataRoots data_roots = AllDataRoots(argc, argv);
   recal::jobs::WorkerRunnerOptions worker;
   worker.binary = absl::GetFlag(FLAGS_worker_binary);
   if (worker.binary.empty()) {
@@ -139,7 +181,7 @@ int main(int argc, char** argv) {
     worker.binary = (std::filesystem::read_symlink("/proc/self/exe", error).parent_path() / "recal-worker").string();
   }
   worker.scratch_root = blobs->get()->scratch_dir();
-  worker.data_roots = data_roots;
+  worker.data_roots = data_roots.All();
   worker.memory_bytes = absl::GetFlag(FLAGS_job_memory_bytes);
   worker.file_bytes = absl::GetFlag(FLAGS_job_file_bytes) > 0 ? absl::GetFlag(FLAGS_job_file_bytes)
                                                               : 2 * absl::GetFlag(FLAGS_max_model_bytes);
@@ -159,7 +201,13 @@ int main(int argc, char** argv) {
   for (const std::string& missing : sandbox->missing()) {
     recal::log::Warning(absl::StrCat("recal-server: sandbox: not enforced on this machine: ", missing));
   }
-  recal::jobs::ModelRegistry models(metadata->get(), blobs->get(), absl::GetFlag(FLAGS_max_model_bytes), &runner);
+  const recal::jobs::TenantLimitsFn limits = [&auth](const std::string& tenant) {
+    const recal::auth::TenantQuotas quotas = auth->QuotasOf(tenant);
+    return recal::jobs::TenantLimits{quotas.max_active_jobs, quotas.max_stored_bytes,
+                                     quotas.max_submissions_per_minute};
+  };
+  recal::jobs::ModelRegistry models(metadata->get(), blobs->get(), absl::GetFlag(FLAGS_max_model_bytes), &runner,
+                                    limits);
   recal::jobs::JobManagerOptions options;
   options.scheduler.devices = *devices;
   options.scheduler.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_jobs);
@@ -169,6 +217,7 @@ int main(int argc, char** argv) {
   options.max_batch_bytes = absl::GetFlag(FLAGS_max_batch_bytes);
   options.scheduler.metrics = metrics.get();
   options.scheduler.max_attempts = std::max(1, absl::GetFlag(FLAGS_max_attempts));
+  options.limits = limits;
   recal::jobs::JobManager jobs(metadata->get(), blobs->get(), &models, &runner, options);
   if (absl::Status started = jobs.Start(); !started.ok()) return Fail(started);
 
@@ -188,12 +237,13 @@ int main(int argc, char** argv) {
                      {{"address", metrics_listen}, {"path", "/metrics"}});
   }
 
-  recal::api::RecalService service(&models, &jobs, absl::GetFlag(FLAGS_download_chunk_bytes), metrics.get());
+  recal::api::RecalService service(auth.get(), &models, &jobs, absl::GetFlag(FLAGS_download_chunk_bytes),
+                                   metrics.get());
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  if (absl::GetFlag(FLAGS_reflection)) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen, *credentials, &port);
   builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
   builder.RegisterService(&service);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
@@ -201,16 +251,29 @@ int main(int argc, char** argv) {
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
-    return Fail(absl::UnavailableError(absl::StrCat("cannot listen on ", absl::GetFlag(FLAGS_listen))));
+    return Fail(absl::UnavailableError(absl::StrCat("cannot listen on ", listen)));
   }
   recal::log::Info(absl::StrCat("recal-server: listening on port ", port),
-                   {{"address", absl::GetFlag(FLAGS_listen)},
+                   {{"address", listen},
+                    {"auth", auth->enabled() ? auth->path() : "none (loopback)"},
+                    {"tls", tls.cert.empty() ? "off" : tls.client_ca.empty() ? "on" : "mutual"},
                     {"data_dir", data_dir},
                     {"workers", static_cast<int64_t>(devices->size())},
                     {"version", recal::metrics::Version()}});
 
   int signal = 0;
-  sigwait(&signals, &signal);
+  while (sigwait(&signals, &signal) == 0 && signal == SIGHUP) {
+    // A file that does not parse keeps the credentials in force.
+    if (absl::Status reloaded = auth->Reload(); !reloaded.ok()) {
+      recal::log::Error("recal-server: auth file not reloaded, the previous one stays",
+                        {{"error", std::string(reloaded.message())}});
+    } else {
+      recal::log::Info("recal-server: auth file reloaded", {{"path", auth->path()}});
+      if (metrics) {
+        for (const std::string& tenant : auth->Tenants()) metrics->AddTenant(tenant);
+      }
+    }
+  }
   recal::log::Info("recal-server: shutting down", {{"signal", signal}});
   const absl::Duration deadline = absl::Seconds(absl::GetFlag(FLAGS_shutdown_timeout_seconds));
   server->GetHealthCheckService()->SetServingStatus(false);

@@ -23,6 +23,9 @@ constexpr FlagInfo kFlags[] = {
     {"output", true},
     {"tls", false},
     {"tls_ca", true},
+    {"tls_cert", true},
+    {"tls_key", true},
+    {"tls_server_name", true},
     {"deadline", true},
     {"quiet", false},
     {"help", false},
@@ -58,9 +61,13 @@ constexpr FlagInfo kFlags[] = {
     {"after_seq", true},
     {"artifact", true},
     {"service", true},
+    // token new
+    {"tenant", true},
+    {"role", true},
 };
 
-constexpr const char* kGlobal[] = {"server", "token", "output", "tls", "tls_ca", "deadline", "quiet", "help"};
+constexpr const char* kGlobal[] = {"server",  "token",           "output",   "tls",   "tls_ca", "tls_cert",
+                                   "tls_key", "tls_server_name", "deadline", "quiet", "help"};
 
 const FlagInfo* Find(const std::string& name) {
   for (const FlagInfo& flag : kFlags) {

@@ -36,4 +36,7 @@ int Download(Context& ctx);
 int Run(Context& ctx);
 int Health(Context& ctx);
 
+// Needs no server, so it runs before (and without) connecting.
+int Token(const Args& args, bool json, bool quiet);
+
 }  // namespace recal::ctl

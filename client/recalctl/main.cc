@@ -40,6 +40,12 @@ Commands:
   run MODEL.pt --data SPEC -o OUT.pt [--bn_out F.safetensors] [--report R.json] [--name N]
       [JOB FLAGS]                               upload, submit, watch and download in one go
   health [--service NAME]                       grpc.health.v1 Check; exit 0 only if SERVING
+  token new --tenant T --role read|submit|admin
+                                                no server needed: prints a new bearer token
+                                                (recal_ + 64 hex digits) and, on a second line,
+                                                the line granting it in the server's --auth_file:
+                                                token-sha256:<sha256 of the token> tenant=T role=R
+                                                (T: 1 to 64 of A-Z a-z 0-9 _ . -)
 
 Job flags (submit, run):
   --batch_size N (32)  --max_batches N  --estimator population|batch_average
@@ -64,7 +70,15 @@ Data SPEC (paths are the server's, relative to its --data_root or absolute):
 Global flags:
   --server HOST:PORT   (env RECAL_SERVER; default localhost:50051)
   --token TOKEN        bearer token (env RECAL_TOKEN)
-  --tls                use TLS;  --tls_ca FILE  PEM root certificates (implies --tls)
+  --tls                use TLS (with the system's root certificates unless --tls_ca)
+  --tls_ca FILE        PEM root certificates that the server's must chain to (env
+                       RECAL_TLS_CA; implies --tls)
+  --tls_cert FILE      PEM client certificate, for servers that ask for one (mutual TLS;
+                       env RECAL_TLS_CERT; implies --tls; needs --tls_key)
+  --tls_key FILE       the client certificate's PEM private key (env RECAL_TLS_KEY)
+  --tls_server_name NAME
+                       the name the server's certificate must carry when it is not the host
+                       of --server (e.g. a server reached by IP address); implies --tls
   --output text|json   json: the response as one protobuf JSON document on stdout
   --deadline SECONDS   per call (default 30)
   -q, --quiet          no progress on stderr
@@ -81,6 +95,14 @@ struct CommandEntry {
   const char* name;
   int (*run)(Context&);
 };
+
+// Commands that need no server: they run without connecting.
+struct LocalCommandEntry {
+  const char* name;
+  int (*run)(const Args&, bool json, bool quiet);
+};
+
+constexpr LocalCommandEntry kLocalCommands[] = {{"token", Token}};
 
 constexpr CommandEntry kCommands[] = {
     {"upload", Upload}, {"submit", Submit},     {"get", Get}, {"list", List},     {"watch", Watch},
@@ -104,13 +126,18 @@ int Main(int argc, char** argv) {
   for (const CommandEntry& entry : kCommands) {
     if (args->command() == entry.name) command = &entry;
   }
-  if (command == nullptr) {
+  const LocalCommandEntry* local = nullptr;
+  for (const LocalCommandEntry& entry : kLocalCommands) {
+    if (args->command() == entry.name) local = &entry;
+  }
+  if (command == nullptr && local == nullptr) {
     return UsageError(absl::InvalidArgumentError(absl::StrCat("unknown command '", args->command(), "'")));
   }
   const std::string output = args->Get("output", "text");
   if (output != "text" && output != "json") {
     return UsageError(absl::InvalidArgumentError("--output must be text or json"));
   }
+  if (local != nullptr) return local->run(*args, output == "json", args->GetBool("quiet"));
   auto deadline = args->GetDouble("deadline", 30);
   if (!deadline.ok() || *deadline <= 0) {
     return UsageError(absl::InvalidArgumentError("--deadline must be a positive number of seconds"));
@@ -119,10 +146,24 @@ int Main(int argc, char** argv) {
   ClientOptions options;
   options.bearer_token = args->Get("token", Env("RECAL_TOKEN", ""));
   options.tls_root_certs_file = args->Get("tls_ca", Env("RECAL_TLS_CA", ""));
+  options.tls_client_cert_file = args->Get("tls_cert", Env("RECAL_TLS_CERT", ""));
+  options.tls_client_key_file = args->Get("tls_key", Env("RECAL_TLS_KEY", ""));
+  options.tls_server_name = args->Get("tls_server_name");
   options.tls = args->GetBool("tls");
+  // Caught here to name the flags; the library names its options.
+  if (options.tls_client_cert_file.empty() != options.tls_client_key_file.empty()) {
+    return UsageError(absl::InvalidArgumentError(options.tls_client_key_file.empty()
+                                                     ? "--tls_cert needs --tls_key (or RECAL_TLS_KEY)"
+                                                     : "--tls_key needs --tls_cert (or RECAL_TLS_CERT)"));
+  }
   options.deadline = absl::Seconds(*deadline);
   auto client = Client::Connect(args->Get("server", Env("RECAL_SERVER", "localhost:50051")), options);
-  if (!client.ok()) return Fail(client.status());
+  // A TLS setting that cannot work (a certificate without its key, a file that is not PEM)
+  // is the user's to fix, as any other bad flag; an unreadable file keeps its own code.
+  if (!client.ok()) {
+    return client.status().code() == absl::StatusCode::kInvalidArgument ? UsageError(client.status())
+                                                                         : Fail(client.status());
+  }
 
   ProgressDisplay progress(!args->GetBool("quiet"), ::isatty(STDERR_FILENO) == 1);
   Context ctx{*args, output == "json", **client, progress};

@@ -1,15 +1,13 @@
 // Connecting, and the unary calls: each a retried Impl::Unary.
 #include "recal/client.h"
 
-#include <cerrno>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <utility>
 
 #include "absl/random/random.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_format.h"
+#include "client/src/channel_security.h"
 #include "client/src/client_impl.h"
 
 namespace recal {
@@ -17,14 +15,6 @@ namespace {
 
 // Where a failed job rides on the status Recalibrate returns.
 constexpr char kJobPayloadUrl[] = "type.googleapis.com/recal.v1.Job";
-
-absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::ErrnoToStatus(errno, absl::StrCat("cannot read TLS root certificates '", path, "'"));
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 int Millis(absl::Duration d) { return static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(d))); }
 
@@ -61,21 +51,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
                                                         const ClientOptions& options) {
   if (target.empty()) return absl::InvalidArgumentError("no server address (HOST:PORT) given");
   if (options.chunk_bytes < 1) return absl::InvalidArgumentError("chunk_bytes must be positive");
-  std::string roots = options.tls_root_certs;
-  if (!options.tls_root_certs_file.empty()) {
-    auto file = ReadTextFile(options.tls_root_certs_file);
-    if (!file.ok()) return file.status();
-    roots = *std::move(file);
-  }
-  std::shared_ptr<grpc::ChannelCredentials> credentials;
-  if (options.tls || !roots.empty()) {
-    grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = roots;  // empty: gRPC's default roots
-    credentials = grpc::SslCredentials(ssl);
-  } else {
-    credentials = grpc::InsecureChannelCredentials();
-  }
   grpc::ChannelArguments args;
+  auto credentials = client_internal::MakeChannelCredentials(options, &args);
+  if (!credentials.ok()) return credentials.status();
   args.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
   // gRPC's own reconnection backoff (1 s growing to 120 s) would leave a restarted server
   // unnoticed for minutes; tie it to the retry policy instead.
@@ -86,7 +64,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
   auto impl = std::make_unique<Impl>();
   impl->target = target;
   impl->options = options;
-  impl->channel = grpc::CreateCustomChannel(target, credentials, args);
+  impl->channel = grpc::CreateCustomChannel(target, *credentials, args);
   impl->stub = v1::Recal::NewStub(impl->channel);
   impl->health = grpc::health::v1::Health::NewStub(impl->channel);
   return std::unique_ptr<Client>(new Client(target, options, std::move(impl)));

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "server/log/log.h"
 #include "server/metrics/metrics.h"
 
 namespace recal::api {
@@ -24,17 +25,92 @@ grpc::Status Respond(absl::StatusOr<T> result, T* response) {
   return grpc::Status::OK;
 }
 
+// Admins reach every tenant's jobs; everyone else their own tenant's.
+jobs::Caller CallerOf(const auth::Principal& principal) {
+  return jobs::Caller{principal.tenant, principal.role == auth::Role::kAdmin};
+}
+
+// Which tenant a List call covers: the caller's own, or for an admin the one it names ("*":
+// every tenant, as the empty filter below).
+absl::Status TenantFilter(const auth::Principal& who, const std::string& requested, absl::string_view what,
+                          std::string* tenant) {
+  *tenant = who.tenant;
+  if (requested.empty() || requested == who.tenant) return absl::OkStatus();
+  if (absl::Status s = auth::Authorize(who, auth::Role::kAdmin, absl::StrCat("list another tenant's ", what));
+      !s.ok()) {
+    return s;
+  }
+  *tenant = requested == "*" ? "" : requested;
+  return absl::OkStatus();
+}
+
+// The names a verified client certificate goes by: its subject, then its SANs.
+std::vector<std::string> CertificateNames(const grpc::ServerContext& context) {
+  std::vector<std::string> names;
+  const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  if (!auth || !auth->IsPeerAuthenticated()) return names;
+  for (const char* property : {"x509_subject", "x509_subject_alternative_name"}) {
+    for (const grpc::string_ref& value : auth->FindPropertyValues(property)) {
+      names.emplace_back(value.data(), value.size());
+    }
+  }
+  return names;
+}
+
+// The audit line of a mutating call: who, what, on what, and how it ended.
+void Audit(const auth::Principal& who, absl::string_view method, absl::string_view resource,
+           const grpc::Status& outcome) {
+  log::Info("audit", {{"tenant", who.tenant},
+                      {"identity", who.name},
+                      {"method", std::string(method)},
+                      {"resource", std::string(resource)},
+                      {"outcome", outcome.ok() ? "OK" : absl::StrCat("refused: ", outcome.error_message())}});
+}
+
 }  // namespace
+
+absl::StatusOr<auth::Principal> RecalService::Admit(grpc::ServerContext* context, auth::Role role,
+                                                    absl::string_view action, absl::string_view resource) const {
+  std::optional<std::string> authorization;
+  const auto& metadata = context->client_metadata();
+  if (auto found = metadata.find("authorization"); found != metadata.end()) {
+    authorization = std::string(found->second.data(), found->second.size());
+  }
+  auto principal = auth_->Authenticate(authorization, CertificateNames(*context));
+  absl::Status allowed = principal.ok() ? auth::Authorize(*principal, role, action) : principal.status();
+  if (!allowed.ok()) {
+    log::Warning("audit", {{"tenant", principal.ok() ? principal->tenant : ""},
+                           {"identity", principal.ok() ? principal->name : "unknown"},
+                           {"peer", context->peer()},
+                           {"method", std::string(action)},
+                           {"resource", std::string(resource)},
+                           {"outcome", absl::StrCat("refused: ", allowed.message())}});
+    return allowed;
+  }
+  return principal;
+}
 
 grpc::Status RecalService::UploadModel(grpc::ServerContext* context,
                                        grpc::ServerReader<v1::UploadModelRequest>* reader,
                                        v1::Model* response) {
+  // Before reading a byte of the upload.
+  auto who = Admit(context, auth::Role::kSubmit, "UploadModel", "");
+  if (!who.ok()) return ToGrpcStatus(who.status());
   v1::UploadModelRequest message;
   if (!reader->Read(&message) || !message.has_header()) {
     return ToGrpcStatus(absl::InvalidArgumentError("the first message of an upload is its header"));
   }
   const v1::UploadHeader header = message.header();
-  auto existing = models_->StartUpload(header);
+  grpc::Status outcome = Upload(*who, context, reader, header, response);
+  Audit(*who, "UploadModel", absl::StrCat("sha256:", header.sha256()), outcome);
+  return outcome;
+}
+
+grpc::Status RecalService::Upload(const auth::Principal& who, grpc::ServerContext* context,
+                                  grpc::ServerReader<v1::UploadModelRequest>* reader, const v1::UploadHeader& header,
+                                  v1::Model* response) {
+  v1::UploadModelRequest message;
+  auto existing = models_->StartUpload(who.tenant, header);
   if (!existing.ok()) return ToGrpcStatus(existing.status());
   if (existing->has_value()) {
     *response = **existing;  // the same bytes are stored already
@@ -44,64 +120,93 @@ grpc::Status RecalService::UploadModel(grpc::ServerContext* context,
     if (!message.has_chunk()) {
       return ToGrpcStatus(absl::InvalidArgumentError("only chunks may follow the upload header"));
     }
-    RECAL_GRPC_RETURN_IF_ERROR(models_->AppendChunk(header, message.chunk()));
-    if (metrics_) metrics_->upload_bytes.Increment(static_cast<double>(message.chunk().data().size()));
+    RECAL_GRPC_RETURN_IF_ERROR(models_->AppendChunk(who.tenant, header, message.chunk()));
+    if (metrics_) metrics_->UploadBytes(who.tenant).Increment(static_cast<double>(message.chunk().data().size()));
   }
   if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "upload broken off");
-  return Respond(models_->FinishUpload(header), response);
+  return Respond(models_->FinishUpload(who.tenant, header), response);
 }
 
-grpc::Status RecalService::GetUploadStatus(grpc::ServerContext*, const v1::GetUploadStatusRequest* request,
+grpc::Status RecalService::GetUploadStatus(grpc::ServerContext* context, const v1::GetUploadStatusRequest* request,
                                            v1::UploadStatus* response) {
-  return Respond(models_->UploadStatus(request->sha256()), response);
+  auto who = Admit(context, auth::Role::kRead, "GetUploadStatus", request->sha256());
+  if (!who.ok()) return ToGrpcStatus(who.status());
+  return Respond(models_->UploadStatus(who->tenant, request->sha256()), response);
 }
 
-grpc::Status RecalService::GetModel(grpc::ServerContext*, const v1::GetModelRequest* request,
+grpc::Status RecalService::GetModel(grpc::ServerContext* context, const v1::GetModelRequest* request,
                                     v1::Model* response) {
-  return Respond(models_->Get(request->id()), response);
+  auto who = Admit(context, auth::Role::kRead, "GetModel", request->id());
+  if (!who.ok()) return ToGrpcStatus(who.status());
+  return Respond(models_->Get(who->tenant, request->id()), response);
 }
 
-grpc::Status RecalService::ListModels(grpc::ServerContext*, const v1::ListModelsRequest* request,
+grpc::Status RecalService::ListModels(grpc::ServerContext* context, const v1::ListModelsRequest* request,
                                       v1::ListModelsResponse* response) {
-  auto page = models_->List(request->page_size(), request->page_token());
+  auto who = Admit(context, auth::Role::kRead, "ListModels", request->tenant());
+  if (!who.ok()) return ToGrpcStatus(who.status());
+  std::string tenant;
+  RECAL_GRPC_RETURN_IF_ERROR(TenantFilter(*who, request->tenant(), "models", &tenant));
+  auto page = models_->List(tenant, request->page_size(), request->page_token());
   if (!page.ok()) return ToGrpcStatus(page.status());
   for (v1::Model& model : page->models) *response->add_models() = std::move(model);
   response->set_next_page_token(page->next_page_token);
   return grpc::Status::OK;
 }
 
-grpc::Status RecalService::DeleteModel(grpc::ServerContext*, const v1::DeleteModelRequest* request,
+grpc::Status RecalService::DeleteModel(grpc::ServerContext* context, const v1::DeleteModelRequest* request,
                                        v1::DeleteModelResponse*) {
-  return ToGrpcStatus(models_->Delete(request->id()));
+  auto who = Admit(context, auth::Role::kAdmin, "DeleteModel", request->id());
+  if (!who.ok()) return ToGrpcStatus(who.status());
+  const std::string tenant = request->tenant().empty() ? who->tenant : request->tenant();
+  grpc::Status outcome = ToGrpcStatus(models_->Delete(tenant, request->id()));
+  Audit(*who, "DeleteModel", absl::StrCat(tenant, "/", request->id()), outcome);
+  return outcome;
 }
 
-grpc::Status RecalService::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
+grpc::Status RecalService::SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
                                      v1::Job* response) {
-  return Respond(jobs_->Submit(*request), response);
+  auto who = Admit(context, auth::Role::kSubmit, "SubmitJob", request->spec().model_id());
+  if (!who.ok()) return ToGrpcStatus(who.status());
+  grpc::Status outcome = Respond(jobs_->Submit(CallerOf(*who), *request), response);
+  Audit(*who, "SubmitJob", outcome.ok() ? response->id() : request->spec().model_id(), outcome);
+  return outcome;
 }
 
-grpc::Status RecalService::GetJob(grpc::ServerContext*, const v1::GetJobRequest* request, v1::Job* response) {
-  return Respond(jobs_->Get(request->id()), response);
+grpc::Status RecalService::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request, v1::Job* response) {
+  auto who = Admit(context, auth::Role::kRead, "GetJob", request->id());
+  if (!who.ok()) return ToGrpcStatus(who.status());
+  return Respond(jobs_->Get(CallerOf(*who), request->id()), response);
 }
 
-grpc::Status RecalService::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* request,
+grpc::Status RecalService::ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* request,
                                     v1::ListJobsResponse* response) {
+  auto who = Admit(context, auth::Role::kRead, "ListJobs", request->tenant());
+  if (!who.ok()) return ToGrpcStatus(who.status());
+  std::string tenant;
   std::vector<v1::JobState> states;
   for (int state : request->states()) states.push_back(static_cast<v1::JobState>(state));
-  auto page = jobs_->List(states, request->page_size(), request->page_token());
+  RECAL_GRPC_RETURN_IF_ERROR(TenantFilter(*who, request->tenant(), "jobs", &tenant));
+  auto page = jobs_->List(tenant, states, request->page_size(), request->page_token());
   if (!page.ok()) return ToGrpcStatus(page.status());
   for (v1::Job& job : page->jobs) *response->add_jobs() = std::move(job);
   response->set_next_page_token(page->next_page_token);
   return grpc::Status::OK;
 }
 
-grpc::Status RecalService::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* request,
+grpc::Status RecalService::CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
                                      v1::Job* response) {
-  return Respond(jobs_->Cancel(request->id()), response);
+  auto who = Admit(context, auth::Role::kSubmit, "CancelJob", request->id());
+  if (!who.ok()) return ToGrpcStatus(who.status());
+  grpc::Status outcome = Respond(jobs_->Cancel(CallerOf(*who), request->id()), response);
+  Audit(*who, "CancelJob", request->id(), outcome);
+  return outcome;
 }
 
 grpc::Status RecalService::WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                                     grpc::ServerWriter<v1::JobEvent>* writer) {
+  auto who = Admit(context, auth::Role::kRead, "WatchJob", request->id());
+  if (!who.ok()) return ToGrpcStatus(who.status());
   struct Open {
     metrics::Metrics* metrics;
     explicit Open(metrics::Metrics* m) : metrics(m) {
@@ -112,28 +217,38 @@ grpc::Status RecalService::WatchJob(grpc::ServerContext* context, const v1::Watc
     }
   } open(metrics_);
   return ToGrpcStatus(jobs_->Watch(
-      request->id(), request->after_seq(),
+      CallerOf(*who), request->id(), request->after_seq(),
       [&](const v1::JobEvent& event) { return writer->Write(event); },
       [&] { return context->IsCancelled(); }));
 }
 
-grpc::Status RecalService::PushBatches(grpc::ServerContext*, grpc::ServerReader<v1::PushBatchesRequest>* reader,
+grpc::Status RecalService::PushBatches(grpc::ServerContext* context,
+                                       grpc::ServerReader<v1::PushBatchesRequest>* reader,
                                        v1::PushBatchesResponse* response) {
+  auto who = Admit(context, auth::Role::kSubmit, "PushBatches", "");
+  if (!who.ok()) return ToGrpcStatus(who.status());
   v1::PushBatchesRequest message;
   std::string job_id;
-  while (reader->Read(&message)) {
+  grpc::Status outcome;
+  while (outcome.ok() && reader->Read(&message)) {
     if (job_id.empty()) job_id = message.job_id();
-    if (job_id.empty()) return ToGrpcStatus(absl::InvalidArgumentError("the first message names the job"));
-    RECAL_GRPC_RETURN_IF_ERROR(jobs_->PushBatch(job_id, message.inputs(), message.last()));
-    if (!message.inputs().empty()) response->set_batches_received(response->batches_received() + 1);
+    if (job_id.empty()) {
+      outcome = ToGrpcStatus(absl::InvalidArgumentError("the first message names the job"));
+      break;
+    }
+    outcome = ToGrpcStatus(jobs_->PushBatch(CallerOf(*who), job_id, message.inputs(), message.last()));
+    if (outcome.ok() && !message.inputs().empty()) response->set_batches_received(response->batches_received() + 1);
   }
-  return grpc::Status::OK;
+  Audit(*who, "PushBatches", absl::StrCat(job_id, " (", response->batches_received(), " batches)"), outcome);
+  return outcome;
 }
 
 grpc::Status RecalService::DownloadResult(grpc::ServerContext* context,
                                           const v1::DownloadResultRequest* request,
                                           grpc::ServerWriter<v1::DownloadResultChunk>* writer) {
-  auto result = jobs_->OpenResult(request->job_id(), request->artifact());
+  auto who = Admit(context, auth::Role::kRead, "DownloadResult", request->job_id());
+  if (!who.ok()) return ToGrpcStatus(who.status());
+  auto result = jobs_->OpenResult(CallerOf(*who), request->job_id(), request->artifact());
   if (!result.ok()) return ToGrpcStatus(result.status());
   const store::ResultRef& ref = result->ref;
   if (request->offset() < 0 || request->offset() > ref.size) {
@@ -153,7 +268,7 @@ grpc::Status RecalService::DownloadResult(grpc::ServerContext* context,
     if (first) chunk.set_sha256(ref.sha256);
     first = false;
     if (!writer->Write(chunk)) return grpc::Status(grpc::StatusCode::CANCELLED, "download broken off");
-    if (metrics_) metrics_->download_bytes.Increment(static_cast<double>(got));
+    if (metrics_) metrics_->DownloadBytes(who->tenant).Increment(static_cast<double>(got));
     offset += got;
   } while (offset < ref.size && !context->IsCancelled());
   return grpc::Status::OK;

@@ -1,10 +1,12 @@
-// The gRPC adapters: request -> domain call (jobs::ModelRegistry, jobs::JobManager) ->
-// status. No logic of their own beyond streaming.
+// The gRPC adapters: caller -> principal (auth::Authenticator) -> role check -> domain call
+// (jobs::ModelRegistry, jobs::JobManager) in the principal's tenant -> status. One audit line
+// per mutating call and per refused call. No logic of their own beyond streaming.
 #pragma once
 
 #include <cstdint>
 
 #include "recal/v1/recal.grpc.pb.h"
+#include "server/auth/authenticator.h"
 #include "server/jobs/job_manager.h"
 #include "server/jobs/model_registry.h"
 
@@ -17,9 +19,9 @@ namespace recal::api {
 class RecalService final : public v1::Recal::Service {
  public:
   // `metrics` may be null.
-  RecalService(jobs::ModelRegistry* models, jobs::JobManager* jobs, int64_t download_chunk_bytes,
-               metrics::Metrics* metrics = nullptr)
-      : models_(models), jobs_(jobs), download_chunk_bytes_(download_chunk_bytes), metrics_(metrics) {}
+  RecalService(const auth::Authenticator* auth, jobs::ModelRegistry* models, jobs::JobManager* jobs,
+               int64_t download_chunk_bytes, metrics::Metrics* metrics = nullptr)
+      : auth_(auth), models_(models), jobs_(jobs), download_chunk_bytes_(download_chunk_bytes), metrics_(metrics) {}
 
   grpc::Status UploadModel(grpc::ServerContext* context,
                            grpc::ServerReader<v1::UploadModelRequest>* reader,
@@ -49,6 +51,15 @@ class RecalService final : public v1::Recal::Service {
                               grpc::ServerWriter<v1::DownloadResultChunk>* writer) override;
 
  private:
+  // The caller's principal if it may do `action` (which needs `role`); the refusal is logged.
+  absl::StatusOr<auth::Principal> Admit(grpc::ServerContext* context, auth::Role role, absl::string_view action,
+                                        absl::string_view resource) const;
+
+  grpc::Status Upload(const auth::Principal& who, grpc::ServerContext* context,
+                      grpc::ServerReader<v1::UploadModelRequest>* reader, const v1::UploadHeader& header,
+                      v1::Model* response);
+
+  const auth::Authenticator* auth_;
   jobs::ModelRegistry* models_;
   jobs::JobManager* jobs_;
   const int64_t download_chunk_bytes_;

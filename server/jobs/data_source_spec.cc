@@ -5,8 +5,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/data_source.h"
 #include "common/data_spec.h"
+#include "common/tenant_name.h"
 #include "server/data/data_roots.h"
 
 namespace recal::jobs {
@@ -136,6 +138,34 @@ absl::StatusOr<std::string> DataSpecFor(const v1::DataSource& source,
   // (e.g. a synthetic sample of more than 2^31 elements) is refused now, at submit.
   if (absl::Status parsed = data::ParseDataSpec(text).status(); !parsed.ok()) return parsed;
   return text;
+}
+
+std::vector<std::string> DataRoots::For(const std::string& tenant) const {
+  std::vector<std::string> roots = shared;
+  auto own = by_tenant.find(tenant);
+  if (own != by_tenant.end()) roots.insert(roots.end(), own->second.begin(), own->second.end());
+  return roots;
+}
+
+std::vector<std::string> DataRoots::All() const {
+  std::vector<std::string> roots = shared;
+  for (const auto& [tenant, own] : by_tenant) roots.insert(roots.end(), own.begin(), own.end());
+  return roots;
+}
+
+void DataRoots::Add(const std::string& flag_value) {
+  absl::string_view paths = flag_value;
+  std::vector<std::string>* into = &shared;
+  const size_t equals = paths.find('=');
+  if (equals != absl::string_view::npos) {
+    const absl::string_view tenant = paths.substr(0, equals);
+    const bool is_tenant = IsTenantName(tenant);
+    if (is_tenant) {
+      into = &by_tenant[std::string(tenant)];
+      paths.remove_prefix(equals + 1);
+    }
+  }
+  for (absl::string_view root : absl::StrSplit(paths, ',', absl::SkipEmpty())) into->emplace_back(root);
 }
 
 }  // namespace recal::jobs

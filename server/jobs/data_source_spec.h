@@ -2,6 +2,7 @@
 // the server's data roots.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -9,6 +10,19 @@
 #include "recal/v1/recal.pb.h"
 
 namespace recal::jobs {
+
+// The data roots a tenant's jobs may read: the shared ones (--data_root=PATH) and its own
+// (--data_root=TENANT=PATH).
+struct DataRoots {
+  std::vector<std::string> shared;
+  std::map<std::string, std::vector<std::string>> by_tenant;
+
+  std::vector<std::string> For(const std::string& tenant) const;
+  // Every root of every tenant (the worker's sandbox is narrowed per job).
+  std::vector<std::string> All() const;
+  // Adds "PATH[,PATH...]" or "TENANT=PATH[,PATH...]" (a tenant is [A-Za-z0-9][A-Za-z0-9_.-]*).
+  void Add(const std::string& flag_value);
+};
 
 // What DataSpecFor returns for client_stream: batches arrive through PushBatches.
 inline constexpr char kClientStreamSpec[] = "client_stream";

@@ -46,9 +46,9 @@ void JobManager::Shutdown(absl::Duration deadline) {
   scheduler_.Shutdown(deadline);
 }
 
-absl::Status JobManager::ValidateSpec(const v1::JobSpec& spec) {
+absl::Status JobManager::ValidateSpec(const std::string& tenant, const v1::JobSpec& spec) {
   if (spec.model_id().empty()) return absl::InvalidArgumentError("spec.model_id is required");
-  auto model = models_->Get(spec.model_id());
+  auto model = models_->Get(tenant, spec.model_id());
   if (!model.ok()) return model.status();
   if (spec.batch_size() < 1 || spec.batch_size() > options_.max_batch_size) {
     return absl::InvalidArgumentError(
@@ -57,24 +57,64 @@ absl::Status JobManager::ValidateSpec(const v1::JobSpec& spec) {
   if (spec.options().max_batches() < 0) return absl::InvalidArgumentError("options.max_batches < 0");
   if (spec.options().target_rel_error() < 0) return absl::InvalidArgumentError("options.target_rel_error < 0");
   if (spec.timeout_seconds() < 0) return absl::InvalidArgumentError("spec.timeout_seconds < 0");
-  return DataSpecFor(spec.data(), options_.scheduler.data_roots).status();
+  return DataSpecFor(spec.data(), options_.scheduler.data_roots.For(tenant)).status();
 }
 
-absl::StatusOr<v1::Job> JobManager::Submit(const v1::SubmitJobRequest& request) {
+absl::StatusOr<v1::Job> JobManager::Visible(const Caller& caller, const std::string& id) {
+  auto job = repository_.Get(id);
+  if (job.ok() && !caller.Sees(job->tenant())) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  return job;
+}
+
+absl::Status JobManager::CheckQuotasLocked(const std::string& tenant) {
+  if (!options_.limits) return absl::OkStatus();
+  const TenantLimits limits = options_.limits(tenant);
+  if (limits.max_active_jobs > 0) {
+    auto usage = repository_.Usage(tenant);
+    if (!usage.ok()) return usage.status();
+    if (usage->active_jobs >= limits.max_active_jobs) {
+      return absl::ResourceExhaustedError(absl::StrCat("tenant ", tenant, " has ", usage->active_jobs,
+                                                       " jobs queued or running, its quota max_active_jobs=",
+                                                       limits.max_active_jobs, "; retry when one has ended"));
+    }
+  }
+  std::deque<absl::Time>& recent = recent_submissions_[tenant];
+  const absl::Time now = absl::Now();
+  while (!recent.empty() && now - recent.front() >= absl::Minutes(1)) recent.pop_front();
+  if (limits.max_submissions_per_minute > 0 &&
+      static_cast<int64_t>(recent.size()) >= limits.max_submissions_per_minute) {
+    return absl::ResourceExhaustedError(absl::StrCat("tenant ", tenant, " submitted ", recent.size(),
+                                                     " jobs in the last minute, its quota max_submissions_per_minute=",
+                                                     limits.max_submissions_per_minute, "; retry later"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Job> JobManager::Submit(const Caller& caller, const v1::SubmitJobRequest& request) {
   if (stopping_) return absl::UnavailableError("the server is shutting down");
-  if (absl::Status valid = ValidateSpec(request.spec()); !valid.ok()) return valid;
-  // One submission at a time past this point, so that the queue's bound holds.
+  if (absl::Status valid = ValidateSpec(caller.tenant, request.spec()); !valid.ok()) return valid;
+  // One submission at a time past this point, so that the queue's bound and quotas hold.
   std::lock_guard<std::mutex> lock(submit_mu_);
-  if (absl::Status room = scheduler_.CheckCapacity(); !room.ok()) return room;
   v1::Job job;
   job.set_id(NewJobId());
+  job.set_tenant(caller.tenant);
   job.set_request_id(request.request_id());
   *job.mutable_spec() = request.spec();
+  if (!request.request_id().empty()) {
+    // A retried submission is answered with its job, over quota or not.
+    auto existing = repository_.FindByRequestId(caller.tenant, request.request_id());
+    if (existing.ok()) return existing;
+    if (!absl::IsNotFound(existing.status())) return existing.status();
+  }
+  if (absl::Status room = scheduler_.CheckCapacity(); !room.ok()) return room;
+  if (absl::Status quota = CheckQuotasLocked(caller.tenant); !quota.ok()) return quota;
   bool created = false;
   auto stored = repository_.Create(job, &created);
   if (!stored.ok() || !created) return stored;
-  if (options_.scheduler.metrics) options_.scheduler.metrics->jobs_submitted.Increment();
+  recent_submissions_[caller.tenant].push_back(absl::Now());
+  if (options_.scheduler.metrics) options_.scheduler.metrics->JobsSubmitted(stored->tenant()).Increment();
   log::Info("job submitted", {{"job_id", stored->id()},
+                              {"tenant", stored->tenant()},
                               {"model_id", stored->spec().model_id()},
                               {"data", DataKind(stored->spec())},
                               {"batch_size", stored->spec().batch_size()},
@@ -83,14 +123,15 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::SubmitJobRequest& request) 
   return stored;
 }
 
-absl::StatusOr<v1::Job> JobManager::Get(const std::string& id) { return repository_.Get(id); }
+absl::StatusOr<v1::Job> JobManager::Get(const Caller& caller, const std::string& id) { return Visible(caller, id); }
 
-absl::StatusOr<store::JobPage> JobManager::List(const std::vector<v1::JobState>& states, int page_size,
-                                                const std::string& page_token) {
-  return repository_.List(states, page_size, page_token);
+absl::StatusOr<store::JobPage> JobManager::List(const std::string& tenant, const std::vector<v1::JobState>& states,
+                                                int page_size, const std::string& page_token) {
+  return repository_.List(tenant, states, page_size, page_token);
 }
 
-absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& id) {
+absl::StatusOr<v1::Job> JobManager::Cancel(const Caller& caller, const std::string& id) {
+  if (auto visible = Visible(caller, id); !visible.ok()) return visible;
   auto job = repository_.Cancel(id, "cancelled by request");
   if (!job.ok()) return job;
   if (job->state() != v1::CANCELLED && job->state() != v1::CANCELLING) return job;  // it had ended
@@ -104,9 +145,9 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& id) {
   return job;
 }
 
-absl::Status JobManager::PushBatch(const std::string& id, const google::protobuf::RepeatedPtrField<v1::Tensor>& inputs,
-                                   bool last) {
-  auto job = repository_.Get(id);
+absl::Status JobManager::PushBatch(const Caller& caller, const std::string& id,
+                                   const google::protobuf::RepeatedPtrField<v1::Tensor>& inputs, bool last) {
+  auto job = Visible(caller, id);
   if (!job.ok()) return job.status();
   if (!job->spec().data().has_client_stream()) {
     return absl::FailedPreconditionError(absl::StrCat("job ", id, " does not take a client stream"));
@@ -118,10 +159,10 @@ absl::Status JobManager::PushBatch(const std::string& id, const google::protobuf
   return feed->Push(inputs, last);  // may block (back-pressure)
 }
 
-absl::Status JobManager::Watch(const std::string& id, int64_t after_seq,
+absl::Status JobManager::Watch(const Caller& caller, const std::string& id, int64_t after_seq,
                                const std::function<bool(const v1::JobEvent&)>& deliver,
                                const std::function<bool()>& stopped) {
-  auto job = repository_.Get(id);
+  auto job = Visible(caller, id);
   if (!job.ok()) return job.status();
   v1::JobEvent snapshot;
   snapshot.set_seq(after_seq);
@@ -149,8 +190,9 @@ absl::Status JobManager::Watch(const std::string& id, int64_t after_seq,
   }
 }
 
-absl::StatusOr<store::ResultRef> JobManager::Result(const std::string& id, v1::Artifact artifact) {
-  auto job = repository_.Get(id);
+absl::StatusOr<store::ResultRef> JobManager::Result(const Caller& caller, const std::string& id,
+                                                    v1::Artifact artifact) {
+  auto job = Visible(caller, id);
   if (!job.ok()) return job.status();
   if (job->state() != v1::SUCCEEDED) {
     return absl::FailedPreconditionError(
@@ -162,8 +204,9 @@ absl::StatusOr<store::ResultRef> JobManager::Result(const std::string& id, v1::A
   return repository_.Result(id, artifact);
 }
 
-absl::StatusOr<JobManager::OpenedResult> JobManager::OpenResult(const std::string& id, v1::Artifact artifact) {
-  auto ref = Result(id, artifact);
+absl::StatusOr<JobManager::OpenedResult> JobManager::OpenResult(const Caller& caller, const std::string& id,
+                                                                v1::Artifact artifact) {
+  auto ref = Result(caller, id, artifact);
   if (!ref.ok()) return ref.status();
   auto reader = blobs_->OpenReader(ref->sha256);
   if (absl::IsNotFound(reader.status())) {

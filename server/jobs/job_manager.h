@@ -6,6 +6,8 @@
 
 #include <functional>
 #include <atomic>
+#include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -29,6 +31,15 @@ struct JobManagerOptions {
   SchedulerOptions scheduler;
   int64_t max_batch_size = 4096;
   int64_t max_batch_bytes = int64_t{256} << 20;  // one pushed tensor, client_stream
+  TenantLimitsFn limits;                         // none: no quotas
+};
+
+// Whom a call acts for. A job of another tenant answers exactly as a job that does not
+// exist, unless the caller may see every tenant (an admin).
+struct Caller {
+  std::string tenant;
+  bool all_tenants = false;
+  bool Sees(const std::string& owner) const { return all_tenants || owner == tenant; }
 };
 
 class JobManager {
@@ -44,38 +55,44 @@ class JobManager {
   // and ends watches. Returns when the workers have stopped or `deadline` has passed.
   void Shutdown(absl::Duration deadline);
 
-  absl::StatusOr<v1::Job> Submit(const v1::SubmitJobRequest& request);
-  absl::StatusOr<v1::Job> Get(const std::string& id);
-  absl::StatusOr<store::JobPage> List(const std::vector<v1::JobState>& states, int page_size,
-                                      const std::string& page_token);
-  absl::StatusOr<v1::Job> Cancel(const std::string& id);
+  // The job belongs to the caller's tenant, within its quotas.
+  absl::StatusOr<v1::Job> Submit(const Caller& caller, const v1::SubmitJobRequest& request);
+  absl::StatusOr<v1::Job> Get(const Caller& caller, const std::string& id);
+  // One tenant's jobs (empty: every tenant's); who may list which is the API's to decide.
+  absl::StatusOr<store::JobPage> List(const std::string& tenant, const std::vector<v1::JobState>& states,
+                                      int page_size, const std::string& page_token);
+  absl::StatusOr<v1::Job> Cancel(const Caller& caller, const std::string& id);
 
   // Queues one pushed batch for a client_stream job (blocks while its queue is full).
   // FAILED_PRECONDITION if the job does not take a client stream or has ended.
-  absl::Status PushBatch(const std::string& id,
+  absl::Status PushBatch(const Caller& caller, const std::string& id,
                          const google::protobuf::RepeatedPtrField<v1::Tensor>& inputs, bool last);
 
   // Delivers a snapshot of the job (its seq is after_seq: it does not advance), then every
   // event with seq > after_seq, until the terminal state has been delivered (OK), `deliver`
   // returns false or `stopped()` becomes true (CANCELLED), or the server shuts down
   // (UNAVAILABLE).
-  absl::Status Watch(const std::string& id, int64_t after_seq,
+  absl::Status Watch(const Caller& caller, const std::string& id, int64_t after_seq,
                      const std::function<bool(const v1::JobEvent&)>& deliver,
                      const std::function<bool()>& stopped);
 
   // The stored artifact of a SUCCEEDED job (FAILED_PRECONDITION otherwise), and its bytes.
-  absl::StatusOr<store::ResultRef> Result(const std::string& id, v1::Artifact artifact);
+  absl::StatusOr<store::ResultRef> Result(const Caller& caller, const std::string& id, v1::Artifact artifact);
   struct OpenedResult {
     store::ResultRef ref;
     std::unique_ptr<store::BlobReader> reader;
   };
-  absl::StatusOr<OpenedResult> OpenResult(const std::string& id, v1::Artifact artifact);
+  absl::StatusOr<OpenedResult> OpenResult(const Caller& caller, const std::string& id, v1::Artifact artifact);
 
   int queued() const { return scheduler_.queued(); }
   int running() const { return scheduler_.running(); }
 
  private:
-  absl::Status ValidateSpec(const v1::JobSpec& spec);
+  absl::Status ValidateSpec(const std::string& tenant, const v1::JobSpec& spec);
+  // The job if the caller may see it; NOT_FOUND (worded as for a missing job) otherwise.
+  absl::StatusOr<v1::Job> Visible(const Caller& caller, const std::string& id);
+  // Active jobs and submissions per minute (caller holds submit_mu_).
+  absl::Status CheckQuotasLocked(const std::string& tenant);
 
   store::BlobStore* blobs_;
   ModelRegistry* models_;
@@ -86,6 +103,7 @@ class JobManager {
   Scheduler scheduler_;
   std::atomic<bool> stopping_{false};
   std::mutex submit_mu_;
+  std::map<std::string, std::deque<absl::Time>> recent_submissions_;  // per tenant, the last minute's
 };
 
 }  // namespace recal::jobs

@@ -53,10 +53,16 @@ absl::StatusOr<v1::Job> JobRepository::Create(v1::Job job, bool* created) {
 
 absl::StatusOr<v1::Job> JobRepository::Get(const std::string& id) { return metadata_->GetJob(id); }
 
-absl::StatusOr<store::JobPage> JobRepository::List(const std::vector<v1::JobState>& states, int page_size,
-                                                   const std::string& page_token) {
-  return metadata_->ListJobs(states, page_size, page_token);
+absl::StatusOr<v1::Job> JobRepository::FindByRequestId(const std::string& tenant, const std::string& request_id) {
+  return metadata_->FindJobByRequestId(tenant, request_id);
 }
+
+absl::StatusOr<store::JobPage> JobRepository::List(const std::string& tenant, const std::vector<v1::JobState>& states,
+                                                   int page_size, const std::string& page_token) {
+  return metadata_->ListJobs(tenant, states, page_size, page_token);
+}
+
+absl::StatusOr<store::TenantUsage> JobRepository::Usage(const std::string& tenant) { return metadata_->Usage(tenant); }
 
 absl::StatusOr<std::vector<v1::Job>> JobRepository::InStates(const std::vector<v1::JobState>& states) {
   return metadata_->JobsInStates(states);

@@ -37,8 +37,11 @@ class JobRepository {
   // QUEUED. A job with the same non-empty request_id is returned instead, `*created` false.
   absl::StatusOr<v1::Job> Create(v1::Job job, bool* created);
   absl::StatusOr<v1::Job> Get(const std::string& id);  // NOT_FOUND
-  absl::StatusOr<store::JobPage> List(const std::vector<v1::JobState>& states, int page_size,
-                                      const std::string& page_token);
+  absl::StatusOr<v1::Job> FindByRequestId(const std::string& tenant, const std::string& request_id);  // NOT_FOUND
+  // `tenant` empty: every tenant's.
+  absl::StatusOr<store::JobPage> List(const std::string& tenant, const std::vector<v1::JobState>& states,
+                                      int page_size, const std::string& page_token);
+  absl::StatusOr<store::TenantUsage> Usage(const std::string& tenant);
   absl::StatusOr<std::vector<v1::Job>> InStates(const std::vector<v1::JobState>& states);
   absl::StatusOr<std::vector<v1::JobEvent>> EventsAfter(const std::string& id, int64_t after_seq, int limit);
   absl::StatusOr<store::ResultRef> Result(const std::string& id, v1::Artifact artifact);

@@ -52,7 +52,7 @@ absl::Status Scheduler::Start() {
   if (!waiting.ok()) return waiting.status();
   for (const v1::Job& job : *waiting) {
     if (job.spec().data().has_client_stream()) feeds_->Open(job);
-    queue_.Push(job.id(), job.spec().priority(), /*force=*/true).IgnoreError();
+    queue_.Push(job.id(), job.spec().priority(), /*force=*/true, job.tenant()).IgnoreError();
   }
   for (const std::string& device : options_.devices) {
     workers_.emplace_back([this, device] { WorkerLoop(device); });
@@ -96,7 +96,7 @@ absl::Status Scheduler::CheckCapacity() const {
 
 void Scheduler::Enqueue(const v1::Job& job) {
   if (job.spec().data().has_client_stream()) feeds_->Open(job);
-  queue_.Push(job.id(), job.spec().priority(), /*force=*/true).IgnoreError();
+  queue_.Push(job.id(), job.spec().priority(), /*force=*/true, job.tenant()).IgnoreError();
 }
 
 void Scheduler::Cancel(const std::string& id) {
@@ -194,7 +194,7 @@ void JobFinished(const v1::Job& job, metrics::Metrics* metrics) {
   const bool started = job.has_start_time();
   const double duration = started ? SecondsBetween(job.start_time(), job.end_time()) : 0;
   if (metrics) {
-    metrics->JobsFinished(v1::JobState_Name(job.state())).Increment();
+    metrics->JobsFinished(v1::JobState_Name(job.state()), job.tenant()).Increment();
     if (started) metrics->job_duration_seconds.Observe(duration);
   }
   log::Fields fields = {{"job_id", job.id()}, {"state", v1::JobState_Name(job.state())}};
@@ -210,9 +210,10 @@ void JobFinished(const v1::Job& job, metrics::Metrics* metrics) {
 absl::StatusOr<Scheduler::Outputs> Scheduler::Execute(const v1::Job& job, const std::string& device,
                                                       Running& running) {
   const v1::JobSpec& spec = job.spec();
-  auto model_path = models_->PathOf(spec.model_id());
+  auto model_path = models_->PathOf(job.tenant(), spec.model_id());
   if (!model_path.ok()) return model_path.status();
-  auto data_spec = DataSpecFor(spec.data(), options_.data_roots);
+  const std::vector<std::string> data_roots = options_.data_roots.For(job.tenant());
+  auto data_spec = DataSpecFor(spec.data(), data_roots);
   if (!data_spec.ok()) return data_spec.status();
   const double timeout = spec.timeout_seconds() > 0 ? spec.timeout_seconds() : options_.default_timeout_seconds;
 
@@ -281,6 +282,7 @@ absl::StatusOr<Scheduler::Outputs> Scheduler::Execute(const v1::Job& job, const 
   task.spec = spec;
   task.model_path = *model_path;
   task.data_spec = spec.data().has_client_stream() ? "" : *data_spec;
+  task.data_roots = data_roots;
   task.device = device;
   task.scratch_dir = scratch.string();
   absl::StatusOr<v1::RunReport> report = runner_->Recalibrate(task, hooks);

@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "recal/v1/recal.pb.h"
+#include "server/jobs/data_source_spec.h"
 #include "server/jobs/job_queue.h"
 #include "server/jobs/job_repository.h"
 #include "server/jobs/job_runner.h"
@@ -33,7 +34,7 @@ namespace recal::jobs {
 struct SchedulerOptions {
   std::vector<std::string> devices = {"cpu"};  // one worker each
   int max_queued_jobs = 64;
-  std::vector<std::string> data_roots;
+  DataRoots data_roots;
   double default_timeout_seconds = 6 * 3600;
   absl::Duration progress_interval = absl::Milliseconds(250);
   metrics::Metrics* metrics = nullptr;  // none: nothing is counted

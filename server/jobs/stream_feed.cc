@@ -47,6 +47,8 @@ absl::Status StreamFeed::Check(const v1::Tensor& tensor) const {
 }
 
 absl::Status StreamFeed::Push(const google::protobuf::RepeatedPtrField<v1::Tensor>& inputs, bool last) {
+  // A message without inputs only names the job (or ends the data, when last): no batch.
+  if (inputs.empty() && !last) return absl::OkStatus();
   worker::v1::PushedBatch batch;
   for (const v1::Tensor& input : inputs) {
     if (absl::Status checked = Check(input); !checked.ok()) return checked;

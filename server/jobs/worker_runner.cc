@@ -134,7 +134,13 @@ absl::StatusOr<wire::Event> WorkerRunner::Run(const wire::Task& task, const std:
   }
 
   std::vector<std::string> args = {options_.binary, "--scratch=" + scratch};
-  if (!options_.data_roots.empty()) args.push_back("--read_path=" + absl::StrJoin(options_.data_roots, ","));
+  // A job's worker reads its tenant's roots only; other tasks (inspection, probes) the
+  // server's configured ones.
+  const std::vector<std::string> read_paths =
+      task.has_recalibrate() ? std::vector<std::string>(task.recalibrate().data_roots().begin(),
+                                                        task.recalibrate().data_roots().end())
+                             : options_.data_roots;
+  if (!read_paths.empty()) args.push_back("--read_path=" + absl::StrJoin(read_paths, ","));
   if (options_.memory_bytes > 0) args.push_back(absl::StrCat("--memory_bytes=", options_.memory_bytes));
   if (options_.file_bytes > 0) args.push_back(absl::StrCat("--file_bytes=", options_.file_bytes));
   if (!options_.user.empty()) args.push_back("--user=" + options_.user);
@@ -319,7 +325,7 @@ absl::StatusOr<v1::RunReport> WorkerRunner::Recalibrate(const RecalibrationTask&
   job->set_threads(options_.threads);
   job->set_prefetch_depth(options_.prefetch_depth);
   job->set_decode_threads(options_.decode_threads);
-  for (const std::string& root : options_.data_roots) job->add_data_roots(root);
+  for (const std::string& root : task.data_roots) job->add_data_roots(root);
   if (absl::Status owned = GiveToWorkerUser(task.scratch_dir); !owned.ok()) return owned;
   auto event = Expect(Run(request, task.model_path, task.scratch_dir, hooks), wire::Event::kReport);
   if (!event.ok()) return event.status();

@@ -136,12 +136,11 @@ Metrics::Metrics()
                                 .Register(*registry)),
       jobs_submitted(BuildCounter()
                          .Name("recal_jobs_submitted_total")
-                         .Help("Jobs accepted by SubmitJob (idempotent repeats not counted)")
-                         .Register(*registry)
-                         .Add({})),
+                         .Help("Jobs accepted by SubmitJob (idempotent repeats not counted), by tenant")
+                         .Register(*registry)),
       jobs_finished(BuildCounter()
                         .Name("recal_jobs_finished_total")
-                        .Help("Jobs that reached a terminal state, by state")
+                        .Help("Jobs that reached a terminal state, by state and tenant")
                         .Register(*registry)),
       job_queue_wait_seconds(BuildHistogram()
                                  .Name("recal_job_queue_wait_seconds")
@@ -165,14 +164,12 @@ Metrics::Metrics()
                             .Add({})),
       upload_bytes(BuildCounter()
                        .Name("recal_upload_bytes_total")
-                       .Help("Model bytes received by UploadModel")
-                       .Register(*registry)
-                       .Add({})),
+                       .Help("Model bytes received by UploadModel, by tenant")
+                       .Register(*registry)),
       download_bytes(BuildCounter()
                          .Name("recal_download_bytes_total")
-                         .Help("Result bytes sent by DownloadResult")
-                         .Register(*registry)
-                         .Add({})),
+                         .Help("Result bytes sent by DownloadResult, by tenant")
+                         .Register(*registry)),
       worker_busy(BuildGauge()
                       .Name("recal_worker_busy")
                       .Help("Workers running a job, by device (several workers on a device add up)")
@@ -188,8 +185,21 @@ Metrics::Metrics()
                      .Register(*registry)
                      .Add({{"version", Version()}})) {
   build_info.Set(1);
-  jobs_submitted.Increment(0);
-  for (const char* state : {"SUCCEEDED", "FAILED", "CANCELLED"}) JobsFinished(state);
+}
+
+void Metrics::AddTenant(const std::string& tenant) {
+  JobsSubmitted(tenant);
+  for (const char* state : {"SUCCEEDED", "FAILED", "CANCELLED"}) JobsFinished(state, tenant);
+  UploadBytes(tenant);
+  DownloadBytes(tenant);
+}
+
+prometheus::Counter& Metrics::JobsSubmitted(const std::string& tenant) { return jobs_submitted.Add({{"tenant", tenant}}); }
+
+prometheus::Counter& Metrics::UploadBytes(const std::string& tenant) { return upload_bytes.Add({{"tenant", tenant}}); }
+
+prometheus::Counter& Metrics::DownloadBytes(const std::string& tenant) {
+  return download_bytes.Add({{"tenant", tenant}});
 }
 
 prometheus::Counter& Metrics::GrpcStarted(const std::string& service, const std::string& method) {
@@ -205,7 +215,9 @@ prometheus::Histogram& Metrics::GrpcHandlingSeconds(const std::string& service, 
   return grpc_handling_seconds.Add({{"grpc_service", service}, {"grpc_method", method}}, kRpcSeconds);
 }
 
-prometheus::Counter& Metrics::JobsFinished(const std::string& state) { return jobs_finished.Add({{"state", state}}); }
+prometheus::Counter& Metrics::JobsFinished(const std::string& state, const std::string& tenant) {
+  return jobs_finished.Add({{"state", state}, {"tenant", tenant}});
+}
 
 prometheus::Gauge& Metrics::WorkerBusy(const std::string& device) { return worker_busy.Add({{"device", device}}); }
 

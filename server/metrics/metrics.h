@@ -34,7 +34,13 @@ struct Metrics {
   prometheus::Counter& GrpcHandled(const std::string& service, const std::string& method,
                                    const std::string& code);
   prometheus::Histogram& GrpcHandlingSeconds(const std::string& service, const std::string& method);
-  prometheus::Counter& JobsFinished(const std::string& state);
+  // Job and byte counters carry the tenant (a bounded set: the auth file's tenants).
+  prometheus::Counter& JobsSubmitted(const std::string& tenant);
+  prometheus::Counter& JobsFinished(const std::string& state, const std::string& tenant);
+  prometheus::Counter& UploadBytes(const std::string& tenant);
+  prometheus::Counter& DownloadBytes(const std::string& tenant);
+  // Makes the tenant's series (at zero), so that they exist before the first job.
+  void AddTenant(const std::string& tenant);
   prometheus::Gauge& WorkerBusy(const std::string& device);
 
   std::shared_ptr<prometheus::Registry> registry;
@@ -43,14 +49,14 @@ struct Metrics {
   prometheus::Family<prometheus::Counter>& grpc_handled;
   prometheus::Family<prometheus::Histogram>& grpc_handling_seconds;
 
-  prometheus::Counter& jobs_submitted;
+  prometheus::Family<prometheus::Counter>& jobs_submitted;
   prometheus::Family<prometheus::Counter>& jobs_finished;
   prometheus::Histogram& job_queue_wait_seconds;
   prometheus::Histogram& job_duration_seconds;
   prometheus::Counter& batches_processed;
   prometheus::Counter& samples_processed;
-  prometheus::Counter& upload_bytes;
-  prometheus::Counter& download_bytes;
+  prometheus::Family<prometheus::Counter>& upload_bytes;
+  prometheus::Family<prometheus::Counter>& download_bytes;
   prometheus::Family<prometheus::Gauge>& worker_busy;
   prometheus::Gauge& watch_streams;
   prometheus::Gauge& build_info;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
 #include "common/sha256.h"
+#include "common/tenant_name.h"
 #include "server/store/fs_util.h"
 #include "common/status_macros.h"
 
@@ -181,14 +182,22 @@ absl::Status BlobStore::Remove(const std::string& sha256_hex) {
 }
 
 namespace {
-std::string PartialPath(const std::string& dir, const std::string& hex) {
-  return absl::StrCat(dir, "/uploads/", hex, ".partial");
+// Uploads in progress are kept apart per owner (tenant): one tenant neither sees nor
+// disturbs another's progress on the same bytes.
+std::string PartialPath(const std::string& dir, const std::string& owner, const std::string& hex) {
+  return absl::StrCat(dir, "/uploads/", owner, "/", hex, ".partial");
+}
+
+absl::Status ValidateOwner(const std::string& owner) {
+  if (!IsTenantName(owner)) return absl::InvalidArgumentError(absl::StrCat("'", owner, "' cannot own an upload"));
+  return absl::OkStatus();
 }
 }  // namespace
 
-absl::StatusOr<int64_t> BlobStore::UploadedSize(const std::string& sha256_hex) const {
+absl::StatusOr<int64_t> BlobStore::UploadedSize(const std::string& owner, const std::string& sha256_hex) const {
   RECAL_RETURN_IF_ERROR(ValidateDigest(sha256_hex));
-  const std::string path = PartialPath(dir_, sha256_hex);
+  RECAL_RETURN_IF_ERROR(ValidateOwner(owner));
+  const std::string path = PartialPath(dir_, owner, sha256_hex);
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) {
     if (errno == ENOENT) return 0;
@@ -197,14 +206,16 @@ absl::StatusOr<int64_t> BlobStore::UploadedSize(const std::string& sha256_hex) c
   return static_cast<int64_t>(st.st_size);
 }
 
-absl::Status BlobStore::AppendUpload(const std::string& sha256_hex, int64_t offset, absl::string_view data,
+absl::Status BlobStore::AppendUpload(const std::string& owner, const std::string& sha256_hex, int64_t offset, absl::string_view data,
                                      int64_t expected_size) {
   RECAL_RETURN_IF_ERROR(ValidateDigest(sha256_hex));
   if (offset < 0 || expected_size < 0) {
     return absl::InvalidArgumentError(absl::StrCat("upload of sha256:", sha256_hex, ": offset (", offset,
                                                    ") and size (", expected_size, ") must be >= 0"));
   }
-  const std::string path = PartialPath(dir_, sha256_hex);
+  RECAL_RETURN_IF_ERROR(ValidateOwner(owner));
+  const std::string path = PartialPath(dir_, owner, sha256_hex);
+  if (offset == 0) RECAL_RETURN_IF_ERROR(EnsureDirectory(DirectoryOf(path)));
   // The lock serialises appends (and commit/discard) of one upload, so "offset equals the
   // committed size" is checked and acted on atomically.
   RECAL_ASSIGN_OR_RETURN(LockedFile file, LockedFile::Open(path, /*create=*/true));
@@ -233,9 +244,10 @@ absl::Status BlobStore::AppendUpload(const std::string& sha256_hex, int64_t offs
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> BlobStore::CommitUpload(const std::string& sha256_hex) {
+absl::StatusOr<std::string> BlobStore::CommitUpload(const std::string& owner, const std::string& sha256_hex) {
   RECAL_RETURN_IF_ERROR(ValidateDigest(sha256_hex));
-  const std::string path = PartialPath(dir_, sha256_hex);
+  RECAL_RETURN_IF_ERROR(ValidateOwner(owner));
+  const std::string path = PartialPath(dir_, owner, sha256_hex);
   const std::string target = PathOf(sha256_hex);
   absl::StatusOr<LockedFile> file = LockedFile::Open(path, /*create=*/false);
   if (absl::IsNotFound(file.status())) {
@@ -265,9 +277,10 @@ absl::StatusOr<std::string> BlobStore::CommitUpload(const std::string& sha256_he
   return target;
 }
 
-absl::Status BlobStore::DiscardUpload(const std::string& sha256_hex) {
+absl::Status BlobStore::DiscardUpload(const std::string& owner, const std::string& sha256_hex) {
   RECAL_RETURN_IF_ERROR(ValidateDigest(sha256_hex));
-  const std::string path = PartialPath(dir_, sha256_hex);
+  RECAL_RETURN_IF_ERROR(ValidateOwner(owner));
+  const std::string path = PartialPath(dir_, owner, sha256_hex);
   absl::StatusOr<LockedFile> file = LockedFile::Open(path, /*create=*/false);
   if (absl::IsNotFound(file.status())) return absl::OkStatus();
   if (!file.ok()) return file.status();

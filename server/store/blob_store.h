@@ -1,7 +1,7 @@
 // Content-addressed blobs on local disk, and uploads in progress. Every write is atomic
 // (temp file, fsync, rename): a blob is either whole under its digest or absent.
 //   <dir>/blobs/sha256/<hex[0:2]>/<hex>
-//   <dir>/uploads/<hex>.partial      bytes committed so far of an upload of digest <hex>
+//   <dir>/uploads/<owner>/<hex>.partial  bytes committed so far of an upload of digest <hex>
 #pragma once
 
 #include <cstdint>
@@ -51,17 +51,18 @@ class BlobStore {
   absl::StatusOr<std::string> AdoptFile(const std::string& path);
   absl::Status Remove(const std::string& sha256_hex);  // OK if absent
 
-  // Uploads. Appends are durable (fsync) before they return, so committed size survives
+  // Uploads, each kept apart under its `owner` (a tenant name: [A-Za-z0-9][A-Za-z0-9_.-]*,
+  // at most 64). Appends are durable (fsync) before they return, so committed size survives
   // a crash. AppendUpload refuses an offset other than the committed size
   // (FAILED_PRECONDITION, naming the committed size) and growth past `expected_size`
   // (INVALID_ARGUMENT).
-  absl::StatusOr<int64_t> UploadedSize(const std::string& sha256_hex) const;  // 0 if none
-  absl::Status AppendUpload(const std::string& sha256_hex, int64_t offset, absl::string_view data,
-                            int64_t expected_size);
+  absl::StatusOr<int64_t> UploadedSize(const std::string& owner, const std::string& sha256_hex) const;  // 0 if none
+  absl::Status AppendUpload(const std::string& owner, const std::string& sha256_hex, int64_t offset,
+                            absl::string_view data, int64_t expected_size);
   // Verifies the digest of the complete upload (INVALID_ARGUMENT on mismatch, and the
   // partial file is discarded) and moves it into the store. Returns the blob's path.
-  absl::StatusOr<std::string> CommitUpload(const std::string& sha256_hex);
-  absl::Status DiscardUpload(const std::string& sha256_hex);
+  absl::StatusOr<std::string> CommitUpload(const std::string& owner, const std::string& sha256_hex);
+  absl::Status DiscardUpload(const std::string& owner, const std::string& sha256_hex);
 
   // A directory on the same file system for temporary files that AdoptFile will take.
   const std::string& scratch_dir() const { return scratch_dir_; }

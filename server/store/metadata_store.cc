@@ -24,26 +24,39 @@ using internal::Transaction;
 
 // PRAGMA user_version of the schema below. Bump it (and add a migration step in
 // MigrateSchema) whenever a table changes.
-constexpr int64_t kSchemaVersion = 1;
+constexpr int64_t kSchemaVersion = 2;
 
 // create_seq is a per-table counter, so "newest first" and page tokens do not depend on
-// clock resolution or clock steps.
-constexpr char kSchemaV1[] = R"sql(
+// clock resolution or clock steps. Every model and job belongs to one tenant: a model's
+// bytes are stored once (blobs by digest), its row once per tenant that uploaded them; a
+// request_id is unique within its tenant only, so one tenant's key never finds another's job.
+constexpr char kTablesV2[] = R"sql(
 CREATE TABLE models (
-  id TEXT PRIMARY KEY,
+  tenant TEXT NOT NULL,
+  id TEXT NOT NULL,
   create_seq INTEGER NOT NULL UNIQUE,
-  proto BLOB NOT NULL
+  size INTEGER NOT NULL,            -- always equal to proto.size
+  proto BLOB NOT NULL,
+  PRIMARY KEY (tenant, id)
 );
 CREATE TABLE jobs (
   id TEXT PRIMARY KEY,
-  request_id TEXT UNIQUE,           -- NULL when the client gave none
+  tenant TEXT NOT NULL,
+  request_id TEXT,                  -- NULL when the client gave none
   state INTEGER NOT NULL,           -- always equal to proto.state
   model_id TEXT NOT NULL,
   create_seq INTEGER NOT NULL UNIQUE,
-  proto BLOB NOT NULL
+  proto BLOB NOT NULL,
+  UNIQUE (tenant, request_id)
 );
+)sql";
+constexpr char kIndexesV2[] = R"sql(
+CREATE INDEX models_by_id ON models(id);
 CREATE INDEX jobs_by_state ON jobs(state, create_seq);
 CREATE INDEX jobs_by_model ON jobs(model_id, state);
+CREATE INDEX jobs_by_tenant ON jobs(tenant, create_seq);
+)sql";
+constexpr char kEventsAndResults[] = R"sql(
 CREATE TABLE events (
   job_id TEXT NOT NULL,
   seq INTEGER NOT NULL,
@@ -145,6 +158,10 @@ struct MetadataStore::Impl {
   Db db;
 
   absl::Status MigrateSchema();
+  // Version 1 had no tenants: its models and jobs become the default tenant's.
+  absl::Status MigrateV1ToV2();
+  absl::Status InsertModel(const v1::Model& model);
+  absl::Status InsertJob(const v1::Job& job);
   absl::StatusOr<std::vector<v1::Job>> QueryJobs(Query& q);
   absl::StatusOr<bool> JobExists(const std::string& id);
   // Inserts the event with the next seq of the job and the current time. Caller holds a
@@ -168,10 +185,63 @@ absl::Status MetadataStore::Impl::MigrateSchema() {
         "database '", db.path(), "' has schema version ", version, " but this recal-server knows only up to ",
         kSchemaVersion, "; run a newer server or point --data_dir elsewhere"));
   }
-  // version == 0: a new (empty) database.
-  RECAL_RETURN_IF_ERROR(db.Exec(kSchemaV1));
+  if (version == 0) {  // a new (empty) database
+    RECAL_RETURN_IF_ERROR(db.Exec(kTablesV2));
+    RECAL_RETURN_IF_ERROR(db.Exec(kIndexesV2));
+    RECAL_RETURN_IF_ERROR(db.Exec(kEventsAndResults));
+  } else {
+    RECAL_RETURN_IF_ERROR(MigrateV1ToV2());
+  }
   RECAL_RETURN_IF_ERROR(db.Exec(absl::StrCat("PRAGMA user_version = ", kSchemaVersion)));
   return txn.Commit();
+}
+
+absl::Status MetadataStore::Impl::MigrateV1ToV2() {
+  RECAL_RETURN_IF_ERROR(db.Exec("DROP INDEX jobs_by_state; DROP INDEX jobs_by_model;"
+                                "ALTER TABLE models RENAME TO models_v1; ALTER TABLE jobs RENAME TO jobs_v1;"));
+  RECAL_RETURN_IF_ERROR(db.Exec(kTablesV2));
+  {
+    RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT id, proto FROM models_v1 ORDER BY create_seq"));
+    while (true) {
+      RECAL_ASSIGN_OR_RETURN(const bool row, q.Step());
+      if (!row) break;
+      RECAL_ASSIGN_OR_RETURN(v1::Model model, Parse<v1::Model>(q.Blob(1), "model", q.Text(0)));
+      model.set_tenant(kDefaultTenant);
+      RECAL_RETURN_IF_ERROR(InsertModel(model));
+    }
+  }
+  {
+    RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT id, proto FROM jobs_v1 ORDER BY create_seq"));
+    while (true) {
+      RECAL_ASSIGN_OR_RETURN(const bool row, q.Step());
+      if (!row) break;
+      RECAL_ASSIGN_OR_RETURN(v1::Job job, Parse<v1::Job>(q.Blob(1), "job", q.Text(0)));
+      job.set_tenant(kDefaultTenant);
+      RECAL_RETURN_IF_ERROR(InsertJob(job));
+    }
+  }
+  RECAL_RETURN_IF_ERROR(db.Exec("DROP TABLE models_v1; DROP TABLE jobs_v1;"));
+  return db.Exec(kIndexesV2);
+}
+
+absl::Status MetadataStore::Impl::InsertModel(const v1::Model& model) {
+  RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("INSERT OR IGNORE INTO models(tenant, id, create_seq, size, proto) "
+                                             "VALUES(?1, ?2, (SELECT COALESCE(MAX(create_seq), 0) + 1 FROM models), "
+                                             "?3, ?4)"));
+  return q.Bind(1, model.tenant()).Bind(2, model.id()).Bind(3, model.size()).BindBlob(4, model.SerializeAsString()).Run();
+}
+
+absl::Status MetadataStore::Impl::InsertJob(const v1::Job& job) {
+  RECAL_ASSIGN_OR_RETURN(
+      Query q, db.Prepare("INSERT INTO jobs(id, tenant, request_id, state, model_id, create_seq, proto) "
+                          "VALUES(?1, ?2, ?3, ?4, ?5, (SELECT COALESCE(MAX(create_seq), 0) + 1 FROM jobs), ?6)"));
+  q.Bind(1, job.id()).Bind(2, job.tenant());
+  if (job.request_id().empty()) {
+    q.BindNull(3);
+  } else {
+    q.Bind(3, job.request_id());
+  }
+  return q.Bind(4, int64_t{job.state()}).Bind(5, job.spec().model_id()).BindBlob(6, job.SerializeAsString()).Run();
 }
 
 absl::StatusOr<std::unique_ptr<MetadataStore>> MetadataStore::Open(const std::string& path) {
@@ -203,45 +273,47 @@ MetadataStore::~MetadataStore() = default;
 
 absl::StatusOr<v1::Model> MetadataStore::PutModel(const v1::Model& model) {
   if (model.id().empty()) return absl::InvalidArgumentError("cannot store a model without an id");
+  if (model.tenant().empty()) return absl::InvalidArgumentError("cannot store a model without a tenant");
   std::lock_guard<std::mutex> lock(impl_->mu);
   Db& db = impl_->db;
   RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
-  {
-    // Same id = same bytes: the first stored metadata (name, labels, create_time) wins.
-    RECAL_ASSIGN_OR_RETURN(
-        Query q, db.Prepare("INSERT OR IGNORE INTO models(id, create_seq, proto) "
-                            "VALUES(?1, (SELECT COALESCE(MAX(create_seq), 0) + 1 FROM models), ?2)"));
-    RECAL_RETURN_IF_ERROR(q.Bind(1, model.id()).BindBlob(2, model.SerializeAsString()).Run());
-  }
+  // Same tenant and id = same bytes: the first stored metadata (name, labels, create_time) wins.
+  RECAL_RETURN_IF_ERROR(impl_->InsertModel(model));
   std::string bytes;
   {
-    RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT proto FROM models WHERE id = ?1"));
-    RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, model.id()).Step());
-    if (!row)
-      return absl::InternalError(absl::StrCat("model '", model.id(), "' vanished while being stored"));
+    RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT proto FROM models WHERE tenant = ?1 AND id = ?2"));
+    RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, model.tenant()).Bind(2, model.id()).Step());
+    if (!row) return absl::InternalError(absl::StrCat("model '", model.id(), "' vanished while being stored"));
     bytes = q.Blob(0);
   }
   RECAL_RETURN_IF_ERROR(txn.Commit());
   return Parse<v1::Model>(bytes, "model", model.id());
 }
 
-absl::StatusOr<v1::Model> MetadataStore::GetModel(const std::string& id) {
+absl::StatusOr<v1::Model> MetadataStore::GetModel(const std::string& tenant, const std::string& id) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("SELECT proto FROM models WHERE id = ?1"));
-  RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, id).Step());
+  RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("SELECT proto FROM models WHERE tenant = ?1 AND id = ?2"));
+  RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, tenant).Bind(2, id).Step());
   if (!row) return absl::NotFoundError(absl::StrCat("no model '", id, "'"));
   return Parse<v1::Model>(q.Blob(0), "model", id);
 }
 
-absl::StatusOr<ModelPage> MetadataStore::ListModels(int page_size, const std::string& page_token) {
+absl::StatusOr<bool> MetadataStore::ModelStoredByAnyTenant(const std::string& id) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("SELECT 1 FROM models WHERE id = ?1 LIMIT 1"));
+  return q.Bind(1, id).Step();
+}
+
+absl::StatusOr<ModelPage> MetadataStore::ListModels(const std::string& tenant, int page_size,
+                                                    const std::string& page_token) {
   RECAL_ASSIGN_OR_RETURN(const int64_t below, DecodePageToken("models", page_token));
   const int limit = ClampPageSize(page_size);
   std::lock_guard<std::mutex> lock(impl_->mu);
   // Newest first, like ListJobs. One extra row tells whether there is a next page.
   RECAL_ASSIGN_OR_RETURN(
-      Query q, impl_->db.Prepare("SELECT id, create_seq, proto FROM models WHERE ?1 = 0 OR create_seq < ?1 "
-                                 "ORDER BY create_seq DESC LIMIT ?2"));
-  q.Bind(1, below).Bind(2, int64_t{limit} + 1);
+      Query q, impl_->db.Prepare("SELECT id, create_seq, proto FROM models WHERE (?1 = 0 OR create_seq < ?1) "
+                                 "AND (?3 = '' OR tenant = ?3) ORDER BY create_seq DESC LIMIT ?2"));
+  q.Bind(1, below).Bind(2, int64_t{limit} + 1).Bind(3, tenant);
   ModelPage page;
   int64_t last_seq = 0;
   while (true) {
@@ -258,24 +330,24 @@ absl::StatusOr<ModelPage> MetadataStore::ListModels(int page_size, const std::st
   return page;
 }
 
-absl::Status MetadataStore::DeleteModel(const std::string& id) {
+absl::Status MetadataStore::DeleteModel(const std::string& tenant, const std::string& id) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("DELETE FROM models WHERE id = ?1"));
-  RECAL_RETURN_IF_ERROR(q.Bind(1, id).Run());
+  RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("DELETE FROM models WHERE tenant = ?1 AND id = ?2"));
+  RECAL_RETURN_IF_ERROR(q.Bind(1, tenant).Bind(2, id).Run());
   if (impl_->db.Changes() == 0) return absl::NotFoundError(absl::StrCat("no model '", id, "'"));
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> MetadataStore::CountJobsUsingModel(const std::string& model_id,
+absl::StatusOr<int64_t> MetadataStore::CountJobsUsingModel(const std::string& tenant, const std::string& model_id,
                                                            const std::vector<v1::JobState>& requested) {
   const std::optional<std::vector<v1::JobState>> states = NormalizeStates(requested);
   if (!states) return 0;
-  std::string sql = "SELECT COUNT(*) FROM jobs WHERE model_id = ?1";
-  if (!states->empty()) absl::StrAppend(&sql, " AND state IN ", Placeholders(2, states->size()));
+  std::string sql = "SELECT COUNT(*) FROM jobs WHERE model_id = ?1 AND tenant = ?2";
+  if (!states->empty()) absl::StrAppend(&sql, " AND state IN ", Placeholders(3, states->size()));
   std::lock_guard<std::mutex> lock(impl_->mu);
   RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare(sql));
-  q.Bind(1, model_id);
-  BindStates(q, 2, *states);
+  q.Bind(1, model_id).Bind(2, tenant);
+  BindStates(q, 3, *states);
   RECAL_ASSIGN_OR_RETURN(const bool row, q.Step());
   return row ? q.Int64(0) : 0;
 }
@@ -300,12 +372,13 @@ absl::StatusOr<bool> MetadataStore::Impl::JobExists(const std::string& id) {
 
 absl::StatusOr<v1::Job> MetadataStore::CreateJob(const v1::Job& job, bool* created) {
   if (job.id().empty()) return absl::InvalidArgumentError("cannot store a job without an id");
+  if (job.tenant().empty()) return absl::InvalidArgumentError("cannot store a job without a tenant");
   std::lock_guard<std::mutex> lock(impl_->mu);
   Db& db = impl_->db;
   RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
   if (!job.request_id().empty()) {
-    RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT id, proto FROM jobs WHERE request_id = ?1"));
-    RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, job.request_id()).Step());
+    RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT id, proto FROM jobs WHERE tenant = ?1 AND request_id = ?2"));
+    RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, job.tenant()).Bind(2, job.request_id()).Step());
     if (row) {
       if (created != nullptr) *created = false;
       return Parse<v1::Job>(q.Blob(1), "job", q.Text(0));  // the transaction rolls back: nothing written
@@ -313,23 +386,18 @@ absl::StatusOr<v1::Job> MetadataStore::CreateJob(const v1::Job& job, bool* creat
   }
   RECAL_ASSIGN_OR_RETURN(const bool exists, impl_->JobExists(job.id()));
   if (exists) return absl::AlreadyExistsError(absl::StrCat("a job with id '", job.id(), "' already exists"));
-  {
-    RECAL_ASSIGN_OR_RETURN(
-        Query q,
-        db.Prepare("INSERT INTO jobs(id, request_id, state, model_id, create_seq, proto) "
-                   "VALUES(?1, ?2, ?3, ?4, (SELECT COALESCE(MAX(create_seq), 0) + 1 FROM jobs), ?5)"));
-    q.Bind(1, job.id());
-    if (job.request_id().empty()) {
-      q.BindNull(2);
-    } else {
-      q.Bind(2, job.request_id());
-    }
-    q.Bind(3, int64_t{job.state()}).Bind(4, job.spec().model_id()).BindBlob(5, job.SerializeAsString());
-    RECAL_RETURN_IF_ERROR(q.Run());
-  }
+  RECAL_RETURN_IF_ERROR(impl_->InsertJob(job));
   RECAL_RETURN_IF_ERROR(txn.Commit());
   if (created != nullptr) *created = true;
   return job;
+}
+
+absl::StatusOr<v1::Job> MetadataStore::FindJobByRequestId(const std::string& tenant, const std::string& request_id) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("SELECT id, proto FROM jobs WHERE tenant = ?1 AND request_id = ?2"));
+  RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, tenant).Bind(2, request_id).Step());
+  if (!row) return absl::NotFoundError(absl::StrCat("no job with request_id '", request_id, "'"));
+  return Parse<v1::Job>(q.Blob(1), "job", q.Text(0));
 }
 
 absl::StatusOr<v1::Job> MetadataStore::GetJob(const std::string& id) {
@@ -340,19 +408,19 @@ absl::StatusOr<v1::Job> MetadataStore::GetJob(const std::string& id) {
   return Parse<v1::Job>(q.Blob(0), "job", id);
 }
 
-absl::StatusOr<JobPage> MetadataStore::ListJobs(const std::vector<v1::JobState>& requested, int page_size,
-                                                const std::string& page_token) {
+absl::StatusOr<JobPage> MetadataStore::ListJobs(const std::string& tenant, const std::vector<v1::JobState>& requested,
+                                                int page_size, const std::string& page_token) {
   RECAL_ASSIGN_OR_RETURN(const int64_t below, DecodePageToken("jobs", page_token));
   const std::optional<std::vector<v1::JobState>> states = NormalizeStates(requested);
   if (!states) return JobPage();
   const int limit = ClampPageSize(page_size);
-  std::string sql = "SELECT id, proto, create_seq FROM jobs WHERE (?1 = 0 OR create_seq < ?1)";
-  if (!states->empty()) absl::StrAppend(&sql, " AND state IN ", Placeholders(3, states->size()));
+  std::string sql = "SELECT id, proto, create_seq FROM jobs WHERE (?1 = 0 OR create_seq < ?1) AND (?3 = '' OR tenant = ?3)";
+  if (!states->empty()) absl::StrAppend(&sql, " AND state IN ", Placeholders(4, states->size()));
   absl::StrAppend(&sql, " ORDER BY create_seq DESC LIMIT ?2");
   std::lock_guard<std::mutex> lock(impl_->mu);
   RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare(sql));
-  q.Bind(1, below).Bind(2, int64_t{limit} + 1);
-  BindStates(q, 3, *states);
+  q.Bind(1, below).Bind(2, int64_t{limit} + 1).Bind(3, tenant);
+  BindStates(q, 4, *states);
   JobPage page;
   int64_t last_seq = 0;
   while (true) {
@@ -507,6 +575,29 @@ absl::StatusOr<bool> MetadataStore::BlobReferenced(const std::string& sha256) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("SELECT 1 FROM results WHERE sha256 = ?1 LIMIT 1"));
   return q.Bind(1, sha256).Step();
+}
+
+absl::StatusOr<TenantUsage> MetadataStore::Usage(const std::string& tenant) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  TenantUsage usage;
+  {
+    RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("SELECT COUNT(*) FROM jobs WHERE tenant = ?1 AND state IN (?2, ?3, ?4)"));
+    RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, tenant)
+                                               .Bind(2, int64_t{v1::QUEUED})
+                                               .Bind(3, int64_t{v1::RUNNING})
+                                               .Bind(4, int64_t{v1::CANCELLING})
+                                               .Step());
+    if (row) usage.active_jobs = q.Int64(0);
+  }
+  {
+    RECAL_ASSIGN_OR_RETURN(
+        Query q, impl_->db.Prepare("SELECT (SELECT COALESCE(SUM(size), 0) FROM models WHERE tenant = ?1) + "
+                                   "(SELECT COALESCE(SUM(r.size), 0) FROM results r JOIN jobs j ON r.job_id = j.id "
+                                   "WHERE j.tenant = ?1)"));
+    RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, tenant).Step());
+    if (row) usage.stored_bytes = q.Int64(0);
+  }
+  return usage;
 }
 
 }  // namespace recal::store

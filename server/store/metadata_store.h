@@ -26,6 +26,16 @@ struct JobPage {
   std::string next_page_token;  // empty at the end
 };
 
+// What a tenant holds, for its quotas.
+struct TenantUsage {
+  int64_t active_jobs = 0;   // QUEUED, RUNNING or CANCELLING
+  int64_t stored_bytes = 0;  // its models and its jobs' results
+};
+
+// The tenant of everything made while authentication is off, and of all rows a database
+// from before tenants had.
+inline constexpr char kDefaultTenant[] = "default";
+
 struct ModelPage {
   std::vector<v1::Model> models;
   std::string next_page_token;
@@ -37,22 +47,29 @@ class MetadataStore {
   static absl::StatusOr<std::unique_ptr<MetadataStore>> Open(const std::string& path);
   ~MetadataStore();
 
-  // Models (keyed by id). PutModel inserts or keeps the existing one (same bytes = one model).
+  // Models (keyed by tenant and id). PutModel inserts or keeps the existing one (same
+  // tenant and bytes = one model).
   absl::StatusOr<v1::Model> PutModel(const v1::Model& model);
-  absl::StatusOr<v1::Model> GetModel(const std::string& id);  // NOT_FOUND
-  absl::StatusOr<ModelPage> ListModels(int page_size, const std::string& page_token);
-  absl::Status DeleteModel(const std::string& id);  // NOT_FOUND
-  // Jobs in `states` that use the model.
-  absl::StatusOr<int64_t> CountJobsUsingModel(const std::string& model_id,
+  absl::StatusOr<v1::Model> GetModel(const std::string& tenant, const std::string& id);  // NOT_FOUND
+  // `tenant` empty: every tenant's.
+  absl::StatusOr<ModelPage> ListModels(const std::string& tenant, int page_size, const std::string& page_token);
+  absl::Status DeleteModel(const std::string& tenant, const std::string& id);  // NOT_FOUND
+  // Whether some tenant still has the model (so that its bytes must stay).
+  absl::StatusOr<bool> ModelStoredByAnyTenant(const std::string& id);
+  // The tenant's jobs in `states` that use the model.
+  absl::StatusOr<int64_t> CountJobsUsingModel(const std::string& tenant, const std::string& model_id,
                                               const std::vector<v1::JobState>& states);
+  absl::StatusOr<TenantUsage> Usage(const std::string& tenant);
 
-  // Jobs. CreateJob assigns nothing: job.id and job.request_id are the caller's. If a job
-  // with the same non-empty request_id exists, returns it and `*created` = false.
+  // Jobs. CreateJob assigns nothing: job.id, tenant and request_id are the caller's. If a
+  // job of the same tenant with the same non-empty request_id exists, returns it and
+  // `*created` = false.
   absl::StatusOr<v1::Job> CreateJob(const v1::Job& job, bool* created);
   absl::StatusOr<v1::Job> GetJob(const std::string& id);  // NOT_FOUND
-  // Newest first. Page tokens are opaque strings.
-  absl::StatusOr<JobPage> ListJobs(const std::vector<v1::JobState>& states, int page_size,
-                                   const std::string& page_token);
+  absl::StatusOr<v1::Job> FindJobByRequestId(const std::string& tenant, const std::string& request_id);  // NOT_FOUND
+  // Newest first. Page tokens are opaque strings. `tenant` empty: every tenant's.
+  absl::StatusOr<JobPage> ListJobs(const std::string& tenant, const std::vector<v1::JobState>& states,
+                                   int page_size, const std::string& page_token);
   // Oldest first; for recovery at start-up and for filling the queue.
   absl::StatusOr<std::vector<v1::Job>> JobsInStates(const std::vector<v1::JobState>& states);
 

@@ -51,7 +51,9 @@ class ClientTest : public ServerTest {
   void SetUp() override {
     ServerTest::SetUp();
     if (HasFatalFailure()) return;
-    auto client = Client::Connect(target(), Options());
+    ClientOptions options = Options();
+    options.bearer_token = server_->token();
+    auto client = Client::Connect(target(), options);
     ASSERT_TRUE(client.ok()) << client.status();
     client_ = *std::move(client);
   }
@@ -370,6 +372,47 @@ TEST_F(OneWorkerClientTest, WatchResumesAcrossAServerRestart) {
   }
   EXPECT_GE(snapshots, 2) << "the watch reconnected";
   EXPECT_EQ(events.back().state(), v1::SUCCEEDED);
+}
+
+// The library against the real server over mutual TLS (certificates made at test time),
+// with a bearer token on top: the whole path from upload to verified download.
+class MutualTlsClientTest : public ClientTest {
+ protected:
+  std::vector<std::string> Flags() override {
+    certs_ = tmp_.File("certs");
+    EXPECT_EQ(std::system(("bash " RECAL_MAKE_TEST_CERTS " " + certs_).c_str()), 0);
+    std::vector<std::string> flags = ClientTest::Flags();
+    flags.push_back("--tls_cert=" + certs_ + "/server.pem");
+    flags.push_back("--tls_key=" + certs_ + "/server.key");
+    flags.push_back("--tls_client_ca=" + certs_ + "/ca.pem");
+    return flags;
+  }
+  ClientOptions Options() override {
+    ClientOptions options;
+    options.tls_root_certs_file = certs_ + "/ca.pem";
+    options.tls_client_cert_file = certs_ + "/client.pem";
+    options.tls_client_key_file = certs_ + "/client.key";
+    return options;
+  }
+  std::string certs_;
+};
+
+TEST_F(MutualTlsClientTest, RecalibratesOverMutualTls) {
+  const std::string model_id = Upload();
+  auto job = client_->Submit(NpyJob(model_id));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(client_->Wait(job->id())->state(), v1::SUCCEEDED);
+  const std::string bn = tmp_.File("bn.safetensors");
+  ASSERT_TRUE(client_->Download(job->id(), v1::BN_BUFFERS, bn).ok());
+  EXPECT_LE(WorstBnError(bn), 1e-5);
+  // The same client without its certificate does not get a connection.
+  ClientOptions no_cert;
+  no_cert.tls_root_certs_file = certs_ + "/ca.pem";
+  no_cert.bearer_token = server_->token();
+  no_cert.retry.max_attempts = 1;
+  auto anonymous = Client::Connect(target(), no_cert);
+  ASSERT_TRUE(anonymous.ok());
+  EXPECT_EQ((*anonymous)->Get(job->id()).status().code(), absl::StatusCode::kUnavailable);
 }
 
 }  // namespace

@@ -81,11 +81,68 @@ TEST(RecalctlUsageTest, AnUnreachableServerExitsWith3) {
   EXPECT_THAT(health.err, HasSubstr("127.0.0.1:" + port));
 }
 
+// `token new` needs no server: none runs, and the settings for one are ignored.
+TEST(RecalctlTokenTest, NewPrintsATokenAndTheAuthFileLineThatGrantsIt) {
+  const std::vector<std::string> no_server = {"RECAL_SERVER=127.0.0.1:" + std::to_string(ClosedPort()),
+                                              "RECAL_TLS_CA=/nonexistent/ca.pem"};
+  const Result first = Recalctl({"token", "new", "--tenant", "team-a.prod_1", "--role", "submit"}, no_server);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  const std::vector<std::string> lines = absl::StrSplit(first.out, '\n');
+  ASSERT_EQ(lines.size(), 3u) << first.out;  // two lines, each ended by '\n'
+  EXPECT_EQ(lines[2], "");
+  const std::string& token = lines[0];
+  ASSERT_TRUE(absl::StartsWith(token, "recal_")) << token;
+  EXPECT_TRUE(IsSha256Hex(token.substr(6))) << "64 lowercase hex digits: " << token;
+  EXPECT_EQ(lines[1], "token-sha256:" + Sha256Hex(token) + " tenant=team-a.prod_1 role=submit");
+
+  const Result second = Recalctl({"token", "new", "--tenant", "team-a.prod_1", "--role", "submit"});
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_NE(second.out.substr(0, second.out.find('\n')), token);
+
+  const std::string tenant(64, 'T');
+  const Result json = Recalctl({"token", "new", "--tenant", tenant, "--role", "admin", "--output=json"});
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  const auto fields = Parse<google::protobuf::Struct>(json).fields();
+  const std::string json_token = fields.at("token").string_value();
+  EXPECT_TRUE(absl::StartsWith(json_token, "recal_") && IsSha256Hex(json_token.substr(6))) << json_token;
+  EXPECT_EQ(fields.at("auth_line").string_value(),
+            "token-sha256:" + Sha256Hex(json_token) + " tenant=" + tenant + " role=admin");
+  EXPECT_EQ(fields.at("tenant").string_value(), tenant);
+  EXPECT_EQ(fields.at("role").string_value(), "admin");
+  EXPECT_EQ(fields.size(), 4u);
+  EXPECT_EQ(Recalctl({"token", "new", "--tenant", "a", "--role", "read"}).exit_code, 0);
+}
+
+TEST(RecalctlTokenTest, BadTenantsAndRolesAreUsageErrors) {
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"token"},
+           {"token", "new"},
+           {"token", "new", "--role", "read"},
+           {"token", "new", "--tenant", "a"},
+           {"token", "old", "--tenant", "a", "--role", "read"},
+           {"token", "new", "extra", "--tenant", "a", "--role", "read"},
+           {"token", "new", "--tenant", "a", "--role", "root"},
+           {"token", "new", "--tenant", "a", "--role", "Admin"},
+           {"token", "new", "--tenant", "a", "--role", ""},
+           {"token", "new", "--tenant", "", "--role", "read"},
+           {"token", "new", "--tenant", "a/b", "--role", "read"},
+           {"token", "new", "--tenant", "a b", "--role", "read"},
+           {"token", "new", "--tenant", "t\xc3\xa4", "--role", "read"},
+           {"token", "new", "--tenant", std::string(65, 't'), "--role", "read"},
+           {"token", "new", "--tenant", "a", "--role", "read", "--model", "m"},
+       }) {
+    const Result r = Recalctl(args);
+    EXPECT_EQ(r.exit_code, 2) << absl::StrJoin(args, " ") << "\n" << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+    EXPECT_THAT(r.err, HasSubstr("recalctl --help"));
+  }
+}
+
 class RecalctlTest : public ServerTest {
  protected:
   Result Ctl(std::vector<std::string> args) {
     args.push_back("--server=" + target());
-    return Recalctl(args);
+    return Recalctl(args, {"RECAL_TOKEN=" + server_->token()});
   }
 };
 

@@ -121,6 +121,12 @@ def check_compose(deploy):
     check(data is not None and data[0] == "bind" and data[2],
           f"read-only bind mount at /data ({data})")
 
+    # The server listens beyond loopback, so it must get its credentials: the secret the
+    # Dockerfile's --auth_file=/run/secrets/recal_auth reads.
+    secrets = recal.get("secrets") or []
+    names = {s if isinstance(s, str) else s.get("source") for s in secrets}
+    check("recal_auth" in names and "recal_auth" in (doc.get("secrets") or {}),
+          f"recal gets the secret recal_auth ({sorted(n for n in names if n)})")
     ports = {str(p).split(":")[-1].split("/")[0] if not isinstance(p, dict) else str(p.get("target"))
              for p in recal.get("ports") or []}
     check({"50051", "9464"} <= ports, f"recal publishes 50051 and 9464 ({sorted(ports)})")
@@ -325,7 +331,7 @@ def check_dockerfile(source, runtime_pkgs):
     ep = [l for l in runtime if l.startswith("ENTRYPOINT")]
     entry = json.loads(ep[-1][len("ENTRYPOINT"):]) if ep else []
     want = ["recal-server", "--data_dir=/var/lib/recal", "--data_root=/data",
-            "--listen=0.0.0.0:50051", "--metrics_listen=0.0.0.0:9464"]
+            "--listen=0.0.0.0:50051", "--metrics_listen=0.0.0.0:9464", "--auth_file=/run/secrets/recal_auth"]
     check(entry[:1] == want[:1] and set(want[1:]) <= set(entry[1:]), f"ENTRYPOINT {entry}")
 
 

@@ -303,5 +303,15 @@ TEST_F(DataSpecForTest, SyntheticClientStreamAndNothing) {
   EXPECT_EQ(Error(v1::DataSource()).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(DataRootsTest, SharedRootsAreEveryTenantsAndTenantRootsOnlyTheirOwn) {
+  DataRoots roots;
+  roots.Add("/shared,/more");
+  roots.Add("team-a=/a-only");
+  roots.Add("/x=y");  // not a tenant before '=': a path with '=' in it
+  EXPECT_EQ(roots.For("team-a"), (std::vector<std::string>{"/shared", "/more", "/x=y", "/a-only"}));
+  EXPECT_EQ(roots.For("team-b"), (std::vector<std::string>{"/shared", "/more", "/x=y"}));
+  EXPECT_EQ(roots.All().size(), 4u);
+}
+
 }  // namespace
 }  // namespace recal::jobs

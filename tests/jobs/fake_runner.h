@@ -37,16 +37,17 @@ inline void WriteResults(const RecalibrationTask& task) {
 }
 
 // Uploads `bytes` as a model (the fake runner inspects nothing) and returns its id.
-inline std::string UploadAnyModel(ModelRegistry& models, const std::string& bytes = "a model archive") {
+inline std::string UploadAnyModel(ModelRegistry& models, const std::string& tenant = "t",
+                                  const std::string& bytes = "a model archive") {
   v1::UploadHeader header;
   header.set_name("m");
   header.set_size(bytes.size());
   header.set_sha256(Sha256Hex(bytes));
-  if (!models.StartUpload(header).ok()) return "";
+  if (!models.StartUpload(tenant, header).ok()) return "";
   v1::UploadChunk chunk;
   chunk.set_data(bytes);
-  if (!models.AppendChunk(header, chunk).ok()) return "";
-  auto model = models.FinishUpload(header);
+  if (!models.AppendChunk(tenant, header, chunk).ok()) return "";
+  auto model = models.FinishUpload(tenant, header);
   return model.ok() ? model->id() : "";
 }
 

@@ -38,18 +38,18 @@ class JobManagerTest : public ::testing::Test {
     request.mutable_spec()->set_batch_size(4);
     request.mutable_spec()->set_timeout_seconds(timeout_seconds);
     request.mutable_spec()->mutable_data()->mutable_synthetic()->add_sample_shape(3);
-    auto job = jobs_->Submit(request);
+    auto job = jobs_->Submit(caller_, request);
     EXPECT_TRUE(job.ok()) << job.status();
     return *job;
   }
   v1::Job WaitForEnd(const std::string& id) {
     for (int i = 0; i < 500; ++i) {
-      auto job = jobs_->Get(id);
+      auto job = jobs_->Get(caller_, id);
       if (job.ok() && IsTerminal(job->state())) return *job;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     ADD_FAILURE() << "job " << id << " did not end";
-    return *jobs_->Get(id);
+    return *jobs_->Get(caller_, id);
   }
 
   testing::TempDir tmp_;
@@ -59,6 +59,7 @@ class JobManagerTest : public ::testing::Test {
   std::unique_ptr<ModelRegistry> models_;
   std::unique_ptr<JobManager> jobs_;
   std::string model_id_;
+  const Caller caller_{"t"};
 };
 
 TEST_F(JobManagerTest, SucceededRunsLeaveTheirFilesAsResultsAndTheirProgressAsEvents) {
@@ -80,7 +81,7 @@ TEST_F(JobManagerTest, SucceededRunsLeaveTheirFilesAsResultsAndTheirProgressAsEv
   const v1::Job job = WaitForEnd(Submit().id());
   ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.error().message();
   EXPECT_EQ(job.progress().batches_done(), 3);
-  auto model = jobs_->Result(job.id(), v1::MODEL);
+  auto model = jobs_->Result(caller_, job.id(), v1::MODEL);
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_EQ(testing::ReadBytes(blobs_->PathOf(model->sha256)), "bytes of model.pt");
   EXPECT_TRUE(fs::is_empty(blobs_->scratch_dir()) || !fs::exists(fs::path(blobs_->scratch_dir()) / job.id()));
@@ -110,10 +111,10 @@ TEST_F(JobManagerTest, CancellationAndTheTimeoutReachTheRunner) {
     }
   };
   const v1::Job running = Submit();
-  for (int i = 0; i < 200 && jobs_->Get(running.id())->state() != v1::RUNNING; ++i) {
+  for (int i = 0; i < 200 && jobs_->Get(caller_, running.id())->state() != v1::RUNNING; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  ASSERT_TRUE(jobs_->Cancel(running.id()).ok());
+  ASSERT_TRUE(jobs_->Cancel(caller_, running.id()).ok());
   EXPECT_EQ(WaitForEnd(running.id()).state(), v1::CANCELLED);
 
   const v1::Job late = WaitForEnd(Submit(/*timeout_seconds=*/0.3).id());
@@ -133,7 +134,7 @@ TEST_F(JobManagerTest, FilesAWorkerLinkedElsewhereAreNotAdopted) {
   const v1::Job job = WaitForEnd(Submit().id());
   EXPECT_EQ(job.state(), v1::FAILED);
   EXPECT_THAT(job.error().message(), HasSubstr("not a plain file"));
-  EXPECT_FALSE(jobs_->Result(job.id(), v1::MODEL).ok());
+  EXPECT_FALSE(jobs_->Result(caller_, job.id(), v1::MODEL).ok());
   EXPECT_EQ(testing::ReadBytes(secret), "the server's secret");
 }
 

@@ -1,7 +1,9 @@
 // The job queue's order, bound, removal and closing.
 #include "server/jobs/job_queue.h"
 
+#include <string>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -48,6 +50,24 @@ TEST(JobQueue, CloseWakesWaitingWorkers) {
   queue.Close();
   worker.join();
   EXPECT_FALSE(popped.has_value());
+}
+
+TEST(JobQueue, WithinAPriorityTenantsTakeTurnsAndEachKeepsItsOrder) {
+  JobQueue queue(100);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(queue.Push("a" + std::to_string(i), 0, false, "tenant-a").ok());
+  ASSERT_TRUE(queue.Push("b0", 0, false, "tenant-b").ok());
+  ASSERT_TRUE(queue.Push("b1", 0, false, "tenant-b").ok());
+  ASSERT_TRUE(queue.Push("urgent", 1, false, "tenant-a").ok());
+  std::vector<std::string> order;
+  for (int i = 0; i < 8; ++i) order.push_back(*queue.Pop());
+  // Priority first; then a and b alternate (b had not been served, a just had), each FIFO.
+  EXPECT_EQ(order, (std::vector<std::string>{"urgent", "b0", "a0", "b1", "a1", "a2", "a3", "a4"}));
+  // A tenant arriving later is still served before the busy one's next job.
+  ASSERT_TRUE(queue.Push("a5", 0, false, "tenant-a").ok());
+  ASSERT_TRUE(queue.Push("a6", 0, false, "tenant-a").ok());
+  ASSERT_TRUE(queue.Push("c0", 0, false, "tenant-c").ok());
+  EXPECT_EQ(*queue.Pop(), "c0");
+  EXPECT_EQ(*queue.Pop(), "a5");
 }
 
 }  // namespace

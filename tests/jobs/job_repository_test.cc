@@ -25,6 +25,7 @@ class JobRepositoryTest : public ::testing::Test {
     v1::Job job;
     job.set_id(id);
     job.set_request_id(request_id);
+    job.set_tenant("t");
     job.mutable_spec()->set_model_id("sha256:00");
     bool created = false;
     auto stored = jobs_->Create(job, &created);
@@ -61,6 +62,7 @@ TEST_F(JobRepositoryTest, CreateQueuesTheJobOnceForARequestId) {
   v1::Job again;
   again.set_id("b");
   again.set_request_id("request-1");
+  again.set_tenant("t");
   bool created = true;
   auto stored = jobs_->Create(again, &created);
   ASSERT_TRUE(stored.ok());

@@ -74,6 +74,7 @@ class SchedulerTest : public ::testing::Test {
   v1::Job Submit(int priority) {
     v1::Job job;
     job.set_id("job-" + std::to_string(next_id_++));
+    job.set_tenant("t");
     job.mutable_spec()->set_model_id(model_id_);
     job.mutable_spec()->set_batch_size(4);
     job.mutable_spec()->set_priority(priority);

@@ -41,6 +41,7 @@ class WorkerRunnerTest : public ::testing::Test {
     task.spec.set_batch_size(8);
     task.model_path = model;
     task.data_spec = "npy:" + data_;
+    task.data_roots = options_.data_roots;
     task.device = "cpu";
     task.scratch_dir = tmp_.File("job");
     fs::remove_all(task.scratch_dir);
@@ -189,6 +190,7 @@ TEST_F(WorkerRunnerTest, GoodModelIsRecalibratedWithItsFilesInScratch) {
   task.spec.set_batch_size(8);
   task.model_path = kFixtures + "/models/bn1d_2d.traced_train.pt";
   task.data_spec = "npy:" + kFixtures + "/data/bn1d_2d.npy";
+  task.data_roots = {kFixtures};
   task.device = "cpu";
   task.scratch_dir = tmp_.File("good");
   fs::create_directories(task.scratch_dir);

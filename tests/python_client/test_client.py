@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -37,11 +38,18 @@ MiB = 1 << 20
 
 
 class Server:
-    """recal-server on loopback with its own data dir; restartable on the same port."""
+    """recal-server on loopback with its own data dir, authentication on (self.token is an
+    admin of the tenant "default"); restartable on the same port."""
 
-    def __init__(self, data_dir, data_roots=(FIXTURES,)):
+    def __init__(self, data_dir, data_roots=(FIXTURES,), flags=()):
         self.data_dir = data_dir
+        self.flags = list(flags)
         self.data_roots = ",".join(data_roots)
+        self.token = "recal_" + secrets.token_hex(32)
+        self.auth_file = data_dir + ".auth"
+        with open(self.auth_file, "w") as f:
+            f.write("token-sha256:%s tenant=default role=admin\n"
+                    % hashlib.sha256(self.token.encode()).hexdigest())
         self.proc = None
         self.port = 0
         self.starts = 0
@@ -53,7 +61,9 @@ class Server:
         with open(log_path, "w") as log:
             self.proc = subprocess.Popen(
                 [SERVER_BIN, "--listen=127.0.0.1:%d" % self.port, "--data_dir=" + self.data_dir,
-                 "--data_root=" + self.data_roots, "--metrics_listen="], stderr=log)
+                 "--data_root=" + self.data_roots, "--metrics_listen=", "--auth_file=" + self.auth_file,
+                 *self.flags],
+                stderr=log)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             with open(log_path) as f:
@@ -161,7 +171,7 @@ class ClientTest(unittest.TestCase):
         cls.tmp = tempfile.mkdtemp(prefix="recal-pyclient-")
         image_folders.make(cls.tmp)  # root/imgs, root/with_bad, outside/imgs
         cls.server = Server(os.path.join(cls.tmp, "data"), (FIXTURES, os.path.join(cls.tmp, "root")))
-        cls.client = recal.Client(cls.server.address, timeout=30)
+        cls.client = recal.Client(cls.server.address, token=cls.server.token, timeout=30)
         cls.model = cls.client.upload_model(RESNET)
         cls._done = None
 
@@ -594,7 +604,8 @@ class ClientTest(unittest.TestCase):
         for block in blocks:
             self.assertIn('"localhost:50051"', block)
             result = subprocess.run([sys.executable, "-c", block.replace("localhost:50051", self.server.address)],
-                                    cwd=self.dir, capture_output=True, text=True, timeout=120)
+                                    cwd=self.dir, capture_output=True, text=True, timeout=120,
+                                    env=dict(os.environ, RECAL_TOKEN=self.server.token))
             self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
             outputs.append(result.stdout)
         self.assertIn("batch 3/3", outputs[0])
@@ -614,7 +625,7 @@ class RestartTest(unittest.TestCase):
         self.addCleanup(self.server.stop)
 
     def test_watch_continues_across_a_server_restart(self):
-        client = recal.Client(self.server.address, reconnect_seconds=60)
+        client = recal.Client(self.server.address, token=self.server.token, reconnect_seconds=60)
         self.addCleanup(client.close)
         model = client.upload_model(RESNET)
         job = client.submit(model, "synthetic:3x64x64", batch_size=8, max_batches=60)
@@ -634,6 +645,34 @@ class RestartTest(unittest.TestCase):
         self.assertEqual(final.state, recal.SUCCEEDED)
         self.assertEqual(final.attempts, 2)
         self.assertEqual(final.progress.batches_done, 60)
+
+
+class MutualTlsTest(unittest.TestCase):
+    """The client against the real server over mutual TLS, certificates made at test time."""
+
+    def test_recalibrates_over_mutual_tls_and_needs_its_certificate(self):
+        tmp = tempfile.mkdtemp(prefix="recal-pyclient-tls-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        certs = os.path.join(tmp, "certs")
+        subprocess.run(["bash", os.path.join(ROOT, "tests", "certs", "make_test_certs.sh"), certs], check=True)
+        server = Server(os.path.join(tmp, "data"), flags=(
+            "--tls_cert=" + os.path.join(certs, "server.pem"), "--tls_key=" + os.path.join(certs, "server.key"),
+            "--tls_client_ca=" + os.path.join(certs, "ca.pem")))
+        self.addCleanup(server.stop)
+        with recal.Client(server.address, token=server.token, timeout=30,
+                          tls_ca=os.path.join(certs, "ca.pem"), tls_cert=os.path.join(certs, "client.pem"),
+                          tls_key=os.path.join(certs, "client.key")) as client:
+            out = os.path.join(tmp, "out.pt")
+            job = client.recalibrate(RESNET, data=RESNET_DATA, out=out, batch_size=8,
+                                     bn_out=os.path.join(tmp, "bn.safetensors"))
+            self.assertEqual(job.state, recal.SUCCEEDED, job.error.message)
+            bn = safetensors_io.load(os.path.join(tmp, "bn.safetensors"), as_numpy=True)
+            self.assertLessEqual(_worst_reference_error(bn), 1e-5)
+        with recal.Client(server.address, token=server.token, timeout=5, retry_seconds=0,
+                          tls_ca=os.path.join(certs, "ca.pem")) as anonymous:
+            with self.assertRaises(recal.RecalError) as refused:
+                list(anonymous.list())
+            self.assertEqual(refused.exception.code, grpc.StatusCode.UNAVAILABLE)
 
 
 if __name__ == "__main__":

@@ -5,20 +5,89 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <regex>
 #include <sstream>
+#include <random>
 #include <thread>
 
+#include <grpcpp/support/client_interceptor.h>
 #include <gtest/gtest.h>
 
-namespace recal::testing {
+#include "absl/strings/str_cat.h"
+#include "common/sha256.h"
 
-ServerProcess::ServerProcess(std::string data_dir, std::vector<std::string> flags)
+namespace recal::testing {
+namespace {
+
+class BearerInterceptor : public grpc::experimental::Interceptor {
+ public:
+  explicit BearerInterceptor(std::string value) : value_(std::move(value)) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->insert({"authorization", value_});
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string value_;
+};
+
+class BearerInterceptorFactory : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit BearerInterceptorFactory(std::string token) : token_(std::move(token)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(grpc::experimental::ClientRpcInfo*) override {
+    return new BearerInterceptor("Bearer " + token_);
+  }
+
+ private:
+  const std::string token_;
+};
+
+}  // namespace
+
+std::string NewToken() {
+  std::random_device random;
+  std::string token = "recal_";
+  for (int i = 0; i < 8; ++i) absl::StrAppend(&token, absl::Hex(random(), absl::kZeroPad8));
+  return token;
+}
+
+std::string AuthLine(const std::string& token, const std::string& tenant, const std::string& role) {
+  return absl::StrCat("token-sha256:", Sha256Hex(token), " tenant=", tenant, " role=", role, "\n");
+}
+
+std::shared_ptr<grpc::Channel> ChannelWithToken(const std::string& target, const std::string& token,
+                                                std::shared_ptr<grpc::ChannelCredentials> credentials,
+                                                grpc::ChannelArguments args) {
+  if (!credentials) credentials = grpc::InsecureChannelCredentials();
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  if (!token.empty()) interceptors.push_back(std::make_unique<BearerInterceptorFactory>(token));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(target, credentials, args, std::move(interceptors));
+}
+
+ServerProcess::ServerProcess(std::string data_dir, std::vector<std::string> flags, Auth auth)
     : data_dir_(std::move(data_dir)) {
   static int serial = 0;
-  log_path_ = data_dir_ + ".server" + std::to_string(getpid()) + "-" + std::to_string(serial++) + ".log";
+  const std::string name = data_dir_ + ".server" + std::to_string(getpid()) + "-" + std::to_string(serial++);
+  log_path_ = name + ".log";
+  const bool own_auth_file = std::any_of(flags.begin(), flags.end(), [](const std::string& flag) {
+    return flag.rfind("--auth_file", 0) == 0;
+  });
+  if (auth == Auth::kAdminToken && !own_auth_file) {
+    // One token per data dir, so that a restarted server admits the clients of the last one.
+    const std::string token_file = data_dir_ + ".token", auth_file = data_dir_ + ".auth";
+    std::ifstream(token_file) >> token_;
+    if (token_.empty()) {
+      token_ = NewToken();
+      std::ofstream(token_file) << token_;
+      std::ofstream(auth_file) << AuthLine(token_, "default", "admin");
+    }
+    flags.insert(flags.begin(), "--auth_file=" + auth_file);
+  }
   // Metrics on any free port (never the fixed default, which parallel tests would share);
   // a later --metrics_listen in `flags` wins.
   std::vector<std::string> args = {RECAL_SERVER_BIN, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
@@ -52,13 +121,19 @@ ServerProcess::~ServerProcess() { Kill(); }
 
 std::string ServerProcess::target() const { return "127.0.0.1:" + std::to_string(port_); }
 
-std::shared_ptr<grpc::Channel> ServerProcess::Channel() const {
+std::shared_ptr<grpc::Channel> ServerProcess::Channel(const std::string& token) const {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
-  return grpc::CreateCustomChannel(target(), grpc::InsecureChannelCredentials(), args);
+  return ChannelWithToken(target(), token, nullptr, args);
 }
 
-std::unique_ptr<v1::Recal::Stub> ServerProcess::Stub() const { return v1::Recal::NewStub(Channel()); }
+std::unique_ptr<v1::Recal::Stub> ServerProcess::Stub(const std::string& token) const {
+  return v1::Recal::NewStub(Channel(token));
+}
+
+void ServerProcess::Hangup() const {
+  if (pid_ > 0) kill(pid_, SIGHUP);
+}
 
 void ServerProcess::Kill() {
   if (pid_ <= 0) return;

@@ -71,6 +71,23 @@ TEST(BlobStoreTest, AReaderReadsAnyRangeAndOutlivesRemoval) {
   EXPECT_TRUE(absl::IsInvalidArgument(store->OpenReader("../../etc/passwd").status()));
 }
 
+TEST(BlobStoreTest, UploadsOfTheSameBytesByTwoOwnersAreApartAndOwnersMustBeNames) {
+  TempDir tmp;
+  auto store = OpenStore(tmp.path());
+  const std::string bytes = "twelve bytes";
+  const std::string hex = Sha256Hex(bytes);
+  ASSERT_TRUE(store->AppendUpload("a", hex, 0, bytes.substr(0, 5), bytes.size()).ok());
+  EXPECT_EQ(*store->UploadedSize("a", hex), 5);
+  EXPECT_EQ(*store->UploadedSize("b", hex), 0);  // b sees nothing of a's progress
+  ASSERT_TRUE(store->AppendUpload("b", hex, 0, bytes, bytes.size()).ok());
+  ASSERT_TRUE(store->CommitUpload("b", hex).ok());
+  EXPECT_EQ(*store->UploadedSize("a", hex), 5);  // nor does b's commit take a's partial
+  for (const std::string owner : {"", "..", ".", "../x", "a/b", std::string(65, 'a')}) {
+    EXPECT_TRUE(absl::IsInvalidArgument(store->UploadedSize(owner, hex).status())) << owner;
+    EXPECT_TRUE(absl::IsInvalidArgument(store->AppendUpload(owner, hex, 0, bytes, bytes.size()))) << owner;
+  }
+}
+
 TEST(BlobStoreTest, RejectsDigestsThatAreNotLowercaseHex) {
   TempDir dir;
   auto store = OpenStore(dir.path());
@@ -82,8 +99,8 @@ TEST(BlobStoreTest, RejectsDigestsThatAreNotLowercaseHex) {
         upper, std::string(62, 'a') + "/.", std::string(64, 'g')}) {
     EXPECT_FALSE(store->Has(bad)) << bad;
     for (const absl::Status& s : {store->SizeOf(bad).status(), store->Remove(bad),
-                                  store->UploadedSize(bad).status(), store->AppendUpload(bad, 0, "x", 1),
-                                  store->CommitUpload(bad).status(), store->DiscardUpload(bad)}) {
+                                  store->UploadedSize("t", bad).status(), store->AppendUpload("t", bad, 0, "x", 1),
+                                  store->CommitUpload("t", bad).status(), store->DiscardUpload("t", bad)}) {
       EXPECT_TRUE(absl::IsInvalidArgument(s)) << bad << ": " << s;
     }
   }
@@ -98,35 +115,35 @@ TEST(BlobStoreTest, UploadInChunksThenCommit) {
   const std::string data = "the quick brown fox";
   const std::string hex = Sha256Hex(data);
   const int64_t n = static_cast<int64_t>(data.size());
-  EXPECT_EQ(*store->UploadedSize(hex), 0);
-  ASSERT_TRUE(store->AppendUpload(hex, 0, data.substr(0, 4), n).ok());
-  ASSERT_TRUE(store->AppendUpload(hex, 4, data.substr(4, 6), n).ok());
-  EXPECT_EQ(*store->UploadedSize(hex), 10);
+  EXPECT_EQ(*store->UploadedSize("t", hex), 0);
+  ASSERT_TRUE(store->AppendUpload("t", hex, 0, data.substr(0, 4), n).ok());
+  ASSERT_TRUE(store->AppendUpload("t", hex, 4, data.substr(4, 6), n).ok());
+  EXPECT_EQ(*store->UploadedSize("t", hex), 10);
 
-  absl::Status wrong = store->AppendUpload(hex, 4, "xx", n);
+  absl::Status wrong = store->AppendUpload("t", hex, 4, "xx", n);
   EXPECT_TRUE(absl::IsFailedPrecondition(wrong)) << wrong;
   EXPECT_NE(wrong.message().find("10"), absl::string_view::npos) << wrong;  // names the committed size
 
-  absl::Status overflow = store->AppendUpload(hex, 10, data.substr(10) + "!", n);
+  absl::Status overflow = store->AppendUpload("t", hex, 10, data.substr(10) + "!", n);
   EXPECT_TRUE(absl::IsInvalidArgument(overflow)) << overflow;
-  EXPECT_EQ(*store->UploadedSize(hex), 10);  // refused chunks leave nothing behind
+  EXPECT_EQ(*store->UploadedSize("t", hex), 10);  // refused chunks leave nothing behind
 
-  ASSERT_TRUE(store->AppendUpload(hex, 10, data.substr(10), n).ok());
-  absl::StatusOr<std::string> path = store->CommitUpload(hex);
+  ASSERT_TRUE(store->AppendUpload("t", hex, 10, data.substr(10), n).ok());
+  absl::StatusOr<std::string> path = store->CommitUpload("t", hex);
   ASSERT_TRUE(path.ok()) << path.status();
   EXPECT_EQ(*path, store->PathOf(hex));
   EXPECT_EQ(ReadBytes(*path), data);
-  EXPECT_EQ(*store->UploadedSize(hex), 0);
+  EXPECT_EQ(*store->UploadedSize("t", hex), 0);
   // Committing again (say, after a crash before the reply) still succeeds.
-  EXPECT_TRUE(store->CommitUpload(hex).ok());
+  EXPECT_TRUE(store->CommitUpload("t", hex).ok());
 }
 
 TEST(BlobStoreTest, EmptyUploadCommits) {
   TempDir dir;
   auto store = OpenStore(dir.path());
   const std::string hex = Sha256Hex("");
-  ASSERT_TRUE(store->AppendUpload(hex, 0, "", 0).ok());
-  ASSERT_TRUE(store->CommitUpload(hex).ok());
+  ASSERT_TRUE(store->AppendUpload("t", hex, 0, "", 0).ok());
+  ASSERT_TRUE(store->CommitUpload("t", hex).ok());
   EXPECT_EQ(*store->SizeOf(hex), 0);
 }
 
@@ -134,24 +151,24 @@ TEST(BlobStoreTest, CommitWithWrongDigestDiscardsThePartial) {
   TempDir dir;
   auto store = OpenStore(dir.path());
   const std::string claimed = Sha256Hex("what the client said");
-  ASSERT_TRUE(store->AppendUpload(claimed, 0, "what it sent", 100).ok());
-  absl::StatusOr<std::string> r = store->CommitUpload(claimed);
+  ASSERT_TRUE(store->AppendUpload("t", claimed, 0, "what it sent", 100).ok());
+  absl::StatusOr<std::string> r = store->CommitUpload("t", claimed);
   EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
   EXPECT_NE(r.status().message().find(Sha256Hex("what it sent")), absl::string_view::npos);
-  EXPECT_EQ(*store->UploadedSize(claimed), 0);
+  EXPECT_EQ(*store->UploadedSize("t", claimed), 0);
   EXPECT_FALSE(store->Has(claimed));
-  EXPECT_TRUE(absl::IsNotFound(store->CommitUpload(claimed).status()));
+  EXPECT_TRUE(absl::IsNotFound(store->CommitUpload("t", claimed).status()));
 }
 
 TEST(BlobStoreTest, DiscardUpload) {
   TempDir dir;
   auto store = OpenStore(dir.path());
   const std::string hex = Sha256Hex("abc");
-  ASSERT_TRUE(store->AppendUpload(hex, 0, "ab", 3).ok());
-  ASSERT_TRUE(store->DiscardUpload(hex).ok());
-  EXPECT_EQ(*store->UploadedSize(hex), 0);
-  EXPECT_TRUE(store->DiscardUpload(hex).ok());
-  ASSERT_TRUE(store->AppendUpload(hex, 0, "abc", 3).ok());  // starts over from 0
+  ASSERT_TRUE(store->AppendUpload("t", hex, 0, "ab", 3).ok());
+  ASSERT_TRUE(store->DiscardUpload("t", hex).ok());
+  EXPECT_EQ(*store->UploadedSize("t", hex), 0);
+  EXPECT_TRUE(store->DiscardUpload("t", hex).ok());
+  ASSERT_TRUE(store->AppendUpload("t", hex, 0, "abc", 3).ok());  // starts over from 0
 }
 
 TEST(BlobStoreTest, RacingAppendsAtTheSameOffsetCommitOnce) {
@@ -163,13 +180,13 @@ TEST(BlobStoreTest, RacingAppendsAtTheSameOffsetCommitOnce) {
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&] {
-      if (store->AppendUpload(hex, 0, chunk, static_cast<int64_t>(chunk.size())).ok()) ++ok;
+      if (store->AppendUpload("t", hex, 0, chunk, static_cast<int64_t>(chunk.size())).ok()) ++ok;
     });
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(ok.load(), 1);
-  EXPECT_EQ(*store->UploadedSize(hex), static_cast<int64_t>(chunk.size()));
-  EXPECT_TRUE(store->CommitUpload(hex).ok());
+  EXPECT_EQ(*store->UploadedSize("t", hex), static_cast<int64_t>(chunk.size()));
+  EXPECT_TRUE(store->CommitUpload("t", hex).ok());
 }
 
 TEST(BlobStoreTest, UploadResumesAfterReopen) {
@@ -178,12 +195,12 @@ TEST(BlobStoreTest, UploadResumesAfterReopen) {
   const std::string hex = Sha256Hex(data);
   {
     auto store = OpenStore(dir.path());
-    ASSERT_TRUE(store->AppendUpload(hex, 0, data.substr(0, 6), 10).ok());
+    ASSERT_TRUE(store->AppendUpload("t", hex, 0, data.substr(0, 6), 10).ok());
   }
   auto store = OpenStore(dir.path());
-  EXPECT_EQ(*store->UploadedSize(hex), 6);
-  ASSERT_TRUE(store->AppendUpload(hex, 6, data.substr(6), 10).ok());
-  EXPECT_EQ(ReadBytes(*store->CommitUpload(hex)), data);
+  EXPECT_EQ(*store->UploadedSize("t", hex), 6);
+  ASSERT_TRUE(store->AppendUpload("t", hex, 6, data.substr(6), 10).ok());
+  EXPECT_EQ(ReadBytes(*store->CommitUpload("t", hex)), data);
 }
 
 TEST(BlobStoreTest, UploadSurvivesAProcessThatDiesWithoutCleanup) {
@@ -194,14 +211,14 @@ TEST(BlobStoreTest, UploadSurvivesAProcessThatDiesWithoutCleanup) {
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     auto store = BlobStore::Open(dir.path());
-    const bool ok = store.ok() && (*store)->AppendUpload(hex, 0, data.substr(0, 7), 13).ok();
+    const bool ok = store.ok() && (*store)->AppendUpload("t", hex, 0, data.substr(0, 7), 13).ok();
     ::_exit(ok ? 0 : 1);  // no destructors, no flushes
   }
   int status = 0;
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   auto store = OpenStore(dir.path());
-  EXPECT_EQ(*store->UploadedSize(hex), 7);
+  EXPECT_EQ(*store->UploadedSize("t", hex), 7);
 }
 
 TEST(BlobStoreTest, AdoptFileMovesOrDropsDuplicates) {

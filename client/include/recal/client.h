@@ -48,11 +48,22 @@ struct RetryOptions {
 };
 
 struct ClientOptions {
-  // TLS: the PEM root certificates, given inline or as a file. Both empty and `tls` false:
-  // a plaintext channel. `tls` alone: TLS with the system's roots.
+  // TLS: the PEM root certificates, given inline or as a file (the file wins). Both empty
+  // and `tls` false: a plaintext channel (unless one of the options below asks for TLS).
+  // `tls` alone: TLS with the system's roots.
   std::string tls_root_certs;
   std::string tls_root_certs_file;
   bool tls = false;
+  // Mutual TLS: the client's PEM certificate (chain) and its private key, each inline or as
+  // a file (one of the two, not both); the certificate and the key come together or not
+  // at all. They imply TLS.
+  std::string tls_client_cert;
+  std::string tls_client_cert_file;
+  std::string tls_client_key;
+  std::string tls_client_key_file;
+  // The name checked against the server's certificate instead of the target's host (for a
+  // server reached by IP address or through a tunnel). Implies TLS.
+  std::string tls_server_name;
   // Sent as "authorization: Bearer <token>" with every call when not empty.
   std::string bearer_token;
   // Each attempt of a unary call. Streams (upload, download, watch, push) have none.
@@ -129,7 +140,9 @@ std::optional<v1::Job> JobOfError(const absl::Status& status);
 class Client {
  public:
   // Makes the channel; the server is contacted by the first call. INVALID_ARGUMENT for an
-  // empty target, NOT_FOUND / errno codes for an unreadable certificate file.
+  // empty target, a client certificate without its key (or a key without its
+  // certificate), or a certificate or key (inline or in a file) without PEM data;
+  // NOT_FOUND / errno codes for an unreadable certificate or key file, naming the file.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& target,
                                                          const ClientOptions& options = {});
   ~Client();

@@ -1,6 +1,7 @@
 """recal.Client: the recal.v1.Recal service from Python, with the retries and resumes a
 user would otherwise write by hand (see the package docstring for an example)."""
 
+import collections
 import hashlib
 import os
 import time
@@ -79,6 +80,64 @@ def _file_digest(path):
     return size, digest.hexdigest()
 
 
+def _read_pem(path, what):
+    with open(path, "rb") as f:
+        pem = f.read()
+    # gRPC would only fail the handshake, as UNAVAILABLE at every call, with no word of why.
+    if b"-----BEGIN " not in pem:
+        raise ValueError("%s %r holds no PEM data" % (what, path))
+    return pem
+
+
+def _make_channel(target, tls, tls_ca, tls_cert, tls_key, tls_server_name):
+    """A plaintext channel, or a TLS one when anything TLS-specific is given (a plaintext
+    channel would silently drop it)."""
+    if bool(tls_cert) != bool(tls_key):
+        raise ValueError("tls_cert needs tls_key" if tls_cert else "tls_key needs tls_cert")
+    if not (tls or tls_ca or tls_cert or tls_server_name):
+        return grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=_read_pem(tls_ca, "TLS root certificates") if tls_ca else None,
+        private_key=_read_pem(tls_key, "TLS client key") if tls_key else None,
+        certificate_chain=_read_pem(tls_cert, "TLS client certificate") if tls_cert else None)
+    options = _CHANNEL_OPTIONS
+    if tls_server_name:
+        options += (("grpc.ssl_target_name_override", tls_server_name),)
+    return grpc.secure_channel(target, credentials, options=options)
+
+
+class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                   grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds "authorization: Bearer TOKEN" to every call of the channel, so that calls made
+    through Client.stub directly carry it too."""
+
+    def __init__(self, token):
+        self._header = ("authorization", "Bearer " + token)
+
+    def _with_token(self, details):
+        return _CallDetails(details.method, details.timeout, tuple(details.metadata or ()) + (self._header,),
+                            details.credentials, getattr(details, "wait_for_ready", None),
+                            getattr(details, "compression", None))
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._with_token(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._with_token(details), request)
+
+    def intercept_stream_unary(self, continuation, details, request_iterator):
+        return continuation(self._with_token(details), request_iterator)
+
+    def intercept_stream_stream(self, continuation, details, request_iterator):
+        return continuation(self._with_token(details), request_iterator)
+
+
+class _CallDetails(collections.namedtuple(
+        "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")),
+        grpc.ClientCallDetails):
+    pass
+
+
 def _fsync_dir(path):
     fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
     try:
@@ -96,17 +155,29 @@ class Client:
     server is UNAVAILABLE; reconnect_seconds: how long watch / download / upload keep
     reconnecting after the connection broke (from the last answer). A Client may be used
     from several threads; close() it (or use `with`) when done.
+
+    TLS: tls=True for TLS with gRPC's default roots; tls_ca: a PEM file of the roots the
+    server's certificate must chain to; tls_cert and tls_key: PEM files of the client's
+    certificate and its key, for servers that ask for one (mutual TLS; both or neither);
+    tls_server_name: the name the server's certificate must carry when it is not the host
+    of `target` (e.g. a server reached by IP address). Each of these implies TLS. A file
+    that cannot be read raises OSError, one without PEM data ValueError.
     """
 
     def __init__(self, target, token=None, timeout=None, *, retry_seconds=30.0,
-                 reconnect_seconds=60.0, channel=None):
+                 reconnect_seconds=60.0, channel=None, tls=False, tls_ca=None, tls_cert=None,
+                 tls_key=None, tls_server_name=None):
+        if channel is not None and (tls or tls_ca or tls_cert or tls_key or tls_server_name):
+            raise ValueError("give a channel or TLS settings, not both")
         self.target = target
         self.timeout = timeout
         self.retry_seconds = retry_seconds
         self.reconnect_seconds = reconnect_seconds
-        self._metadata = (("authorization", "Bearer " + token),) if token else None
-        self._channel = channel or grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
-        self.stub = recal_pb2_grpc.RecalStub(self._channel)
+        self._metadata = None  # the token travels with the channel (_BearerToken)
+        self._channel = channel or _make_channel(target, tls, tls_ca, tls_cert, tls_key,
+                                                 tls_server_name)
+        calls = grpc.intercept_channel(self._channel, _BearerToken(token)) if token else self._channel
+        self.stub = recal_pb2_grpc.RecalStub(calls)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
     def close(self):

@@ -1,0 +1,517 @@
+// Identities, roles, tenants, quotas and TLS of the real recal-server, tried the way an
+// attacker would: every RPC without a credential, with an unknown token, with each role, and
+// from another tenant; another tenant's ids, bytes and data roots; the auth file reloaded
+// under a live watch; quotas; fairness between tenants; mTLS with good, foreign and expired
+// certificates; and the refusal to serve the network without credentials.
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <gtest/gtest.h>
+
+#include "common/sha256.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "tests/server/calls.h"
+#include "tests/server/server_process.h"
+#include "tests/test_util.h"
+
+namespace recal::testing {
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+const std::string kFixtures = RECAL_FIXTURES_DIR;
+const std::string kSmallModel = kFixtures + "/models/bn1d_2d.traced_train.pt";
+const std::string kOtherModel = kFixtures + "/models/bn1d_3d.traced_train.pt";
+const std::string kResnet = kFixtures + "/models/resnet18.traced_eval.pt";
+
+grpc::StatusCode CodeOf(const grpc::Status& status) { return status.error_code(); }
+
+// Who calls: a token per principal of the test's auth file; "none" sends nothing.
+struct Principals {
+  std::map<std::string, std::string> tokens;  // name -> token
+  std::string auth_file_text;
+
+  void Add(const std::string& name, const std::string& tenant, const std::string& role) {
+    tokens[name] = NewToken();
+    auth_file_text += AuthLine(tokens[name], tenant, role);
+  }
+};
+
+class AuthTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    principals_.Add("a_read", "team-a", "read");
+    principals_.Add("a_submit", "team-a", "submit");
+    principals_.Add("a_admin", "team-a", "admin");
+    principals_.Add("b_submit", "team-b", "submit");
+    principals_.tokens["unknown"] = NewToken();  // in no file
+    principals_.tokens["none"] = "";
+    fs::create_directories(tmp_.File("a-only"));
+    fs::copy_file(kFixtures + "/data/bn1d_2d.npy", tmp_.File("a-only/private.npy"));
+  }
+  void StartServer(const std::string& extra_auth_lines = "", std::vector<std::string> flags = {}) {
+    auth_file_ = tmp_.File("auth.txt");
+    std::ofstream(auth_file_) << "# the test's principals\n" << principals_.auth_file_text << extra_auth_lines;
+    flags.push_back("--auth_file=" + auth_file_);
+    flags.push_back("--data_root=" + kFixtures);
+    flags.push_back("--data_root=team-a=" + tmp_.File("a-only"));
+    flags.push_back("--cpu_workers=2");
+    server_ = std::make_unique<ServerProcess>(tmp_.File("data"), flags, ServerProcess::Auth::kOpen);
+    ASSERT_TRUE(server_->ok()) << server_->log();
+  }
+  std::unique_ptr<v1::Recal::Stub> As(const std::string& who) { return server_->Stub(principals_.tokens.at(who)); }
+
+  std::string UploadAs(const std::string& who, const std::string& path, grpc::Status* status = nullptr) {
+    v1::Model model;
+    grpc::Status s = Upload(*As(who), ReadBytes(path), &model);
+    if (status) *status = s;
+    else EXPECT_TRUE(s.ok()) << who << ": " << s.error_message();
+    return model.id();
+  }
+  v1::Job SubmitAs(const std::string& who, const v1::SubmitJobRequest& request, grpc::Status* status = nullptr) {
+    grpc::ClientContext context;
+    v1::Job job;
+    grpc::Status s = As(who)->SubmitJob(&context, request, &job);
+    if (status) *status = s;
+    else EXPECT_TRUE(s.ok()) << who << ": " << s.error_message();
+    return job;
+  }
+
+  TempDir tmp_;
+  Principals principals_;
+  std::string auth_file_;
+  std::unique_ptr<ServerProcess> server_;
+};
+
+// Each call, as each principal; returns the status code.
+using Call = std::function<grpc::Status(v1::Recal::Stub&)>;
+
+TEST_F(AuthTest, EveryRpcGivesEachPrincipalTheRightCode) {
+  StartServer();
+  const std::string model_id = UploadAs("a_submit", kSmallModel);
+  const std::string digest = Sha256Hex(ReadBytes(kSmallModel));
+  const v1::Job done = SubmitAs("a_submit", NpyJob(model_id, "data/bn1d_2d.npy", 8));
+  ASSERT_EQ(WaitForState(*As("a_read"), done.id(), v1::SUCCEEDED).state(), v1::SUCCEEDED);
+  v1::SubmitJobRequest stream_request;
+  stream_request.mutable_spec()->set_model_id(model_id);
+  stream_request.mutable_spec()->set_batch_size(8);
+  stream_request.mutable_spec()->mutable_data()->mutable_client_stream();
+  const v1::Job stream = SubmitAs("a_submit", stream_request);
+
+  const std::string other_bytes = ReadBytes(kOtherModel);
+  const std::map<std::string, Call> calls = {
+      {"UploadModel", [&](v1::Recal::Stub& s) { v1::Model m; return Upload(s, other_bytes, &m); }},
+      {"GetUploadStatus",
+       [&](v1::Recal::Stub& s) {
+         grpc::ClientContext c;
+         v1::GetUploadStatusRequest r;
+         r.set_sha256(digest);
+         v1::UploadStatus st;
+         grpc::Status status = s.GetUploadStatus(&c, r, &st);
+         // Another tenant's bytes look like bytes nobody uploaded: OK, nothing committed.
+         if (status.ok() && st.model_id().empty()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "as unknown");
+         return status;
+       }},
+      {"GetModel",
+       [&](v1::Recal::Stub& s) {
+         grpc::ClientContext c;
+         v1::GetModelRequest r;
+         r.set_id(model_id);
+         v1::Model m;
+         return s.GetModel(&c, r, &m);
+       }},
+      {"ListModels",
+       [&](v1::Recal::Stub& s) {
+         grpc::ClientContext c;
+         v1::ListModelsResponse response;
+         grpc::Status status = s.ListModels(&c, v1::ListModelsRequest(), &response);
+         for (const v1::Model& model : response.models()) {
+           if (model.id() == model_id) return status;
+         }
+         return status.ok() ? grpc::Status(grpc::StatusCode::NOT_FOUND, "not listed") : status;
+       }},
+      {"SubmitJob",
+       [&](v1::Recal::Stub& s) {
+         grpc::ClientContext c;
+         v1::Job job;
+         return s.SubmitJob(&c, NpyJob(model_id, "data/bn1d_2d.npy", 8), &job);
+       }},
+      {"GetJob",
+       [&](v1::Recal::Stub& s) {
+         grpc::ClientContext c;
+         v1::GetJobRequest r;
+         r.set_id(done.id());
+         v1::Job job;
+         return s.GetJob(&c, r, &job);
+       }},
+      {"ListJobs",
+       [&](v1::Recal::Stub& s) {
+         grpc::ClientContext c;
+         v1::ListJobsResponse response;
+         grpc::Status status = s.ListJobs(&c, v1::ListJobsRequest(), &response);
+         for (const v1::Job& job : response.jobs()) {
+           if (job.id() == done.id()) return status;
+         }
+         return status.ok() ? grpc::Status(grpc::StatusCode::NOT_FOUND, "not listed") : status;
+       }},
+      {"CancelJob",
+       [&](v1::Recal::Stub& s) {
+         grpc::ClientContext c;
+         v1::CancelJobRequest r;
+         r.set_id(done.id());  // ended: a cancel that is allowed changes nothing
+         v1::Job job;
+         return s.CancelJob(&c, r, &job);
+       }},
+      {"WatchJob",
+       [&](v1::Recal::Stub& s) {
+         grpc::Status status;
+         Watch(s, done.id(), 0, 100000, &status);
+         return status;
+       }},
+      {"PushBatches",
+       [&](v1::Recal::Stub& s) {
+         grpc::ClientContext c;
+         v1::PushBatchesResponse response;
+         auto writer = s.PushBatches(&c, &response);
+         v1::PushBatchesRequest message;
+         message.set_job_id(stream.id());  // no inputs: names the job only
+         writer->Write(message);
+         writer->WritesDone();
+         return writer->Finish();
+       }},
+      {"DownloadResult",
+       [&](v1::Recal::Stub& s) {
+         grpc::Status status;
+         Download(s, done.id(), v1::BN_BUFFERS, &status);
+         return status;
+       }},
+  };
+  using C = grpc::StatusCode;
+  const C kUnauth = C::UNAUTHENTICATED, kDenied = C::PERMISSION_DENIED, kOk = C::OK, kNotFound = C::NOT_FOUND;
+  // Columns: none, unknown, a_read, a_submit, a_admin, b_submit (another tenant).
+  const std::map<std::string, std::vector<C>> expected = {
+      {"UploadModel", {kUnauth, kUnauth, kDenied, kOk, kOk, kOk}},
+      {"GetUploadStatus", {kUnauth, kUnauth, kOk, kOk, kOk, kNotFound}},
+      {"GetModel", {kUnauth, kUnauth, kOk, kOk, kOk, kNotFound}},
+      {"ListModels", {kUnauth, kUnauth, kOk, kOk, kOk, kNotFound}},
+      {"SubmitJob", {kUnauth, kUnauth, kDenied, kOk, kOk, kNotFound}},
+      {"GetJob", {kUnauth, kUnauth, kOk, kOk, kOk, kNotFound}},
+      {"ListJobs", {kUnauth, kUnauth, kOk, kOk, kOk, kNotFound}},
+      {"CancelJob", {kUnauth, kUnauth, kDenied, kOk, kOk, kNotFound}},
+      {"WatchJob", {kUnauth, kUnauth, kOk, kOk, kOk, kNotFound}},
+      {"PushBatches", {kUnauth, kUnauth, kDenied, kOk, kOk, kNotFound}},
+      {"DownloadResult", {kUnauth, kUnauth, kOk, kOk, kOk, kNotFound}},
+  };
+  const std::vector<std::string> who = {"none", "unknown", "a_read", "a_submit", "a_admin", "b_submit"};
+  for (const auto& [name, call] : calls) {
+    for (size_t i = 0; i < who.size(); ++i) {
+      const grpc::Status status = call(*As(who[i]));
+      EXPECT_EQ(CodeOf(status), expected.at(name)[i])
+          << name << " as " << who[i] << ": " << status.error_message();
+      // The refusal says nothing of what another tenant has.
+      if (who[i] == "b_submit" && CodeOf(status) == kNotFound && name != "GetUploadStatus" && name != "ListModels" &&
+          name != "ListJobs" && name != "UploadModel") {
+        EXPECT_THAT(status.error_message(), ::testing::AnyOf(HasSubstr("no job"), HasSubstr("no model")))
+            << name;
+        EXPECT_THAT(status.error_message(), ::testing::Not(HasSubstr("team-a")));
+      }
+    }
+  }
+
+  // Deleting is for admins only; an admin may list another tenant's jobs, others may not.
+  grpc::ClientContext c1, c2, c3, c4;
+  v1::DeleteModelRequest del;
+  del.set_id("sha256:" + Sha256Hex(other_bytes));  // uploaded above by team-a, used by no job
+  v1::DeleteModelResponse deleted;
+  EXPECT_EQ(CodeOf(As("a_submit")->DeleteModel(&c1, del, &deleted)), kDenied);
+  v1::ListJobsRequest other_tenant;
+  other_tenant.set_tenant("team-a");
+  v1::ListJobsResponse listed;
+  EXPECT_EQ(CodeOf(As("b_submit")->ListJobs(&c2, other_tenant, &listed)), kDenied);
+  other_tenant.set_tenant("*");
+  ASSERT_TRUE(As("a_admin")->ListJobs(&c3, other_tenant, &listed).ok());
+  EXPECT_GE(listed.jobs_size(), 2);
+  grpc::ClientContext c5;
+  v1::CancelJobRequest cancel;
+  cancel.set_id(stream.id());
+  v1::Job cancelled;
+  ASSERT_TRUE(As("a_submit")->CancelJob(&c5, cancel, &cancelled).ok());
+  EXPECT_EQ(WaitForState(*As("a_read"), stream.id(), v1::CANCELLED, 30).state(), v1::CANCELLED);
+
+  // Health stays open; reflection is off.
+  grpc::health::v1::HealthCheckResponse health;
+  grpc::ClientContext hc;
+  ASSERT_TRUE(grpc::health::v1::Health::NewStub(server_->Channel(""))
+                  ->Check(&hc, grpc::health::v1::HealthCheckRequest(), &health)
+                  .ok());
+  EXPECT_EQ(health.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+
+  // Every refused call left an audit line naming who and what.
+  const std::string log = server_->log();
+  EXPECT_THAT(log, HasSubstr("audit"));
+  EXPECT_THAT(log, HasSubstr("method=SubmitJob"));
+  EXPECT_THAT(log, HasSubstr("refused"));
+  EXPECT_THAT(log, ::testing::Not(HasSubstr(principals_.tokens["a_submit"])));  // never the token itself
+  const grpc::Status removed = As("a_admin")->DeleteModel(&c4, del, &deleted);
+  EXPECT_EQ(CodeOf(removed), kOk) << removed.error_message();
+}
+
+TEST_F(AuthTest, AnotherTenantsBytesUploadsAndDataRootsStayItsOwn) {
+  StartServer();
+  const std::string bytes = ReadBytes(kResnet);
+  // team-a breaks off an upload halfway; team-b sees nothing of it and starts from 0.
+  v1::Model ignored;
+  Upload(*As("a_submit"), bytes, &ignored, 0, 2 << 20, "", /*break_off=*/true);
+  grpc::ClientContext c1;
+  v1::GetUploadStatusRequest status_request;
+  status_request.set_sha256(Sha256Hex(bytes));
+  v1::UploadStatus status;
+  ASSERT_TRUE(As("b_submit")->GetUploadStatus(&c1, status_request, &status).ok());
+  EXPECT_EQ(status.committed_size(), 0);
+  grpc::ClientContext c2;
+  ASSERT_TRUE(As("a_read")->GetUploadStatus(&c2, status_request, &status).ok());
+  EXPECT_GT(status.committed_size(), 0);
+
+  // The same bytes uploaded by both are one blob but two models: deleting team-a's leaves
+  // team-b's whole and usable.
+  const std::string a_model = UploadAs("a_submit", kSmallModel);
+  const std::string b_model = UploadAs("b_submit", kSmallModel);
+  EXPECT_EQ(a_model, b_model);
+  grpc::ClientContext c3;
+  v1::DeleteModelRequest del;
+  del.set_id(a_model);
+  v1::DeleteModelResponse deleted;
+  ASSERT_TRUE(As("a_admin")->DeleteModel(&c3, del, &deleted).ok());
+  const v1::Job b_job = SubmitAs("b_submit", NpyJob(b_model, "data/bn1d_2d.npy", 8));
+  EXPECT_EQ(WaitForState(*As("b_submit"), b_job.id(), v1::SUCCEEDED).state(), v1::SUCCEEDED);
+  grpc::Status refused;
+  SubmitAs("a_submit", NpyJob(a_model, "data/bn1d_2d.npy", 8), &refused);
+  EXPECT_EQ(CodeOf(refused), grpc::StatusCode::NOT_FOUND);
+
+  // team-a's own data root: team-a reads it, team-b cannot name it, not even by full path.
+  const std::string a_again = UploadAs("a_submit", kSmallModel);
+  const v1::Job a_private = SubmitAs("a_submit", NpyJob(a_again, tmp_.File("a-only/private.npy"), 8));
+  EXPECT_EQ(WaitForState(*As("a_read"), a_private.id(), v1::SUCCEEDED).state(), v1::SUCCEEDED);
+  SubmitAs("b_submit", NpyJob(b_model, tmp_.File("a-only/private.npy"), 8), &refused);
+  EXPECT_EQ(CodeOf(refused), grpc::StatusCode::PERMISSION_DENIED) << refused.error_message();
+  SubmitAs("b_submit", NpyJob(b_model, "private.npy", 8), &refused);
+  EXPECT_NE(CodeOf(refused), grpc::StatusCode::OK) << refused.error_message();
+
+  // A request_id team-a used finds nothing of team-a's for team-b.
+  v1::SubmitJobRequest keyed = NpyJob(a_again, "data/bn1d_2d.npy", 8);
+  keyed.set_request_id("same-key");
+  const v1::Job a_keyed = SubmitAs("a_submit", keyed);
+  keyed.mutable_spec()->set_model_id(b_model);
+  const v1::Job b_keyed = SubmitAs("b_submit", keyed);
+  EXPECT_NE(a_keyed.id(), b_keyed.id());
+  EXPECT_EQ(b_keyed.tenant(), "team-b");
+}
+
+TEST_F(AuthTest, QuotasRefuseWithResourceExhaustedNamingTheQuota) {
+  const int64_t small_size = static_cast<int64_t>(ReadBytes(kSmallModel).size());
+  StartServer("tenant team-b max_active_jobs=1 max_submissions_per_minute=3 max_stored_bytes=" +
+              std::to_string(small_size + 100) + "\n");
+  const std::string model = UploadAs("b_submit", kSmallModel);
+  grpc::Status over;
+  UploadAs("b_submit", kOtherModel, &over);
+  EXPECT_EQ(CodeOf(over), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(over.error_message(), HasSubstr("max_stored_bytes"));
+
+  v1::SubmitJobRequest stream;
+  stream.mutable_spec()->set_model_id(model);
+  stream.mutable_spec()->set_batch_size(8);
+  stream.mutable_spec()->mutable_data()->mutable_client_stream();
+  const v1::Job waiting = SubmitAs("b_submit", stream);  // stays active until cancelled
+  SubmitAs("b_submit", stream, &over);
+  EXPECT_EQ(CodeOf(over), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(over.error_message(), HasSubstr("max_active_jobs=1"));
+  // Another tenant is not held to team-b's quotas.
+  const std::string a_model = UploadAs("a_submit", kSmallModel);
+  SubmitAs("a_submit", NpyJob(a_model, "data/bn1d_2d.npy", 8));
+
+  grpc::ClientContext c;
+  v1::CancelJobRequest cancel;
+  cancel.set_id(waiting.id());
+  v1::Job cancelled;
+  ASSERT_TRUE(As("b_submit")->CancelJob(&c, cancel, &cancelled).ok());
+  WaitForState(*As("b_submit"), waiting.id(), v1::CANCELLED, 30);
+  // Refused submissions do not count: these are the second and third of the minute.
+  for (int i = 0; i < 2; ++i) {
+    const v1::Job next = SubmitAs("b_submit", NpyJob(model, "data/bn1d_2d.npy", 8));
+    WaitForState(*As("b_submit"), next.id(), v1::SUCCEEDED);
+  }
+  SubmitAs("b_submit", NpyJob(model, "data/bn1d_2d.npy", 8), &over);
+  EXPECT_EQ(CodeOf(over), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(over.error_message(), HasSubstr("max_submissions_per_minute=3"));
+}
+
+TEST_F(AuthTest, OneTenantsQueueDoesNotHoldBackAnother) {
+  StartServer("", {"--cpu_workers=1"});
+  const std::string a_model = UploadAs("a_submit", kResnet);
+  const std::string b_model = UploadAs("b_submit", kSmallModel);
+  std::vector<v1::Job> a_jobs;
+  for (int i = 0; i < 6; ++i) {
+    v1::SubmitJobRequest request = LongJob(a_model);
+    request.mutable_spec()->mutable_options()->set_max_batches(2);
+    request.mutable_spec()->mutable_options()->set_allow_short_data(true);
+    a_jobs.push_back(SubmitAs("a_submit", request));
+  }
+  const v1::Job b_job = SubmitAs("b_submit", NpyJob(b_model, "data/bn1d_2d.npy", 8));
+  const v1::Job b_done = WaitForState(*As("b_submit"), b_job.id(), v1::SUCCEEDED, 300);
+  // At most the job that was running and the one started before b's arrived ran first.
+  int a_started_before_b = 0;
+  for (const v1::Job& job : a_jobs) {
+    grpc::ClientContext c;
+    v1::GetJobRequest get;
+    get.set_id(job.id());
+    v1::Job now;
+    ASSERT_TRUE(As("a_read")->GetJob(&c, get, &now).ok());
+    if (now.has_start_time() && (now.start_time().seconds() < b_done.start_time().seconds() ||
+                                 (now.start_time().seconds() == b_done.start_time().seconds() &&
+                                  now.start_time().nanos() < b_done.start_time().nanos()))) {
+      ++a_started_before_b;
+    }
+  }
+  EXPECT_LE(a_started_before_b, 2) << "team-b's one job waited behind team-a's queue";
+  for (const v1::Job& job : a_jobs) WaitForState(*As("a_read"), job.id(), v1::SUCCEEDED, 300);
+}
+
+TEST_F(AuthTest, SighupReloadsTokensWithoutDroppingAWatchAndKeepsTheOldFileIfTheNewOneIsBroken) {
+  StartServer();
+  const std::string model = UploadAs("a_submit", kResnet);
+  v1::SubmitJobRequest request = LongJob(model);
+  request.mutable_spec()->mutable_options()->set_max_batches(40);
+  const v1::Job job = SubmitAs("a_submit", request);
+  std::vector<v1::JobEvent> watched;
+  grpc::Status watch_status;
+  std::thread watcher([&] { watched = Watch(*As("a_read"), job.id(), 0, 100000, &watch_status); });
+
+  // A broken file: the server says so and keeps the tokens it has.
+  std::ofstream(auth_file_) << "token-sha256:not-hex tenant=team-a role=read\n";
+  server_->Hangup();
+  for (int i = 0; i < 100 && server_->log().find("not reloaded") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_THAT(server_->log(), HasSubstr("line 1"));
+  grpc::ClientContext c1;
+  v1::GetJobRequest get;
+  get.set_id(job.id());
+  v1::Job seen;
+  EXPECT_TRUE(As("a_read")->GetJob(&c1, get, &seen).ok());
+
+  // Rotate: a_read's token goes, a new one comes.
+  const std::string rotated = NewToken();
+  std::ofstream(auth_file_) << AuthLine(rotated, "team-a", "admin") << AuthLine(principals_.tokens["a_submit"], "team-a", "submit");
+  server_->Hangup();
+  for (int i = 0; i < 100 && server_->log().find("auth file reloaded") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  grpc::ClientContext c2, c3;
+  EXPECT_EQ(CodeOf(As("a_read")->GetJob(&c2, get, &seen)), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(server_->Stub(rotated)->GetJob(&c3, get, &seen).ok());
+
+  // The watch opened with the old token goes on to the job's end.
+  grpc::ClientContext c4;
+  v1::CancelJobRequest cancel;
+  cancel.set_id(job.id());
+  v1::Job cancelled;
+  ASSERT_TRUE(As("a_submit")->CancelJob(&c4, cancel, &cancelled).ok());
+  watcher.join();
+  EXPECT_TRUE(watch_status.ok()) << watch_status.error_message();
+  ASSERT_FALSE(watched.empty());
+  EXPECT_EQ(watched.back().state(), v1::CANCELLED);
+}
+
+TEST(AuthStartTest, ServingTheNetworkWithoutCredentialsNeedsToBeAskedFor) {
+  TempDir tmp;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, STDERR_FILENO);
+    execl(RECAL_SERVER_BIN, RECAL_SERVER_BIN, "--listen=0.0.0.0:0", "--metrics_listen=",
+          ("--data_dir=" + tmp.File("data")).c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_NE(WEXITSTATUS(status), 0);
+
+  ServerProcess refused(tmp.File("data2"), {"--listen=0.0.0.0:0"}, ServerProcess::Auth::kOpen);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_THAT(refused.log(), HasSubstr("--auth_file"));
+  EXPECT_THAT(refused.log(), HasSubstr("--allow_unauthenticated"));
+
+  ServerProcess open(tmp.File("data3"), {"--listen=0.0.0.0:0", "--allow_unauthenticated"},
+                     ServerProcess::Auth::kOpen);
+  ASSERT_TRUE(open.ok()) << open.log();
+  EXPECT_THAT(open.log(), HasSubstr("WITHOUT authentication"));
+}
+
+// mTLS: certificates made at test time by tests/certs/make_test_certs.sh.
+class TlsTest : public AuthTest {
+ protected:
+  void SetUp() override {
+    AuthTest::SetUp();
+    certs_ = tmp_.File("certs");
+    ASSERT_EQ(std::system(("bash " RECAL_SOURCE_DIR "/tests/certs/make_test_certs.sh " + certs_).c_str()), 0);
+    StartServer("cert:trainer-a.example tenant=team-a role=submit\n",
+                {"--tls_cert=" + certs_ + "/server.pem", "--tls_key=" + certs_ + "/server.key",
+                 "--tls_client_ca=" + certs_ + "/ca.pem"});
+  }
+  std::shared_ptr<grpc::ChannelCredentials> Credentials(const std::string& client) {
+    grpc::SslCredentialsOptions options;
+    options.pem_root_certs = ReadBytes(certs_ + "/ca.pem");
+    if (!client.empty()) {
+      options.pem_cert_chain = ReadBytes(certs_ + "/" + client + ".pem");
+      options.pem_private_key = ReadBytes(certs_ + "/" + client + ".key");
+    }
+    return grpc::SslCredentials(options);
+  }
+  grpc::Status ListJobsOver(const std::string& client, const std::string& token = "") {
+    grpc::ChannelArguments args;
+    args.SetSslTargetNameOverride("localhost");
+    auto stub = v1::Recal::NewStub(ChannelWithToken(server_->target(), token, Credentials(client), args));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::ListJobsResponse response;
+    return stub->ListJobs(&context, v1::ListJobsRequest(), &response);
+  }
+
+  std::string certs_;
+};
+
+TEST_F(TlsTest, TheClientCertificateIsTheIdentityAndOnlyTheCaItTrustsGetsIn) {
+  EXPECT_TRUE(ListJobsOver("client").ok()) << ListJobsOver("client").error_message();
+  // A token still decides when one is sent over the mutual-TLS connection.
+  EXPECT_EQ(CodeOf(ListJobsOver("client", NewToken())), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(ListJobsOver("client", principals_.tokens["b_submit"]).ok());
+  // No certificate, one from another CA, an expired one: no connection at all.
+  EXPECT_EQ(CodeOf(ListJobsOver("")), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(CodeOf(ListJobsOver("stranger")), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(CodeOf(ListJobsOver("expired")), grpc::StatusCode::UNAVAILABLE);
+  // Plaintext to a TLS port gets nowhere either.
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::ListJobsResponse response;
+  EXPECT_FALSE(server_->Stub(principals_.tokens["a_read"])->ListJobs(&context, v1::ListJobsRequest(), &response).ok());
+
+  // recalctl speaks it too.
+  const std::string command = std::string(RECALCTL_BIN) + " list --server=" + server_->target() +
+                              " --tls_ca=" + certs_ + "/ca.pem --tls_cert=" + certs_ + "/client.pem --tls_key=" +
+                              certs_ + "/client.key --tls_server_name=localhost > /dev/null";
+  EXPECT_EQ(std::system(command.c_str()), 0);
+  EXPECT_THAT(server_->log(), HasSubstr("tls=mutual"));
+}
+
+}  // namespace
+}  // namespace recal::testing

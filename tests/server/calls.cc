@@ -1,0 +1,96 @@
+#include "tests/server/calls.h"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "common/sha256.h"
+#include "tests/server/server_process.h"
+
+namespace recal::testing {
+
+// Sends header + chunks [from, to) of `bytes`, then ends the stream, or with `break_off`
+// drops the connection instead (a broken upload).
+grpc::Status Upload(v1::Recal::Stub& stub, const std::string& bytes, v1::Model* model, int64_t from, int64_t to,
+                    std::string digest, bool break_off, int64_t chunk) {
+  if (to < 0) to = bytes.size();
+  grpc::ClientContext context;
+  auto writer = stub.UploadModel(&context, model);
+  v1::UploadModelRequest header;
+  header.mutable_header()->set_name("resnet18");
+  header.mutable_header()->set_size(bytes.size());
+  header.mutable_header()->set_sha256(digest.empty() ? Sha256Hex(bytes) : digest);
+  writer->Write(header);
+  for (int64_t offset = from; offset < to; offset += chunk) {
+    v1::UploadModelRequest part;
+    part.mutable_chunk()->set_offset(offset);
+    part.mutable_chunk()->set_data(bytes.substr(offset, std::min<int64_t>(chunk, to - offset)));
+    if (!writer->Write(part)) break;
+  }
+  if (break_off) {
+    // Let the server take what was sent before the connection drops.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    context.TryCancel();
+  } else {
+    writer->WritesDone();
+  }
+  return writer->Finish();
+}
+
+v1::SubmitJobRequest NpyJob(const std::string& model_id, const std::string& path, int batch_size) {
+  v1::SubmitJobRequest request;
+  request.mutable_spec()->set_model_id(model_id);
+  request.mutable_spec()->set_batch_size(batch_size);
+  request.mutable_spec()->mutable_data()->mutable_tensor_file()->set_format(v1::TensorFileSource::NPY);
+  request.mutable_spec()->mutable_data()->mutable_tensor_file()->set_path(path);
+  return request;
+}
+
+// A job that runs for a while: 200 synthetic batches of 32x3x96x96.
+v1::SubmitJobRequest LongJob(const std::string& model_id) {
+  v1::SubmitJobRequest request;
+  request.mutable_spec()->set_model_id(model_id);
+  request.mutable_spec()->set_batch_size(32);
+  auto* synthetic = request.mutable_spec()->mutable_data()->mutable_synthetic();
+  for (int64_t d : {3, 96, 96}) synthetic->add_sample_shape(d);
+  return request;
+}
+
+// Every event of a watch from after_seq until the stream ends (at most `limit`).
+std::vector<v1::JobEvent> Watch(v1::Recal::Stub& stub, const std::string& id, int64_t after_seq, size_t limit,
+                                grpc::Status* status) {
+  grpc::ClientContext context;
+  v1::WatchJobRequest request;
+  request.set_id(id);
+  request.set_after_seq(after_seq);
+  auto reader = stub.WatchJob(&context, request);
+  std::vector<v1::JobEvent> events;
+  v1::JobEvent event;
+  while (events.size() < limit && reader->Read(&event)) events.push_back(event);
+  if (events.size() >= limit) context.TryCancel();
+  grpc::Status finished = reader->Finish();
+  if (status) *status = finished;
+  return events;
+}
+
+v1::Job WaitForState(v1::Recal::Stub& stub, const std::string& id, v1::JobState state, double seconds) {
+  return PollJob(stub, id, [state](const v1::Job& job) { return job.state() == state; }, seconds);
+}
+
+std::string Download(v1::Recal::Stub& stub, const std::string& id, v1::Artifact artifact, grpc::Status* status,
+                     int64_t offset) {
+  grpc::ClientContext context;
+  v1::DownloadResultRequest request;
+  request.set_job_id(id);
+  request.set_artifact(artifact);
+  request.set_offset(offset);
+  auto reader = stub.DownloadResult(&context, request);
+  std::string bytes;
+  v1::DownloadResultChunk chunk;
+  while (reader->Read(&chunk)) bytes += chunk.data();
+  grpc::Status finished = reader->Finish();
+  if (status) *status = finished;
+  return bytes;
+}
+
+}  // namespace recal::testing

@@ -1,0 +1,33 @@
+// The RPCs end-to-end tests make, as a client makes them (raw stubs: the tests see every
+// status and message the server sends).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "recal/v1/recal.grpc.pb.h"
+
+namespace recal::testing {
+
+// Sends header + chunks [from, to) of `bytes`, then ends the stream, or with `break_off`
+// drops the connection instead (a broken upload).
+grpc::Status Upload(v1::Recal::Stub& stub, const std::string& bytes, v1::Model* model, int64_t from = 0,
+                    int64_t to = -1, std::string digest = "", bool break_off = false, int64_t chunk = 1 << 20);
+
+v1::SubmitJobRequest NpyJob(const std::string& model_id, const std::string& path, int batch_size);
+
+// A job that runs for a while: 200 synthetic batches of 32x3x96x96.
+v1::SubmitJobRequest LongJob(const std::string& model_id);
+
+// Every event of a watch from after_seq until the stream ends (at most `limit`).
+std::vector<v1::JobEvent> Watch(v1::Recal::Stub& stub, const std::string& id, int64_t after_seq = 0,
+                                size_t limit = 100000, grpc::Status* status = nullptr);
+
+v1::Job WaitForState(v1::Recal::Stub& stub, const std::string& id, v1::JobState state, double seconds = 120);
+
+std::string Download(v1::Recal::Stub& stub, const std::string& id, v1::Artifact artifact,
+                     grpc::Status* status = nullptr, int64_t offset = 0);
+
+}  // namespace recal::testing
