@@ -82,7 +82,7 @@ TEST(BlobStoreTest, UploadsOfTheSameBytesByTwoOwnersAreApartAndOwnersMustBeNames
   ASSERT_TRUE(store->AppendUpload("b", hex, 0, bytes, bytes.size()).ok());
   ASSERT_TRUE(store->CommitUpload("b", hex).ok());
   EXPECT_EQ(*store->UploadedSize("a", hex), 5);  // nor does b's commit take a's partial
-  for (const std::string owner : {"", "..", ".", "../x", "a/b", std::string(65, 'a')}) {
+  for (const std::string& owner : std::vector<std::string>{"", "..", ".", "../x", "a/b", std::string(65, 'a')}) {
     EXPECT_TRUE(absl::IsInvalidArgument(store->UploadedSize(owner, hex).status())) << owner;
     EXPECT_TRUE(absl::IsInvalidArgument(store->AppendUpload(owner, hex, 0, bytes, bytes.size()))) << owner;
   }
