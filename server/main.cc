@@ -160,7 +160,7 @@ int main(int argc, char** argv) {
   if (error) return Fail(absl::InternalError(absl::StrCat("cannot create ", data_dir, ": ", error.message())));
   auto blobs = recal::store::BlobStore::Open(data_dir);
   if (!blobs.ok()) return Fail(blobs.status());
-  auto metadata = recal::store::MetadataStore::Open(data_dir + "/recal.db");
+  auto metadata = recal::store::OpenMetadataStore(data_dir + "/recal.db");
   if (!metadata.ok()) return Fail(metadata.status());
   auto devices = recal::engine::ResolveDevices(absl::GetFlag(FLAGS_devices), absl::GetFlag(FLAGS_cpu_workers));
   if (!devices.ok()) return Fail(devices.status());

@@ -1,6 +1,7 @@
-// Models, jobs, job events and result references in SQLite (WAL, synchronous=FULL). Messages
-// are stored as serialized protobufs next to the columns that are queried. Thread-safe: one
-// connection behind a mutex.
+// The durable metadata: models, jobs, job events and result references. Two backends behind
+// one interface and one conformance suite (tests/store/metadata_store_test.cc): SQLite (the
+// embedded default, one process) and PostgreSQL (the cluster mode). Messages are stored as
+// serialized protobufs next to the columns that are queried. Implementations are thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -43,59 +44,56 @@ struct ModelPage {
 
 class MetadataStore {
  public:
-  // Creates the file and schema if needed.
-  static absl::StatusOr<std::unique_ptr<MetadataStore>> Open(const std::string& path);
-  ~MetadataStore();
-
+  virtual ~MetadataStore() = default;
   // Models (keyed by tenant and id). PutModel inserts or keeps the existing one (same
   // tenant and bytes = one model).
-  absl::StatusOr<v1::Model> PutModel(const v1::Model& model);
-  absl::StatusOr<v1::Model> GetModel(const std::string& tenant, const std::string& id);  // NOT_FOUND
+  virtual absl::StatusOr<v1::Model> PutModel(const v1::Model& model) = 0;
+  virtual absl::StatusOr<v1::Model> GetModel(const std::string& tenant, const std::string& id) = 0;  // NOT_FOUND
   // `tenant` empty: every tenant's.
-  absl::StatusOr<ModelPage> ListModels(const std::string& tenant, int page_size, const std::string& page_token);
-  absl::Status DeleteModel(const std::string& tenant, const std::string& id);  // NOT_FOUND
+  virtual absl::StatusOr<ModelPage> ListModels(const std::string& tenant, int page_size, const std::string& page_token) = 0;
+  virtual absl::Status DeleteModel(const std::string& tenant, const std::string& id) = 0;  // NOT_FOUND
   // Whether some tenant still has the model (so that its bytes must stay).
-  absl::StatusOr<bool> ModelStoredByAnyTenant(const std::string& id);
+  virtual absl::StatusOr<bool> ModelStoredByAnyTenant(const std::string& id) = 0;
   // The tenant's jobs in `states` that use the model.
-  absl::StatusOr<int64_t> CountJobsUsingModel(const std::string& tenant, const std::string& model_id,
-                                              const std::vector<v1::JobState>& states);
-  absl::StatusOr<TenantUsage> Usage(const std::string& tenant);
+  virtual absl::StatusOr<int64_t> CountJobsUsingModel(const std::string& tenant, const std::string& model_id,
+                                              const std::vector<v1::JobState>& states) = 0;
+  virtual absl::StatusOr<TenantUsage> Usage(const std::string& tenant) = 0;
 
   // Jobs. CreateJob assigns nothing: job.id, tenant and request_id are the caller's. If a
   // job of the same tenant with the same non-empty request_id exists, returns it and
   // `*created` = false.
-  absl::StatusOr<v1::Job> CreateJob(const v1::Job& job, bool* created);
-  absl::StatusOr<v1::Job> GetJob(const std::string& id);  // NOT_FOUND
-  absl::StatusOr<v1::Job> FindJobByRequestId(const std::string& tenant, const std::string& request_id);  // NOT_FOUND
+  virtual absl::StatusOr<v1::Job> CreateJob(const v1::Job& job, bool* created) = 0;
+  virtual absl::StatusOr<v1::Job> GetJob(const std::string& id) = 0;  // NOT_FOUND
+  virtual absl::StatusOr<v1::Job> FindJobByRequestId(const std::string& tenant, const std::string& request_id) = 0;  // NOT_FOUND
   // Newest first. Page tokens are opaque strings. `tenant` empty: every tenant's.
-  absl::StatusOr<JobPage> ListJobs(const std::string& tenant, const std::vector<v1::JobState>& states,
-                                   int page_size, const std::string& page_token);
+  virtual absl::StatusOr<JobPage> ListJobs(const std::string& tenant, const std::vector<v1::JobState>& states,
+                                   int page_size, const std::string& page_token) = 0;
   // Oldest first; for recovery at start-up and for filling the queue.
-  absl::StatusOr<std::vector<v1::Job>> JobsInStates(const std::vector<v1::JobState>& states);
+  virtual absl::StatusOr<std::vector<v1::Job>> JobsInStates(const std::vector<v1::JobState>& states) = 0;
 
   // Replaces the stored job and appends `event` (its seq and time are assigned here:
   // seq = last seq of the job + 1) in one transaction. Returns the event as stored.
-  absl::StatusOr<v1::JobEvent> UpdateJob(const v1::Job& job, v1::JobEvent event);
+  virtual absl::StatusOr<v1::JobEvent> UpdateJob(const v1::Job& job, v1::JobEvent event) = 0;
   // Replaces the stored job, stores `results` and appends `events` (seq and time assigned
   // here), all in one transaction: a job never ends without its results.
-  absl::Status CommitJob(const v1::Job& job, std::vector<v1::JobEvent> events,
-                         const std::map<v1::Artifact, ResultRef>& results = {});
+  virtual absl::Status CommitJob(const v1::Job& job, std::vector<v1::JobEvent> events,
+                         const std::map<v1::Artifact, ResultRef>& results = {}) = 0;
   // Appends an event without changing the job (progress).
-  absl::StatusOr<v1::JobEvent> AppendEvent(const std::string& job_id, v1::JobEvent event);
+  virtual absl::StatusOr<v1::JobEvent> AppendEvent(const std::string& job_id, v1::JobEvent event) = 0;
   // Events with seq > after_seq, in order, at most `limit`.
-  absl::StatusOr<std::vector<v1::JobEvent>> EventsAfter(const std::string& job_id, int64_t after_seq,
-                                                        int limit);
+  virtual absl::StatusOr<std::vector<v1::JobEvent>> EventsAfter(const std::string& job_id, int64_t after_seq,
+                                                        int limit) = 0;
 
   // Results of a job, by artifact.
-  absl::Status PutResult(const std::string& job_id, v1::Artifact artifact, const ResultRef& ref);
-  absl::StatusOr<ResultRef> GetResult(const std::string& job_id, v1::Artifact artifact);  // NOT_FOUND
+  virtual absl::Status PutResult(const std::string& job_id, v1::Artifact artifact, const ResultRef& ref) = 0;
+  virtual absl::StatusOr<ResultRef> GetResult(const std::string& job_id, v1::Artifact artifact) = 0;  // NOT_FOUND
   // Whether any job's results reference the blob (so it must not be removed).
-  absl::StatusOr<bool> BlobReferenced(const std::string& sha256);
+  virtual absl::StatusOr<bool> BlobReferenced(const std::string& sha256) = 0;
 
- private:
-  struct Impl;
-  explicit MetadataStore(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
 };
+
+// "sqlite:PATH" (or a bare PATH) or "postgresql://USER@HOST:PORT/DB" (any libpq URI).
+// Creates the schema, or migrates an older one, before it returns.
+absl::StatusOr<std::unique_ptr<MetadataStore>> OpenMetadataStore(const std::string& spec);
 
 }  // namespace recal::store

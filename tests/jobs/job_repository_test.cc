@@ -17,7 +17,7 @@ using ::testing::HasSubstr;
 class JobRepositoryTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    metadata_ = *store::MetadataStore::Open(tmp_.File("recal.db"));
+    metadata_ = *store::OpenMetadataStore(tmp_.File("recal.db"));
     jobs_ = std::make_unique<JobRepository>(metadata_.get(), &events_);
   }
 

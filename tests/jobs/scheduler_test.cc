@@ -44,7 +44,7 @@ class Gate {
 class SchedulerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    metadata_ = *store::MetadataStore::Open(tmp_.File("recal.db"));
+    metadata_ = *store::OpenMetadataStore(tmp_.File("recal.db"));
     blobs_ = *store::BlobStore::Open(tmp_.File("blobs"));
     models_ = std::make_unique<ModelRegistry>(metadata_.get(), blobs_.get(), 1 << 20, &runner_);
     jobs_ = std::make_unique<JobRepository>(metadata_.get(), &events_);

@@ -21,7 +21,7 @@ namespace {
 using ::recal::testing::TempDir;
 
 std::unique_ptr<MetadataStore> OpenDb(const std::string& path) {
-  absl::StatusOr<std::unique_ptr<MetadataStore>> db = MetadataStore::Open(path);
+  absl::StatusOr<std::unique_ptr<MetadataStore>> db = OpenMetadataStore(path);
   EXPECT_TRUE(db.ok()) << db.status();
   return db.ok() ? std::move(*db) : nullptr;
 }
@@ -363,7 +363,7 @@ TEST(MetadataStoreTest, CommittedWritesSurviveAProcessKilledWithoutClosing) {
   const pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
-    auto db = MetadataStore::Open(path);
+    auto db = OpenMetadataStore(path);
     bool ok = db.ok();
     if (ok) {
       v1::Job job = MakeJob("j", v1::QUEUED);
@@ -418,7 +418,7 @@ TEST(MetadataStoreTest, ConcurrentEventsKeepSeqUniqueAndDense) {
 
 TEST(MetadataStoreTest, OpenFailsWithAnActionableMessage) {
   TempDir dir;
-  absl::StatusOr<std::unique_ptr<MetadataStore>> db = MetadataStore::Open(dir.File("no/such/dir/meta.db"));
+  absl::StatusOr<std::unique_ptr<MetadataStore>> db = OpenMetadataStore(dir.File("no/such/dir/meta.db"));
   ASSERT_FALSE(db.ok());
   EXPECT_NE(db.status().message().find("no/such/dir/meta.db"), absl::string_view::npos) << db.status();
 }

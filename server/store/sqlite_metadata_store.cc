@@ -1,17 +1,16 @@
-#include "server/store/metadata_store.h"
+#include "server/store/sqlite_metadata_store.h"
 
 #include <algorithm>
 #include <mutex>
 #include <optional>
 #include <utility>
 
-#include "absl/strings/escaping.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "google/protobuf/timestamp.pb.h"
+#include "server/store/metadata_rows.h"
 #include "server/store/sqlite_util.h"
 #include "common/status_macros.h"
 
@@ -21,6 +20,7 @@ namespace {
 using internal::Db;
 using internal::Query;
 using internal::Transaction;
+using namespace internal::rows;  // NOLINT: the rows helpers are this file's vocabulary
 
 // PRAGMA user_version of the schema below. Bump it (and add a migration step in
 // MigrateSchema) whenever a table changes.
@@ -73,38 +73,6 @@ CREATE TABLE results (
 CREATE INDEX results_by_blob ON results(sha256);
 )sql";
 
-constexpr int kDefaultPageSize = 100;
-constexpr int kMaxPageSize = 1000;
-
-int ClampPageSize(int page_size) {
-  if (page_size <= 0) return kDefaultPageSize;
-  return page_size > kMaxPageSize ? kMaxPageSize : page_size;
-}
-
-// Page tokens carry the create_seq of the last item returned and which list they belong to;
-// base64 keeps them opaque so clients do not start building their own.
-std::string EncodePageToken(absl::string_view kind, int64_t last_seq) {
-  return absl::WebSafeBase64Escape(absl::StrCat(kind, ":", last_seq));
-}
-
-// The create_seq to continue below; 0 for an empty token (start from the newest).
-absl::StatusOr<int64_t> DecodePageToken(absl::string_view kind, const std::string& token) {
-  if (token.empty()) return 0;
-  std::string raw;
-  int64_t seq = 0;
-  if (absl::WebSafeBase64Unescape(token, &raw)) {
-    absl::string_view rest(raw);
-    if (absl::ConsumePrefix(&rest, kind) && absl::ConsumePrefix(&rest, ":") && absl::SimpleAtoi(rest, &seq) &&
-        seq > 0) {
-      return seq;
-    }
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("page_token '", token.substr(0, 64), token.size() > 64 ? "...'" : "'",
-                   " is not one this server returned for listing ", kind,
-                   "; pass the next_page_token of the previous response, or empty to start over"));
-}
-
 // "(?3,?4,?5)": numbered placeholders for a state filter, bound by BindStates from
 // `first_index` on. Numbered, because a bare "?" takes the largest index used so far + 1
 // and would collide with numbered parameters elsewhere in the statement.
@@ -114,45 +82,13 @@ std::string Placeholders(int first_index, size_t n) {
   return absl::StrCat(s, ")");
 }
 
-// The distinct valid states of a filter, sorted; empty means "any state". nullopt when the
-// caller asked for states but none is a JobState (proto3 enums from the wire may hold any
-// int), i.e. nothing matches. Deduplicating also bounds the statement cache: at most one
-// statement per filter size.
-std::optional<std::vector<v1::JobState>> NormalizeStates(const std::vector<v1::JobState>& states) {
-  std::vector<v1::JobState> out;
-  for (const v1::JobState s : states) {
-    if (v1::JobState_IsValid(s)) out.push_back(s);
-  }
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
-  if (out.empty() && !states.empty()) return std::nullopt;
-  return out;
-}
-
 void BindStates(Query& q, int first_index, const std::vector<v1::JobState>& states) {
   for (size_t i = 0; i < states.size(); ++i) q.Bind(first_index + static_cast<int>(i), int64_t{states[i]});
 }
 
-void SetNow(google::protobuf::Timestamp* ts) {
-  const absl::Duration since_epoch = absl::Now() - absl::UnixEpoch();
-  const int64_t nanos = absl::ToInt64Nanoseconds(since_epoch);
-  ts->set_seconds(nanos / 1000000000);
-  ts->set_nanos(static_cast<int32_t>(nanos % 1000000000));
-}
-
-template <typename Message>
-absl::StatusOr<Message> Parse(const std::string& bytes, absl::string_view what, absl::string_view id) {
-  Message m;
-  if (!m.ParseFromString(bytes)) {
-    return absl::InternalError(
-        absl::StrCat("stored ", what, " '", id, "' does not parse; the database is corrupt"));
-  }
-  return m;
-}
-
 }  // namespace
 
-struct MetadataStore::Impl {
+struct SqliteMetadataStore::Impl {
   explicit Impl(Db db) : db(std::move(db)) {}
   std::mutex mu;  // guards db: one connection, one user at a time
   Db db;
@@ -171,7 +107,7 @@ struct MetadataStore::Impl {
   absl::Status InsertResult(const std::string& job_id, v1::Artifact artifact, const ResultRef& ref);
 };
 
-absl::Status MetadataStore::Impl::MigrateSchema() {
+absl::Status SqliteMetadataStore::Impl::MigrateSchema() {
   RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
   int64_t version = 0;
   {
@@ -196,7 +132,7 @@ absl::Status MetadataStore::Impl::MigrateSchema() {
   return txn.Commit();
 }
 
-absl::Status MetadataStore::Impl::MigrateV1ToV2() {
+absl::Status SqliteMetadataStore::Impl::MigrateV1ToV2() {
   RECAL_RETURN_IF_ERROR(db.Exec("DROP INDEX jobs_by_state; DROP INDEX jobs_by_model;"
                                 "ALTER TABLE models RENAME TO models_v1; ALTER TABLE jobs RENAME TO jobs_v1;"));
   RECAL_RETURN_IF_ERROR(db.Exec(kTablesV2));
@@ -224,14 +160,14 @@ absl::Status MetadataStore::Impl::MigrateV1ToV2() {
   return db.Exec(kIndexesV2);
 }
 
-absl::Status MetadataStore::Impl::InsertModel(const v1::Model& model) {
+absl::Status SqliteMetadataStore::Impl::InsertModel(const v1::Model& model) {
   RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("INSERT OR IGNORE INTO models(tenant, id, create_seq, size, proto) "
                                              "VALUES(?1, ?2, (SELECT COALESCE(MAX(create_seq), 0) + 1 FROM models), "
                                              "?3, ?4)"));
   return q.Bind(1, model.tenant()).Bind(2, model.id()).Bind(3, model.size()).BindBlob(4, model.SerializeAsString()).Run();
 }
 
-absl::Status MetadataStore::Impl::InsertJob(const v1::Job& job) {
+absl::Status SqliteMetadataStore::Impl::InsertJob(const v1::Job& job) {
   RECAL_ASSIGN_OR_RETURN(
       Query q, db.Prepare("INSERT INTO jobs(id, tenant, request_id, state, model_id, create_seq, proto) "
                           "VALUES(?1, ?2, ?3, ?4, ?5, (SELECT COALESCE(MAX(create_seq), 0) + 1 FROM jobs), ?6)"));
@@ -244,7 +180,7 @@ absl::Status MetadataStore::Impl::InsertJob(const v1::Job& job) {
   return q.Bind(4, int64_t{job.state()}).Bind(5, job.spec().model_id()).BindBlob(6, job.SerializeAsString()).Run();
 }
 
-absl::StatusOr<std::unique_ptr<MetadataStore>> MetadataStore::Open(const std::string& path) {
+absl::StatusOr<std::unique_ptr<SqliteMetadataStore>> SqliteMetadataStore::Open(const std::string& path) {
   RECAL_ASSIGN_OR_RETURN(Db db, Db::Open(path));
   // Other processes (sqlite3 CLI, backups) may hold the lock briefly; wait rather than fail.
   RECAL_RETURN_IF_ERROR(db.Exec("PRAGMA busy_timeout = 10000"));
@@ -263,15 +199,15 @@ absl::StatusOr<std::unique_ptr<MetadataStore>> MetadataStore::Open(const std::st
   RECAL_RETURN_IF_ERROR(db.Exec("PRAGMA foreign_keys = OFF"));
   auto impl = std::make_unique<Impl>(std::move(db));
   RECAL_RETURN_IF_ERROR(impl->MigrateSchema());
-  return std::unique_ptr<MetadataStore>(new MetadataStore(std::move(impl)));
+  return std::unique_ptr<SqliteMetadataStore>(new SqliteMetadataStore(std::move(impl)));
 }
 
-MetadataStore::MetadataStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-MetadataStore::~MetadataStore() = default;
+SqliteMetadataStore::SqliteMetadataStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+SqliteMetadataStore::~SqliteMetadataStore() = default;
 
 // ------------------------------------------------------------------------------ models
 
-absl::StatusOr<v1::Model> MetadataStore::PutModel(const v1::Model& model) {
+absl::StatusOr<v1::Model> SqliteMetadataStore::PutModel(const v1::Model& model) {
   if (model.id().empty()) return absl::InvalidArgumentError("cannot store a model without an id");
   if (model.tenant().empty()) return absl::InvalidArgumentError("cannot store a model without a tenant");
   std::lock_guard<std::mutex> lock(impl_->mu);
@@ -290,7 +226,7 @@ absl::StatusOr<v1::Model> MetadataStore::PutModel(const v1::Model& model) {
   return Parse<v1::Model>(bytes, "model", model.id());
 }
 
-absl::StatusOr<v1::Model> MetadataStore::GetModel(const std::string& tenant, const std::string& id) {
+absl::StatusOr<v1::Model> SqliteMetadataStore::GetModel(const std::string& tenant, const std::string& id) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("SELECT proto FROM models WHERE tenant = ?1 AND id = ?2"));
   RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, tenant).Bind(2, id).Step());
@@ -298,13 +234,13 @@ absl::StatusOr<v1::Model> MetadataStore::GetModel(const std::string& tenant, con
   return Parse<v1::Model>(q.Blob(0), "model", id);
 }
 
-absl::StatusOr<bool> MetadataStore::ModelStoredByAnyTenant(const std::string& id) {
+absl::StatusOr<bool> SqliteMetadataStore::ModelStoredByAnyTenant(const std::string& id) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("SELECT 1 FROM models WHERE id = ?1 LIMIT 1"));
   return q.Bind(1, id).Step();
 }
 
-absl::StatusOr<ModelPage> MetadataStore::ListModels(const std::string& tenant, int page_size,
+absl::StatusOr<ModelPage> SqliteMetadataStore::ListModels(const std::string& tenant, int page_size,
                                                     const std::string& page_token) {
   RECAL_ASSIGN_OR_RETURN(const int64_t below, DecodePageToken("models", page_token));
   const int limit = ClampPageSize(page_size);
@@ -330,7 +266,7 @@ absl::StatusOr<ModelPage> MetadataStore::ListModels(const std::string& tenant, i
   return page;
 }
 
-absl::Status MetadataStore::DeleteModel(const std::string& tenant, const std::string& id) {
+absl::Status SqliteMetadataStore::DeleteModel(const std::string& tenant, const std::string& id) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("DELETE FROM models WHERE tenant = ?1 AND id = ?2"));
   RECAL_RETURN_IF_ERROR(q.Bind(1, tenant).Bind(2, id).Run());
@@ -338,7 +274,7 @@ absl::Status MetadataStore::DeleteModel(const std::string& tenant, const std::st
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> MetadataStore::CountJobsUsingModel(const std::string& tenant, const std::string& model_id,
+absl::StatusOr<int64_t> SqliteMetadataStore::CountJobsUsingModel(const std::string& tenant, const std::string& model_id,
                                                            const std::vector<v1::JobState>& requested) {
   const std::optional<std::vector<v1::JobState>> states = NormalizeStates(requested);
   if (!states) return 0;
@@ -354,7 +290,7 @@ absl::StatusOr<int64_t> MetadataStore::CountJobsUsingModel(const std::string& te
 
 // -------------------------------------------------------------------------------- jobs
 
-absl::StatusOr<std::vector<v1::Job>> MetadataStore::Impl::QueryJobs(Query& q) {
+absl::StatusOr<std::vector<v1::Job>> SqliteMetadataStore::Impl::QueryJobs(Query& q) {
   std::vector<v1::Job> jobs;
   while (true) {
     RECAL_ASSIGN_OR_RETURN(const bool row, q.Step());
@@ -365,12 +301,12 @@ absl::StatusOr<std::vector<v1::Job>> MetadataStore::Impl::QueryJobs(Query& q) {
   return jobs;
 }
 
-absl::StatusOr<bool> MetadataStore::Impl::JobExists(const std::string& id) {
+absl::StatusOr<bool> SqliteMetadataStore::Impl::JobExists(const std::string& id) {
   RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT 1 FROM jobs WHERE id = ?1"));
   return q.Bind(1, id).Step();
 }
 
-absl::StatusOr<v1::Job> MetadataStore::CreateJob(const v1::Job& job, bool* created) {
+absl::StatusOr<v1::Job> SqliteMetadataStore::CreateJob(const v1::Job& job, bool* created) {
   if (job.id().empty()) return absl::InvalidArgumentError("cannot store a job without an id");
   if (job.tenant().empty()) return absl::InvalidArgumentError("cannot store a job without a tenant");
   std::lock_guard<std::mutex> lock(impl_->mu);
@@ -392,7 +328,7 @@ absl::StatusOr<v1::Job> MetadataStore::CreateJob(const v1::Job& job, bool* creat
   return job;
 }
 
-absl::StatusOr<v1::Job> MetadataStore::FindJobByRequestId(const std::string& tenant, const std::string& request_id) {
+absl::StatusOr<v1::Job> SqliteMetadataStore::FindJobByRequestId(const std::string& tenant, const std::string& request_id) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("SELECT id, proto FROM jobs WHERE tenant = ?1 AND request_id = ?2"));
   RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, tenant).Bind(2, request_id).Step());
@@ -400,7 +336,7 @@ absl::StatusOr<v1::Job> MetadataStore::FindJobByRequestId(const std::string& ten
   return Parse<v1::Job>(q.Blob(1), "job", q.Text(0));
 }
 
-absl::StatusOr<v1::Job> MetadataStore::GetJob(const std::string& id) {
+absl::StatusOr<v1::Job> SqliteMetadataStore::GetJob(const std::string& id) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("SELECT proto FROM jobs WHERE id = ?1"));
   RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, id).Step());
@@ -408,7 +344,7 @@ absl::StatusOr<v1::Job> MetadataStore::GetJob(const std::string& id) {
   return Parse<v1::Job>(q.Blob(0), "job", id);
 }
 
-absl::StatusOr<JobPage> MetadataStore::ListJobs(const std::string& tenant, const std::vector<v1::JobState>& requested,
+absl::StatusOr<JobPage> SqliteMetadataStore::ListJobs(const std::string& tenant, const std::vector<v1::JobState>& requested,
                                                 int page_size, const std::string& page_token) {
   RECAL_ASSIGN_OR_RETURN(const int64_t below, DecodePageToken("jobs", page_token));
   const std::optional<std::vector<v1::JobState>> states = NormalizeStates(requested);
@@ -437,7 +373,7 @@ absl::StatusOr<JobPage> MetadataStore::ListJobs(const std::string& tenant, const
   return page;
 }
 
-absl::StatusOr<std::vector<v1::Job>> MetadataStore::JobsInStates(const std::vector<v1::JobState>& requested) {
+absl::StatusOr<std::vector<v1::Job>> SqliteMetadataStore::JobsInStates(const std::vector<v1::JobState>& requested) {
   const std::optional<std::vector<v1::JobState>> states = NormalizeStates(requested);
   if (!states) return std::vector<v1::Job>();
   std::string sql = "SELECT id, proto FROM jobs";
@@ -451,7 +387,7 @@ absl::StatusOr<std::vector<v1::Job>> MetadataStore::JobsInStates(const std::vect
 
 // ------------------------------------------------------------------------------ events
 
-absl::StatusOr<v1::JobEvent> MetadataStore::Impl::InsertEvent(const std::string& job_id, v1::JobEvent event) {
+absl::StatusOr<v1::JobEvent> SqliteMetadataStore::Impl::InsertEvent(const std::string& job_id, v1::JobEvent event) {
   int64_t last = 0;
   {
     RECAL_ASSIGN_OR_RETURN(Query q,
@@ -468,7 +404,7 @@ absl::StatusOr<v1::JobEvent> MetadataStore::Impl::InsertEvent(const std::string&
   return event;
 }
 
-absl::Status MetadataStore::Impl::WriteJob(const v1::Job& job) {
+absl::Status SqliteMetadataStore::Impl::WriteJob(const v1::Job& job) {
   // request_id and create_seq are fixed at creation; the state column follows the proto.
   RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("UPDATE jobs SET state = ?2, model_id = ?3, proto = ?4 WHERE id = ?1"));
   RECAL_RETURN_IF_ERROR(q.Bind(1, job.id())
@@ -480,7 +416,7 @@ absl::Status MetadataStore::Impl::WriteJob(const v1::Job& job) {
   return absl::OkStatus();
 }
 
-absl::Status MetadataStore::Impl::InsertResult(const std::string& job_id, v1::Artifact artifact,
+absl::Status SqliteMetadataStore::Impl::InsertResult(const std::string& job_id, v1::Artifact artifact,
                                                const ResultRef& ref) {
   if (artifact == v1::ARTIFACT_UNSPECIFIED) {
     return absl::InvalidArgumentError(absl::StrCat("result of job '", job_id, "' needs an artifact kind"));
@@ -490,7 +426,7 @@ absl::Status MetadataStore::Impl::InsertResult(const std::string& job_id, v1::Ar
   return q.Bind(1, job_id).Bind(2, int64_t{artifact}).Bind(3, ref.sha256).Bind(4, ref.size).Run();
 }
 
-absl::StatusOr<v1::JobEvent> MetadataStore::UpdateJob(const v1::Job& job, v1::JobEvent event) {
+absl::StatusOr<v1::JobEvent> SqliteMetadataStore::UpdateJob(const v1::Job& job, v1::JobEvent event) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->db));
   RECAL_RETURN_IF_ERROR(impl_->WriteJob(job));
@@ -499,7 +435,7 @@ absl::StatusOr<v1::JobEvent> MetadataStore::UpdateJob(const v1::Job& job, v1::Jo
   return stored;
 }
 
-absl::Status MetadataStore::CommitJob(const v1::Job& job, std::vector<v1::JobEvent> events,
+absl::Status SqliteMetadataStore::CommitJob(const v1::Job& job, std::vector<v1::JobEvent> events,
                                       const std::map<v1::Artifact, ResultRef>& results) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->db));
@@ -509,7 +445,7 @@ absl::Status MetadataStore::CommitJob(const v1::Job& job, std::vector<v1::JobEve
   return txn.Commit();
 }
 
-absl::StatusOr<v1::JobEvent> MetadataStore::AppendEvent(const std::string& job_id, v1::JobEvent event) {
+absl::StatusOr<v1::JobEvent> SqliteMetadataStore::AppendEvent(const std::string& job_id, v1::JobEvent event) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->db));
   RECAL_ASSIGN_OR_RETURN(const bool exists, impl_->JobExists(job_id));
@@ -519,7 +455,7 @@ absl::StatusOr<v1::JobEvent> MetadataStore::AppendEvent(const std::string& job_i
   return stored;
 }
 
-absl::StatusOr<std::vector<v1::JobEvent>> MetadataStore::EventsAfter(const std::string& job_id,
+absl::StatusOr<std::vector<v1::JobEvent>> SqliteMetadataStore::EventsAfter(const std::string& job_id,
                                                                      int64_t after_seq, int limit) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   std::vector<v1::JobEvent> events;
@@ -546,7 +482,7 @@ absl::StatusOr<std::vector<v1::JobEvent>> MetadataStore::EventsAfter(const std::
 
 // ----------------------------------------------------------------------------- results
 
-absl::Status MetadataStore::PutResult(const std::string& job_id, v1::Artifact artifact,
+absl::Status SqliteMetadataStore::PutResult(const std::string& job_id, v1::Artifact artifact,
                                       const ResultRef& ref) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->db));
@@ -556,7 +492,7 @@ absl::Status MetadataStore::PutResult(const std::string& job_id, v1::Artifact ar
   return txn.Commit();
 }
 
-absl::StatusOr<ResultRef> MetadataStore::GetResult(const std::string& job_id, v1::Artifact artifact) {
+absl::StatusOr<ResultRef> SqliteMetadataStore::GetResult(const std::string& job_id, v1::Artifact artifact) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   RECAL_ASSIGN_OR_RETURN(
       Query q, impl_->db.Prepare("SELECT sha256, size FROM results WHERE job_id = ?1 AND artifact = ?2"));
@@ -571,13 +507,13 @@ absl::StatusOr<ResultRef> MetadataStore::GetResult(const std::string& job_id, v1
   return ref;
 }
 
-absl::StatusOr<bool> MetadataStore::BlobReferenced(const std::string& sha256) {
+absl::StatusOr<bool> SqliteMetadataStore::BlobReferenced(const std::string& sha256) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("SELECT 1 FROM results WHERE sha256 = ?1 LIMIT 1"));
   return q.Bind(1, sha256).Step();
 }
 
-absl::StatusOr<TenantUsage> MetadataStore::Usage(const std::string& tenant) {
+absl::StatusOr<TenantUsage> SqliteMetadataStore::Usage(const std::string& tenant) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   TenantUsage usage;
   {

@@ -1,0 +1,60 @@
+#include "server/store/metadata_rows.h"
+
+#include <algorithm>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace recal::store::internal::rows {
+namespace {
+constexpr int kDefaultPageSize = 100;
+constexpr int kMaxPageSize = 1000;
+}  // namespace
+
+int ClampPageSize(int page_size) {
+  if (page_size <= 0) return kDefaultPageSize;
+  return page_size > kMaxPageSize ? kMaxPageSize : page_size;
+}
+
+std::string EncodePageToken(absl::string_view kind, int64_t last_seq) {
+  return absl::WebSafeBase64Escape(absl::StrCat(kind, ":", last_seq));
+}
+
+absl::StatusOr<int64_t> DecodePageToken(absl::string_view kind, const std::string& token) {
+  if (token.empty()) return 0;
+  std::string raw;
+  int64_t seq = 0;
+  if (absl::WebSafeBase64Unescape(token, &raw)) {
+    absl::string_view rest(raw);
+    if (absl::ConsumePrefix(&rest, kind) && absl::ConsumePrefix(&rest, ":") && absl::SimpleAtoi(rest, &seq) &&
+        seq > 0) {
+      return seq;
+    }
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("page_token '", token.substr(0, 64), token.size() > 64 ? "...'" : "'",
+                   " is not one this server returned for listing ", kind,
+                   "; pass the next_page_token of the previous response, or empty to start over"));
+}
+
+std::optional<std::vector<v1::JobState>> NormalizeStates(const std::vector<v1::JobState>& states) {
+  std::vector<v1::JobState> out;
+  for (const v1::JobState s : states) {
+    if (v1::JobState_IsValid(s)) out.push_back(s);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  if (out.empty() && !states.empty()) return std::nullopt;
+  return out;
+}
+
+void SetNow(google::protobuf::Timestamp* ts) {
+  const int64_t nanos = absl::ToInt64Nanoseconds(absl::Now() - absl::UnixEpoch());
+  ts->set_seconds(nanos / 1000000000);
+  ts->set_nanos(static_cast<int32_t>(nanos % 1000000000));
+}
+
+}  // namespace recal::store::internal::rows

@@ -1,0 +1,43 @@
+// What every metadata backend shares: page tokens, page sizes, state filters, timestamps and
+// stored protos that must parse. Internal to server/store.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "google/protobuf/timestamp.pb.h"
+#include "recal/v1/recal.pb.h"
+
+namespace recal::store::internal::rows {
+
+int ClampPageSize(int page_size);
+
+// Page tokens carry the create_seq of the last item returned and which list they belong to;
+// base64 keeps them opaque so clients do not start building their own.
+std::string EncodePageToken(absl::string_view kind, int64_t last_seq);
+// The create_seq to continue below; 0 for an empty token (start from the newest).
+absl::StatusOr<int64_t> DecodePageToken(absl::string_view kind, const std::string& token);
+
+// The distinct valid states of a filter, sorted; empty means "any state". nullopt when the
+// caller asked for states but none is a JobState (proto3 enums from the wire may hold any
+// int), i.e. nothing matches. Deduplicating also bounds the statement cache: at most one
+// statement per filter size.
+std::optional<std::vector<v1::JobState>> NormalizeStates(const std::vector<v1::JobState>& states);
+
+void SetNow(google::protobuf::Timestamp* ts);
+
+template <typename Message>
+absl::StatusOr<Message> Parse(const std::string& bytes, absl::string_view what, absl::string_view id) {
+  Message m;
+  if (!m.ParseFromString(bytes)) {
+    return absl::InternalError(absl::StrCat("stored ", what, " '", id, "' does not parse; the database is corrupt"));
+  }
+  return m;
+}
+
+}  // namespace recal::store::internal::rows
