@@ -50,7 +50,11 @@ ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM roots: clients must present a certificate they signed (mTLS); its subject or SAN is looked up "
           "in --auth_file as cert:<name>");
 ABSL_FLAG(bool, reflection, false, "serve gRPC server reflection");
-ABSL_FLAG(std::string, data_dir, "./recal-data", "where models, results and the metadata DB live");
+ABSL_FLAG(std::string, data_dir, "./recal-data", "where models, results and the metadata DB live by default");
+ABSL_FLAG(std::string, store, "",
+          "the metadata store: sqlite:PATH (default: DATA_DIR/recal.db) or postgresql://USER@HOST:PORT/DB "
+          "(libpq URI; a password is better kept in PGPASSFILE than in the URI)");
+ABSL_FLAG(std::string, blobs, "", "where models and results live: file:DIR (default: DATA_DIR)");
 ABSL_FLAG(std::vector<std::string>, data_root, {},
           "directories jobs may read data from (comma-separated, and the flag may repeat): PATH for every "
           "tenant, TENANT=PATH for one; nothing else is readable");
@@ -158,9 +162,19 @@ int main(int argc, char** argv) {
   std::error_code error;
   std::filesystem::create_directories(data_dir, error);
   if (error) return Fail(absl::InternalError(absl::StrCat("cannot create ", data_dir, ": ", error.message())));
-  auto blobs = recal::store::BlobStore::Open(data_dir);
+  std::string blob_root = data_dir;
+  if (const std::string blobs_flag = absl::GetFlag(FLAGS_blobs); !blobs_flag.empty()) {
+    absl::string_view dir = blobs_flag;
+    if (!absl::ConsumePrefix(&dir, "file:") || dir.empty()) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("--blobs=", blobs_flag, " is not file:DIR")));
+    }
+    blob_root = std::string(dir);
+  }
+  auto blobs = recal::store::BlobStore::Open(blob_root);
   if (!blobs.ok()) return Fail(blobs.status());
-  auto metadata = recal::store::OpenMetadataStore(data_dir + "/recal.db");
+  const std::string store_spec =
+      absl::GetFlag(FLAGS_store).empty() ? "sqlite:" + data_dir + "/recal.db" : absl::GetFlag(FLAGS_store);
+  auto metadata = recal::store::OpenMetadataStore(store_spec);
   if (!metadata.ok()) return Fail(metadata.status());
   auto devices = recal::engine::ResolveDevices(absl::GetFlag(FLAGS_devices), absl::GetFlag(FLAGS_cpu_workers));
   if (!devices.ok()) return Fail(devices.status());
@@ -224,7 +238,7 @@ int main(int argc, char** argv) {
   // Declared after `jobs`: it stops serving (its gauges read the jobs) before they go.
   std::unique_ptr<prometheus::Exposer> exposer;
   if (metrics) {
-    const std::string blob_dir = data_dir + "/blobs";
+    const std::string blob_dir = blob_root + "/blobs";
     auto served = recal::metrics::Serve(
         metrics_listen, metrics.get(),
         {{"recal_jobs_queued", "Jobs waiting for a worker", [&jobs] { return double(jobs.queued()); }},
@@ -258,6 +272,7 @@ int main(int argc, char** argv) {
                     {"auth", auth->enabled() ? auth->path() : "none (loopback)"},
                     {"tls", tls.cert.empty() ? "off" : tls.client_ca.empty() ? "on" : "mutual"},
                     {"data_dir", data_dir},
+                    {"store", store_spec.substr(0, store_spec.find(':'))},  // never the URI: it may hold a password
                     {"workers", static_cast<int64_t>(devices->size())},
                     {"version", recal::metrics::Version()}});
 

@@ -2,6 +2,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "server/store/metadata_store.h"
+#include "server/store/postgres_metadata_store.h"
 #include "server/store/sqlite_metadata_store.h"
 
 namespace recal::store {
@@ -9,7 +10,9 @@ namespace recal::store {
 absl::StatusOr<std::unique_ptr<MetadataStore>> OpenMetadataStore(const std::string& spec) {
   absl::string_view rest = spec;
   if (absl::StartsWith(spec, "postgresql://") || absl::StartsWith(spec, "postgres://")) {
-    return absl::UnimplementedError("this build has no PostgreSQL store yet");
+    auto postgres = PostgresMetadataStore::Open(spec);
+    if (!postgres.ok()) return postgres.status();
+    return std::unique_ptr<MetadataStore>(*std::move(postgres));
   }
   absl::ConsumePrefix(&rest, "sqlite:");
   if (rest.empty()) return absl::InvalidArgumentError(absl::StrCat("store '", spec, "' names no file"));

@@ -11,6 +11,9 @@ restarts, verified resumable downloads. Failures raise recal.RecalError (.code i
 grpc.StatusCode, .message the server's message). The messages are in recal.recal_pb2 and
 recal.report_pb2; the JobState values are also here (recal.SUCCEEDED, ...).
 
+recal.torch (imported on first use; needs torch) recalibrates an nn.Module in place from a
+DataLoader: recal.torch.recalibrate(model, loader, server="host:port", token=...).
+
 The gRPC stubs (recal/_proto/) are generated when the project is built.
 """
 
@@ -26,6 +29,7 @@ except ModuleNotFoundError as _error:  # pragma: no cover
 from recal.client import TERMINAL_STATES, Client
 from recal.errors import RecalError
 from recal.specs import data_source, engine_options
+from recal.streams import PushStream, tensor_message
 
 JobState = recal_pb2.JobState
 QUEUED = recal_pb2.QUEUED
@@ -37,4 +41,14 @@ CANCELLED = recal_pb2.CANCELLED
 
 __all__ = ["Client", "RecalError", "JobState", "QUEUED", "RUNNING", "CANCELLING", "SUCCEEDED",
            "FAILED", "CANCELLED", "TERMINAL_STATES", "data_source", "engine_options", "recal_pb2",
-           "recal_pb2_grpc", "report_pb2"]
+           "recal_pb2_grpc", "report_pb2", "PushStream", "tensor_message"]
+
+
+def __getattr__(name):
+    # recal.torch (the SDK for training code) needs torch: imported on first use only, so
+    # that `import recal` works, and stays light, without torch.
+    if name == "torch":
+        import importlib
+
+        return importlib.import_module("recal.torch")
+    raise AttributeError("module 'recal' has no attribute %r" % name)

@@ -3,13 +3,14 @@ user would otherwise write by hand (see the package docstring for an example).""
 
 import collections
 import hashlib
+import itertools
 import os
 import time
 import uuid
 
 import grpc
 
-from recal import specs
+from recal import specs, streams
 from recal._proto.grpc.health.v1 import health_pb2, health_pb2_grpc
 from recal._proto.recal.v1 import recal_pb2, recal_pb2_grpc
 from recal.errors import RecalError
@@ -430,6 +431,89 @@ class Client:
                                  % (job_id, recal_pb2.Artifact.Name(kind), offset, digest.hexdigest(),
                                     total, expected))
             # A stale or foreign PATH.part: download the whole artifact again.
+
+    # -------------------------------------------------------------------- client streams
+
+    def open_push(self, job_id, on_wait=None):
+        """A PushStream feeding the client_stream job `job_id` from this thread: send(batch)
+        per batch (blocks while the server's queue is full), then close(). See
+        recal.streams.PushStream."""
+        return streams.PushStream(self.stub, _id(job_id), self._metadata, on_wait)
+
+    def push(self, job_id, batches):
+        """Pushes every batch of `batches` to a client_stream job and ends its data; returns
+        the number of batches the server received. A batch is one input or a list/tuple of
+        the forward's positional inputs, each a numpy array of float32, float16 or uint8 (or
+        a recal_pb2.Tensor), dim 0 the batch. Not resumable: a broken call raises
+        RecalError, and the job needs a new one (cancel it)."""
+        stream = self.open_push(job_id)
+        try:
+            for batch in batches:
+                stream.send(batch)
+            return stream.close()
+        except BaseException:
+            stream.abort()
+            raise
+
+    def recalibrate_stream(self, model_path, batches, out=None, batch_size=None, max_batches=None,
+                           bn_out=None, report=None, on_progress=None, scale=None, mean=None,
+                           std=None, **options):
+        """recalibrate() on batches pushed from here: uploads `model_path` (unless the server
+        has it; or give a Model), submits a client_stream job, pushes `batches` (as in
+        push(), at most `max_batches` of them, read in this thread only as fast as the job
+        takes them), waits and downloads as recalibrate() does (the report's `batches` says
+        how many the job used).
+
+        scale, mean, std: the server turns every input into float32 (x / scale - mean) / std
+        per channel (dim 1) before the forward (none given: converted only). batch_size is
+        what the report says (default: the first batch's size). on_progress(JobProgress)
+        is called in this thread. The job may end before the data does (max_batches
+        reached, target_rel_error met): pushing stops there. Returns the final Job; raises
+        RecalError if the job FAILED or was CANCELLED (or a push failed: then the job is
+        cancelled), ValueError for no batches. Any other exception while pushing (from the
+        caller's data) cancels the job and propagates."""
+        iterator = iter(batches)
+        if max_batches is not None:
+            iterator = itertools.islice(iterator, max_batches)
+        first = next(iterator, None)
+        if first is None:
+            raise ValueError("no batches to push")
+        inputs = streams.batch_inputs(first)
+        if batch_size is None:
+            batch_size = max(1, inputs[0].shape[0])
+        model = model_path if isinstance(model_path, recal_pb2.Model) else self.upload_model(model_path)
+        source = recal_pb2.ClientStreamSource(scale=scale or 0, mean=mean or [], std=std or [])
+        job = self.submit(model, source, batch_size=batch_size, max_batches=max_batches, **options)
+        relay = streams.EventRelay(self, job.id, on_progress)
+        stream = self.open_push(job, on_wait=relay.deliver)
+        pushed = 0
+        try:
+            try:
+                for batch in itertools.chain([inputs], iterator):
+                    pushed += 1
+                    stream.send(batch, last=pushed == max_batches)
+                    relay.deliver()
+                stream.close()
+            except RecalError as error:
+                # FAILED_PRECONDITION / CANCELLED: the job took what it needed (max_batches,
+                # target_rel_error) or ended otherwise; its final state says which.
+                if error.code not in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.CANCELLED):
+                    raise
+                stream.abort()
+        except BaseException:
+            stream.abort()
+            try:
+                self.cancel(job)
+            except RecalError:
+                pass
+            raise
+        job = relay.wait()
+        if job.state != recal_pb2.SUCCEEDED:
+            raise RecalError.from_job(job)
+        for target, artifact in ((out, "model"), (bn_out, "bn"), (report, "report")):
+            if target is not None:
+                self.download(job, target, artifact)
+        return job
 
     # ----------------------------------------------------------------------- all in one
 

@@ -1,0 +1,788 @@
+"""recal.torch: precise BatchNorm statistics for a PyTorch model, from training code.
+
+    import recal.torch
+
+    result = recal.torch.recalibrate(model, loader, server="recal:50051", token=TOKEN)
+    print(result.report.samples, "samples,", result.export)
+
+recalibrate() exports the model (torch.jit.script, or torch.jit.trace on the first batch
+when scripting fails), uploads it (nothing is sent when the server has these bytes), runs a
+client_stream job on recal-server fed with the loader's batches (pushed as the job takes
+them: back-pressure), downloads the new BatchNorm running statistics and copies them into
+`model` in place (its train/eval mode, device, parameters and other buffers unchanged).
+Drop-ins for the usual precise-BN call sites: PreciseBN (the detectron2 / fast-reid hook)
+and do_precise_bn (PaddleVideo's loop).
+
+Distributed training: sharded client-stream jobs do not exist on the server yet. Until they
+do, when torch.distributed is initialised (world size > 1) every rank calls recalibrate()
+with its own part of the data; the batches are gathered to rank 0 over gloo (one
+torch.distributed.gather_object per step, so rank 0 holds one batch per rank at a time),
+rank 0 pushes their union into one job, and the new statistics are broadcast so that every
+rank loads the same ones: the result equals one process recalibrating over the union.
+
+Only this module imports torch; `import recal` does not.
+"""
+
+import copy
+import dataclasses
+import inspect
+import itertools
+import json
+import keyword
+import linecache
+import logging
+import os
+import struct
+import tempfile
+import uuid
+import warnings
+from collections.abc import Mapping
+
+import grpc
+import torch
+from google.protobuf import json_format
+
+from recal.client import Client
+from recal.errors import RecalError
+from recal._proto.recal.v1 import recal_pb2, report_pb2
+
+__all__ = ["recalibrate", "Result", "ShortDataWarning", "PreciseBN", "do_precise_bn"]
+
+_log = logging.getLogger(__name__)
+_BatchNorm = torch.nn.modules.batchnorm._BatchNorm
+_ADAPTER_PREFIX = "model."  # the user's model inside the keyword adapter
+
+
+class ShortDataWarning(UserWarning):
+    """The data ended before num_batches batches."""
+
+
+@dataclasses.dataclass
+class Result:
+    """What recalibrate() did.
+
+    report: the job's RunReport (recal.report_pb2): per layer samples, calls, mean shift,
+        variance ratio, relative standard error, ...; report.batches / report.samples are
+        what the job used.
+    job: the final Job message. model_id: the uploaded model ("sha256:<hex>").
+    export: "script", "trace" (scripting failed: export_error says why) or "given" (the
+        model was a ScriptModule already).
+    batches: batches pushed (every rank's, when distributed); num_batches: asked for;
+        short_data: fewer than num_batches (a ShortDataWarning said so too).
+    buffers: the state_dict keys loaded into the model. ranks: processes whose batches went
+        into the job.
+    """
+
+    report: object
+    job: object
+    model_id: str
+    export: str
+    export_error: str
+    batches: int
+    num_batches: int
+    short_data: bool
+    buffers: tuple
+    ranks: int
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+def _unwrap(model):
+    """The module inside DistributedDataParallel / DataParallel."""
+    parallel = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
+    while isinstance(model, parallel):
+        model = model.module
+    return model
+
+
+def _bn_keys(model):
+    """state_dict keys of the running statistics of every BatchNorm module (eager models)."""
+    keys = set()
+    for name, module in model.named_modules():
+        if isinstance(module, _BatchNorm) and module.running_mean is not None:
+            prefix = name + "." if name else ""
+            keys.update((prefix + "running_mean", prefix + "running_var"))
+    return keys
+
+
+def _has_training_bn(model):
+    return any(isinstance(m, _BatchNorm) and m.training for m in _unwrap(model).modules())
+
+
+class _ExportBatchNorm(_BatchNorm):
+    """A SyncBatchNorm's twin for the exported copy (SyncBatchNorm needs a process group
+    and CUDA in train mode, and does not script): the same parameters, buffers and
+    normalisation, any input rank >= 2."""
+
+    def _check_input_dim(self, input):
+        if input.dim() < 2:
+            raise ValueError("expected an input with at least 2 dimensions")
+
+
+def _replace_sync_bn(module):
+    for name, child in list(module.named_children()):
+        if isinstance(child, torch.nn.SyncBatchNorm):
+            twin = _ExportBatchNorm(child.num_features, child.eps, child.momentum, child.affine,
+                                    child.track_running_stats)
+            twin.load_state_dict(child.state_dict())
+            twin.train(child.training)
+            setattr(module, name, twin)
+        else:
+            _replace_sync_bn(child)
+
+
+_ADAPTER_SOURCE = '''import torch
+
+
+class KeywordAdapter(torch.nn.Module):
+    """recal.torch: the model's keyword inputs as positional ones, in a fixed order."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, {params}):
+        return self.model({call})
+'''
+
+
+def _scriptable_adapter(model, keys):
+    """A KeywordAdapter for `keys` whose forward TorchScript can compile (generated source,
+    registered with linecache so that torch.jit.script can read it), or None when a key is
+    not a Python identifier."""
+    if not all(k.isidentifier() and not keyword.iskeyword(k) for k in keys):
+        return None
+    if keys not in _ADAPTERS:  # one class per key order, made once
+        params = ", ".join("x%d: torch.Tensor" % i for i in range(len(keys)))
+        call = ", ".join("%s=x%d" % (k, i) for i, k in enumerate(keys))
+        source = _ADAPTER_SOURCE.format(params=params, call=call)
+        tag = uuid.uuid4().hex
+        filename = "<recal.torch keyword adapter %s>" % tag
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        namespace = {"__name__": "recal_torch_adapter_" + tag}
+        exec(compile(source, filename, "exec"), namespace)  # noqa: S102 (our own template)
+        _ADAPTERS[keys] = namespace["KeywordAdapter"]
+    return _ADAPTERS[keys](model)
+
+
+_ADAPTERS = {}
+
+
+class _TracedKeywordAdapter(torch.nn.Module):
+    """The same for torch.jit.trace (any key)."""
+
+    def __init__(self, model, keys):
+        super().__init__()
+        self.model = model
+        self.keys = tuple(keys)
+
+    def forward(self, *inputs):
+        return self.model(**dict(zip(self.keys, inputs)))
+
+
+def _save_cpu(script_module, path):
+    torch.jit.save(script_module, path)
+    if any(t.device.type != "cpu" for t in itertools.chain(script_module.parameters(),
+                                                            script_module.buffers())):
+        torch.jit.save(torch.jit.load(path, map_location="cpu"), path)
+
+
+def _export(model, example, keys, path, how):
+    """Writes `model` as a TorchScript archive for the server; returns (how it was made,
+    the prefix of the model's names in the archive, why scripting failed)."""
+    if isinstance(model, torch.jit.ScriptModule):
+        if keys:
+            raise TypeError("a ScriptModule takes positional inputs here; give an input_fn that "
+                            "returns a tuple (a dict batch needs an eager model)")
+        _save_cpu(model, path)
+        return "given", "", ""
+    if how not in ("auto", "script", "trace"):
+        raise ValueError("export must be 'auto', 'script' or 'trace', not %r" % (how,))
+    cpu = copy.deepcopy(model).cpu()  # the caller's model is never touched
+    _replace_sync_bn(cpu)
+    prefix = _ADAPTER_PREFIX if keys else ""
+    script_error = ""
+    if how != "trace":
+        try:
+            target = _scriptable_adapter(cpu, keys) if keys else cpu
+            if target is None:
+                raise TypeError("keys %s are not all Python identifiers" % (list(keys),))
+            torch.jit.save(torch.jit.script(target), path)
+            return "script", prefix, ""
+        except Exception as error:  # noqa: BLE001 (any scripting failure: trace instead)
+            if how == "script":
+                raise
+            script_error = ("%s: %s" % (type(error).__name__, error)).strip()[:2000]
+            _log.info("recal.torch: torch.jit.script failed (%s); tracing on the first batch",
+                      script_error)
+    target = _TracedKeywordAdapter(cpu, keys) if keys else cpu
+    # The trace runs the forward once: on the copy, with its BatchNorm buffers put back
+    # afterwards (the archive's old statistics are what excluded layers keep), and without
+    # consuming the caller's random numbers (dropout).
+    saved = {name: buffer.clone() for name, buffer in target.named_buffers()}
+    with torch.no_grad(), torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        # F.batch_norm's own batch-size check warns on every trace in train mode.
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning, module="torch.nn.functional")
+        traced = torch.jit.trace(target, tuple(example), check_trace=False, strict=False)
+    with torch.no_grad():
+        for name, buffer in traced.named_buffers():
+            if name in saved:
+                buffer.copy_(saved[name])
+    torch.jit.save(traced, path)
+    return "trace", prefix, script_error
+
+
+# ------------------------------------------------------------------------------ batches
+
+_WIRE = (torch.float32, torch.float16, torch.uint8)
+
+
+def _default_input_fn(batch):
+    """A tensor as is; a tuple/list: its first element (as fvcore does); a dict: its
+    tensors, as keyword arguments of the forward (those the forward takes)."""
+    if isinstance(batch, (torch.Tensor, Mapping)):
+        return batch
+    if isinstance(batch, (list, tuple)) and batch:
+        return batch[0]
+    raise TypeError("recal.torch: cannot tell the model's inputs in a batch of type %s; give "
+                    "input_fn=lambda batch: (the forward's positional inputs)" % type(batch).__name__)
+
+
+def _forward_keywords(model):
+    """(names the forward takes by keyword, in order; whether it takes **kwargs), or None
+    when its signature cannot be read."""
+    try:
+        parameters = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    names = [p.name for p in parameters
+             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    return names, any(p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+def _keyword_order(model, batch, only_taken):
+    """The keys of a dict batch that become inputs, in a fixed order: the forward's own
+    order, then (for **kwargs) the rest sorted. only_taken: leave out keys the forward does
+    not take (labels and the like)."""
+    signature = _forward_keywords(model)
+    if signature is None:
+        return tuple(sorted(batch))
+    names, var_keyword = signature
+    keys = [n for n in names if n in batch]
+    rest = sorted(k for k in batch if k not in names)
+    if var_keyword or not only_taken:
+        keys += rest
+    if not keys:
+        raise TypeError("recal.torch: the forward takes none of the batch's keys %s; give "
+                        "input_fn" % sorted(batch))
+    return tuple(keys)
+
+
+def _wire(value, what):
+    """A CPU tensor the API carries: float32, float16 and uint8 as they are (compact on the
+    wire), float64 and bfloat16 as float32."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError("recal.torch: %s is a %s, not a tensor; give input_fn" % (what, type(value).__name__))
+    value = value.detach()
+    if value.dtype in (torch.float64, torch.bfloat16):
+        value = value.float()
+    if value.dtype not in _WIRE:
+        raise TypeError("recal.torch: %s is %s; the server takes float32, float16 and uint8 inputs"
+                        % (what, value.dtype))
+    if value.dim() == 0 or value.numel() == 0:
+        raise ValueError("recal.torch: %s of shape %s has no batch dimension or no values"
+                         % (what, tuple(value.shape)))
+    return value.cpu().contiguous()
+
+
+def _local_batches(data, input_fn, model):
+    """(tuple of CPU wire tensors, keys or None) per batch of `data`."""
+    take = input_fn or _default_input_fn
+    keys = None
+    for index, batch in enumerate(data):
+        inputs = take(batch)
+        if isinstance(inputs, Mapping):
+            if index == 0:
+                keys = _keyword_order(model, inputs, only_taken=input_fn is None)
+            missing = [k for k in keys if k not in inputs]
+            if missing or (input_fn is not None and set(inputs) != set(keys)):
+                raise ValueError("recal.torch: batch %d has keys %s; the first had %s"
+                                 % (index, sorted(inputs), list(keys)))
+            values = [(inputs[k], "input %r of batch %d" % (k, index)) for k in keys]
+        else:
+            if index > 0 and keys is not None:
+                raise ValueError("recal.torch: batch %d is not a dict like the first" % index)
+            items = inputs if isinstance(inputs, (list, tuple)) else (inputs,)
+            values = [(x, "input %d of batch %d" % (i, index)) for i, x in enumerate(items)]
+        tensors = tuple(_wire(x, what) for x, what in values)
+        if len({t.shape[0] for t in tensors}) != 1:
+            raise ValueError("recal.torch: the inputs of batch %d differ in dim 0: %s"
+                             % (index, [tuple(t.shape) for t in tensors]))
+        yield tensors, keys
+
+
+def _arrays(batches):
+    """What the client pushes: numpy arrays."""
+    for tensors, _ in batches:
+        yield tuple(t.numpy() for t in tensors)
+
+
+def _example(tensors, scale, mean, std):
+    """The first batch as the server's forward will see it: float32, normalised."""
+    out = []
+    for t in tensors:
+        x = t.float()
+        if scale:
+            x = x / scale
+        if mean:
+            shape = [1, -1] + [1] * (x.dim() - 2)
+            x = (x - torch.tensor(mean).view(shape)) / torch.tensor(std).view(shape)
+        out.append(x)
+    return out
+
+
+# ------------------------------------------------------------------------------ results
+
+_SAFETENSORS_DTYPES = {"F32": torch.float32, "F64": torch.float64, "F16": torch.float16,
+                       "BF16": torch.bfloat16, "I64": torch.int64}
+
+
+def _read_safetensors(path):
+    """{name: tensor} of a safetensors file (the server's BN artifact)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + length])
+    base = 8 + length
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = info["data_offsets"]
+        dtype = _SAFETENSORS_DTYPES[info["dtype"]]
+        raw = bytearray(data[base + begin:base + end])
+        values = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
+        out[name] = values.reshape(info["shape"])
+    return out
+
+
+def _load_buffers(model, buffers, prefix):
+    """Copies the downloaded statistics into `model` (all or none): every BatchNorm's
+    running_mean / running_var must be there and every downloaded key must be a buffer of
+    the model with its shape. Returns the keys loaded."""
+    mapped = {}
+    for key, value in buffers.items():
+        if not key.startswith(prefix):
+            raise RecalError(grpc.StatusCode.INTERNAL, "the server returned %r, outside the model" % key)
+        mapped[key[len(prefix):]] = value
+    own = dict(model.named_buffers())
+    expected = _bn_keys(model) if not isinstance(model, torch.jit.ScriptModule) else set(mapped)
+    missing = sorted(expected - set(mapped))
+    unexpected = sorted(k for k in mapped if k not in own)
+    wrong = sorted(k for k in mapped if k in own and tuple(own[k].shape) != tuple(mapped[k].shape))
+    if missing or unexpected or wrong:
+        raise RecalError(grpc.StatusCode.INTERNAL, "the server's BatchNorm buffers do not fit the model "
+                         "(nothing loaded): missing %s, unexpected %s, wrong shape %s"
+                         % (missing, unexpected, wrong))
+    with torch.no_grad():
+        for key, value in mapped.items():
+            own[key].copy_(value.to(own[key].dtype))
+    return tuple(sorted(mapped))
+
+
+def _parse_report(text):
+    return json_format.Parse(text, report_pb2.RunReport(), ignore_unknown_fields=True)
+
+
+# -------------------------------------------------------------------------- distributed
+
+
+def _shard(shard):
+    """(rank, world, gloo group) for this call; world 1: no collectives."""
+    dist = torch.distributed
+    initialised = dist.is_available() and dist.is_initialized()
+    if shard is None:
+        if not initialised or dist.get_world_size() == 1:
+            return 0, 1, None
+        shard = (dist.get_rank(), dist.get_world_size())
+    rank, world = (int(v) for v in shard)
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError("shard=(rank, world) needs 0 <= rank < world, got %r" % (shard,))
+    if world == 1:
+        return 0, 1, None
+    if not initialised:
+        raise ValueError("shard=(%d, %d): the ranks' batches are gathered with torch.distributed, "
+                         "which is not initialised" % (rank, world))
+    if (rank, world) != (dist.get_rank(), dist.get_world_size()):
+        raise ValueError("shard=(%d, %d) is not this process's (rank %d of %d in torch.distributed)"
+                         % (rank, world, dist.get_rank(), dist.get_world_size()))
+    return rank, world, _gloo_group()
+
+
+_GLOO = {}
+
+
+def _gloo_group():
+    """The default group if it is gloo, else one gloo group over every rank (made once, by
+    every rank, on their first call)."""
+    dist = torch.distributed
+    if dist.get_backend() == "gloo":
+        return None
+    if "group" not in _GLOO:
+        _GLOO["group"] = dist.new_group(backend="gloo")
+    return _GLOO["group"]
+
+
+class _Gather:
+    """Every rank's batches to rank 0, one per rank per step. Each step rank 0 broadcasts a
+    decision ("more", "stop" or ("abort", why)); on "more" every rank reads its next batch
+    and gather_object hands them to rank 0, which yields them in rank order. A rank whose
+    data ended sends ("end",), one whose data failed ("error", why): rank 0 then aborts
+    every rank."""
+
+    def __init__(self, local, num_batches, rank, world, group):
+        self.local, self.num_batches = local, num_batches
+        self.rank, self.world, self.group = rank, world, group
+        self.finished = False  # a final decision has been broadcast
+        self.aborted = False
+        self.pushed = 0
+
+    def _decide(self, decision):
+        box = [decision]
+        torch.distributed.broadcast_object_list(box, src=0, group=self.group)
+        if box[0] != "more":
+            self.finished = True
+        return box[0]
+
+    def _next(self):
+        try:
+            return ("batch",) + next(self.local)
+        except StopIteration:
+            return ("end",)
+        except Exception as error:  # noqa: BLE001 (sent to rank 0, which aborts every rank)
+            return ("error", "rank %d: %s: %s" % (self.rank, type(error).__name__, error))
+
+    def _gather(self, item):
+        out = [None] * self.world if self.rank == 0 else None
+        torch.distributed.gather_object(item, out, dst=0, group=self.group)
+        return out
+
+    def union(self):
+        """Rank 0: the batches of every rank, at most num_batches."""
+        ended = [False] * self.world
+        keys = None
+        try:
+            while True:
+                if self.pushed >= self.num_batches or all(ended):
+                    self._decide("stop")
+                    return
+                self._decide("more")
+                items = self._gather(("end",) if ended[0] else self._next())
+                errors = [item[1] for item in items if item[0] == "error"]
+                for item in items:
+                    if item[0] == "batch":
+                        if keys is None:
+                            keys = item[2]
+                        elif item[2] != keys:
+                            errors.append("ranks' batches differ: inputs %s and %s" % (keys, item[2]))
+                if errors:
+                    self.aborted = True
+                    self._decide(("abort", "; ".join(errors)))
+                    raise RuntimeError("recal.torch: " + "; ".join(errors))
+                for rank, item in enumerate(items):
+                    if item[0] == "end":
+                        ended[rank] = True
+                    elif self.pushed < self.num_batches:
+                        self.pushed += 1
+                        yield item[1], item[2]
+        finally:
+            if not self.finished:
+                self._decide("stop")
+
+    def follow(self):
+        """Every other rank: sends its batches until rank 0 says stop."""
+        while True:
+            decision = self._decide(None)
+            if decision == "stop":
+                return
+            if decision != "more":
+                self.aborted = True
+                raise RuntimeError("recal.torch: stopped by rank 0: " + decision[1])
+            self._gather(self._next())
+
+
+def _broadcast_outcome(outcome, group):
+    box = [outcome]
+    torch.distributed.broadcast_object_list(box, src=0, group=group)
+    return box[0]
+
+
+# ------------------------------------------------------------------------------ progress
+
+
+def _progress_handler(progress, bar, total):
+    """on_progress for the client: the caller's callback and a tqdm bar when tqdm is
+    installed (bar=None) or asked for (bar=True); returns (handler, close)."""
+    meter = None
+    if bar or bar is None:
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            if bar:
+                warnings.warn("recal.torch: bar=True but tqdm is not installed")
+        else:
+            meter = tqdm(total=total, desc="recal", unit="batch")
+
+    def handle(p):
+        if meter is not None:
+            if p.batches_total and meter.total != p.batches_total:
+                meter.total = p.batches_total
+            meter.update(p.batches_done - meter.n)
+        if progress is not None:
+            progress(p)
+
+    def close():
+        if meter is not None:
+            meter.close()
+
+    return handle, close
+
+
+# --------------------------------------------------------------------------- recalibrate
+
+_MANAGED = ("max_batches", "allow_short_data")
+
+
+def recalibrate(model, data, *, server, num_batches=200, input_fn=None, token=None, tls=False,
+                tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None, timeout=None,
+                progress=None, bar=None, export="auto", shard=None, scale=None, mean=None, std=None,
+                **engine_options):
+    """Recalibrates the BatchNorm statistics of `model` in place on recal-server and returns
+    a Result (result.report is the job's RunReport).
+
+    model: an eager nn.Module (or a ScriptModule; DistributedDataParallel / DataParallel are
+        unwrapped), on any device, in train or eval mode: both stay as they are.
+    data: any iterable of batches (a DataLoader); the first num_batches are used. Fewer:
+        what there is, with a ShortDataWarning and result.short_data.
+    input_fn(batch): the forward's inputs for a batch: a tensor, a tuple/list of positional
+        tensors, or a dict of keyword tensors. Default: a tensor as is, a tuple/list's first
+        element (as fvcore does), a dict's tensors as keyword arguments for the parameters
+        the forward takes (other keys, e.g. labels, are left out). Keyword inputs go through
+        a small adapter module whose forward takes them positionally, in a fixed order.
+        Inputs travel as float32, float16 or uint8 (float16 and uint8 as they are: 2 and 1
+        bytes a value; float64 / bfloat16 become float32; other dtypes are refused), and
+        the server's forward gets them as float32, after scale / mean / std when given
+        ((x / scale - mean) / std per channel, dim 1).
+    server: "host:port" or a recal.Client. token, tls, tls_ca, tls_cert, tls_key,
+        tls_server_name, timeout: as for recal.Client (unused when server is a Client).
+    progress(JobProgress): called as the job goes (batches_done, samples_done, ...); a tqdm
+        bar is shown when tqdm is installed (bar=None) unless bar=False.
+    export: "auto" (torch.jit.script, torch.jit.trace on the first batch when scripting
+        fails), "script" or "trace"; result.export says which was used.
+    engine_options: estimator ("population" | "batch_average"), modules ("eval" | "train"
+        | "as_saved"), include, exclude, target_rel_error; also priority, timeout_seconds,
+        labels, request_id, and batch_size (what the report says; default the first
+        batch's size, which must be within the server's --max_batch_size).
+    shard: (rank, world). Until the server has sharded client-stream jobs, with
+        torch.distributed initialised and world > 1 every rank calls this with its own
+        batches; they are gathered to rank 0 over gloo (gather_object, one batch per rank per
+        step), rank 0 streams their union (rank order within a step, at most num_batches)
+        into one job, and the statistics are broadcast, so every rank loads the same ones
+        and gets the same Result. Default: from torch.distributed when it is initialised;
+        (0, 1): this process alone, without collectives. Only rank 0 talks to the server.
+
+    Raises RecalError (job failed or cancelled, server errors; nothing is loaded then),
+    ValueError / TypeError for data it cannot push (checked before anything is uploaded
+    for the first batch).
+    """
+    managed = sorted(set(engine_options) & set(_MANAGED))
+    if managed:
+        raise TypeError("recal.torch.recalibrate sets %s itself (give num_batches; fewer batches "
+                        "are always allowed)" % ", ".join(managed))
+    if isinstance(num_batches, bool) or not isinstance(num_batches, int) or num_batches < 1:
+        raise ValueError("num_batches must be a positive integer, not %r" % (num_batches,))
+    if bool(mean) != bool(std):
+        raise ValueError("give mean and std together")
+    target = _unwrap(model)
+    rank, world, group = _shard(shard)
+    local = _local_batches(data, input_fn, target)
+    connect = dict(server=server, token=token, tls=tls, tls_ca=tls_ca, tls_cert=tls_cert,
+                   tls_key=tls_key, tls_server_name=tls_server_name, timeout=timeout)
+    job_options = dict(num_batches=num_batches, progress=progress, bar=bar, export=export,
+                       scale=scale, mean=mean, std=std, options=engine_options)
+    if world == 1:
+        outcome = _run(target, local, connect, **job_options)
+        return _finish(target, outcome, ranks=1)
+
+    gather = _Gather(local, num_batches, rank, world, group)
+    if rank != 0:
+        gather.follow()  # raises if rank 0 aborted
+        outcome = _broadcast_outcome(None, group)
+        if outcome[0] == "error":
+            _, code, message = outcome
+            if code is not None:
+                raise RecalError(code, "rank 0: " + message)
+            raise RuntimeError("recal.torch: rank 0: " + message)
+        return _finish(target, outcome, ranks=world)
+    union = gather.union()
+    try:
+        outcome = _run(target, union, connect, **job_options)
+    except BaseException as error:
+        union.close()
+        if not gather.finished:  # failed before the first batch was asked for
+            gather._decide("stop")
+        if not gather.aborted:
+            code = error.code.name if isinstance(error, RecalError) else None
+            message = error.message if isinstance(error, RecalError) else "%s: %s" % (type(error).__name__, error)
+            _broadcast_outcome(("error", code, message), group)
+        raise
+    union.close()
+    _broadcast_outcome(outcome, group)
+    return _finish(target, outcome, ranks=world)
+
+
+def _run(target, batches, connect, num_batches, progress, bar, export, scale, mean, std, options):
+    """Export, upload, job, push, download: ("ok", {key: tensor}, report JSON, facts)."""
+    batches = iter(batches)
+    first = next(batches, None)
+    if first is None:
+        raise ValueError("recal.torch: the data yielded no batches")
+    tensors, keys = first
+    pushed = [0]
+    ended = [False]  # the data ran out (rather than the job taking no more)
+
+    def counted():
+        for batch in itertools.chain([first], batches):
+            pushed[0] += 1
+            yield batch
+        ended[0] = True
+
+    client = connect["server"]
+    owned = not isinstance(client, Client)
+    if owned:
+        client = Client(client, token=connect["token"], timeout=connect["timeout"], tls=connect["tls"],
+                        tls_ca=connect["tls_ca"], tls_cert=connect["tls_cert"], tls_key=connect["tls_key"],
+                        tls_server_name=connect["tls_server_name"])
+    handle, close_bar = _progress_handler(progress, bar, num_batches)
+    try:
+        with tempfile.TemporaryDirectory(prefix="recal-torch-") as tmp:
+            archive = os.path.join(tmp, "model.pt")
+            how, prefix, script_error = _export(target, _example(tensors, scale, mean, std), keys,
+                                                archive, export)
+            model = client.upload_model(archive, name=type(target).__name__ + ".pt")
+            bn_path, report_path = os.path.join(tmp, "bn.safetensors"), os.path.join(tmp, "report.json")
+            job = client.recalibrate_stream(model, _arrays(counted()), max_batches=num_batches,
+                                            allow_short_data=True, bn_out=bn_path, report=report_path,
+                                            on_progress=handle, scale=scale, mean=mean, std=std,
+                                            **options)
+            buffers = _read_safetensors(bn_path)
+            with open(report_path) as f:
+                report = f.read()
+    finally:
+        close_bar()
+        if owned:
+            client.close()
+    facts = dict(model_id=model.id, export=how, export_error=script_error, batches=pushed[0],
+                 num_batches=num_batches, short=ended[0] and pushed[0] < num_batches, prefix=prefix,
+                 job=job.SerializeToString())
+    return ("ok", buffers, report, facts)
+
+
+def _finish(target, outcome, ranks):
+    _, buffers, report, facts = outcome
+    loaded = _load_buffers(target, buffers, facts["prefix"])
+    short = facts["short"]
+    if short:
+        warnings.warn("recal.torch: the data had %d batches, fewer than num_batches=%d; used them all"
+                      % (facts["batches"], facts["num_batches"]), ShortDataWarning, stacklevel=3)
+    return Result(report=_parse_report(report), job=recal_pb2.Job.FromString(facts["job"]),
+                  model_id=facts["model_id"], export=facts["export"], export_error=facts["export_error"],
+                  batches=facts["batches"], num_batches=facts["num_batches"], short_data=short,
+                  buffers=loaded, ranks=ranks)
+
+
+# ------------------------------------------------------------------------------ drop-ins
+
+
+class PreciseBN:
+    """The detectron2 / fast-reid PreciseBN hook on recal-server (duck-typed HookBase: no
+    detectron2 import). Register it with the trainer, which sets `hook.trainer`;
+    after_step() recalibrates `model` every `period` iterations (period <= 0: only at the
+    end) and after the last one, reading trainer.iter and trainer.max_iter, on `num_iter`
+    batches of `data_loader` (one iterator kept across calls, restarted when it ends).
+    Disabled (with a log line) when the model has no BatchNorm in train mode. Other keyword
+    arguments go to recalibrate() (token, input_fn, tls options, estimator, ...). The last
+    Result is in `last_result`."""
+
+    def __init__(self, period, model, data_loader, num_iter, *, server, token=None, **options):
+        self._period = period
+        self._model = model
+        self._data_loader = data_loader
+        self._num_iter = num_iter
+        self._options = dict(options, server=server, token=token)
+        self._data_iter = None
+        self.trainer = None
+        self.last_result = None
+        self._disabled = not _has_training_bn(model)
+        if self._disabled:
+            _log.info("PreciseBN is disabled: the model has no BatchNorm layer in train mode")
+
+    def before_train(self):
+        pass
+
+    def after_train(self):
+        pass
+
+    def before_step(self):
+        pass
+
+    def after_backward(self):
+        pass
+
+    def after_step(self):
+        next_iter = self.trainer.iter + 1
+        is_final = next_iter == self.trainer.max_iter
+        if is_final or (self._period > 0 and next_iter % self._period == 0):
+            self.update_stats()
+
+    def state_dict(self):
+        return {}
+
+    def _batches(self):
+        restarted = False
+        while True:
+            if self._data_iter is None:
+                self._data_iter = iter(self._data_loader)
+            try:
+                batch = next(self._data_iter)
+            except StopIteration:
+                self._data_iter = None
+                if restarted:
+                    return  # the loader yields nothing
+                restarted = True
+                continue
+            restarted = False
+            yield batch
+
+    def update_stats(self):
+        """Recalibrates now; returns the Result (None when disabled)."""
+        if self._disabled:
+            return None
+        _log.info("Running precise-BN on recal-server for %d iterations", self._num_iter)
+        self.last_result = recalibrate(self._model, self._batches(), num_batches=self._num_iter,
+                                       **self._options)
+        return self.last_result
+
+
+def do_precise_bn(model, data_loader, num_iters=200, *, server, estimator="batch_average", **options):
+    """PaddleVideo's do_preciseBN on recal-server: the BatchNorm layers of `model` get
+    statistics from `num_iters` batches of `data_loader`, estimator "batch_average" (the
+    mean of the batch means and of the unbiased batch variances, as its loop averages them;
+    "population" for the exact statistics of all samples). Like it, does nothing (returns
+    None) when no BatchNorm layer is in train mode. Other keyword arguments go to
+    recalibrate(); returns its Result."""
+    if not _has_training_bn(model):
+        return None
+    return recalibrate(model, data_loader, server=server, num_batches=num_iters, estimator=estimator,
+                       **options)

@@ -1,0 +1,60 @@
+// The cluster-mode metadata store: one PostgreSQL database shared by several recal-server
+// processes. Behaves as SqliteMetadataStore through the interface (same semantics, same
+// messages); what differs underneath:
+//  - Each store object holds one connection behind a mutex, so one process issues one
+//    statement at a time (enough for now; a pool is the next step).
+//  - A connection found broken is reopened once and the work redone, unless COMMIT had
+//    already gone out (then the outcome is unknown and the call fails with UNAVAILABLE).
+//  - Event seq stays dense and unique across processes: the job row is locked (UPDATE or
+//    SELECT ... FOR UPDATE) in the transaction that reads the last seq and inserts.
+//  - create_seq comes from identity columns: ordered, with gaps, and in the order rows were
+//    inserted rather than committed.
+//  - Text the database cannot hold (NUL bytes, invalid UTF-8) is INVALID_ARGUMENT.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "server/store/metadata_store.h"
+
+namespace recal::store {
+
+class PostgresMetadataStore final : public MetadataStore {
+ public:
+  // Connects to a libpq URI ("postgresql://USER:PASSWORD@HOST:PORT/DB?sslmode=...") and
+  // creates the schema if the database has none. Several processes may open a fresh
+  // database at once. UNAVAILABLE when the server cannot be reached.
+  static absl::StatusOr<std::unique_ptr<PostgresMetadataStore>> Open(const std::string& uri);
+  ~PostgresMetadataStore() override;
+
+  absl::StatusOr<v1::Model> PutModel(const v1::Model& model) override;
+  absl::StatusOr<v1::Model> GetModel(const std::string& tenant, const std::string& id) override;
+  absl::StatusOr<ModelPage> ListModels(const std::string& tenant, int page_size, const std::string& page_token) override;
+  absl::Status DeleteModel(const std::string& tenant, const std::string& id) override;
+  absl::StatusOr<bool> ModelStoredByAnyTenant(const std::string& id) override;
+  absl::StatusOr<int64_t> CountJobsUsingModel(const std::string& tenant, const std::string& model_id,
+                                              const std::vector<v1::JobState>& states) override;
+  absl::StatusOr<TenantUsage> Usage(const std::string& tenant) override;
+  absl::StatusOr<v1::Job> CreateJob(const v1::Job& job, bool* created) override;
+  absl::StatusOr<v1::Job> GetJob(const std::string& id) override;
+  absl::StatusOr<v1::Job> FindJobByRequestId(const std::string& tenant, const std::string& request_id) override;
+  absl::StatusOr<JobPage> ListJobs(const std::string& tenant, const std::vector<v1::JobState>& states,
+                                   int page_size, const std::string& page_token) override;
+  absl::StatusOr<std::vector<v1::Job>> JobsInStates(const std::vector<v1::JobState>& states) override;
+  absl::StatusOr<v1::JobEvent> UpdateJob(const v1::Job& job, v1::JobEvent event) override;
+  absl::Status CommitJob(const v1::Job& job, std::vector<v1::JobEvent> events,
+                         const std::map<v1::Artifact, ResultRef>& results) override;
+  absl::StatusOr<v1::JobEvent> AppendEvent(const std::string& job_id, v1::JobEvent event) override;
+  absl::StatusOr<std::vector<v1::JobEvent>> EventsAfter(const std::string& job_id, int64_t after_seq,
+                                                        int limit) override;
+  absl::Status PutResult(const std::string& job_id, v1::Artifact artifact, const ResultRef& ref) override;
+  absl::StatusOr<ResultRef> GetResult(const std::string& job_id, v1::Artifact artifact) override;
+  absl::StatusOr<bool> BlobReferenced(const std::string& sha256) override;
+
+ private:
+  struct Impl;
+  explicit PostgresMetadataStore(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace recal::store

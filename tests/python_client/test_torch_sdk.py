@@ -1,0 +1,622 @@
+"""recal.torch (client/python/recal/torch.py) and the installable package against the real
+recal-server: eager models recalibrated in place against the independent float64 reference
+(tests/fixtures/reference.py), positional / keyword / two-input batches, two processes under
+torch.distributed, the PreciseBN hook and do_precise_bn, failures, `pip install` into a fresh
+virtualenv, and the README's training-loop example.
+
+Run by ctest (tests/python_client/CMakeLists.txt, test python_client_torch) as
+    PYTHONPATH=client/python /usr/bin/python3 -m unittest -v test_torch_sdk
+with RECAL_SERVER_BIN set (by hand it defaults to build/bin/recal-server).
+"""
+
+import copy
+import datetime
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import types
+import unittest
+import warnings
+from unittest import mock
+
+import torch
+import torchvision
+
+import recal
+import recal.torch
+from recal import recal_pb2
+from test_client import ROOT, Server  # the server helper (auth on, .token); puts tests/fixtures on sys.path
+
+import reference  # noqa: E402 (tests/fixtures/reference.py: the float64 reference)
+
+RTOL = 1e-5
+
+
+def _bn_state(model):
+    """{running_mean / running_var key: tensor} of every BatchNorm of an eager model."""
+    keys = set()
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+            prefix = name + "." if name else ""
+            keys.update((prefix + "running_mean", prefix + "running_var"))
+    return {k: v.detach().clone() for k, v in model.state_dict().items() if k in keys}
+
+
+def _reference(model, batches, estimator="population"):
+    """The float64 reference: a float64 copy of `model` run on float64 inputs (uint8 inputs
+    as they are: the models convert them), every BatchNorm normalising by its batch's
+    statistics, computed and merged exactly in float64."""
+    model64 = copy.deepcopy(model).double()
+    inputs = [tuple(x.double() if x.is_floating_point() else x for x in batch) for batch in batches]
+    return reference.reference_all(model64, inputs)[0][estimator]
+
+
+def _flags(model):
+    return [m.training for m in model.modules()]
+
+
+def _other_state(model):
+    """Everything in the state_dict but the running statistics."""
+    bn = set(_bn_state(model))
+    return {k: v.detach().clone() for k, v in model.state_dict().items() if k not in bn}
+
+
+class SmallNet(torch.nn.Module):
+    """Conv + BatchNorm2d, linear + BatchNorm1d, dropout: a fast model for most tests."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.fc = torch.nn.Linear(8, 6)
+        self.bn1d = torch.nn.BatchNorm1d(6)
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x):
+        x = torch.relu(self.bn(self.conv(x)))
+        x = torch.nn.functional.adaptive_avg_pool2d(x, 1).flatten(1)
+        return self.drop(self.bn1d(self.fc(x)))
+
+
+class TwoInputs(torch.nn.Module):
+    """forward(image, extra): uint8 images (converted and scaled inside) and float16 features."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.bn = torch.nn.BatchNorm2d(4)
+        self.fc = torch.nn.Linear(5, 4)
+        self.bn1d = torch.nn.BatchNorm1d(4)
+
+    def forward(self, image, extra):
+        x = self.bn(self.conv(image.to(self.conv.weight.dtype) / 255.0)).mean(dim=(2, 3))
+        return x + self.bn1d(self.fc(extra.to(self.fc.weight.dtype)))
+
+
+class KeywordNet(torch.nn.Module):
+    """forward(pixels, depth): fed from dict batches by keyword."""
+
+    def __init__(self):
+        super().__init__()
+        self.rgb = torch.nn.Conv2d(3, 4, 1)
+        self.bn_rgb = torch.nn.BatchNorm2d(4)
+        self.d = torch.nn.Conv2d(1, 4, 1)
+        self.bn_d = torch.nn.BatchNorm2d(4)
+
+    def forward(self, pixels, depth):
+        return self.bn_rgb(self.rgb(pixels)) * 2 + self.bn_d(self.d(depth))
+
+
+def _small_batches(seed, sizes):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(n, 3, 12, 12, generator=g) * 2 + 0.5, torch.zeros(n, dtype=torch.long)) for n in sizes]
+
+
+def _seeded(cls, seed=0):
+    torch.manual_seed(seed)
+    model = cls()
+    with torch.no_grad():  # old statistics that are not the defaults
+        for module in model.modules():
+            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+                module.running_mean.uniform_(-1, 1)
+                module.running_var.uniform_(0.5, 2)
+    return model
+
+
+class _TransformedImages(torch.utils.data.Dataset):
+    """uint8 images through a torchvision transform, with labels."""
+
+    def __init__(self, images, transform):
+        self.images, self.transform = images, transform
+
+    def __len__(self):
+        return len(self.images)
+
+    def __getitem__(self, i):
+        return self.transform(self.images[i]), i % 10
+
+
+class _PushSpy:
+    """Stands in for client.stub.PushBatches and records every pushed input's dtype and size."""
+
+    def __init__(self, inner):
+        self.inner, self.inputs = inner, []
+
+    def future(self, requests, metadata=None):
+        def spy():
+            for message in requests:
+                self.inputs.extend((t.dtype, list(t.shape), len(t.data)) for t in message.inputs)
+                yield message
+
+        return self.inner.future(spy(), metadata=metadata)
+
+
+class TorchSdkTest(unittest.TestCase):
+    """One server (one CPU worker) for the class."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="recal-torch-sdk-")
+        os.makedirs(os.path.join(cls.tmp, "root"))  # client streams read no data root
+        cls.server = Server(os.path.join(cls.tmp, "data"), (os.path.join(cls.tmp, "root"),))
+        cls.options = dict(server=cls.server.address, token=cls.server.token)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def assertMatchesReference(self, model, ref, rtol=RTOL):
+        worst = reference.worst_error(_bn_state(model), ref, rtol)
+        self.assertLessEqual(worst, 1.0, "worst error %.3f x rtol %g" % (worst, rtol))
+        sys.stderr.write("[worst error against the reference: %.3f x %g] " % (worst, rtol))
+        return worst
+
+    # ------------------------------------------------------------------- eager models
+
+    def test_resnet18_from_a_dataloader_in_place_matches_the_float64_reference(self):
+        torch.manual_seed(0)
+        model = torchvision.models.resnet18(num_classes=10)
+        model.train()
+        model.layer3.eval()  # a mixed state, which must survive
+        images = torch.randint(0, 256, (13, 3, 64, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+        transform = torchvision.transforms.Compose([
+            torchvision.transforms.ConvertImageDtype(torch.float32),
+            torchvision.transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
+        loader = torch.utils.data.DataLoader(_TransformedImages(images, transform), batch_size=4,
+                                             drop_last=False)
+        batches = [(x,) for x, _ in loader]
+        self.assertEqual([b[0].shape[0] for b in batches], [4, 4, 4, 1])  # a last batch of one
+        original = copy.deepcopy(model)
+        flags, other, old = _flags(model), _other_state(model), _bn_state(model)
+
+        bar = types.SimpleNamespace(bars=[])
+
+        class FakeTqdm:  # tqdm is not installed here: the bar's code path with a stand-in
+            def __init__(self, total, **kwargs):
+                self.total, self.n, self.closed = total, 0, False
+                bar.bars.append(self)
+
+            def update(self, n):
+                self.n += n
+
+            def close(self):
+                self.closed = True
+
+        seen = []
+        with mock.patch.dict(sys.modules, {"tqdm": types.SimpleNamespace(tqdm=FakeTqdm)}), \
+                self.assertWarns(recal.torch.ShortDataWarning):
+            result = recal.torch.recalibrate(model, loader, progress=seen.append, **self.options)
+
+        self.assertEqual(result.export, "script")
+        self.assertEqual((result.batches, result.num_batches, result.short_data), (4, 200, True))
+        self.assertEqual((result.report.batches, result.report.samples), (4, 13))
+        self.assertEqual(result.job.state, recal.SUCCEEDED)
+        self.assertEqual(len(result.buffers), 40)  # 20 BatchNorm2d layers, mean and var
+        self.assertEqual(seen[-1].batches_done, 4)
+        self.assertEqual([(b.n, b.closed) for b in bar.bars], [(4, True)])
+        # In place, against the reference; nothing else moved.
+        ref = _reference(original, batches)
+        self.assertMatchesReference(model, ref)
+        self.assertEqual(_flags(model), flags)
+        self.assertEqual(next(model.parameters()).device.type, "cpu")
+        for key, value in _other_state(model).items():
+            self.assertTrue(torch.equal(value, other[key]), key)
+        self.assertFalse(torch.equal(_bn_state(model)["bn1.running_mean"], old["bn1.running_mean"]))
+        # Control: without the one-sample batch the reference is off by more than the tolerance.
+        short = _reference(original, batches[:3])
+        self.assertGreater(reference.worst_error(_bn_state(model), short, RTOL), 1.0)
+
+    def test_two_inputs_through_input_fn_travel_compact_and_stop_at_num_batches(self):
+        model = _seeded(TwoInputs)
+        g = torch.Generator().manual_seed(2)
+        data = [(torch.randint(0, 256, (6, 3, 10, 10), dtype=torch.uint8, generator=g),
+                 torch.randn(6, 5, generator=g).half(), torch.zeros(6)) for _ in range(5)]
+        drawn = []
+
+        def loader():
+            for batch in data:
+                drawn.append(batch)
+                yield batch
+
+        original = copy.deepcopy(model)
+        with recal.Client(self.server.address, token=self.server.token) as client:
+            spy = _PushSpy(client.stub.PushBatches)
+            client.stub.PushBatches = spy
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", recal.torch.ShortDataWarning)
+                result = recal.torch.recalibrate(model, loader(), server=client, num_batches=3,
+                                                 input_fn=lambda batch: (batch[0], batch[1]))
+        self.assertEqual((result.batches, result.short_data, result.report.batches), (3, False, 3))
+        self.assertEqual(len(drawn), 3)  # no batch read beyond num_batches
+        self.assertEqual(spy.inputs, [(recal_pb2.Tensor.UINT8, [6, 3, 10, 10], 1800),
+                                      (recal_pb2.Tensor.FLOAT16, [6, 5], 60)] * 3)
+        self.assertMatchesReference(model, _reference(original, [b[:2] for b in data[:3]]))
+
+    def test_dict_batches_feed_a_keyword_forward_scripted_or_traced(self):
+        g = torch.Generator().manual_seed(3)
+        # Keys in another order than the forward's, and one it does not take.
+        data = [{"label": torch.zeros(n), "depth": torch.rand(n, 1, 6, 6, generator=g) * 3,
+                 "pixels": torch.randn(n, 3, 6, 6, generator=g) + 1} for n in (5, 5, 2)]
+        for export in ("auto", "trace"):
+            with self.subTest(export=export):
+                model = _seeded(KeywordNet)
+                original = copy.deepcopy(model)
+                result = recal.torch.recalibrate(model, data, num_batches=3, export=export, **self.options)
+                self.assertEqual(result.export, "script" if export == "auto" else "trace")
+                self.assertEqual(sorted(result.buffers), sorted(_bn_state(model)))
+                ref = _reference(original, [(b["pixels"], b["depth"]) for b in data])
+                self.assertMatchesReference(model, ref)
+
+    def test_a_scriptmodule_a_syncbatchnorm_model_and_a_trace_fallback(self):
+        data = _small_batches(4, (8, 8, 3))
+        # SyncBatchNorm (no process group here, CPU) is exported as plain BatchNorm.
+        plain = _seeded(SmallNet)  # its twin for the reference (SyncBatchNorm needs CUDA to run)
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(plain)).train()
+        result = recal.torch.recalibrate(model, data, num_batches=3, **self.options)
+        self.assertEqual(result.export, "script")
+        self.assertIsInstance(model.bn, torch.nn.SyncBatchNorm)
+        self.assertEqual(len(result.buffers), 4)
+        self.assertMatchesReference(model, _reference(plain, [(x,) for x, _ in data]))
+
+        # A ScriptModule is sent as it is.
+        eager = _seeded(SmallNet).eval()
+        scripted = torch.jit.script(copy.deepcopy(eager))
+        result = recal.torch.recalibrate(scripted, data, num_batches=3, **self.options)
+        self.assertEqual(result.export, "given")
+        got = {k: v for k, v in scripted.state_dict().items() if "running_" in k}
+        self.assertLessEqual(reference.worst_error(got, _reference(eager, [(x,) for x, _ in data])), 1.0)
+
+        # A forward TorchScript cannot compile is traced on the first batch (and says why).
+        class Unscriptable(SmallNet):
+            def forward(self, x):
+                return super().forward(x)  # TorchScript has no super()
+
+        model = _seeded(Unscriptable)
+        original = copy.deepcopy(model)
+        result = recal.torch.recalibrate(model, data, num_batches=3, **self.options)
+        self.assertEqual(result.export, "trace")
+        self.assertTrue(result.export_error)
+        self.assertMatchesReference(model, _reference(original, [(x,) for x, _ in data]))
+
+    def test_the_job_may_stop_before_the_data_does(self):
+        """target_rel_error met after 10 batches: the server takes no more, pushing stops (the
+        loader is read only as far as the job takes batches: back-pressure), no short-data
+        warning, and the statistics of the batches used are loaded."""
+        model = _seeded(SmallNet)
+        g = torch.Generator().manual_seed(13)
+        # 1.2 MiB a batch: more than gRPC's flow-control window holds a few of.
+        data = [(torch.randn(8, 3, 112, 112, generator=g) + 0.5, None) for _ in range(60)]
+        drawn = []
+
+        def loader():
+            for batch in data:
+                drawn.append(batch)
+                yield batch
+
+        original = copy.deepcopy(model)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", recal.torch.ShortDataWarning)
+            result = recal.torch.recalibrate(model, loader(), num_batches=60, target_rel_error=0.9,
+                                             **self.options)
+        self.assertTrue(result.report.stopped_early)
+        self.assertEqual(result.report.batches, 10)
+        self.assertFalse(result.short_data)
+        sys.stderr.write("[%d batches drawn, %d pushed] " % (len(drawn), result.batches))
+        self.assertLess(len(drawn), 45)  # 21-23 here: 10 used, the rest in queues and windows
+        self.assertMatchesReference(model, _reference(original, [(x,) for x, _ in data[:10]]))
+
+    def test_failures_leave_the_model_untouched(self):
+        class FailsOnSmallBatches(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = torch.nn.Conv2d(3, 4, 1)
+                self.bn = torch.nn.BatchNorm2d(4)
+
+            def forward(self, x):
+                if x.shape[0] < 4:
+                    raise RuntimeError("batch too small")
+                return self.bn(self.conv(x))
+
+        model = _seeded(FailsOnSmallBatches)
+        before = copy.deepcopy(model.state_dict())
+        with self.assertRaises(recal.RecalError) as failed:
+            recal.torch.recalibrate(model, _small_batches(5, (4, 2)), **self.options)
+        self.assertIsNotNone(failed.exception.job)
+        self.assertEqual(failed.exception.job.state, recal.FAILED)
+        self.assertIn("forward failed on batch 1", failed.exception.message)  # the second, of 2
+        for key, value in model.state_dict().items():
+            self.assertTrue(torch.equal(value, before[key]), key)
+        # Inputs the API cannot carry are refused before anything is sent.
+        with self.assertRaisesRegex(TypeError, "int64"):
+            recal.torch.recalibrate(model, [torch.zeros(2, 3, 4, 4, dtype=torch.long)], **self.options)
+        with self.assertRaisesRegex(ValueError, "no batches"):
+            recal.torch.recalibrate(model, [], **self.options)
+        with self.assertRaisesRegex(TypeError, "max_batches"):
+            recal.torch.recalibrate(model, [torch.zeros(2, 3, 4, 4)], max_batches=3, **self.options)
+
+    # ------------------------------------------------------------------------ drop-ins
+
+    def test_precise_bn_hook_in_a_trainer_loop(self):
+        model = _seeded(SmallNet).train()
+        loader = _small_batches(6, (8, 8, 8))
+        hook = recal.torch.PreciseBN(4, model, loader, 2, **self.options)
+        trainer = types.SimpleNamespace(iter=0, max_iter=6)
+        hook.trainer = trainer  # what detectron2's register_hooks does
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        train = _small_batches(7, (8,) * 6)
+        runs = []
+        # The hook keeps one iterator: batches 0, 1, then 2 and (restarted) 0.
+        expected = [[loader[0], loader[1]], [loader[2], loader[0]]]
+        for trainer.iter in range(trainer.max_iter):
+            x, _ = train[trainer.iter]
+            loss = model(x).square().mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            snapshot, previous = copy.deepcopy(model), hook.last_result
+            hook.after_step()
+            if hook.last_result is not previous:
+                ref = _reference(snapshot, [(b[0],) for b in expected[len(runs)]])
+                self.assertMatchesReference(model, ref)
+                self.assertTrue(model.training)
+                runs.append(trainer.iter)
+        self.assertEqual(runs, [3, 5])  # at the period (iteration 4) and after the last one
+
+        frozen = _seeded(SmallNet).eval()  # no BatchNorm in train mode: disabled, as detectron2's
+        self.assertIsNone(recal.torch.PreciseBN(1, frozen, loader, 2, **self.options).update_stats())
+
+    def test_do_precise_bn_reproduces_paddlevideos_batch_average(self):
+        model = _seeded(SmallNet).train()
+        data = _small_batches(8, (8, 6, 4))
+        original = copy.deepcopy(model)
+        result = recal.torch.do_precise_bn(model, data, 3, **self.options)
+        self.assertEqual(result.report.estimator, recal.report_pb2.BATCH_AVERAGE)
+        ref = _reference(original, [(x,) for x, _ in data], estimator="batch_average")
+        self.assertMatchesReference(model, ref)
+        population = _reference(original, [(x,) for x, _ in data])
+        self.assertGreater(reference.worst_error(_bn_state(model), population, RTOL), 1.0)  # control
+        self.assertIsNone(recal.torch.do_precise_bn(_seeded(SmallNet).eval(), data, 3, **self.options))
+
+    # ----------------------------------------------------------------------- distributed
+
+    def run_ranks(self, mode):
+        """Two processes under torch.distributed (gloo on loopback, file:// init) running
+        _rank_main; what each saved."""
+        tmp = tempfile.mkdtemp(dir=self.tmp)
+        init = os.path.join(tmp, "init")
+        procs = []
+        for rank in range(2):
+            out = os.path.join(tmp, "rank%d.pt" % rank)
+            procs.append((out, subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), "rank", str(rank), "2", init,
+                 self.server.address, out, mode],
+                env=dict(os.environ, RECAL_TOKEN=self.server.token, GLOO_SOCKET_IFNAME="lo"),
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+        outputs = []
+        for out, proc in procs:
+            try:
+                text, _ = proc.communicate(timeout=120)
+            finally:
+                proc.kill()
+            self.assertEqual(proc.returncode, 0, text)
+            outputs.append(torch.load(out))
+        return outputs
+
+    def test_two_ranks_under_torch_distributed_equal_one_process_over_the_union(self):
+        outputs = self.run_ranks("ok")
+        # One process over the union of the two halves.
+        model = _seeded(SmallNet).train()
+        union = _distributed_data()
+        with self.assertWarns(recal.torch.ShortDataWarning):
+            single = recal.torch.recalibrate(model, union, **self.options)
+        self.assertEqual(single.batches, 5)
+        self.assertMatchesReference(model, _reference(_seeded(SmallNet), [(x,) for x, _ in union]))
+        for rank, got in enumerate(outputs):
+            self.assertEqual((got["batches"], got["ranks"], got["short"]), (5, 2, True), rank)
+            self.assertEqual(got["job"], outputs[0]["job"])  # one job for both
+            for key, value in got["state"].items():
+                self.assertTrue(torch.equal(value, outputs[0]["state"][key]), key)  # identical on every rank
+            # equal to one process over the union, to 1e-6 relative
+            worst = reference.worst_error(got["state"], _bn_state(model), 1e-6)
+            self.assertLessEqual(worst, 1.0)
+            sys.stderr.write("[rank %d against one process: %.3f x 1e-06] " % (rank, worst))
+            for key, value in _other_state(model).items():
+                self.assertTrue(torch.equal(value, got["state"][key]), key)
+
+    def test_a_rank_whose_data_fails_stops_every_rank_and_the_job(self):
+        outputs = self.run_ranks("fail")
+        self.assertEqual(outputs[0]["error"], "RuntimeError: recal.torch: rank 1: ValueError: broken loader")
+        self.assertEqual(outputs[1]["error"],
+                         "RuntimeError: recal.torch: stopped by rank 0: rank 1: ValueError: broken loader")
+        with recal.Client(self.server.address, token=self.server.token) as client:
+            self.assertEqual(client.list()[0].state, recal.CANCELLED)  # the newest job
+
+    # ------------------------------------------------------------- normalisation, client
+
+    def test_uint8_inputs_normalised_on_the_server(self):
+        model = _seeded(SmallNet)
+        g = torch.Generator().manual_seed(11)
+        data = [torch.randint(0, 256, (n, 3, 12, 12), dtype=torch.uint8, generator=g) for n in (6, 6, 5)]
+        mean, std = [0.4, 0.5, 0.6], [0.2, 0.25, 0.3]
+        original = copy.deepcopy(model)
+        result = recal.torch.recalibrate(model, data, num_batches=3, scale=255, mean=mean, std=std,
+                                         **self.options)
+        self.assertEqual(result.report.samples, 17)
+        view = (1, 3, 1, 1)
+        normalised = [((x.double() / 255 - torch.tensor(mean, dtype=torch.float64).view(view))
+                       / torch.tensor(std, dtype=torch.float64).view(view),) for x in data]
+        self.assertMatchesReference(model, _reference(original, normalised))
+
+    def test_client_push_of_numpy_batches(self):
+        import numpy as np
+
+        eager = _seeded(SmallNet)
+        path = os.path.join(tempfile.mkdtemp(dir=self.tmp), "small.pt")
+        torch.jit.save(torch.jit.script(copy.deepcopy(eager)), path)
+        data = [x for x, _ in _small_batches(12, (5, 5, 2))]
+        with recal.Client(self.server.address, token=self.server.token) as client:
+            job = client.submit(client.upload_model(path), recal_pb2.ClientStreamSource(), batch_size=5)
+            # A batch: one array, a tuple of them, or Tensor messages.
+            batches = [data[0].numpy(), (data[1].numpy(),), [recal.tensor_message(data[2].numpy())]]
+            self.assertEqual(client.push(job, batches), 3)
+            final = client.wait(job)
+            self.assertEqual(final.state, recal.SUCCEEDED, final.error.message)
+            bn_path = os.path.join(os.path.dirname(path), "bn.safetensors")
+            client.download(job, bn_path, "bn")
+        got = recal.torch._read_safetensors(bn_path)
+        self.assertLessEqual(reference.worst_error(got, _reference(eager, [(x,) for x in data])), 1.0)
+        with self.assertRaisesRegex(TypeError, "float64"):
+            recal.tensor_message(np.zeros((2, 3), dtype=np.float64))
+
+    # -------------------------------------------------------------------- the package
+
+    def test_import_recal_needs_no_torch(self):
+        code = ("import sys\n"
+                "class NoTorch:\n"
+                "    def find_spec(self, name, path=None, target=None):\n"
+                "        if name == 'torch' or name.startswith('torch.'):\n"
+                "            raise ImportError('no torch here')\n"
+                "sys.meta_path.insert(0, NoTorch())\n"
+                "import recal\n"
+                "assert recal.Client and recal.tensor_message and 'torch' not in sys.modules\n"
+                "try:\n"
+                "    import recal.torch\n"
+                "except ImportError as e:\n"
+                "    print('recal.torch:', e)\n")
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("recal.torch: no torch here", result.stdout)
+
+    def test_pip_install_into_a_fresh_virtualenv(self):
+        tmp = tempfile.mkdtemp(dir=self.tmp)
+        venv = os.path.join(tmp, "venv")
+        made = subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", venv],
+                              capture_output=True, text=True, timeout=120)
+        python = os.path.join(venv, "bin", "python")
+        if made.returncode != 0 or subprocess.run([python, "-m", "pip", "--version"],
+                                                  capture_output=True).returncode != 0:
+            self.skipTest("python3 -m venv with pip is not available here (Debian: python3-venv): "
+                          + made.stderr.strip())
+        # A copy of client/python, so that the in-tree build leaves the checkout as it is.
+        package = os.path.join(tmp, "python")
+        shutil.copytree(os.path.join(ROOT, "client", "python"), package,
+                        ignore=shutil.ignore_patterns("__pycache__", "build", "dist", "*.egg-info"))
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        installed = subprocess.run([python, "-m", "pip", "install", "--no-build-isolation", "--no-index",
+                                    package], capture_output=True, text=True, timeout=300, env=env)
+        self.assertEqual(installed.returncode, 0, installed.stdout + installed.stderr)
+        code = ("import os, sys\n"
+                "import recal\n"
+                "assert 'torch' not in sys.modules\n"
+                "import recal.torch, torch\n"
+                "model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))\n"
+                "data = [torch.randn(4, 3, 8, 8) for _ in range(2)]\n"
+                "result = recal.torch.recalibrate(model, data, server=sys.argv[1], num_batches=2,\n"
+                "                                 token=os.environ['RECAL_TOKEN'])\n"
+                "print(recal.__file__)\n"
+                "print(recal.JobState.Name(result.job.state), result.report.samples)\n")
+        ran = subprocess.run([python, "-c", code, self.server.address], capture_output=True, text=True,
+                             timeout=120, cwd=tmp, env=dict(env, RECAL_TOKEN=self.server.token))
+        self.assertEqual(ran.returncode, 0, ran.stdout + ran.stderr)
+        where, outcome = ran.stdout.split("\n")[:2]
+        self.assertTrue(where.startswith(venv), where)  # the installed package, not the checkout
+        self.assertEqual(outcome, "SUCCEEDED 8")
+        # The sdist carries the generated stubs (it builds without protoc).
+        built = subprocess.run([python, "-c", "import sys; from setuptools import build_meta; "
+                                "print(build_meta.build_sdist(sys.argv[1]))", os.path.join(tmp, "dist")],
+                               cwd=package, capture_output=True, text=True, timeout=120, env=env)
+        self.assertEqual(built.returncode, 0, built.stderr)
+        import tarfile
+        with tarfile.open(os.path.join(tmp, "dist", built.stdout.split()[-1])) as sdist:
+            names = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
+        for stub in ("recal/_proto/recal/v1/recal_pb2.py", "recal/_proto/recal/v1/recal_pb2_grpc.py",
+                     "recal/_proto/recal/v1/report_pb2.py", "recal/_proto/grpc/health/v1/health_pb2.py",
+                     "recal/torch.py", "pyproject.toml"):
+            self.assertIn(stub, names)
+
+    def test_readme_training_loop_example_runs(self):
+        """The training-loop example of client/python/README.md (its third Python block, also
+        README.md's second), as written, against this server."""
+        with open(os.path.join(ROOT, "client", "python", "README.md")) as f:
+            blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+        with open(os.path.join(ROOT, "README.md")) as f:
+            top = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+        self.assertEqual(len(blocks), 3)
+        example = blocks[2]
+        self.assertEqual(top[1:], [example])
+        self.assertIn('"localhost:50051"', example)
+        self.assertLessEqual(len(example.strip().splitlines()), 6)
+        result = subprocess.run([sys.executable, "-c", example.replace("localhost:50051", self.server.address)],
+                                cwd=self.tmp, capture_output=True, text=True, timeout=120,
+                                env=dict(os.environ, RECAL_TOKEN=self.server.token))
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertEqual(result.stdout, "script 4 batches 64 samples\n")
+
+
+def _distributed_data():
+    return _small_batches(10, (6, 6, 6, 6, 3))
+
+
+def _rank_main(rank, world, init, address, out, mode):
+    """One rank of the distributed tests: its part of the data (rank 0 the first two
+    batches, rank 1 the other three), recalibrated under torch.distributed (gloo, file://
+    init). mode "fail": rank 1's data raises after its first batch."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="file://" + init, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=100))
+    try:
+        model = _seeded(SmallNet).train()
+        data = _distributed_data()
+        mine = data[:2] if rank == 0 else data[2:]
+        if mode == "fail" and rank == 1:
+            def broken(batches):
+                yield batches[0]
+                raise ValueError("broken loader")
+
+            mine = broken(mine)
+        try:
+            # Rank 1 names its shard; rank 0 lets torch.distributed say it.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", recal.torch.ShortDataWarning)
+                result = recal.torch.recalibrate(model, mine, server=address, token=os.environ["RECAL_TOKEN"],
+                                                 shard=(rank, world) if rank == 1 else None)
+        except Exception as error:  # noqa: BLE001 (saved for the test to check)
+            torch.save({"error": "%s: %s" % (type(error).__name__, error)}, out)
+            return
+        torch.save({"state": {k: v.clone() for k, v in model.state_dict().items()},
+                    "batches": result.batches, "ranks": result.ranks, "short": result.short_data,
+                    "job": result.job.id}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "rank":
+        _rank_main(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7])
+    else:
+        unittest.main(verbosity=2)

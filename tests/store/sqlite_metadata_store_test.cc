@@ -1,0 +1,101 @@
+// What only the SQLite backend has: files from older releases, a directory that must exist,
+// a process killed without closing (WAL).
+#include <sqlite3.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "server/store/metadata_store.h"
+#include "tests/store/metadata_test_util.h"
+#include "tests/test_util.h"
+
+namespace recal::store {
+namespace {
+
+using ::recal::store::test::Ids;
+using ::recal::store::test::MakeJob;
+using ::recal::store::test::MakeModel;
+using ::recal::store::test::OpenDb;
+using ::recal::store::test::StateEvent;
+using ::recal::testing::TempDir;
+
+TEST(SqliteMetadataStoreTest, ADatabaseFromBeforeTenantsBecomesTheDefaultTenants) {
+  TempDir dir;
+  const std::string path = dir.File("meta.db");
+  {
+    // Schema version 1 as the previous release made it, with one model and one job.
+    sqlite3* raw = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
+    v1::Model model = MakeModel("sha256:a", "old", "");
+    v1::Job job = MakeJob("old-job", v1::SUCCEEDED, "key", "sha256:a", "");
+    const std::string sql = absl::StrCat(
+        "CREATE TABLE models (id TEXT PRIMARY KEY, create_seq INTEGER NOT NULL UNIQUE, proto BLOB NOT NULL);"
+        "CREATE TABLE jobs (id TEXT PRIMARY KEY, request_id TEXT UNIQUE, state INTEGER NOT NULL, "
+        "model_id TEXT NOT NULL, create_seq INTEGER NOT NULL UNIQUE, proto BLOB NOT NULL);"
+        "CREATE INDEX jobs_by_state ON jobs(state, create_seq); CREATE INDEX jobs_by_model ON jobs(model_id, state);"
+        "CREATE TABLE events (job_id TEXT NOT NULL, seq INTEGER NOT NULL, proto BLOB NOT NULL, "
+        "PRIMARY KEY (job_id, seq)) WITHOUT ROWID;"
+        "CREATE TABLE results (job_id TEXT NOT NULL, artifact INTEGER NOT NULL, sha256 TEXT NOT NULL, "
+        "size INTEGER NOT NULL, PRIMARY KEY (job_id, artifact)) WITHOUT ROWID;"
+        "CREATE INDEX results_by_blob ON results(sha256);"
+        "INSERT INTO models VALUES('sha256:a', 1, x'", absl::BytesToHexString(model.SerializeAsString()), "');"
+        "INSERT INTO jobs VALUES('old-job', 'key', ", int{v1::SUCCEEDED}, ", 'sha256:a', 1, x'",
+        absl::BytesToHexString(job.SerializeAsString()), "');"
+        "INSERT INTO results VALUES('old-job', ", int{v1::MODEL}, ", 'ef', 7);"
+        "PRAGMA user_version = 1;");
+    ASSERT_EQ(sqlite3_exec(raw, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(raw);
+    sqlite3_close(raw);
+  }
+  auto db = OpenDb(path);
+  ASSERT_NE(db, nullptr);
+  auto model = db->GetModel(kDefaultTenant, "sha256:a");
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ(model->name(), "old");
+  EXPECT_EQ(model->tenant(), kDefaultTenant);
+  EXPECT_EQ(db->GetJob("old-job")->tenant(), kDefaultTenant);
+  EXPECT_EQ(db->FindJobByRequestId(kDefaultTenant, "key")->id(), "old-job");
+  EXPECT_EQ(db->GetResult("old-job", v1::MODEL)->size, 7);
+  EXPECT_EQ(db->Usage(kDefaultTenant)->stored_bytes, 42 + 7);
+  bool created = false;
+  ASSERT_TRUE(db->CreateJob(MakeJob("new-job", v1::QUEUED, "", "sha256:a", kDefaultTenant), &created).ok());
+  EXPECT_EQ(Ids(db->ListJobs("", {}, 0, "")->jobs), (std::vector<std::string>{"new-job", "old-job"}));
+}
+
+TEST(SqliteMetadataStoreTest, CommittedWritesSurviveAProcessKilledWithoutClosing) {
+  TempDir dir;
+  const std::string path = dir.File("meta.db");
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    auto db = OpenMetadataStore(path);
+    bool ok = db.ok();
+    if (ok) {
+      v1::Job job = MakeJob("j", v1::QUEUED);
+      ok = (*db)->CreateJob(job, nullptr).ok();
+      job.set_state(v1::RUNNING);
+      ok = ok && (*db)->UpdateJob(job, StateEvent(v1::RUNNING)).ok();
+    }
+    ::_exit(ok ? 0 : 1);  // the connection is never closed; only the WAL has the data
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  auto db = OpenDb(path);
+  EXPECT_EQ(db->GetJob("j")->state(), v1::RUNNING);
+  EXPECT_EQ(db->EventsAfter("j", 0, 0)->size(), 1u);
+}
+
+TEST(SqliteMetadataStoreTest, OpenFailsWithAnActionableMessage) {
+  TempDir dir;
+  absl::StatusOr<std::unique_ptr<MetadataStore>> db = OpenMetadataStore(dir.File("no/such/dir/meta.db"));
+  ASSERT_FALSE(db.ok());
+  EXPECT_NE(db.status().message().find("no/such/dir/meta.db"), absl::string_view::npos) << db.status();
+}
+
+}  // namespace
+}  // namespace recal::store
