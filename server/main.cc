@@ -54,6 +54,11 @@ ABSL_FLAG(std::string, data_dir, "./recal-data", "where models, results and the 
 ABSL_FLAG(std::string, store, "",
           "the metadata store: sqlite:PATH (default: DATA_DIR/recal.db) or postgresql://USER@HOST:PORT/DB "
           "(libpq URI; a password is better kept in PGPASSFILE than in the URI)");
+ABSL_FLAG(std::string, role, "all",
+          "all: API and workers in one process (the default); api: the API only (stateless, any number of "
+          "replicas); worker: runs jobs only (serves health). api and worker share --store and --blobs");
+ABSL_FLAG(double, lease_seconds, 30,
+          "a worker's hold on a running job; a worker that stops renewing it loses the job to another after this");
 ABSL_FLAG(std::string, blobs, "", "where models and results live: file:DIR (default: DATA_DIR)");
 ABSL_FLAG(std::vector<std::string>, data_root, {},
           "directories jobs may read data from (comma-separated, and the flag may repeat): PATH for every "
@@ -134,6 +139,10 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  const std::string role = absl::GetFlag(FLAGS_role);
+  if (role != "all" && role != "api" && role != "worker") {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--role=", role, " is not all, api or worker")));
+  }
   // Who may call, decided before anything listens.
   const std::string listen = absl::GetFlag(FLAGS_listen);
   std::unique_ptr<recal::auth::Authenticator> auth;
@@ -223,7 +232,12 @@ int main(int argc, char** argv) {
   recal::jobs::ModelRegistry models(metadata->get(), blobs->get(), absl::GetFlag(FLAGS_max_model_bytes), &runner,
                                     limits);
   recal::jobs::JobManagerOptions options;
-  options.scheduler.devices = *devices;
+  // An api process runs no jobs; a process alone on an SQLite file (role all) may take back
+  // every job left running at start, any other only those whose lease has run out.
+  options.scheduler.devices = role == "api" ? std::vector<std::string>() : *devices;
+  options.scheduler.lease = absl::Seconds(absl::GetFlag(FLAGS_lease_seconds));
+  options.scheduler.recover_all_at_start = role == "all" && absl::StartsWith(store_spec, "sqlite:");
+  options.client_streams = role == "all";
   options.scheduler.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_jobs);
   options.scheduler.data_roots = data_roots;
   options.scheduler.default_timeout_seconds = absl::GetFlag(FLAGS_job_timeout_seconds);
@@ -259,7 +273,8 @@ int main(int argc, char** argv) {
   int port = 0;
   builder.AddListeningPort(listen, *credentials, &port);
   builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
-  builder.RegisterService(&service);
+  // A worker serves health (and metrics) only: clients talk to the api processes.
+  if (role != "worker") builder.RegisterService(&service);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<recal::metrics::ServerInterceptorFactory>(metrics.get()));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
@@ -273,7 +288,8 @@ int main(int argc, char** argv) {
                     {"tls", tls.cert.empty() ? "off" : tls.client_ca.empty() ? "on" : "mutual"},
                     {"data_dir", data_dir},
                     {"store", store_spec.substr(0, store_spec.find(':'))},  // never the URI: it may hold a password
-                    {"workers", static_cast<int64_t>(devices->size())},
+                    {"role", role},
+                    {"workers", static_cast<int64_t>(role == "api" ? 0 : devices->size())},
                     {"version", recal::metrics::Version()}});
 
   int signal = 0;

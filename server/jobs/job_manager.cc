@@ -57,6 +57,11 @@ absl::Status JobManager::ValidateSpec(const std::string& tenant, const v1::JobSp
   if (spec.options().max_batches() < 0) return absl::InvalidArgumentError("options.max_batches < 0");
   if (spec.options().target_rel_error() < 0) return absl::InvalidArgumentError("options.target_rel_error < 0");
   if (spec.timeout_seconds() < 0) return absl::InvalidArgumentError("spec.timeout_seconds < 0");
+  if (spec.data().has_client_stream() && !options_.client_streams) {
+    return absl::UnimplementedError(
+        "client_stream jobs need a server running with --role=all: pushed batches are not relayed from api "
+        "replicas to workers yet");
+  }
   return DataSpecFor(spec.data(), options_.scheduler.data_roots.For(tenant)).status();
 }
 

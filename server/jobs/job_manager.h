@@ -32,6 +32,9 @@ struct JobManagerOptions {
   int64_t max_batch_size = 4096;
   int64_t max_batch_bytes = int64_t{256} << 20;  // one pushed tensor, client_stream
   TenantLimitsFn limits;                         // none: no quotas
+  // Pushed batches reach only the process they are pushed to, so client_stream jobs need
+  // the process that takes them to run them (role all); elsewhere they are refused.
+  bool client_streams = true;
 };
 
 // Whom a call acts for. A job of another tenant answers exactly as a job that does not

@@ -41,12 +41,11 @@ absl::StatusOr<v1::Job> JobRepository::Create(v1::Job job, bool* created) {
   job.clear_start_time();
   job.clear_end_time();
   *job.mutable_create_time() = TimeUtil::GetCurrentTime();
-  std::lock_guard<std::mutex> lock(mu_);
-  auto stored = metadata_->CreateJob(job, created);
-  if (!stored.ok() || !*created) return stored;
   v1::JobEvent queued;
   queued.set_state(v1::QUEUED);
-  if (absl::Status s = metadata_->CommitJob(*stored, {queued}); !s.ok()) return s;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto stored = metadata_->CreateJob(job, created, {queued});
+  if (!stored.ok() || !*created) return stored;
   events_->Publish();
   return stored;
 }
@@ -77,49 +76,101 @@ absl::StatusOr<store::ResultRef> JobRepository::Result(const std::string& id, v1
   return metadata_->GetResult(id, artifact);
 }
 
+namespace {
+
+// Adds the state event of a change of state (and the end time of an end).
+void NoteStateChange(v1::JobState before, v1::Job& job, std::vector<v1::JobEvent>& events) {
+  if (job.state() == before) return;
+  if (IsTerminal(job.state())) *job.mutable_end_time() = TimeUtil::GetCurrentTime();
+  v1::JobEvent state;
+  state.set_state(job.state());
+  events.push_back(std::move(state));
+}
+
+}  // namespace
+
 absl::StatusOr<v1::Job> JobRepository::Transition(const std::string& id, const Change& change,
-                                                  const std::map<v1::Artifact, store::ResultRef>& results) {
+                                                  const std::map<v1::Artifact, store::ResultRef>& results,
+                                                  const std::string& owner, int64_t expected_version) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto job = metadata_->GetJob(id);
-  if (!job.ok()) return job.status();
-  const v1::JobState before = job->state();
-  std::vector<v1::JobEvent> events;
-  if (absl::Status s = change(*job, events); !s.ok()) return s;
-  if (job->state() != before) {
-    if (IsTerminal(job->state())) *job->mutable_end_time() = TimeUtil::GetCurrentTime();
-    v1::JobEvent state;
-    state.set_state(job->state());
-    events.push_back(std::move(state));
+  // Another process may change the job between the read and the write: the write is a
+  // compare-and-set on the version read, and a lost race reads again.
+  for (int race = 0;; ++race) {
+    auto stored = metadata_->ReadJob(id);
+    if (!stored.ok()) return stored.status();
+    if (expected_version >= 0 && stored->version != expected_version) {
+      return absl::AbortedError(absl::StrCat("job ", id, " changed meanwhile"));
+    }
+    if (!owner.empty() && stored->lease_owner != owner) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", id, " is no longer leased to ", owner, " (its lease expired; it was taken up again)"));
+    }
+    v1::Job& job = stored->job;
+    const v1::JobState before = job.state();
+    std::vector<v1::JobEvent> events;
+    if (absl::Status s = change(job, events); !s.ok()) return s;
+    NoteStateChange(before, job, events);
+    if (events.empty() && results.empty()) return job;
+    absl::Status written = metadata_->CommitJob(job, std::move(events), results, stored->version);
+    if (absl::IsAborted(written) && expected_version < 0 && race < 10) continue;
+    if (!written.ok()) return written;
+    events_->Publish();
+    return job;
   }
-  if (events.empty() && results.empty()) return job;
-  if (absl::Status s = metadata_->CommitJob(*job, std::move(events), results); !s.ok()) return s;
-  events_->Publish();
-  return job;
 }
 
 absl::StatusOr<v1::Job> JobRepository::TransitionRetried(const std::string& id, const Change& change,
-                                                         const std::map<v1::Artifact, store::ResultRef>& results) {
+                                                         const std::map<v1::Artifact, store::ResultRef>& results,
+                                                         const std::string& owner) {
   absl::StatusOr<v1::Job> job;
   for (int attempt = 0; attempt < 3; ++attempt) {
     if (attempt > 0) absl::SleepFor(absl::Milliseconds(100 << attempt));
-    job = Transition(id, change, results);
+    job = Transition(id, change, results, owner);
     // The transition itself refused (not the store): trying again changes nothing.
     if (job.ok() || absl::IsFailedPrecondition(job.status()) || absl::IsNotFound(job.status())) break;
   }
   return job;
 }
 
+namespace {
+
+// QUEUED -> RUNNING, the same for Start and Claim.
+absl::Status StartOn(const std::string& device, v1::Job& job) {
+  if (job.state() != v1::QUEUED) return NotIn(job, "start");
+  job.set_state(v1::RUNNING);
+  job.set_device(device);
+  job.set_attempts(job.attempts() + 1);
+  *job.mutable_start_time() = TimeUtil::GetCurrentTime();
+  job.clear_error();
+  job.clear_progress();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<v1::Job> JobRepository::Start(const std::string& id, const std::string& device) {
-  return Transition(id, [&](v1::Job& job, std::vector<v1::JobEvent>&) {
-    if (job.state() != v1::QUEUED) return NotIn(job, "start");
-    job.set_state(v1::RUNNING);
-    job.set_device(device);
-    job.set_attempts(job.attempts() + 1);
-    *job.mutable_start_time() = TimeUtil::GetCurrentTime();
-    job.clear_error();
-    job.clear_progress();
+  return Transition(id, [&](v1::Job& job, std::vector<v1::JobEvent>&) { return StartOn(device, job); });
+}
+
+absl::StatusOr<std::optional<v1::Job>> JobRepository::Claim(const std::string& device, const std::string& owner,
+                                                            int64_t lease_until_ms) {
+  auto claimed = metadata_->ClaimJob(owner, lease_until_ms, [&](v1::Job& job, std::vector<v1::JobEvent>& events) {
+    const v1::JobState before = job.state();
+    if (absl::Status s = StartOn(device, job); !s.ok()) return s;
+    NoteStateChange(before, job, events);
     return absl::OkStatus();
   });
+  if (claimed.ok() && claimed->has_value()) events_->Publish();
+  return claimed;
+}
+
+absl::StatusOr<v1::JobState> JobRepository::Renew(const std::string& id, const std::string& owner,
+                                                  int64_t lease_until_ms) {
+  return metadata_->RenewLease(id, owner, lease_until_ms);
+}
+
+absl::StatusOr<int64_t> JobRepository::CountInStates(const std::vector<v1::JobState>& states) {
+  return metadata_->CountJobsInStates(states);
 }
 
 absl::StatusOr<v1::Job> JobRepository::Cancel(const std::string& id, const std::string& reason) {
@@ -148,7 +199,7 @@ absl::Status JobRepository::Progress(const std::string& id, const v1::JobProgres
 
 absl::StatusOr<v1::Job> JobRepository::Succeed(const std::string& id,
                                                const std::map<v1::Artifact, store::ResultRef>& results,
-                                               const v1::RunReport& report) {
+                                               const v1::RunReport& report, const std::string& owner) {
   return TransitionRetried(
       id,
       [&](v1::Job& job, std::vector<v1::JobEvent>& events) {
@@ -160,11 +211,14 @@ absl::StatusOr<v1::Job> JobRepository::Succeed(const std::string& id,
         events.push_back(std::move(summary));
         return absl::OkStatus();
       },
-      results);
+      results, owner);
 }
 
-absl::StatusOr<v1::Job> JobRepository::Fail(const std::string& id, const absl::Status& error) {
-  return TransitionRetried(id, [&](v1::Job& job, std::vector<v1::JobEvent>& events) {
+absl::StatusOr<v1::Job> JobRepository::Fail(const std::string& id, const absl::Status& error,
+                                            const std::string& owner) {
+  return TransitionRetried(
+      id,
+      [&](v1::Job& job, std::vector<v1::JobEvent>& events) {
     if (!Runs(job.state())) return NotIn(job, "fail");
     if (job.state() == v1::CANCELLING) {
       job.set_state(v1::CANCELLED);
@@ -177,20 +231,27 @@ absl::StatusOr<v1::Job> JobRepository::Fail(const std::string& id, const absl::S
     *failure.mutable_failure() = job.error();
     events.push_back(std::move(failure));
     return absl::OkStatus();
-  });
+      },
+      {}, owner);
 }
 
-absl::StatusOr<v1::Job> JobRepository::Cancelled(const std::string& id, const std::string& reason) {
-  return TransitionRetried(id, [&](v1::Job& job, std::vector<v1::JobEvent>&) {
-    if (!Runs(job.state())) return NotIn(job, "be cancelled");
-    job.set_state(v1::CANCELLED);
-    *job.mutable_error() = ErrorOf(absl::CancelledError(reason));
-    return absl::OkStatus();
-  });
+absl::StatusOr<v1::Job> JobRepository::Cancelled(const std::string& id, const std::string& reason,
+                                                 const std::string& owner) {
+  return TransitionRetried(
+      id,
+      [&](v1::Job& job, std::vector<v1::JobEvent>&) {
+        if (!Runs(job.state())) return NotIn(job, "be cancelled");
+        job.set_state(v1::CANCELLED);
+        *job.mutable_error() = ErrorOf(absl::CancelledError(reason));
+        return absl::OkStatus();
+      },
+      {}, owner);
 }
 
-absl::StatusOr<v1::Job> JobRepository::Requeue(const std::string& id) {
-  return TransitionRetried(id, [&](v1::Job& job, std::vector<v1::JobEvent>&) {
+absl::StatusOr<v1::Job> JobRepository::Requeue(const std::string& id, const std::string& owner) {
+  return TransitionRetried(
+      id,
+      [&](v1::Job& job, std::vector<v1::JobEvent>&) {
     if (!Runs(job.state())) return NotIn(job, "be queued again");
     if (job.state() == v1::CANCELLING) {
       job.set_state(v1::CANCELLED);
@@ -200,31 +261,55 @@ absl::StatusOr<v1::Job> JobRepository::Requeue(const std::string& id) {
     job.set_state(v1::QUEUED);
     job.clear_progress();
     return absl::OkStatus();
-  });
+      },
+      {}, owner);
 }
 
 absl::StatusOr<std::vector<v1::Job>> JobRepository::RecoverInterrupted(int max_attempts) {
-  auto interrupted = metadata_->JobsInStates({v1::RUNNING, v1::CANCELLING});
-  if (!interrupted.ok()) return interrupted.status();
+  auto running = metadata_->JobsInStates({v1::RUNNING, v1::CANCELLING});
+  if (!running.ok()) return running.status();
+  std::vector<store::StoredJob> interrupted;
+  for (const v1::Job& job : *running) {
+    auto stored = metadata_->ReadJob(job.id());
+    if (!stored.ok()) return stored.status();
+    interrupted.push_back(*std::move(stored));
+  }
+  return Recover(interrupted, max_attempts);
+}
+
+absl::StatusOr<std::vector<v1::Job>> JobRepository::RecoverExpired(int64_t now_ms, int max_attempts) {
+  auto expired = metadata_->JobsWithExpiredLeases(now_ms);
+  if (!expired.ok()) return expired.status();
+  return Recover(*expired, max_attempts);
+}
+
+absl::StatusOr<std::vector<v1::Job>> JobRepository::Recover(const std::vector<store::StoredJob>& interrupted,
+                                                            int max_attempts) {
   std::vector<v1::Job> changed;
-  for (const v1::Job& found : *interrupted) {
-    auto job = Transition(found.id(), [&](v1::Job& job, std::vector<v1::JobEvent>&) {
-      if (!Runs(job.state())) return absl::OkStatus();  // ended meanwhile
-      job.clear_progress();
-      if (job.state() == v1::CANCELLING) {
-        job.set_state(v1::CANCELLED);
-        *job.mutable_error() = ErrorOf(absl::CancelledError("cancelled"));
-      } else if (job.attempts() >= max_attempts) {
-        // A job that keeps taking the server down must not do so forever.
-        job.set_state(v1::FAILED);
-        *job.mutable_error() = ErrorOf(absl::AbortedError(
-            absl::StrCat("the server stopped while this job ran, ", job.attempts(), " times (--max_attempts=",
-                         max_attempts, "); it is not run again")));
-      } else {
-        job.set_state(v1::QUEUED);
-      }
-      return absl::OkStatus();
-    });
+  for (const store::StoredJob& found : interrupted) {
+    // Only as found: a worker that renewed its lease meanwhile, or another process that
+    // recovered the job first, wins (ABORTED: left alone).
+    auto job = Transition(
+        found.job.id(),
+        [&](v1::Job& job, std::vector<v1::JobEvent>&) {
+          if (!Runs(job.state())) return absl::OkStatus();
+          job.clear_progress();
+          if (job.state() == v1::CANCELLING) {
+            job.set_state(v1::CANCELLED);
+            *job.mutable_error() = ErrorOf(absl::CancelledError("cancelled"));
+          } else if (job.attempts() >= max_attempts) {
+            // A job that keeps taking its worker down must not do so forever.
+            job.set_state(v1::FAILED);
+            *job.mutable_error() = ErrorOf(absl::AbortedError(
+                absl::StrCat("the worker running this job stopped, ", job.attempts(), " times (--max_attempts=",
+                             max_attempts, "); it is not run again")));
+          } else {
+            job.set_state(v1::QUEUED);
+          }
+          return absl::OkStatus();
+        },
+        {}, "", found.version);
+    if (absl::IsAborted(job.status())) continue;
     if (!job.ok()) return job.status();
     changed.push_back(*std::move(job));
   }

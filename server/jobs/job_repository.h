@@ -9,12 +9,15 @@
 //     │            CANCELLING ──(any end but Succeed and Requeue)──▶ CANCELLED
 //     └──Cancel──▶ CANCELLED
 //
-// The scheduler, the API and start-up recovery all go through the same calls; the cluster
-// mode puts a PostgreSQL store under the same repository.
+// The scheduler, the API and recovery all go through the same calls, in one process or in
+// many on one PostgreSQL store: every change is a compare-and-set on the job's stored
+// version (retried on a concurrent change), and a run's end is written only by the worker
+// that still holds the job's lease.
 #pragma once
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -49,6 +52,13 @@ class JobRepository {
   // QUEUED → RUNNING on `device`, one attempt more. FAILED_PRECONDITION in any other state
   // (cancelled while it waited).
   absl::StatusOr<v1::Job> Start(const std::string& id, const std::string& device);
+  // Start of the next job the store says is due (priority, fairness between tenants, age),
+  // leased to `owner` until `lease_until_ms`. nullopt: nothing waits.
+  absl::StatusOr<std::optional<v1::Job>> Claim(const std::string& device, const std::string& owner,
+                                               int64_t lease_until_ms);
+  // Keeps `owner`'s lease; returns the job's state (CANCELLING: stop it). FAILED_PRECONDITION
+  // once the lease is gone (it expired and the job went back to the queue).
+  absl::StatusOr<v1::JobState> Renew(const std::string& id, const std::string& owner, int64_t lease_until_ms);
   // QUEUED → CANCELLED, RUNNING → CANCELLING (the runner is stopped by the caller); a
   // CANCELLING or ended job is returned as it is.
   absl::StatusOr<v1::Job> Cancel(const std::string& id, const std::string& reason);
@@ -57,30 +67,40 @@ class JobRepository {
 
   // The ends of a run (RUNNING or CANCELLING), each written whole or not at all, retried a
   // few times: an error returned means the store kept refusing and the job stays where it
-  // was, for the next start to take up (bounded by max_attempts).
+  // was, for the next start to take up (bounded by max_attempts). With `owner` set, only
+  // while `owner` holds the job's lease (FAILED_PRECONDITION otherwise).
   // SUCCEEDED with its results and the report as a summary event.
   absl::StatusOr<v1::Job> Succeed(const std::string& id, const std::map<v1::Artifact, store::ResultRef>& results,
-                                  const v1::RunReport& report);
+                                  const v1::RunReport& report, const std::string& owner = "");
   // FAILED with `error` (a failure event first); CANCELLED instead if a cancel came first.
-  absl::StatusOr<v1::Job> Fail(const std::string& id, const absl::Status& error);
+  absl::StatusOr<v1::Job> Fail(const std::string& id, const absl::Status& error, const std::string& owner = "");
   // CANCELLED (the runner stopped on request).
-  absl::StatusOr<v1::Job> Cancelled(const std::string& id, const std::string& reason);
+  absl::StatusOr<v1::Job> Cancelled(const std::string& id, const std::string& reason, const std::string& owner = "");
   // QUEUED again, progress cleared (the server stops: the job runs again from the start);
   // CANCELLED instead if a cancel came first.
-  absl::StatusOr<v1::Job> Requeue(const std::string& id);
+  absl::StatusOr<v1::Job> Requeue(const std::string& id, const std::string& owner = "");
 
-  // Start-up: jobs a previous process left RUNNING are queued again, or FAILED once they
-  // have run `max_attempts` times; CANCELLING ones end CANCELLED. Returns the jobs changed.
+  // Jobs whose worker is gone are queued again, or FAILED once they have run `max_attempts`
+  // times; CANCELLING ones end CANCELLED. RecoverInterrupted takes every running job (the
+  // embedded server at start-up: no other process can be running them); RecoverExpired
+  // those whose lease ended before `now_ms` (any process, any time). Returns the jobs changed.
   absl::StatusOr<std::vector<v1::Job>> RecoverInterrupted(int max_attempts);
+  absl::StatusOr<std::vector<v1::Job>> RecoverExpired(int64_t now_ms, int max_attempts);
+  absl::StatusOr<int64_t> CountInStates(const std::vector<v1::JobState>& states);
 
  private:
   // Reads the job, lets `change` edit it (an error leaves it unchanged), and stores it with
   // `events` (a state event for a new state is added) and `results` in one transaction.
   using Change = std::function<absl::Status(v1::Job&, std::vector<v1::JobEvent>&)>;
+  // `owner` set: only while that worker holds the lease. `expected_version` >= 0: only if
+  // the job is still at that version (no retry on a concurrent change).
   absl::StatusOr<v1::Job> Transition(const std::string& id, const Change& change,
-                                     const std::map<v1::Artifact, store::ResultRef>& results = {});
+                                     const std::map<v1::Artifact, store::ResultRef>& results = {},
+                                     const std::string& owner = "", int64_t expected_version = -1);
   absl::StatusOr<v1::Job> TransitionRetried(const std::string& id, const Change& change,
-                                            const std::map<v1::Artifact, store::ResultRef>& results = {});
+                                            const std::map<v1::Artifact, store::ResultRef>& results = {},
+                                            const std::string& owner = "");
+  absl::StatusOr<std::vector<v1::Job>> Recover(const std::vector<store::StoredJob>& interrupted, int max_attempts);
 
   store::MetadataStore* metadata_;
   EventHub* events_;

@@ -1,5 +1,8 @@
 #include "server/jobs/scheduler.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -8,7 +11,10 @@
 #include <google/protobuf/util/time_util.h>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "server/jobs/data_source_spec.h"
 #include "server/log/log.h"
 #include "server/metrics/metrics.h"
@@ -22,41 +28,49 @@ double SecondsBetween(const google::protobuf::Timestamp& from, const google::pro
   return TimeUtil::DurationToNanoseconds(to - from) / 1e9;
 }
 
+SchedulerOptions WithOwner(SchedulerOptions options) {
+  if (options.owner.empty()) {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    absl::BitGen random;
+    options.owner = absl::StrFormat("%s:%d:%08x", host, ::getpid(), absl::Uniform<uint32_t>(random));
+  }
+  return options;
+}
+
 }  // namespace
 
 Scheduler::Scheduler(JobRepository* jobs, store::BlobStore* blobs, ModelRegistry* models, JobRunner* runner,
                      StreamFeeds* feeds, SchedulerOptions options)
-    : jobs_(jobs),
-      blobs_(blobs),
-      models_(models),
-      runner_(runner),
-      feeds_(feeds),
-      options_(std::move(options)),
-      queue_(options_.max_queued_jobs) {}
+    : jobs_(jobs), blobs_(blobs), models_(models), runner_(runner), feeds_(feeds), options_(WithOwner(std::move(options))) {}
 
 Scheduler::~Scheduler() { Shutdown(absl::Seconds(30)); }
 
 absl::Status Scheduler::Start() {
   std::lock_guard<std::mutex> lock(mu_);
   if (started_) return absl::OkStatus();
-  auto recovered = jobs_->RecoverInterrupted(options_.max_attempts);
-  if (!recovered.ok()) return recovered.status();
-  for (const v1::Job& job : *recovered) {
-    if (IsTerminal(job.state())) {
-      JobFinished(job, options_.metrics);
-    } else {
-      log::Info("job re-queued at start-up", {{"job_id", job.id()}, {"attempts", job.attempts()}});
+  if (!options_.devices.empty()) {
+    auto recovered = options_.recover_all_at_start
+                         ? jobs_->RecoverInterrupted(options_.max_attempts)
+                         : jobs_->RecoverExpired(absl::ToUnixMillis(absl::Now()), options_.max_attempts);
+    if (!recovered.ok()) return recovered.status();
+    for (const v1::Job& job : *recovered) {
+      if (IsTerminal(job.state())) {
+        JobFinished(job, options_.metrics);
+      } else {
+        log::Info("job re-queued at start-up", {{"job_id", job.id()}, {"attempts", job.attempts()}});
+      }
     }
   }
   auto waiting = jobs_->InStates({v1::QUEUED});
   if (!waiting.ok()) return waiting.status();
   for (const v1::Job& job : *waiting) {
     if (job.spec().data().has_client_stream()) feeds_->Open(job);
-    queue_.Push(job.id(), job.spec().priority(), /*force=*/true, job.tenant()).IgnoreError();
   }
   for (const std::string& device : options_.devices) {
     workers_.emplace_back([this, device] { WorkerLoop(device); });
   }
+  if (!options_.devices.empty()) reaper_ = std::thread([this] { ReaperLoop(); });
   started_ = true;
   return absl::OkStatus();
 }
@@ -67,7 +81,11 @@ void Scheduler::Shutdown(absl::Duration deadline) {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [id, running] : running_) running->cancel = true;
   }
-  queue_.Close();
+  {
+    std::lock_guard<std::mutex> lock(wake_mu_);
+    ++wakes_;
+  }
+  wake_.notify_all();
   bool all_stopped;
   {
     std::unique_lock<std::mutex> lock(workers_mu_);
@@ -83,12 +101,15 @@ void Scheduler::Shutdown(absl::Duration deadline) {
     }
   }
   workers_.clear();
+  if (reaper_.joinable()) reaper_.join();
 }
 
 absl::Status Scheduler::CheckCapacity() const {
   if (stopping_) return absl::UnavailableError("the server is shutting down");
-  if (queue_.size() >= options_.max_queued_jobs) {
-    return absl::ResourceExhaustedError(absl::StrCat("the queue is full: ", options_.max_queued_jobs,
+  auto queued = jobs_->CountInStates({v1::QUEUED});
+  if (!queued.ok()) return queued.status();
+  if (*queued >= options_.max_queued_jobs) {
+    return absl::ResourceExhaustedError(absl::StrCat("the queue is full: ", *queued,
                                                      " jobs are waiting (--max_queued_jobs); retry later"));
   }
   return absl::OkStatus();
@@ -96,11 +117,15 @@ absl::Status Scheduler::CheckCapacity() const {
 
 void Scheduler::Enqueue(const v1::Job& job) {
   if (job.spec().data().has_client_stream()) feeds_->Open(job);
-  queue_.Push(job.id(), job.spec().priority(), /*force=*/true, job.tenant()).IgnoreError();
+  {
+    std::lock_guard<std::mutex> lock(wake_mu_);
+    ++wakes_;
+  }
+  // All: lease keepers and the reaper wait on the same variable.
+  wake_.notify_all();
 }
 
 void Scheduler::Cancel(const std::string& id) {
-  queue_.Remove(id);
   std::lock_guard<std::mutex> lock(mu_);
   auto running = running_.find(id);
   if (running == running_.end()) return;
@@ -108,9 +133,24 @@ void Scheduler::Cancel(const std::string& id) {
   running->second->cancel = true;
 }
 
+int Scheduler::queued() const {
+  auto queued = jobs_->CountInStates({v1::QUEUED});
+  return queued.ok() ? static_cast<int>(*queued) : -1;
+}
+
 int Scheduler::running() const {
   std::lock_guard<std::mutex> lock(mu_);
   return static_cast<int>(running_.size());
+}
+
+int64_t Scheduler::Wakes() {
+  std::lock_guard<std::mutex> lock(wake_mu_);
+  return wakes_;
+}
+
+void Scheduler::WaitForWork(int64_t seen, absl::Duration timeout) {
+  std::unique_lock<std::mutex> lock(wake_mu_);
+  wake_.wait_for(lock, absl::ToChronoMilliseconds(timeout), [&] { return wakes_ != seen || stopping_; });
 }
 
 void Scheduler::WorkerLoop(const std::string& device) {
@@ -119,9 +159,30 @@ void Scheduler::WorkerLoop(const std::string& device) {
     ++active_workers_;
   }
   while (!stopping_) {
-    std::optional<std::string> id = queue_.Pop();
-    if (!id) break;
-    RunJob(*id, device);
+    // Registered before the claim, so that a cancel right after it is not lost.
+    auto running = std::make_shared<Running>();
+    // Read before the claim: an Enqueue between the claim and the wait is not missed.
+    const int64_t seen = Wakes();
+    auto claimed = jobs_->Claim(device, options_.owner, absl::ToUnixMillis(absl::Now() + options_.lease));
+    if (!claimed.ok()) {
+      log::Error("no job claimed: the store refused", {{"device", device},
+                                                        {"error", std::string(claimed.status().message())}});
+      WaitForWork(seen, options_.poll_interval);
+      continue;
+    }
+    if (!claimed->has_value()) {
+      WaitForWork(seen, options_.poll_interval);
+      continue;
+    }
+    const v1::Job& job = **claimed;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      running_[job.id()] = running;
+      if (stopping_) running->cancel = true;
+    }
+    RunJob(job, device, running);
+    std::lock_guard<std::mutex> lock(mu_);
+    running_.erase(job.id());
   }
   {
     std::lock_guard<std::mutex> lock(workers_mu_);
@@ -130,27 +191,68 @@ void Scheduler::WorkerLoop(const std::string& device) {
   workers_cv_.notify_all();
 }
 
-void Scheduler::RunJob(const std::string& id, const std::string& device) {
-  // Registered before the job starts, so that a cancel between the two is not lost.
-  auto running = std::make_shared<Running>();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return;  // stays QUEUED for the next start
-    running_[id] = running;
-  }
-  absl::Cleanup unregister = [&] {
-    std::lock_guard<std::mutex> lock(mu_);
-    running_.erase(id);
-  };
-  auto started = jobs_->Start(id, device);
-  if (!started.ok()) {
-    // Cancelled while it waited; anything else is the store's, and the job stays QUEUED.
-    if (!absl::IsFailedPrecondition(started.status())) {
-      log::Error("job not started", {{"job_id", id}, {"error", std::string(started.status().message())}});
+void Scheduler::ReaperLoop() {
+  while (!stopping_) {
+    WaitForWork(Wakes(), options_.poll_interval);
+    if (stopping_) break;
+    auto recovered = jobs_->RecoverExpired(absl::ToUnixMillis(absl::Now()), options_.max_attempts);
+    if (!recovered.ok()) {
+      log::Warning("expired leases not recovered", {{"error", std::string(recovered.status().message())}});
+      continue;
     }
-    return;
+    for (const v1::Job& job : *recovered) {
+      if (IsTerminal(job.state())) {
+        JobFinished(job, options_.metrics);
+      } else {
+        log::Info("job re-queued: its worker stopped renewing its lease",
+                  {{"job_id", job.id()}, {"attempts", job.attempts()}});
+        std::lock_guard<std::mutex> lock(wake_mu_);
+        ++wakes_;
+        wake_.notify_all();
+      }
+    }
   }
-  const v1::Job& job = *started;
+}
+
+void Scheduler::KeepLease(const std::string& id, Running& running, const std::atomic<bool>& done) {
+  const absl::Duration every = std::min(options_.lease / 3, absl::Seconds(1));
+  absl::Time last_renewed = absl::Now();
+  while (!done) {
+    {
+      std::unique_lock<std::mutex> lock(wake_mu_);
+      wake_.wait_for(lock, absl::ToChronoMilliseconds(every), [&] { return done.load() || stopping_.load(); });
+    }
+    if (done) return;
+    auto state = jobs_->Renew(id, options_.owner, absl::ToUnixMillis(absl::Now() + options_.lease));
+    if (state.ok()) {
+      last_renewed = absl::Now();
+      if (*state == v1::CANCELLING && !running.cancel) {
+        running.by_user = true;
+        running.cancel = true;
+      }
+      continue;
+    }
+    // Lost (expired and taken back), or the store unreachable for a whole lease: another
+    // worker may run the job now, so this one stops and writes nothing.
+    if (absl::IsFailedPrecondition(state.status()) || absl::IsNotFound(state.status()) ||
+        absl::Now() - last_renewed > options_.lease) {
+      log::Warning("job lease lost: stopping its run", {{"job_id", id}, {"error", std::string(state.status().message())}});
+      running.lease_lost = true;
+      running.cancel = true;
+      return;
+    }
+  }
+}
+
+void Scheduler::RunJob(const v1::Job& job, const std::string& device, const std::shared_ptr<Running>& running) {
+  const std::string& id = job.id();
+  std::atomic<bool> done{false};
+  std::thread keeper([&] { KeepLease(id, *running, done); });
+  absl::Cleanup stop_keeper = [&] {
+    done = true;
+    wake_.notify_all();
+    keeper.join();
+  };
   const double queue_wait = SecondsBetween(job.create_time(), job.start_time());
   if (options_.metrics) {
     options_.metrics->job_queue_wait_seconds.Observe(queue_wait);
@@ -166,24 +268,29 @@ void Scheduler::RunJob(const std::string& id, const std::string& device) {
     outputs = Execute(job, device, *running);
   }
   feeds_->Close(id, absl::FailedPreconditionError("the job has ended"));
+  if (running->lease_lost) {
+    log::Warning("job run abandoned: its lease went to another worker", {{"job_id", id}});
+    return;
+  }
 
+  const std::string& owner = options_.owner;
   absl::StatusOr<v1::Job> ended;
   if (outputs.ok()) {
-    ended = jobs_->Succeed(id, outputs->results, outputs->report);
+    ended = jobs_->Succeed(id, outputs->results, outputs->report, owner);
   } else if (running->cancel && !running->by_user) {
-    // Shutdown: the job runs again, from the start, when the server next starts.
-    ended = jobs_->Requeue(id);
+    // Shutdown: the job runs again, from the start, on the next worker that claims it.
+    ended = jobs_->Requeue(id, owner);
     if (ended.ok() && ended->state() == v1::QUEUED) {
       log::Info("job re-queued: the server is shutting down", {{"job_id", id}});
       return;
     }
   } else if (running->by_user) {
-    ended = jobs_->Cancelled(id, "cancelled by request");
+    ended = jobs_->Cancelled(id, "cancelled by request", owner);
   } else {
-    ended = jobs_->Fail(id, outputs.status());
+    ended = jobs_->Fail(id, outputs.status(), owner);
   }
   if (!ended.ok()) {
-    // The store keeps the job RUNNING: the next start takes it up again (--max_attempts).
+    // The store keeps the job RUNNING: its lease runs out and it is taken up again (--max_attempts).
     log::Error("job end not stored", {{"job_id", id}, {"error", std::string(ended.status().message())}});
     return;
   }

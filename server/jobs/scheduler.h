@@ -1,8 +1,11 @@
-// Runs queued jobs: one worker thread per device takes the next job from the queue (highest
-// priority first, FIFO within a priority), starts it in the repository, hands it to the
-// JobRunner (the sandboxed worker process) with its model, data, scratch directory, timeout
-// and cancellation, and ends it in the repository with the results the runner left in
-// scratch adopted into the blob store.
+// Runs queued jobs: one worker thread per device claims the next job from the store (highest
+// priority, fair between tenants, oldest first) under a lease it keeps renewing, hands it to
+// the JobRunner (the sandboxed worker process) with its model, data, scratch directory,
+// timeout and cancellation, and ends it in the repository with the results the runner left in
+// scratch adopted into the blob store. The queue is the store: in one process or in many on
+// PostgreSQL the same way. A cancel reaches the worker at once in its own process, and
+// through the lease renewal (within a second) from any other. A reaper puts back the jobs
+// whose worker stopped renewing (it died, or lost the store) once their lease has ended.
 #pragma once
 
 #include <atomic>
@@ -18,7 +21,6 @@
 #include "absl/time/time.h"
 #include "recal/v1/recal.pb.h"
 #include "server/jobs/data_source_spec.h"
-#include "server/jobs/job_queue.h"
 #include "server/jobs/job_repository.h"
 #include "server/jobs/job_runner.h"
 #include "server/jobs/model_registry.h"
@@ -40,6 +42,15 @@ struct SchedulerOptions {
   metrics::Metrics* metrics = nullptr;  // none: nothing is counted
   // Runs of a job the server died during; past it the job fails instead of running again.
   int max_attempts = 3;
+  // Who holds the leases of this process's jobs (default: host, pid and a random part).
+  std::string owner;
+  absl::Duration lease = absl::Seconds(30);
+  // How often idle workers look for jobs queued by other processes, and the reaper for
+  // expired leases.
+  absl::Duration poll_interval = absl::Seconds(1);
+  // At start, every job left RUNNING goes back to the queue (true: this is the only process
+  // on the store, e.g. SQLite) or only those whose lease has ended (false).
+  bool recover_all_at_start = true;
 };
 
 // Logs and counts (when `metrics`) a job that has just reached a terminal state.
@@ -59,18 +70,19 @@ class Scheduler {
 
   // RESOURCE_EXHAUSTED when max_queued_jobs wait already.
   absl::Status CheckCapacity() const;
-  // A job just created QUEUED.
+  // A job just created QUEUED: a worker of this process looks now.
   void Enqueue(const v1::Job& job);
-  // A job just cancelled: leaves the queue, or its runner is stopped.
+  // A job just cancelled: its runner is stopped if it runs here.
   void Cancel(const std::string& id);
 
-  int queued() const { return queue_.size(); }
-  int running() const;
+  int queued() const;  // in the store, from every process
+  int running() const;  // here
 
  private:
   struct Running {
     std::atomic<bool> cancel{false};
     std::atomic<bool> by_user{false};
+    std::atomic<bool> lease_lost{false};  // another worker may have the job now: write nothing
   };
   struct Outputs {
     std::map<v1::Artifact, store::ResultRef> results;
@@ -78,7 +90,14 @@ class Scheduler {
   };
 
   void WorkerLoop(const std::string& device);
-  void RunJob(const std::string& id, const std::string& device);
+  void ReaperLoop();
+  void RunJob(const v1::Job& job, const std::string& device, const std::shared_ptr<Running>& running);
+  // Renews the job's lease until `done`; turns a cancel seen there, or a lost lease, into
+  // `running`'s flags.
+  void KeepLease(const std::string& id, Running& running, const std::atomic<bool>& done);
+  // Waits up to `timeout` for an Enqueue / Shutdown after Wakes() returned `seen`.
+  int64_t Wakes();
+  void WaitForWork(int64_t seen, absl::Duration timeout);
   absl::StatusOr<Outputs> Execute(const v1::Job& job, const std::string& device, Running& running);
 
   JobRepository* jobs_;
@@ -87,17 +106,21 @@ class Scheduler {
   JobRunner* runner_;
   StreamFeeds* feeds_;
   const SchedulerOptions options_;
-  JobQueue queue_;
 
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<Running>> running_;
   std::vector<std::thread> workers_;
+  std::thread reaper_;
   bool started_ = false;
   std::atomic<bool> stopping_{false};
 
   std::mutex workers_mu_;
   std::condition_variable workers_cv_;
   int active_workers_ = 0;
+
+  std::mutex wake_mu_;
+  std::condition_variable wake_;
+  int64_t wakes_ = 0;
 };
 
 }  // namespace recal::jobs

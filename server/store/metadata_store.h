@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -37,6 +38,19 @@ struct TenantUsage {
 // from before tenants had.
 inline constexpr char kDefaultTenant[] = "default";
 
+// A job as the store holds it: the message, the version every write bumps (for
+// compare-and-set across processes) and the lease of the worker running it, if any.
+struct StoredJob {
+  v1::Job job;
+  int64_t version = 0;
+  std::string lease_owner;   // empty: no lease
+  int64_t lease_until_ms = 0;  // Unix ms
+};
+
+// What a claim does to the job it picked (inside the claim's transaction): the state
+// machine's QUEUED -> RUNNING, and the events to store with it.
+using ClaimChange = std::function<absl::Status(v1::Job&, std::vector<v1::JobEvent>&)>;
+
 struct ModelPage {
   std::vector<v1::Model> models;
   std::string next_page_token;
@@ -62,7 +76,10 @@ class MetadataStore {
   // Jobs. CreateJob assigns nothing: job.id, tenant and request_id are the caller's. If a
   // job of the same tenant with the same non-empty request_id exists, returns it and
   // `*created` = false.
-  virtual absl::StatusOr<v1::Job> CreateJob(const v1::Job& job, bool* created) = 0;
+  // `events` are stored with a new job, in the same transaction (a claimer in another
+  // thread or process never sees the job without them).
+  virtual absl::StatusOr<v1::Job> CreateJob(const v1::Job& job, bool* created,
+                                            std::vector<v1::JobEvent> events = {}) = 0;
   virtual absl::StatusOr<v1::Job> GetJob(const std::string& id) = 0;  // NOT_FOUND
   virtual absl::StatusOr<v1::Job> FindJobByRequestId(const std::string& tenant, const std::string& request_id) = 0;  // NOT_FOUND
   // Newest first. Page tokens are opaque strings. `tenant` empty: every tenant's.
@@ -75,9 +92,28 @@ class MetadataStore {
   // seq = last seq of the job + 1) in one transaction. Returns the event as stored.
   virtual absl::StatusOr<v1::JobEvent> UpdateJob(const v1::Job& job, v1::JobEvent event) = 0;
   // Replaces the stored job, stores `results` and appends `events` (seq and time assigned
-  // here), all in one transaction: a job never ends without its results.
+  // here), all in one transaction: a job never ends without its results. With
+  // `expected_version` >= 0, only if the stored version is still that one (ABORTED
+  // otherwise: another process changed the job; read it again). Every write bumps the
+  // version; a state other than RUNNING / CANCELLING drops the lease.
   virtual absl::Status CommitJob(const v1::Job& job, std::vector<v1::JobEvent> events,
-                         const std::map<v1::Artifact, ResultRef>& results = {}) = 0;
+                                 const std::map<v1::Artifact, ResultRef>& results = {},
+                                 int64_t expected_version = -1) = 0;
+  virtual absl::StatusOr<StoredJob> ReadJob(const std::string& id) = 0;  // NOT_FOUND
+
+  // Workers. ClaimJob takes the next QUEUED job — highest priority; within it, the tenant
+  // whose last job started longest ago (fair between tenants); then the oldest — applies
+  // `change` to it and stores it with a lease held by `owner` until `lease_until_ms`, all in
+  // one transaction; two claimers never get the same job. nullopt: nothing waits.
+  virtual absl::StatusOr<std::optional<v1::Job>> ClaimJob(const std::string& owner, int64_t lease_until_ms,
+                                                          const ClaimChange& change) = 0;
+  // Extends `owner`'s lease on a running job and returns the job's state (CANCELLING tells
+  // the worker to stop). FAILED_PRECONDITION once the lease is not `owner`'s any more.
+  virtual absl::StatusOr<v1::JobState> RenewLease(const std::string& job_id, const std::string& owner,
+                                                  int64_t lease_until_ms) = 0;
+  // RUNNING / CANCELLING jobs whose lease ended before `now_ms` (their worker is gone).
+  virtual absl::StatusOr<std::vector<StoredJob>> JobsWithExpiredLeases(int64_t now_ms) = 0;
+  virtual absl::StatusOr<int64_t> CountJobsInStates(const std::vector<v1::JobState>& states) = 0;
   // Appends an event without changing the job (progress).
   virtual absl::StatusOr<v1::JobEvent> AppendEvent(const std::string& job_id, v1::JobEvent event) = 0;
   // Events with seq > after_seq, in order, at most `limit`.

@@ -5,6 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "server/store/metadata_rows.h"
 #include "server/store/postgres_util.h"
@@ -20,7 +22,7 @@ using namespace internal::rows;  // NOLINT: the rows helpers are this file's voc
 
 // The row of schema_version. 2 is SQLite's version 2, table for table (PostgreSQL stores
 // began there). Bump it, and add a step in MigrateSchema, whenever a table changes.
-constexpr int64_t kSchemaVersion = 2;
+constexpr int64_t kSchemaVersion = 3;
 
 // The advisory lock that whoever creates or migrates the schema holds: "recal" and a 1.
 constexpr int64_t kSchemaLockKey = 0x726563616c000001;
@@ -68,6 +70,18 @@ CREATE TABLE results (
 CREATE INDEX results_by_blob ON results(sha256);
 )sql";
 
+// Version 3: what workers need to share jobs (compare-and-set versions, claims in priority
+// and fairness order, leases).
+constexpr char kJobsV3[] = R"sql(
+ALTER TABLE jobs ADD COLUMN version BIGINT NOT NULL DEFAULT 0,
+                 ADD COLUMN priority BIGINT NOT NULL DEFAULT 0,
+                 ADD COLUMN started_ms BIGINT,
+                 ADD COLUMN lease_owner TEXT,
+                 ADD COLUMN lease_until_ms BIGINT;
+CREATE INDEX jobs_to_claim ON jobs(state, priority, create_seq);
+CREATE INDEX jobs_started_by_tenant ON jobs(tenant, started_ms);
+)sql";
+
 // "($3,$4,$5)" for a state filter whose parameters start at $first.
 std::string Placeholders(int first, size_t n) {
   std::string s = "(";
@@ -113,7 +127,7 @@ struct PostgresMetadataStore::Impl {
   // transaction holds the job's row lock, so no other process reads the same last seq.
   absl::StatusOr<v1::JobEvent> InsertEvent(const std::string& job_id, v1::JobEvent event);
   // Replaces the job's row (and so locks it).
-  absl::Status WriteJob(const v1::Job& job);
+  absl::Status WriteJob(const v1::Job& job, int64_t expected_version = -1);
   absl::Status InsertResult(const std::string& job_id, v1::Artifact artifact, const ResultRef& ref);
 };
 
@@ -149,12 +163,22 @@ absl::Status PostgresMetadataStore::Impl::MigrateSchema() {
     }
   }
   if (version == kSchemaVersion) return absl::OkStatus();  // rolls back the empty transaction
-  if (version != 0) {
+  if (version != 0 && version != 2) {
     return absl::FailedPreconditionError(absl::StrCat(
         "database ", conn.where(), " has schema version ", version, " but this recal-server knows only ",
         kSchemaVersion, "; run a matching server or point --store elsewhere"));
   }
-  RECAL_RETURN_IF_ERROR(conn.ExecScript(kSchemaV2));
+  if (version == 0) RECAL_RETURN_IF_ERROR(conn.ExecScript(kSchemaV2));
+  RECAL_RETURN_IF_ERROR(conn.ExecScript(kJobsV3));
+  // Waiting jobs are claimed by priority: give the column theirs.
+  RECAL_ASSIGN_OR_RETURN(Result queued, Exec("SELECT id, proto FROM jobs WHERE state = $1", Params().Int64(v1::QUEUED)));
+  RECAL_ASSIGN_OR_RETURN(std::vector<v1::Job> jobs, ParseJobs(queued));
+  for (const v1::Job& job : jobs) {
+    RECAL_RETURN_IF_ERROR(Exec("UPDATE jobs SET priority = $2 WHERE id = $1",
+                               Params().Text(job.id()).Int64(job.spec().priority()))
+                              .status());
+  }
+  RECAL_RETURN_IF_ERROR(Exec("DELETE FROM schema_version").status());
   RECAL_RETURN_IF_ERROR(
       Exec("INSERT INTO schema_version(version) VALUES($1)", Params().Int64(kSchemaVersion)).status());
   return txn.Commit();
@@ -270,7 +294,8 @@ absl::StatusOr<bool> PostgresMetadataStore::Impl::LockJob(const std::string& id)
   return r.rows() > 0;
 }
 
-absl::StatusOr<v1::Job> PostgresMetadataStore::CreateJob(const v1::Job& job, bool* created) {
+absl::StatusOr<v1::Job> PostgresMetadataStore::CreateJob(const v1::Job& job, bool* created,
+                                                         std::vector<v1::JobEvent> events) {
   if (job.id().empty()) return absl::InvalidArgumentError("cannot store a job without an id");
   if (job.tenant().empty()) return absl::InvalidArgumentError("cannot store a job without a tenant");
   Params insert;
@@ -280,17 +305,18 @@ absl::StatusOr<v1::Job> PostgresMetadataStore::CreateJob(const v1::Job& job, boo
   } else {
     insert.Text(job.request_id());
   }
-  insert.Int64(job.state()).Text(job.spec().model_id()).Bytes(job.SerializeAsString());
+  insert.Int64(job.state()).Text(job.spec().model_id()).Bytes(job.SerializeAsString()).Int64(job.spec().priority());
   return impl_->Run([&]() -> absl::StatusOr<v1::Job> {
     RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn));
     // Whichever key collides (id or tenant + request_id), the insert waits for a concurrent
     // writer of the same key and then does nothing; the look-ups below tell which it was,
     // in SQLite's order: an existing request_id wins over an existing id.
     RECAL_ASSIGN_OR_RETURN(Result inserted,
-                           impl_->Exec("INSERT INTO jobs(id, tenant, request_id, state, model_id, proto) "
-                                       "VALUES($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
+                           impl_->Exec("INSERT INTO jobs(id, tenant, request_id, state, model_id, proto, priority) "
+                                       "VALUES($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
                                        insert));
     if (inserted.Affected() == 1) {
+      for (const v1::JobEvent& event : events) RECAL_RETURN_IF_ERROR(impl_->InsertEvent(job.id(), event).status());
       RECAL_RETURN_IF_ERROR(txn.Commit());
       if (created != nullptr) *created = true;
       return job;
@@ -385,16 +411,27 @@ absl::StatusOr<v1::JobEvent> PostgresMetadataStore::Impl::InsertEvent(const std:
   return event;
 }
 
-absl::Status PostgresMetadataStore::Impl::WriteJob(const v1::Job& job) {
-  // request_id and create_seq are fixed at creation; the state column follows the proto.
-  RECAL_ASSIGN_OR_RETURN(Result r, Exec("UPDATE jobs SET state = $2, model_id = $3, proto = $4 WHERE id = $1",
-                                        Params()
-                                            .Text(job.id())
-                                            .Int64(job.state())
-                                            .Text(job.spec().model_id())
-                                            .Bytes(job.SerializeAsString())));
-  if (r.Affected() == 0) return absl::NotFoundError(absl::StrCat("no job '", job.id(), "' to update"));
-  return absl::OkStatus();
+absl::Status PostgresMetadataStore::Impl::WriteJob(const v1::Job& job, int64_t expected_version) {
+  // request_id and create_seq are fixed at creation; the state column follows the proto; a
+  // job that is not running holds no lease.
+  RECAL_ASSIGN_OR_RETURN(
+      Result r, Exec("UPDATE jobs SET state = $2, model_id = $3, proto = $4, priority = $5, version = version + 1, "
+                     "lease_owner = CASE WHEN $2 IN ($7, $8) THEN lease_owner END, "
+                     "lease_until_ms = CASE WHEN $2 IN ($7, $8) THEN lease_until_ms END "
+                     "WHERE id = $1 AND ($6 < 0 OR version = $6)",
+                     Params()
+                         .Text(job.id())
+                         .Int64(job.state())
+                         .Text(job.spec().model_id())
+                         .Bytes(job.SerializeAsString())
+                         .Int64(job.spec().priority())
+                         .Int64(expected_version)
+                         .Int64(v1::RUNNING)
+                         .Int64(v1::CANCELLING)));
+  if (r.Affected() > 0) return absl::OkStatus();
+  RECAL_ASSIGN_OR_RETURN(const bool exists, JobExists(job.id()));
+  if (!exists) return absl::NotFoundError(absl::StrCat("no job '", job.id(), "' to update"));
+  return absl::AbortedError(absl::StrCat("job ", job.id(), " changed meanwhile (version ", expected_version, " is gone)"));
 }
 
 absl::Status PostgresMetadataStore::Impl::InsertResult(const std::string& job_id, v1::Artifact artifact,
@@ -419,10 +456,11 @@ absl::StatusOr<v1::JobEvent> PostgresMetadataStore::UpdateJob(const v1::Job& job
 }
 
 absl::Status PostgresMetadataStore::CommitJob(const v1::Job& job, std::vector<v1::JobEvent> events,
-                                              const std::map<v1::Artifact, ResultRef>& results) {
+                                              const std::map<v1::Artifact, ResultRef>& results,
+                                              int64_t expected_version) {
   return impl_->Run([&]() -> absl::Status {
     RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn));
-    RECAL_RETURN_IF_ERROR(impl_->WriteJob(job));
+    RECAL_RETURN_IF_ERROR(impl_->WriteJob(job, expected_version));
     for (const auto& [artifact, ref] : results) RECAL_RETURN_IF_ERROR(impl_->InsertResult(job.id(), artifact, ref));
     for (const v1::JobEvent& event : events) RECAL_RETURN_IF_ERROR(impl_->InsertEvent(job.id(), event).status());
     return txn.Commit();
@@ -512,6 +550,105 @@ absl::StatusOr<TenantUsage> PostgresMetadataStore::Usage(const std::string& tena
     usage.active_jobs = r.Int64(0, 0);
     usage.stored_bytes = r.Int64(0, 1);
     return usage;
+  });
+}
+
+// ----------------------------------------------------------------------------- workers
+
+namespace {
+
+absl::StatusOr<StoredJob> StoredJobAt(const Result& r, int row) {  // columns: id, proto, version, owner, until
+  StoredJob stored;
+  RECAL_ASSIGN_OR_RETURN(stored.job, Parse<v1::Job>(r.Bytes(row, 1), "job", r.Bytes(row, 0)));
+  stored.version = r.Int64(row, 2);
+  stored.lease_owner = r.Bytes(row, 3);
+  stored.lease_until_ms = r.Int64(row, 4);
+  return stored;
+}
+
+constexpr char kStoredJobColumns[] = "id, proto, version, COALESCE(lease_owner, ''), COALESCE(lease_until_ms, 0)";
+
+}  // namespace
+
+absl::StatusOr<StoredJob> PostgresMetadataStore::ReadJob(const std::string& id) {
+  return impl_->Run([&]() -> absl::StatusOr<StoredJob> {
+    RECAL_ASSIGN_OR_RETURN(Result r, impl_->Exec(absl::StrCat("SELECT ", kStoredJobColumns, " FROM jobs WHERE id = $1"),
+                                                 Params().Text(id)));
+    if (r.rows() == 0) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+    return StoredJobAt(r, 0);
+  });
+}
+
+absl::StatusOr<std::optional<v1::Job>> PostgresMetadataStore::ClaimJob(const std::string& owner, int64_t lease_until_ms,
+                                                                       const ClaimChange& change) {
+  return impl_->Run([&]() -> absl::StatusOr<std::optional<v1::Job>> {
+    RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn));
+    // SKIP LOCKED: claimers in other processes pass over a row one of them is taking, so
+    // each gets a different job and none waits for another.
+    RECAL_ASSIGN_OR_RETURN(
+        Result r, impl_->Exec("SELECT id, proto FROM jobs j WHERE state = $1 ORDER BY priority DESC, "
+                              "(SELECT COALESCE(MAX(started_ms), -1) FROM jobs t WHERE t.tenant = j.tenant) ASC, "
+                              "create_seq ASC LIMIT 1 FOR UPDATE SKIP LOCKED",
+                              Params().Int64(v1::QUEUED)));
+    if (r.rows() == 0) return std::optional<v1::Job>();
+    const std::string id = r.Bytes(0, 0);
+    RECAL_ASSIGN_OR_RETURN(v1::Job job, Parse<v1::Job>(r.Bytes(0, 1), "job", id));
+    std::vector<v1::JobEvent> events;
+    RECAL_RETURN_IF_ERROR(change(job, events));
+    RECAL_RETURN_IF_ERROR(impl_->WriteJob(job));
+    RECAL_RETURN_IF_ERROR(impl_->Exec("UPDATE jobs SET lease_owner = $2, lease_until_ms = $3, started_ms = $4 "
+                                      "WHERE id = $1",
+                                      Params().Text(id).Text(owner).Int64(lease_until_ms).Int64(
+                                          absl::ToUnixMillis(absl::Now())))
+                              .status());
+    for (const v1::JobEvent& event : events) RECAL_RETURN_IF_ERROR(impl_->InsertEvent(id, event).status());
+    RECAL_RETURN_IF_ERROR(txn.Commit());
+    return std::optional<v1::Job>(std::move(job));
+  });
+}
+
+absl::StatusOr<v1::JobState> PostgresMetadataStore::RenewLease(const std::string& job_id, const std::string& owner,
+                                                               int64_t lease_until_ms) {
+  return impl_->Run([&]() -> absl::StatusOr<v1::JobState> {
+    RECAL_ASSIGN_OR_RETURN(
+        Result r, impl_->Exec("UPDATE jobs SET lease_until_ms = $3 WHERE id = $1 AND lease_owner = $2 "
+                              "AND state IN ($4, $5) RETURNING state",
+                              Params().Text(job_id).Text(owner).Int64(lease_until_ms).Int64(v1::RUNNING).Int64(
+                                  v1::CANCELLING)));
+    if (r.rows() == 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the lease on job ", job_id, " is not ", owner, "'s any more"));
+    }
+    return static_cast<v1::JobState>(r.Int64(0, 0));
+  });
+}
+
+absl::StatusOr<std::vector<StoredJob>> PostgresMetadataStore::JobsWithExpiredLeases(int64_t now_ms) {
+  return impl_->Run([&]() -> absl::StatusOr<std::vector<StoredJob>> {
+    RECAL_ASSIGN_OR_RETURN(
+        Result r, impl_->Exec(absl::StrCat("SELECT ", kStoredJobColumns,
+                                           " FROM jobs WHERE state IN ($1, $2) AND COALESCE(lease_until_ms, 0) < $3 "
+                                           "ORDER BY create_seq"),
+                              Params().Int64(v1::RUNNING).Int64(v1::CANCELLING).Int64(now_ms)));
+    std::vector<StoredJob> expired;
+    for (int i = 0; i < r.rows(); ++i) {
+      RECAL_ASSIGN_OR_RETURN(StoredJob stored, StoredJobAt(r, i));
+      expired.push_back(std::move(stored));
+    }
+    return expired;
+  });
+}
+
+absl::StatusOr<int64_t> PostgresMetadataStore::CountJobsInStates(const std::vector<v1::JobState>& requested) {
+  const std::optional<std::vector<v1::JobState>> states = NormalizeStates(requested);
+  if (!states) return 0;
+  std::string sql = "SELECT COUNT(*) FROM jobs";
+  if (!states->empty()) absl::StrAppend(&sql, " WHERE state IN ", Placeholders(1, states->size()));
+  Params params;
+  AddStates(params, *states);
+  return impl_->Run([&]() -> absl::StatusOr<int64_t> {
+    RECAL_ASSIGN_OR_RETURN(Result r, impl_->Exec(sql, params));
+    return r.Int64(0, 0);
   });
 }
 

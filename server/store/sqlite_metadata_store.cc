@@ -24,7 +24,7 @@ using namespace internal::rows;  // NOLINT: the rows helpers are this file's voc
 
 // PRAGMA user_version of the schema below. Bump it (and add a migration step in
 // MigrateSchema) whenever a table changes.
-constexpr int64_t kSchemaVersion = 2;
+constexpr int64_t kSchemaVersion = 3;
 
 // create_seq is a per-table counter, so "newest first" and page tokens do not depend on
 // clock resolution or clock steps. Every model and job belongs to one tenant: a model's
@@ -55,6 +55,17 @@ CREATE INDEX models_by_id ON models(id);
 CREATE INDEX jobs_by_state ON jobs(state, create_seq);
 CREATE INDEX jobs_by_model ON jobs(model_id, state);
 CREATE INDEX jobs_by_tenant ON jobs(tenant, create_seq);
+)sql";
+// Version 3: what workers need to share jobs (compare-and-set versions, claims in priority
+// and fairness order, leases). The same step for a new database and an old one.
+constexpr char kJobsV3[] = R"sql(
+ALTER TABLE jobs ADD COLUMN version INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN priority INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN started_ms INTEGER;
+ALTER TABLE jobs ADD COLUMN lease_owner TEXT;
+ALTER TABLE jobs ADD COLUMN lease_until_ms INTEGER;
+CREATE INDEX jobs_to_claim ON jobs(state, priority, create_seq);
+CREATE INDEX jobs_started_by_tenant ON jobs(tenant, started_ms);
 )sql";
 constexpr char kEventsAndResults[] = R"sql(
 CREATE TABLE events (
@@ -96,6 +107,7 @@ struct SqliteMetadataStore::Impl {
   absl::Status MigrateSchema();
   // Version 1 had no tenants: its models and jobs become the default tenant's.
   absl::Status MigrateV1ToV2();
+  absl::Status MigrateV2ToV3();
   absl::Status InsertModel(const v1::Model& model);
   absl::Status InsertJob(const v1::Job& job);
   absl::StatusOr<std::vector<v1::Job>> QueryJobs(Query& q);
@@ -103,7 +115,7 @@ struct SqliteMetadataStore::Impl {
   // Inserts the event with the next seq of the job and the current time. Caller holds a
   // transaction.
   absl::StatusOr<v1::JobEvent> InsertEvent(const std::string& job_id, v1::JobEvent event);
-  absl::Status WriteJob(const v1::Job& job);
+  absl::Status WriteJob(const v1::Job& job, int64_t expected_version = -1);
   absl::Status InsertResult(const std::string& job_id, v1::Artifact artifact, const ResultRef& ref);
 };
 
@@ -125,8 +137,11 @@ absl::Status SqliteMetadataStore::Impl::MigrateSchema() {
     RECAL_RETURN_IF_ERROR(db.Exec(kTablesV2));
     RECAL_RETURN_IF_ERROR(db.Exec(kIndexesV2));
     RECAL_RETURN_IF_ERROR(db.Exec(kEventsAndResults));
+    RECAL_RETURN_IF_ERROR(MigrateV2ToV3());
+  } else if (version == 1) {
+    RECAL_RETURN_IF_ERROR(MigrateV1ToV2());  // straight to version 3's columns
   } else {
-    RECAL_RETURN_IF_ERROR(MigrateV1ToV2());
+    RECAL_RETURN_IF_ERROR(MigrateV2ToV3());
   }
   RECAL_RETURN_IF_ERROR(db.Exec(absl::StrCat("PRAGMA user_version = ", kSchemaVersion)));
   return txn.Commit();
@@ -136,6 +151,7 @@ absl::Status SqliteMetadataStore::Impl::MigrateV1ToV2() {
   RECAL_RETURN_IF_ERROR(db.Exec("DROP INDEX jobs_by_state; DROP INDEX jobs_by_model;"
                                 "ALTER TABLE models RENAME TO models_v1; ALTER TABLE jobs RENAME TO jobs_v1;"));
   RECAL_RETURN_IF_ERROR(db.Exec(kTablesV2));
+  RECAL_RETURN_IF_ERROR(db.Exec(kJobsV3));
   {
     RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT id, proto FROM models_v1 ORDER BY create_seq"));
     while (true) {
@@ -160,6 +176,19 @@ absl::Status SqliteMetadataStore::Impl::MigrateV1ToV2() {
   return db.Exec(kIndexesV2);
 }
 
+absl::Status SqliteMetadataStore::Impl::MigrateV2ToV3() {
+  RECAL_RETURN_IF_ERROR(db.Exec(kJobsV3));
+  // Waiting jobs are claimed by priority: give the column theirs.
+  RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT id, proto FROM jobs WHERE state = ?1"));
+  q.Bind(1, int64_t{v1::QUEUED});
+  RECAL_ASSIGN_OR_RETURN(std::vector<v1::Job> queued, QueryJobs(q));
+  for (const v1::Job& job : queued) {
+    RECAL_ASSIGN_OR_RETURN(Query u, db.Prepare("UPDATE jobs SET priority = ?2 WHERE id = ?1"));
+    RECAL_RETURN_IF_ERROR(u.Bind(1, job.id()).Bind(2, int64_t{job.spec().priority()}).Run());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status SqliteMetadataStore::Impl::InsertModel(const v1::Model& model) {
   RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("INSERT OR IGNORE INTO models(tenant, id, create_seq, size, proto) "
                                              "VALUES(?1, ?2, (SELECT COALESCE(MAX(create_seq), 0) + 1 FROM models), "
@@ -169,15 +198,19 @@ absl::Status SqliteMetadataStore::Impl::InsertModel(const v1::Model& model) {
 
 absl::Status SqliteMetadataStore::Impl::InsertJob(const v1::Job& job) {
   RECAL_ASSIGN_OR_RETURN(
-      Query q, db.Prepare("INSERT INTO jobs(id, tenant, request_id, state, model_id, create_seq, proto) "
-                          "VALUES(?1, ?2, ?3, ?4, ?5, (SELECT COALESCE(MAX(create_seq), 0) + 1 FROM jobs), ?6)"));
+      Query q, db.Prepare("INSERT INTO jobs(id, tenant, request_id, state, model_id, create_seq, proto, priority) "
+                          "VALUES(?1, ?2, ?3, ?4, ?5, (SELECT COALESCE(MAX(create_seq), 0) + 1 FROM jobs), ?6, ?7)"));
   q.Bind(1, job.id()).Bind(2, job.tenant());
   if (job.request_id().empty()) {
     q.BindNull(3);
   } else {
     q.Bind(3, job.request_id());
   }
-  return q.Bind(4, int64_t{job.state()}).Bind(5, job.spec().model_id()).BindBlob(6, job.SerializeAsString()).Run();
+  return q.Bind(4, int64_t{job.state()})
+      .Bind(5, job.spec().model_id())
+      .BindBlob(6, job.SerializeAsString())
+      .Bind(7, int64_t{job.spec().priority()})
+      .Run();
 }
 
 absl::StatusOr<std::unique_ptr<SqliteMetadataStore>> SqliteMetadataStore::Open(const std::string& path) {
@@ -306,7 +339,8 @@ absl::StatusOr<bool> SqliteMetadataStore::Impl::JobExists(const std::string& id)
   return q.Bind(1, id).Step();
 }
 
-absl::StatusOr<v1::Job> SqliteMetadataStore::CreateJob(const v1::Job& job, bool* created) {
+absl::StatusOr<v1::Job> SqliteMetadataStore::CreateJob(const v1::Job& job, bool* created,
+                                                       std::vector<v1::JobEvent> events) {
   if (job.id().empty()) return absl::InvalidArgumentError("cannot store a job without an id");
   if (job.tenant().empty()) return absl::InvalidArgumentError("cannot store a job without a tenant");
   std::lock_guard<std::mutex> lock(impl_->mu);
@@ -323,6 +357,7 @@ absl::StatusOr<v1::Job> SqliteMetadataStore::CreateJob(const v1::Job& job, bool*
   RECAL_ASSIGN_OR_RETURN(const bool exists, impl_->JobExists(job.id()));
   if (exists) return absl::AlreadyExistsError(absl::StrCat("a job with id '", job.id(), "' already exists"));
   RECAL_RETURN_IF_ERROR(impl_->InsertJob(job));
+  for (v1::JobEvent& event : events) RECAL_RETURN_IF_ERROR(impl_->InsertEvent(job.id(), std::move(event)).status());
   RECAL_RETURN_IF_ERROR(txn.Commit());
   if (created != nullptr) *created = true;
   return job;
@@ -404,16 +439,27 @@ absl::StatusOr<v1::JobEvent> SqliteMetadataStore::Impl::InsertEvent(const std::s
   return event;
 }
 
-absl::Status SqliteMetadataStore::Impl::WriteJob(const v1::Job& job) {
-  // request_id and create_seq are fixed at creation; the state column follows the proto.
-  RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("UPDATE jobs SET state = ?2, model_id = ?3, proto = ?4 WHERE id = ?1"));
+absl::Status SqliteMetadataStore::Impl::WriteJob(const v1::Job& job, int64_t expected_version) {
+  // request_id and create_seq are fixed at creation; the state column follows the proto; a
+  // job that is not running holds no lease.
+  RECAL_ASSIGN_OR_RETURN(
+      Query q, db.Prepare("UPDATE jobs SET state = ?2, model_id = ?3, proto = ?4, priority = ?5, version = version + 1, "
+                          "lease_owner = CASE WHEN ?2 IN (?7, ?8) THEN lease_owner END, "
+                          "lease_until_ms = CASE WHEN ?2 IN (?7, ?8) THEN lease_until_ms END "
+                          "WHERE id = ?1 AND (?6 < 0 OR version = ?6)"));
   RECAL_RETURN_IF_ERROR(q.Bind(1, job.id())
                             .Bind(2, int64_t{job.state()})
                             .Bind(3, job.spec().model_id())
                             .BindBlob(4, job.SerializeAsString())
+                            .Bind(5, int64_t{job.spec().priority()})
+                            .Bind(6, expected_version)
+                            .Bind(7, int64_t{v1::RUNNING})
+                            .Bind(8, int64_t{v1::CANCELLING})
                             .Run());
-  if (db.Changes() == 0) return absl::NotFoundError(absl::StrCat("no job '", job.id(), "' to update"));
-  return absl::OkStatus();
+  if (db.Changes() > 0) return absl::OkStatus();
+  RECAL_ASSIGN_OR_RETURN(const bool exists, JobExists(job.id()));
+  if (!exists) return absl::NotFoundError(absl::StrCat("no job '", job.id(), "' to update"));
+  return absl::AbortedError(absl::StrCat("job ", job.id(), " changed meanwhile (version ", expected_version, " is gone)"));
 }
 
 absl::Status SqliteMetadataStore::Impl::InsertResult(const std::string& job_id, v1::Artifact artifact,
@@ -436,10 +482,10 @@ absl::StatusOr<v1::JobEvent> SqliteMetadataStore::UpdateJob(const v1::Job& job, 
 }
 
 absl::Status SqliteMetadataStore::CommitJob(const v1::Job& job, std::vector<v1::JobEvent> events,
-                                      const std::map<v1::Artifact, ResultRef>& results) {
+                                      const std::map<v1::Artifact, ResultRef>& results, int64_t expected_version) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->db));
-  RECAL_RETURN_IF_ERROR(impl_->WriteJob(job));
+  RECAL_RETURN_IF_ERROR(impl_->WriteJob(job, expected_version));
   for (const auto& [artifact, ref] : results) RECAL_RETURN_IF_ERROR(impl_->InsertResult(job.id(), artifact, ref));
   for (v1::JobEvent& event : events) RECAL_RETURN_IF_ERROR(impl_->InsertEvent(job.id(), std::move(event)).status());
   return txn.Commit();
@@ -534,6 +580,111 @@ absl::StatusOr<TenantUsage> SqliteMetadataStore::Usage(const std::string& tenant
     if (row) usage.stored_bytes = q.Int64(0);
   }
   return usage;
+}
+
+// ----------------------------------------------------------------------------- workers
+
+absl::StatusOr<StoredJob> SqliteMetadataStore::ReadJob(const std::string& id) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  RECAL_ASSIGN_OR_RETURN(
+      Query q, impl_->db.Prepare("SELECT proto, version, COALESCE(lease_owner, ''), COALESCE(lease_until_ms, 0) "
+                                 "FROM jobs WHERE id = ?1"));
+  RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, id).Step());
+  if (!row) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  StoredJob stored;
+  RECAL_ASSIGN_OR_RETURN(stored.job, Parse<v1::Job>(q.Blob(0), "job", id));
+  stored.version = q.Int64(1);
+  stored.lease_owner = q.Text(2);
+  stored.lease_until_ms = q.Int64(3);
+  return stored;
+}
+
+absl::StatusOr<std::optional<v1::Job>> SqliteMetadataStore::ClaimJob(const std::string& owner, int64_t lease_until_ms,
+                                                                     const ClaimChange& change) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Db& db = impl_->db;
+  RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
+  std::string id, bytes;
+  {
+    // The connection's mutex and the write transaction make the pick and the update one step.
+    RECAL_ASSIGN_OR_RETURN(
+        Query q, db.Prepare("SELECT id, proto FROM jobs j WHERE state = ?1 ORDER BY priority DESC, "
+                            "(SELECT COALESCE(MAX(started_ms), -1) FROM jobs t WHERE t.tenant = j.tenant) ASC, "
+                            "create_seq ASC LIMIT 1"));
+    RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, int64_t{v1::QUEUED}).Step());
+    if (!row) return std::optional<v1::Job>();
+    id = q.Text(0);
+    bytes = q.Blob(1);
+  }
+  RECAL_ASSIGN_OR_RETURN(v1::Job job, Parse<v1::Job>(bytes, "job", id));
+  std::vector<v1::JobEvent> events;
+  RECAL_RETURN_IF_ERROR(change(job, events));
+  RECAL_RETURN_IF_ERROR(impl_->WriteJob(job));
+  {
+    RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("UPDATE jobs SET lease_owner = ?2, lease_until_ms = ?3, started_ms = ?4 "
+                                               "WHERE id = ?1"));
+    RECAL_RETURN_IF_ERROR(
+        q.Bind(1, id).Bind(2, owner).Bind(3, lease_until_ms).Bind(4, absl::ToUnixMillis(absl::Now())).Run());
+  }
+  for (v1::JobEvent& event : events) RECAL_RETURN_IF_ERROR(impl_->InsertEvent(id, std::move(event)).status());
+  RECAL_RETURN_IF_ERROR(txn.Commit());
+  return std::optional<v1::Job>(std::move(job));
+}
+
+absl::StatusOr<v1::JobState> SqliteMetadataStore::RenewLease(const std::string& job_id, const std::string& owner,
+                                                             int64_t lease_until_ms) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Db& db = impl_->db;
+  {
+    RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("UPDATE jobs SET lease_until_ms = ?3 WHERE id = ?1 AND "
+                                               "lease_owner = ?2 AND state IN (?4, ?5)"));
+    RECAL_RETURN_IF_ERROR(q.Bind(1, job_id)
+                              .Bind(2, owner)
+                              .Bind(3, lease_until_ms)
+                              .Bind(4, int64_t{v1::RUNNING})
+                              .Bind(5, int64_t{v1::CANCELLING})
+                              .Run());
+  }
+  if (db.Changes() == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("the lease on job ", job_id, " is not ", owner, "'s any more"));
+  }
+  RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT state FROM jobs WHERE id = ?1"));
+  RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, job_id).Step());
+  if (!row) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  return static_cast<v1::JobState>(q.Int64(0));
+}
+
+absl::StatusOr<std::vector<StoredJob>> SqliteMetadataStore::JobsWithExpiredLeases(int64_t now_ms) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  RECAL_ASSIGN_OR_RETURN(
+      Query q, impl_->db.Prepare("SELECT id, proto, version, COALESCE(lease_owner, ''), COALESCE(lease_until_ms, 0) "
+                                 "FROM jobs WHERE state IN (?1, ?2) AND COALESCE(lease_until_ms, 0) < ?3 "
+                                 "ORDER BY create_seq"));
+  q.Bind(1, int64_t{v1::RUNNING}).Bind(2, int64_t{v1::CANCELLING}).Bind(3, now_ms);
+  std::vector<StoredJob> expired;
+  while (true) {
+    RECAL_ASSIGN_OR_RETURN(const bool row, q.Step());
+    if (!row) break;
+    StoredJob stored;
+    RECAL_ASSIGN_OR_RETURN(stored.job, Parse<v1::Job>(q.Blob(1), "job", q.Text(0)));
+    stored.version = q.Int64(2);
+    stored.lease_owner = q.Text(3);
+    stored.lease_until_ms = q.Int64(4);
+    expired.push_back(std::move(stored));
+  }
+  return expired;
+}
+
+absl::StatusOr<int64_t> SqliteMetadataStore::CountJobsInStates(const std::vector<v1::JobState>& requested) {
+  const std::optional<std::vector<v1::JobState>> states = NormalizeStates(requested);
+  if (!states) return 0;
+  std::string sql = "SELECT COUNT(*) FROM jobs";
+  if (!states->empty()) absl::StrAppend(&sql, " WHERE state IN ", Placeholders(1, states->size()));
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare(sql));
+  BindStates(q, 1, *states);
+  RECAL_ASSIGN_OR_RETURN(const bool row, q.Step());
+  return row ? q.Int64(0) : 0;
 }
 
 }  // namespace recal::store

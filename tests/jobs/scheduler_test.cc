@@ -65,8 +65,7 @@ class SchedulerTest : public ::testing::Test {
     if (scheduler_) scheduler_->Shutdown(absl::Seconds(10));
   }
 
-  void StartScheduler(int max_queued_jobs = 64) {
-    SchedulerOptions options;
+  void StartScheduler(int max_queued_jobs = 64, SchedulerOptions options = {}) {
     options.max_queued_jobs = max_queued_jobs;
     scheduler_ = std::make_unique<Scheduler>(jobs_.get(), blobs_.get(), models_.get(), &runner_, &feeds_, options);
     ASSERT_TRUE(scheduler_->Start().ok());
@@ -192,6 +191,38 @@ TEST_F(SchedulerTest, StartTakesUpWhatADeadProcessLeftRunningWithinMaxAttempts) 
   EXPECT_EQ(WaitForEnd(again.id()), v1::SUCCEEDED);
   EXPECT_EQ(WaitForEnd(spent.id()), v1::FAILED);
   EXPECT_EQ(Ran().size(), 1u);
+}
+
+TEST_F(SchedulerTest, AJobWhoseWorkerStoppedRenewingItsLeaseIsTakenUpAgain) {
+  // A worker of another process claimed the job and died: its lease runs out.
+  const v1::Job job = Submit(0);
+  ASSERT_TRUE(jobs_->Claim("cpu", "gone-worker", absl::ToUnixMillis(absl::Now() + absl::Milliseconds(300)))->has_value());
+  gate_.Open();
+  SchedulerOptions options;
+  options.recover_all_at_start = false;  // as in the cluster: only expired leases
+  options.poll_interval = absl::Milliseconds(100);
+  StartScheduler(64, options);
+  EXPECT_EQ(WaitForEnd(job.id()), v1::SUCCEEDED);
+  EXPECT_EQ(jobs_->Get(job.id())->attempts(), 2);
+}
+
+TEST_F(SchedulerTest, ARunWhoseLeaseWasTakenAwayStopsAndWritesNothing) {
+  SchedulerOptions options;
+  options.owner = "me";
+  options.lease = absl::Seconds(3);
+  StartScheduler(64, options);
+  const v1::Job job = Submit(0);
+  WaitFor(job.id(), [](v1::JobState s) { return s == v1::RUNNING; });
+  // Someone else decided the run was dead (say its lease expired while the store was away)
+  // and queued the job again: the lease is not ours any more.
+  store::StoredJob stored = *metadata_->ReadJob(job.id());
+  stored.job.set_state(v1::QUEUED);
+  ASSERT_TRUE(metadata_->CommitJob(stored.job, {}, {}, stored.version).ok());
+  // The running copy stops at its next renewal; the job runs again, from the start.
+  gate_.Open();
+  EXPECT_EQ(WaitForEnd(job.id()), v1::SUCCEEDED);
+  EXPECT_EQ(jobs_->Get(job.id())->attempts(), 2);
+  EXPECT_EQ(Ran().size(), 2u);
 }
 
 }  // namespace

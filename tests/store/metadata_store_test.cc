@@ -4,12 +4,14 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "tests/store/metadata_test_util.h"
 #include "tests/store/postgres_server.h"
@@ -428,6 +430,121 @@ TEST_P(MetadataStoreTest, StoresOpenedAtOnceOnAFreshDatabaseAllSucceed) {
     ASSERT_TRUE((*stores[i])->CreateJob(MakeJob(absl::StrCat("j", i), v1::QUEUED), nullptr).ok());
   }
   EXPECT_EQ((*stores[0])->JobsInStates({})->size(), static_cast<size_t>(kStores));
+}
+
+// What the state machine does to a job it claims (JobRepository's Start, simplified).
+ClaimChange ToRunning(const std::string& device) {
+  return [device](v1::Job& job, std::vector<v1::JobEvent>& events) {
+    job.set_state(v1::RUNNING);
+    job.set_device(device);
+    job.set_attempts(job.attempts() + 1);
+    events.push_back(StateEvent(v1::RUNNING));
+    return absl::OkStatus();
+  };
+}
+
+v1::Job Prioritised(const std::string& id, int priority, const std::string& tenant) {
+  v1::Job job = MakeJob(id, v1::QUEUED, "", "sha256:m", tenant);
+  job.mutable_spec()->set_priority(priority);
+  return job;
+}
+
+TEST_P(MetadataStoreTest, ClaimsTakePriorityThenTheLeastRecentlyServedTenantThenTheOldest) {
+  bool created = false;
+  for (const v1::Job& job : {Prioritised("a0", 0, "a"), Prioritised("a1", 0, "a"), Prioritised("a2", 0, "a"),
+                             Prioritised("b0", 0, "b"), Prioritised("urgent", 5, "a")}) {
+    ASSERT_TRUE(db_->CreateJob(job, &created).ok());
+  }
+  std::vector<std::string> order;
+  for (int i = 0; i < 5; ++i) {
+    auto claimed = db_->ClaimJob("w", absl::ToUnixMillis(absl::Now()) + 60000, ToRunning("cpu"));
+    ASSERT_TRUE(claimed.ok()) << claimed.status();
+    ASSERT_TRUE(claimed->has_value());
+    EXPECT_EQ((*claimed)->state(), v1::RUNNING);
+    order.push_back((*claimed)->id());
+  }
+  EXPECT_EQ(order, (std::vector<std::string>{"urgent", "b0", "a0", "a1", "a2"}));
+  EXPECT_FALSE(db_->ClaimJob("w", 0, ToRunning("cpu"))->has_value());  // nothing waits
+  // The claim stored the change, its event and the lease.
+  const StoredJob stored = *db_->ReadJob("b0");
+  EXPECT_EQ(stored.job.state(), v1::RUNNING);
+  EXPECT_EQ(stored.job.attempts(), 1);
+  EXPECT_EQ(stored.lease_owner, "w");
+  EXPECT_EQ(db_->EventsAfter("b0", 0, 0)->back().state(), v1::RUNNING);
+  EXPECT_EQ(*db_->CountJobsInStates({v1::RUNNING}), 5);
+  EXPECT_EQ(*db_->CountJobsInStates({v1::QUEUED}), 0);
+}
+
+TEST_P(MetadataStoreTest, ConcurrentClaimersOnTwoStoresNeverTakeTheSameJob) {
+  bool created = false;
+  for (int i = 0; i < 40; ++i) ASSERT_TRUE(db_->CreateJob(MakeJob(absl::StrCat("j", i), v1::QUEUED), &created).ok());
+  std::unique_ptr<MetadataStore> other = OpenDb(spec_);
+  ASSERT_NE(other, nullptr);
+  std::mutex mu;
+  std::multiset<std::string> claimed;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      MetadataStore* store = t % 2 == 0 ? db_.get() : other.get();
+      while (true) {
+        auto job = store->ClaimJob(absl::StrCat("worker-", t), absl::ToUnixMillis(absl::Now()) + 60000, ToRunning("cpu"));
+        if (!job.ok()) {
+          ADD_FAILURE() << job.status();
+          return;
+        }
+        if (!job->has_value()) return;
+        std::lock_guard<std::mutex> lock(mu);
+        claimed.insert((*job)->id());
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(claimed.size(), 40u);
+  EXPECT_EQ(std::set<std::string>(claimed.begin(), claimed.end()).size(), 40u) << "a job was claimed twice";
+  for (const std::string& id : claimed) EXPECT_EQ(db_->ReadJob(id)->job.attempts(), 1) << id;
+}
+
+TEST_P(MetadataStoreTest, LeasesAreRenewedByTheirOwnerOnlyAndExpire) {
+  bool created = false;
+  ASSERT_TRUE(db_->CreateJob(MakeJob("j", v1::QUEUED), &created).ok());
+  const int64_t now = absl::ToUnixMillis(absl::Now());
+  ASSERT_TRUE((*db_->ClaimJob("w1", now + 1000, ToRunning("cpu"))).has_value());
+  EXPECT_EQ(*db_->RenewLease("j", "w1", now + 5000), v1::RUNNING);
+  EXPECT_TRUE(absl::IsFailedPrecondition(db_->RenewLease("j", "w2", now + 5000).status()));
+  EXPECT_TRUE(db_->JobsWithExpiredLeases(now + 4000)->empty());
+  auto expired = db_->JobsWithExpiredLeases(now + 6000);
+  ASSERT_EQ(expired->size(), 1u);
+  EXPECT_EQ(expired->front().lease_owner, "w1");
+
+  // A cancel is what the renewal tells the worker; an end drops the lease.
+  StoredJob stored = *db_->ReadJob("j");
+  stored.job.set_state(v1::CANCELLING);
+  ASSERT_TRUE(db_->CommitJob(stored.job, {StateEvent(v1::CANCELLING)}, {}, stored.version).ok());
+  EXPECT_EQ(*db_->RenewLease("j", "w1", now + 5000), v1::CANCELLING);
+  stored = *db_->ReadJob("j");
+  stored.job.set_state(v1::CANCELLED);
+  ASSERT_TRUE(db_->CommitJob(stored.job, {StateEvent(v1::CANCELLED)}, {}, stored.version).ok());
+  EXPECT_EQ(db_->ReadJob("j")->lease_owner, "");
+  EXPECT_TRUE(absl::IsFailedPrecondition(db_->RenewLease("j", "w1", now + 5000).status()));
+  EXPECT_TRUE(db_->JobsWithExpiredLeases(now + 100000)->empty());
+}
+
+TEST_P(MetadataStoreTest, AWriteAgainstAVersionAnotherWriterChangedIsRefused) {
+  bool created = false;
+  ASSERT_TRUE(db_->CreateJob(MakeJob("j", v1::QUEUED), &created).ok());
+  std::unique_ptr<MetadataStore> other = OpenDb(spec_);
+  const StoredJob mine = *db_->ReadJob("j");
+  StoredJob theirs = *other->ReadJob("j");
+  theirs.job.set_state(v1::CANCELLED);
+  ASSERT_TRUE(other->CommitJob(theirs.job, {StateEvent(v1::CANCELLED)}, {}, theirs.version).ok());
+  v1::Job stale = mine.job;
+  stale.set_state(v1::RUNNING);
+  const absl::Status refused = db_->CommitJob(stale, {StateEvent(v1::RUNNING)}, {}, mine.version);
+  EXPECT_TRUE(absl::IsAborted(refused)) << refused;
+  EXPECT_EQ(db_->ReadJob("j")->job.state(), v1::CANCELLED);
+  EXPECT_EQ(db_->EventsAfter("j", 0, 0)->size(), 1u);  // the refused write left no event
+  EXPECT_GT(db_->ReadJob("j")->version, mine.version);
+  EXPECT_TRUE(absl::IsNotFound(db_->CommitJob(MakeJob("nope", v1::RUNNING), {}, {}, 0)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, MetadataStoreTest, ::testing::Values("sqlite", "postgresql"),
