@@ -4,7 +4,8 @@
 # against whole process; (3) recal-server: upload throughput, and a job through the server vs
 # recal-run; (4) image folders (IMAGES=N generated 500x375 q90 JPEGs): decoding throughput
 # against threads, a recalibration against max(decode-only, forward-only), and recal-run
-# against torchvision ImageFolder + DataLoader + fvcore. Each prints its own table. Takes
+# against torchvision ImageFolder + DataLoader + fvcore; (5) the control plane on SQLite vs
+# PostgreSQL (API calls/s, tiny jobs/s, failover time). Each prints its own table. Takes
 # ~15 minutes on 2 cores. ONLY=images runs (4) alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +29,8 @@ echo
   --batches 20 --batch_size 32 --size 112 --repeats 3
 echo
 /usr/bin/python3 bench/server_bench.py --server build/bin/recal-server --run build/bin/recal-run
+echo
+build/bin/control_plane_bench --fixtures build/fixtures
 fi
 echo
 /usr/bin/python3 bench/make_image_folder.py --out "$tmp/images" --count "$images" --jobs "$(nproc)" >/dev/null

@@ -5,10 +5,14 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -192,7 +196,7 @@ int main(int argc, char** argv) {
   const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   std::unique_ptr<recal::metrics::Metrics> metrics;
   if (!metrics_listen.empty()) {
-    metrics = std::make_unique<recal::metrics::Metrics>();
+    metrics = std::make_unique<recal::metrics::Metrics>(role);
     for (const std::string& tenant : auth->Tenants()) metrics->AddTenant(tenant);
   }
 
@@ -292,6 +296,28 @@ int main(int argc, char** argv) {
                     {"workers", static_cast<int64_t>(role == "api" ? 0 : devices->size())},
                     {"version", recal::metrics::Version()}});
 
+  // Health follows the store: a process that cannot reach it can neither take jobs nor
+  // answer for them, so it says NOT_SERVING (a load balancer or Kubernetes routes around it).
+  std::atomic<bool> stopping{false};
+  std::mutex health_mu;
+  std::condition_variable health_cv;
+  std::thread store_health([&] {
+    bool serving = true;
+    std::unique_lock<std::mutex> lock(health_mu);
+    while (!health_cv.wait_for(lock, std::chrono::seconds(2), [&] { return stopping.load(); })) {
+      const absl::StatusOr<int64_t> reached = metadata->get()->CountJobsInStates({recal::v1::QUEUED});
+      if (reached.ok() == serving) continue;
+      serving = reached.ok();
+      server->GetHealthCheckService()->SetServingStatus(serving);
+      if (serving) {
+        recal::log::Info("recal-server: the store answers again: SERVING");
+      } else {
+        recal::log::Error("recal-server: the store does not answer: NOT_SERVING",
+                          {{"error", std::string(reached.status().message())}});
+      }
+    }
+  });
+
   int signal = 0;
   while (sigwait(&signals, &signal) == 0 && signal == SIGHUP) {
     // A file that does not parse keeps the credentials in force.
@@ -306,6 +332,12 @@ int main(int argc, char** argv) {
     }
   }
   recal::log::Info("recal-server: shutting down", {{"signal", signal}});
+  {
+    std::lock_guard<std::mutex> lock(health_mu);
+    stopping = true;
+  }
+  health_cv.notify_all();
+  store_health.join();
   const absl::Duration deadline = absl::Seconds(absl::GetFlag(FLAGS_shutdown_timeout_seconds));
   server->GetHealthCheckService()->SetServingStatus(false);
   jobs.Shutdown(deadline);

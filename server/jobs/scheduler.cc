@@ -206,6 +206,7 @@ void Scheduler::ReaperLoop() {
       } else {
         log::Info("job re-queued: its worker stopped renewing its lease",
                   {{"job_id", job.id()}, {"attempts", job.attempts()}});
+        if (options_.metrics) options_.metrics->leases_expired.Increment();
         std::lock_guard<std::mutex> lock(wake_mu_);
         ++wakes_;
         wake_.notify_all();
@@ -239,6 +240,7 @@ void Scheduler::KeepLease(const std::string& id, Running& running, const std::at
       log::Warning("job lease lost: stopping its run", {{"job_id", id}, {"error", std::string(state.status().message())}});
       running.lease_lost = true;
       running.cancel = true;
+      if (options_.metrics) options_.metrics->leases_lost.Increment();
       return;
     }
   }

@@ -120,7 +120,7 @@ class CallInterceptor : public grpc::experimental::Interceptor {
 
 const char* Version() { return RECAL_VERSION; }
 
-Metrics::Metrics()
+Metrics::Metrics(const std::string& role)
     : registry(std::make_shared<prometheus::Registry>()),
       grpc_started(BuildCounter()
                        .Name("grpc_server_started_total")
@@ -179,11 +179,21 @@ Metrics::Metrics()
                         .Help("WatchJob streams open")
                         .Register(*registry)
                         .Add({})),
+      leases_expired(BuildCounter()
+                         .Name("recal_leases_expired_total")
+                         .Help("Running jobs taken back from a worker that stopped renewing its lease")
+                         .Register(*registry)
+                         .Add({})),
+      leases_lost(BuildCounter()
+                      .Name("recal_leases_lost_total")
+                      .Help("Runs this process stopped because their lease went to another worker")
+                      .Register(*registry)
+                      .Add({})),
       build_info(BuildGauge()
                      .Name("recal_build_info")
                      .Help("Always 1; the version is a label")
                      .Register(*registry)
-                     .Add({{"version", Version()}})) {
+                     .Add({{"version", Version()}, {"role", role}})) {
   build_info.Set(1);
 }
 

@@ -28,7 +28,8 @@ namespace recal::metrics {
 const char* Version();
 
 struct Metrics {
-  Metrics();
+  // `role`: the process's --role, a label of recal_build_info.
+  explicit Metrics(const std::string& role = "all");
 
   prometheus::Counter& GrpcStarted(const std::string& service, const std::string& method);
   prometheus::Counter& GrpcHandled(const std::string& service, const std::string& method,
@@ -59,6 +60,10 @@ struct Metrics {
   prometheus::Family<prometheus::Counter>& download_bytes;
   prometheus::Family<prometheus::Gauge>& worker_busy;
   prometheus::Gauge& watch_streams;
+  // Cluster: jobs a reaper put back because their worker stopped renewing its lease, and
+  // runs this process abandoned because its lease went to another worker.
+  prometheus::Counter& leases_expired;
+  prometheus::Counter& leases_lost;
   prometheus::Gauge& build_info;
 
   // The gauges Serve() computes at scrape time (the exposer only holds a weak pointer).

@@ -1,9 +1,12 @@
 // recal-server on a PostgreSQL metadata store (a throwaway server started by the test): a job
 // end to end against the float64 reference, and everything still there after a restart on a
 // fresh data dir (nothing of the metadata lives on the local disk).
+#include <thread>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "tests/server/calls.h"
 #include "tests/server/server_process.h"
 #include "tests/store/postgres_server.h"
@@ -52,6 +55,50 @@ TEST(PostgresStoreServerTest, RunsAJobAndKeepsItAcrossARestartOnAnotherDataDir) 
   const std::string bn = Download(*stub, job_id, v1::BN_BUFFERS, &downloaded);
   EXPECT_TRUE(downloaded.ok()) << downloaded.error_message();
   EXPECT_GT(bn.size(), 0u);
+}
+
+grpc::health::v1::HealthCheckResponse::ServingStatus Health(const ServerProcess& server) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::health::v1::HealthCheckResponse response;
+  grpc::health::v1::Health::NewStub(server.Channel(""))
+      ->Check(&context, grpc::health::v1::HealthCheckRequest(), &response)
+      .IgnoreError();
+  return response.status();
+}
+
+TEST(PostgresStoreServerTest, HealthFollowsTheStore) {
+  auto postgres = PostgresServer::Shared();
+  if (absl::IsNotFound(postgres.status())) GTEST_SKIP() << postgres.status().message();
+  ASSERT_TRUE(postgres.ok()) << postgres.status();
+  auto uri = (*postgres)->NewDatabase();
+  ASSERT_TRUE(uri.ok()) << uri.status();
+  const std::string database = uri->substr(uri->rfind('/') + 1);
+  const std::string maintenance = uri->substr(0, uri->rfind('/') + 1) + "postgres";
+  TempDir tmp;
+  ServerProcess worker(tmp.File("worker"), {"--store=" + *uri, "--role=worker"});
+  ASSERT_TRUE(worker.ok()) << worker.log();
+  EXPECT_EQ(Health(worker), grpc::health::v1::HealthCheckResponse::SERVING);
+
+  // The database goes away (no new connections, the open ones cut): NOT_SERVING.
+  ASSERT_TRUE(PostgresServer::Execute(maintenance, "ALTER DATABASE \"" + database + "\" ALLOW_CONNECTIONS false; "
+                                                   "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                                   "WHERE datname = '" + database + "'")
+                  .ok());
+  auto status = Health(worker);
+  for (int i = 0; i < 100 && status != grpc::health::v1::HealthCheckResponse::NOT_SERVING; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    status = Health(worker);
+  }
+  EXPECT_EQ(status, grpc::health::v1::HealthCheckResponse::NOT_SERVING) << worker.log();
+
+  // It comes back: SERVING again, without a restart.
+  ASSERT_TRUE(PostgresServer::Execute(maintenance, "ALTER DATABASE \"" + database + "\" ALLOW_CONNECTIONS true").ok());
+  for (int i = 0; i < 100 && status != grpc::health::v1::HealthCheckResponse::SERVING; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    status = Health(worker);
+  }
+  EXPECT_EQ(status, grpc::health::v1::HealthCheckResponse::SERVING) << worker.log();
 }
 
 }  // namespace

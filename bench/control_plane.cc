@@ -1,0 +1,194 @@
+// The control plane on SQLite and on PostgreSQL, side by side in one run: SubmitJob and
+// GetJob calls per second through an api process (no workers: the store is all they touch),
+// tiny jobs per second end to end with two workers, and the failover time of a job whose
+// worker is killed (kill -9 to RUNNING again on the other worker). PostgreSQL is a
+// throwaway server started here (fsync off, as in the tests: this compares the code paths,
+// not the disks). Prints one table.
+//
+//   build/bin/control_plane_bench [--jobs 24] [--calls 400] [--lease_seconds 3]
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "tests/server/calls.h"
+#include "tests/server/server_process.h"
+#include "tests/store/postgres_server.h"
+#include "tests/test_util.h"
+
+ABSL_FLAG(int, jobs, 24, "tiny jobs per configuration");
+ABSL_FLAG(int, calls, 400, "SubmitJob and GetJob calls per configuration");
+ABSL_FLAG(int, lease_seconds, 3, "the workers' lease (failover waits for it to run out)");
+ABSL_FLAG(std::string, fixtures, "build/fixtures", "the fixtures directory (bn1d_2d model and data)");
+
+namespace {
+
+using recal::testing::ServerProcess;
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
+
+struct Row {
+  double submits_per_s = 0, gets_per_s = 0, jobs_per_s = 0, failover_s = 0;
+};
+
+class Cluster {
+ public:
+  Cluster(const std::string& dir, const std::string& store, int workers, int lease_seconds)
+      : token_(recal::testing::NewToken()) {
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir + "/auth.txt") << recal::testing::AuthLine(token_, "default", "admin");
+    const std::vector<std::string> shared = {"--store=" + store, "--blobs=file:" + dir + "/blobs",
+                                             "--data_root=" + absl::GetFlag(FLAGS_fixtures),
+                                             "--auth_file=" + dir + "/auth.txt",
+                                             absl::StrCat("--lease_seconds=", lease_seconds)};
+    auto flags = shared;
+    flags.push_back("--role=api");
+    api_ = std::make_unique<ServerProcess>(dir + "/api", flags, ServerProcess::Auth::kOpen);
+    for (int i = 0; i < workers; ++i) {
+      flags = shared;
+      flags.push_back("--role=worker");
+      workers_.push_back(std::make_unique<ServerProcess>(absl::StrCat(dir, "/worker", i), flags,
+                                                         ServerProcess::Auth::kOpen));
+    }
+  }
+  bool ok() const {
+    for (const auto& w : workers_) {
+      if (!w->ok()) return false;
+    }
+    return api_->ok();
+  }
+  std::unique_ptr<recal::v1::Recal::Stub> Stub() const { return api_->Stub(token_); }
+  std::vector<std::unique_ptr<ServerProcess>>& workers() { return workers_; }
+
+ private:
+  std::string token_;
+  std::unique_ptr<ServerProcess> api_;
+  std::vector<std::unique_ptr<ServerProcess>> workers_;
+};
+
+// `calls_store` and `jobs_store`: two empty stores (the call phase leaves hundreds of queued jobs).
+Row Measure(const std::string& dir, const std::string& calls_store, const std::string& jobs_store) {
+  Row row;
+  const std::string fixtures = absl::GetFlag(FLAGS_fixtures);
+  const int calls = absl::GetFlag(FLAGS_calls), jobs = absl::GetFlag(FLAGS_jobs);
+  {
+    // The API alone: no worker takes the jobs, so every call is the API and the store.
+    Cluster api_only(dir + "/calls", calls_store, 0, absl::GetFlag(FLAGS_lease_seconds));
+    if (!api_only.ok()) return row;
+    auto stub = api_only.Stub();
+    recal::v1::Model model;
+    if (!recal::testing::Upload(*stub, recal::testing::ReadBytes(fixtures + "/models/bn1d_2d.traced_train.pt"), &model)
+             .ok()) {
+      return row;
+    }
+    std::vector<std::string> ids;
+    auto start = Clock::now();
+    for (int i = 0; i < calls; ++i) {
+      grpc::ClientContext context;
+      recal::v1::Job job;
+      if (stub->SubmitJob(&context, recal::testing::NpyJob(model.id(), "data/bn1d_2d.npy", 8), &job).ok()) {
+        ids.push_back(job.id());
+      }
+    }
+    row.submits_per_s = ids.size() / Seconds(start);
+    start = Clock::now();
+    for (int i = 0; i < calls; ++i) {
+      grpc::ClientContext context;
+      recal::v1::GetJobRequest request;
+      request.set_id(ids[i % ids.size()]);
+      recal::v1::Job job;
+      stub->GetJob(&context, request, &job).IgnoreError();
+    }
+    row.gets_per_s = calls / Seconds(start);
+  }
+  {
+    Cluster cluster(dir + "/jobs", jobs_store, 2, absl::GetFlag(FLAGS_lease_seconds));
+    if (!cluster.ok()) return row;
+    auto stub = cluster.Stub();
+    recal::v1::Model model;
+    recal::testing::Upload(*stub, recal::testing::ReadBytes(fixtures + "/models/bn1d_2d.traced_train.pt"), &model)
+        .IgnoreError();
+    std::vector<std::string> ids;
+    const auto start = Clock::now();
+    for (int i = 0; i < jobs; ++i) {
+      grpc::ClientContext context;
+      recal::v1::Job job;
+      if (stub->SubmitJob(&context, recal::testing::NpyJob(model.id(), "data/bn1d_2d.npy", 8), &job).ok()) {
+        ids.push_back(job.id());
+      }
+    }
+    int succeeded = 0;
+    for (const std::string& id : ids) {
+      succeeded += recal::testing::WaitForState(*stub, id, recal::v1::SUCCEEDED, 300).state() == recal::v1::SUCCEEDED;
+    }
+    row.jobs_per_s = succeeded == jobs ? succeeded / Seconds(start) : 0;  // 0: some job failed (logged)
+
+    // Failover: a job that runs a while; its worker dies; how long until it runs again.
+    recal::v1::Model resnet;
+    recal::testing::Upload(*stub, recal::testing::ReadBytes(fixtures + "/models/resnet18.traced_eval.pt"), &resnet)
+        .IgnoreError();
+    recal::v1::SubmitJobRequest long_job = recal::testing::LongJob(resnet.id());
+    grpc::ClientContext context;
+    recal::v1::Job job;
+    if (!stub->SubmitJob(&context, long_job, &job).ok()) return row;
+    recal::testing::WaitForState(*stub, job.id(), recal::v1::RUNNING, 60);
+    const std::regex started("job started job_id=" + job.id());
+    for (int i = 0; i < 200; ++i) {
+      for (auto& worker : cluster.workers()) {
+        if (worker->ok() && std::regex_search(worker->log(), started)) {
+          const auto killed = Clock::now();
+          worker->Kill();
+          recal::testing::PollJob(
+              *stub, job.id(), [](const recal::v1::Job& j) { return j.attempts() == 2 && j.state() == recal::v1::RUNNING; },
+              120);
+          row.failover_s = Seconds(killed);
+          grpc::ClientContext cancel_context;
+          recal::v1::CancelJobRequest cancel;
+          cancel.set_id(job.id());
+          stub->CancelJob(&cancel_context, cancel, &job).IgnoreError();
+          return row;
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+  }
+  return row;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  auto postgres = recal::testing::PostgresServer::Shared();
+  if (!postgres.ok()) {
+    std::fprintf(stderr, "no PostgreSQL: %s\n", std::string(postgres.status().message()).c_str());
+    return 1;
+  }
+  recal::testing::TempDir tmp;
+  const Row sqlite = Measure(tmp.File("sqlite"), "sqlite:" + tmp.File("calls.db"), "sqlite:" + tmp.File("jobs.db"));
+  auto calls = (*postgres)->NewDatabase();
+  auto jobs = (*postgres)->NewDatabase();
+  if (!calls.ok() || !jobs.ok()) return 1;
+  const Row pg = Measure(tmp.File("postgres"), *calls, *jobs);
+  std::printf("control plane: 1 api process (+2 worker processes, 1 CPU worker each, for jobs), lease %d s; "
+              "%d calls, %d tiny jobs (bn1d_2d, 4 batches)\n",
+              absl::GetFlag(FLAGS_lease_seconds), absl::GetFlag(FLAGS_calls), absl::GetFlag(FLAGS_jobs));
+  std::printf("%-34s %12s %12s %10s\n", "", "SQLite", "PostgreSQL", "PG/SQLite");
+  auto line = [](const char* what, double a, double b) {
+    std::printf("%-34s %12.1f %12.1f %10.2f\n", what, a, b, a > 0 ? b / a : 0);
+  };
+  line("SubmitJob calls/s (no workers)", sqlite.submits_per_s, pg.submits_per_s);
+  line("GetJob calls/s", sqlite.gets_per_s, pg.gets_per_s);
+  line("tiny jobs/s end to end (2 workers)", sqlite.jobs_per_s, pg.jobs_per_s);
+  line("failover s (kill -9 to RUNNING again)", sqlite.failover_s, pg.failover_s);
+  return 0;
+}
