@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <fstream>
+#include <iostream>
 #include <regex>
 #include <set>
 #include <thread>
@@ -31,6 +32,7 @@ class ClusterTest : public ::testing::Test {
     ASSERT_TRUE(postgres.ok()) << postgres.status();
     auto uri = (*postgres)->NewDatabase();
     ASSERT_TRUE(uri.ok()) << uri.status();
+    uri_ = *uri;
     token_ = NewToken();
     std::ofstream(tmp_.File("auth.txt")) << AuthLine(token_, "default", "admin");
     shared_ = {"--store=" + *uri, "--blobs=file:" + tmp_.File("shared-blobs"), "--data_root=" + kFixtures,
@@ -55,7 +57,19 @@ class ClusterTest : public ::testing::Test {
     return -1;
   }
 
+  // Cuts the cluster off its database (no new connections, the open ones ended) or lets it back.
+  void SetDatabaseReachable(bool reachable) {
+    const std::string database = uri_.substr(uri_.rfind('/') + 1);
+    const std::string maintenance = uri_.substr(0, uri_.rfind('/') + 1) + "postgres";
+    std::string sql = "ALTER DATABASE \"" + database + "\" ALLOW_CONNECTIONS " + (reachable ? "true" : "false");
+    if (!reachable) {
+      sql += "; SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '" + database + "'";
+    }
+    ASSERT_TRUE(PostgresServer::Execute(maintenance, sql).ok());
+  }
+
   TempDir tmp_;
+  std::string uri_;
   std::string token_;
   std::vector<std::string> shared_;
   std::vector<std::unique_ptr<ServerProcess>> apis_, workers_;
@@ -123,6 +137,44 @@ TEST_F(ClusterTest, JobsFromEitherReplicaRunOnBothWorkersAndAKilledWorkersJobFin
   const grpc::Status refused = Api(0)->SubmitJob(&c3, stream, &job);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNIMPLEMENTED);
   EXPECT_THAT(refused.error_message(), ::testing::HasSubstr("--role=all"));
+}
+
+TEST_F(ClusterTest, ADatabaseOutageAndADeadReplicaLoseNoJobAndRunNoneTwice) {
+  v1::Model small;
+  ASSERT_TRUE(Upload(*Api(0), ReadBytes(kFixtures + "/models/bn1d_2d.traced_train.pt"), &small).ok());
+  std::vector<std::string> ids;
+  for (int i = 0; i < 10; ++i) {
+    grpc::ClientContext context;
+    v1::Job job;
+    ASSERT_TRUE(Api(i % 2)->SubmitJob(&context, NpyJob(small.id(), "data/bn1d_2d.npy", 8), &job).ok());
+    ids.push_back(job.id());
+  }
+  // The database goes away mid-run (a job is running) for longer than a lease, then comes back.
+  WaitForState(*Api(0), ids[0], v1::RUNNING, 60);
+  SetDatabaseReachable(false);
+  std::this_thread::sleep_for(std::chrono::seconds(5));
+  SetDatabaseReachable(true);
+  // The outage was felt (workers said NOT_SERVING while it lasted).
+  bool felt = false;
+  for (const auto& worker : workers_) felt = felt || worker->log().find("the store does not answer") != std::string::npos;
+  EXPECT_TRUE(felt);
+  // An api replica dies; clients carry on through the other.
+  apis_[0]->Kill();
+  int retried = 0;
+  for (const std::string& id : ids) {
+    const v1::Job job = WaitForState(*Api(1), id, v1::SUCCEEDED, 180);
+    EXPECT_EQ(job.state(), v1::SUCCEEDED) << id << ": " << job.error().message();
+    // Run to completion once: one summary, one SUCCEEDED, whatever was retried on the way.
+    int summaries = 0, succeeded = 0;
+    for (const v1::JobEvent& event : Watch(*Api(1), id)) {
+      summaries += event.has_summary();
+      succeeded += event.kind_case() == v1::JobEvent::kState && event.state() == v1::SUCCEEDED;
+    }
+    EXPECT_EQ(summaries, 1) << id;
+    EXPECT_EQ(succeeded, 1) << id;
+    retried += job.attempts() > 1;
+  }
+  std::cout << retried << " of " << ids.size() << " jobs ran again after the outage\n";
 }
 
 }  // namespace
