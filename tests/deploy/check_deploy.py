@@ -1,23 +1,38 @@
 #!/usr/bin/python3
-"""Checks the deployment files without a Docker engine (issue 6).
+"""Checks the deployment files without a Docker engine or a Kubernetes cluster (issues 6, 13).
 
   (a) deploy/docker-compose.yml, deploy/prometheus.yml and the Grafana provisioning parse
       and say what they must; every dashboard query names a Recal metric;
-  (b) promtool check config deploy/prometheus.yml, if /usr/bin/promtool exists;
-  (c) the Dockerfile's build stage installs scripts/debian-packages.txt through
-      scripts/install-deps.sh, its runtime stage exactly deploy/runtime-packages.txt;
+      deploy/docker-compose.cluster.yml and deploy/prometheus.cluster.yml: PostgreSQL, two
+      api and two worker processes on one store and one blob volume, scraped by Prometheus;
+  (b) promtool check config on both Prometheus files, if /usr/bin/promtool exists;
+  (c) the Dockerfile's build stage installs scripts/debian-packages-server.txt through
+      scripts/install-deps.sh and builds without the tests, its runtime stage installs
+      exactly deploy/runtime-packages.txt; the entrypoint script, run with a stub server;
   (d) every library the given binaries load (ldd) belongs to a package of
-      deploy/runtime-packages.txt or to one of their (recursive) Depends.
+      deploy/runtime-packages.txt or to one of their (recursive) Depends;
+  (e) deploy/k8s/: the manifests and the GPU overlay agree with the server, each other and
+      the pod security the sandbox can live with;
+  (f) the build stage's list: a subset of scripts/debian-packages.txt, and CMake configures
+      with -DRECAL_BUILD_TESTS=OFF without GoogleTest or Google Benchmark, every file it
+      finds coming from the list's packages or their Depends.
 
-usage: check_deploy.py --source DIR BINARY...
+Every recal command line (compose: the image's ENTRYPOINT + command; Kubernetes: command
++ args) may use only the flags `recal-server --helpfull` lists.
+
+usage: check_deploy.py --source DIR [--server RECAL_SERVER] BINARY...
 """
 import argparse
+import copy
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
+import urllib.parse
 
 import yaml
 
@@ -27,9 +42,17 @@ METRICS = {
 }
 SHUTDOWN_TIMEOUT_S = 20  # recal-server --shutdown_timeout_seconds default
 OWN_LIBS = {"librecal_engine.so"}
+# Packages only the tests and benchmarks need: never in the image's build stage.
+TEST_ONLY_PKGS = {"libgtest-dev", "libgmock-dev", "libbenchmark-dev", "python3-torch",
+                  "python3-torchvision", "postgresql"}
+# What may start recal-server in a container: itself, or the image's entrypoint script
+# (deploy/recal-entrypoint.sh, which execs it with the same arguments).
+SERVER_PROGRAMS = {"recal-server", "recal-entrypoint", "/usr/local/bin/recal-server",
+                   "/usr/local/bin/recal-entrypoint"}
 
 failures = []
 notes = []
+SERVER_FLAGS = set()  # filled in main() from recal-server --helpfull
 
 
 def check(cond, what):
@@ -77,33 +100,100 @@ def interpolate(value):
     return re.sub(r"\$\{(\w+)(?:(:?-)([^}]*))?\}", sub, value)
 
 
+def load_yaml_docs(path):
+    """Every document of a multi-document YAML file (None ones dropped), or None."""
+    try:
+        with open(path) as f:
+            docs = [d for d in yaml.safe_load_all(f) if d is not None]
+    except (OSError, yaml.YAMLError) as e:
+        check(False, f"{path} parses: {e}")
+        return None
+    ok = all(isinstance(d, (dict, list)) for d in docs) and docs
+    check(bool(ok), f"{os.path.relpath(path)} parses ({len(docs)} document(s))")
+    return docs if ok else None
+
+
+# ------------------------------------------------------------------ recal-server's flags
+def server_flags(binary):
+    """The flag names `recal-server --helpfull` lists (absl prints `    --name (help); default: ...`)."""
+    r = subprocess.run([binary, "--helpfull"], capture_output=True, text=True, timeout=60)
+    names = set(re.findall(r"^\s+--([A-Za-z_][A-Za-z0-9_]*)\s", r.stdout + r.stderr, re.M))
+    check({"listen", "metrics_listen", "role", "store", "blobs", "auth_file", "data_root"} <= names,
+          f"recal-server --helpfull lists its flags ({len(names)})")
+    return names
+
+
+FLAG_RE = re.compile(r"--([A-Za-z_][A-Za-z0-9_]*)(?:=(.*))?", re.S)
+
+
+def flags_of(argv):
+    """[(name, value)] of the --name[=value] arguments of argv[1:], unchecked."""
+    return [m.groups() for m in map(FLAG_RE.fullmatch, argv[1:]) if m]
+
+
+def parse_flags(argv, where):
+    """[(name, value)] of argv[1:], every argument --name or --name=value; checks the names."""
+    flags, bad, unknown = [], [], []
+    for a in argv[1:]:
+        m = FLAG_RE.fullmatch(a)
+        if not m:
+            bad.append(a)
+            continue
+        name, value = m.group(1), m.group(2)
+        flags.append((name, value))
+        if SERVER_FLAGS and name not in SERVER_FLAGS and not (
+                name.startswith("no") and name[2:] in SERVER_FLAGS):
+            unknown.append(name)
+    check(not bad, f"{where}: every argument is --flag[=value] ({bad})")
+    check(not unknown, f"{where}: every flag is one recal-server has ({unknown})")
+    return flags
+
+
+def last(flags, name, default=None):
+    """absl: of a flag given twice the last counts (--data_root excepted: it adds roots)."""
+    values = [v for n, v in flags if n == name]
+    return values[-1] if values else default
+
+
+def port_of(address):
+    m = re.search(r":(\d+)$", address or "")
+    return int(m.group(1)) if m else None
+
+
+def check_store_uri(uri, where):
+    """A libpq URI with neither a password in the user-info nor in the query."""
+    ok = isinstance(uri, str) and uri.startswith("postgresql://")
+    check(ok, f"{where}: --store is a postgresql:// URI ({uri})")
+    if not ok:
+        return None
+    parts = urllib.parse.urlsplit(uri)
+    query = urllib.parse.parse_qs(parts.query)
+    check(parts.password is None and "password" not in query,
+          f"{where}: --store carries no password (PGPASSWORD comes from a secret)")
+    return parts
+
+
+def check_no_password_in_argv(argv, where):
+    leaked = [a for a in argv if re.search(r"pass(word)?=|PGPASSWORD", a, re.I)
+              or re.match(r"--store=\w+://[^/@]*:[^/@]*@", a)]
+    check(not leaked, f"{where}: no password on the command line ({leaked})")
+
+
 # --------------------------------------------------------------------------- (a)
-def check_compose(deploy):
-    print("(a) docker-compose.yml")
-    doc = load_yaml(os.path.join(deploy, "docker-compose.yml"))
-    if doc is None:
-        return
-    services = doc.get("services") or {}
-    for s in ("recal", "prometheus", "grafana"):
-        check(s in services, f"service {s}")
-    recal = services.get("recal") or {}
-    build = recal.get("build")
-    dockerfile = None
+def compose_dockerfile(deploy, svc):
+    build = svc.get("build")
     if isinstance(build, dict):
-        dockerfile = os.path.normpath(os.path.join(
+        return os.path.normpath(os.path.join(
             deploy, build.get("context", "."), build.get("dockerfile", "Dockerfile")))
-    elif isinstance(build, str):
-        dockerfile = os.path.normpath(os.path.join(deploy, build, "Dockerfile"))
-    check(dockerfile is not None and os.path.isfile(dockerfile),
-          f"recal builds from an existing Dockerfile ({dockerfile})")
+    if isinstance(build, str):
+        return os.path.normpath(os.path.join(deploy, build, "Dockerfile"))
+    return None
 
-    grace = seconds(recal.get("stop_grace_period", "10s"))
-    check(grace is not None and grace > SHUTDOWN_TIMEOUT_S,
-          f"recal stop_grace_period {recal.get('stop_grace_period')} > "
-          f"--shutdown_timeout_seconds {SHUTDOWN_TIMEOUT_S}s")
 
+def compose_mounts(svc):
+    """{target: (kind, source, read_only)}"""
     mounts = {}
-    for v in recal.get("volumes") or []:
+    for v in svc.get("volumes") or []:
         if isinstance(v, str):
             fields = interpolate(v).split(":")
             # SOURCE:TARGET[:MODE]; a bare TARGET is an anonymous volume
@@ -114,6 +204,80 @@ def check_compose(deploy):
             src, target = v.get("source"), v.get("target")
             ro, kind = bool(v.get("read_only")), v.get("type", "volume")
         mounts[target] = (kind, src, ro)
+    return mounts
+
+
+def compose_secrets(svc):
+    """{target path: secret name} of the secrets a service gets."""
+    out = {}
+    for sec in svc.get("secrets") or []:
+        name = sec if isinstance(sec, str) else sec.get("source")
+        target = None if isinstance(sec, str) else sec.get("target")
+        if not target:
+            target = name
+        if name:
+            out[target if target.startswith("/") else "/run/secrets/" + target] = name
+    return out
+
+
+def compose_env(svc):
+    env = svc.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(e.split("=", 1) if "=" in e else (e, None) for e in env)
+    return {k: (interpolate(str(v)) if v is not None else None) for k, v in env.items()}
+
+
+def compose_ports(svc):
+    """[(published, target)] as strings (published None when not published on a fixed port)."""
+    out = []
+    for p in svc.get("ports") or []:
+        if isinstance(p, dict):
+            out.append((str(p.get("published")) if p.get("published") else None, str(p.get("target"))))
+            continue
+        fields = interpolate(str(p)).split("/")[0].split(":")
+        out.append((fields[-2] if len(fields) >= 2 else None, fields[-1]))
+    return out
+
+
+def compose_argv(svc, image):
+    """What the container runs: entrypoint (the service's or the image's) + command."""
+    def words(v):
+        if v is None:
+            return None
+        return [interpolate(str(w)) for w in v] if isinstance(v, list) else shlex.split(interpolate(str(v)))
+    entry = words(svc.get("entrypoint"))
+    command = words(svc.get("command"))
+    return (entry if entry is not None else list(image["entrypoint"])) + (command or [])
+
+
+def check_health_address(env, image, listen_port, where):
+    """The image's HEALTHCHECK asks $RECAL_HEALTH_ADDRESS: it must name the --listen port."""
+    address = env.get("RECAL_HEALTH_ADDRESS", image["env"].get("RECAL_HEALTH_ADDRESS"))
+    check(address is not None and port_of(address) == listen_port,
+          f"{where}: the health check asks {address}, the --listen port is {listen_port}")
+
+
+def check_compose(deploy, image):
+    print("(a) docker-compose.yml")
+    doc = load_yaml(os.path.join(deploy, "docker-compose.yml"))
+    if doc is None:
+        return
+    services = doc.get("services") or {}
+    for s in ("recal", "prometheus", "grafana"):
+        check(s in services, f"service {s}")
+    recal = services.get("recal") or {}
+    dockerfile = compose_dockerfile(deploy, recal)
+    check(dockerfile is not None and os.path.isfile(dockerfile),
+          f"recal builds from an existing Dockerfile ({dockerfile})")
+    build_args = (recal.get("build") or {}).get("args") or {} if isinstance(recal.get("build"), dict) else {}
+    check("RECAL_VERSION" in build_args, "recal passes the build arg RECAL_VERSION")
+
+    grace = seconds(recal.get("stop_grace_period", "10s"))
+    check(grace is not None and grace > SHUTDOWN_TIMEOUT_S,
+          f"recal stop_grace_period {recal.get('stop_grace_period')} > "
+          f"--shutdown_timeout_seconds {SHUTDOWN_TIMEOUT_S}s")
+
+    mounts = compose_mounts(recal)
     data_dir = mounts.get("/var/lib/recal")
     check(data_dir is not None and data_dir[0] == "volume" and data_dir[1] in (doc.get("volumes") or {}),
           f"named volume at /var/lib/recal ({data_dir})")
@@ -123,13 +287,17 @@ def check_compose(deploy):
 
     # The server listens beyond loopback, so it must get its credentials: the secret the
     # Dockerfile's --auth_file=/run/secrets/recal_auth reads.
-    secrets = recal.get("secrets") or []
-    names = {s if isinstance(s, str) else s.get("source") for s in secrets}
-    check("recal_auth" in names and "recal_auth" in (doc.get("secrets") or {}),
-          f"recal gets the secret recal_auth ({sorted(n for n in names if n)})")
-    ports = {str(p).split(":")[-1].split("/")[0] if not isinstance(p, dict) else str(p.get("target"))
-             for p in recal.get("ports") or []}
-    check({"50051", "9464"} <= ports, f"recal publishes 50051 and 9464 ({sorted(ports)})")
+    secrets = compose_secrets(recal)
+    check("recal_auth" in secrets.values() and "recal_auth" in (doc.get("secrets") or {}),
+          f"recal gets the secret recal_auth ({sorted(secrets.values())})")
+    argv = compose_argv(recal, image)
+    flags = parse_flags(argv, "recal")
+    check(last(flags, "auth_file") in secrets, f"recal: --auth_file={last(flags, 'auth_file')} is a secret it gets")
+    listen, metrics = port_of(last(flags, "listen")), port_of(last(flags, "metrics_listen"))
+    ports = {t for _, t in compose_ports(recal)}
+    check({str(listen), str(metrics)} <= ports and {"50051", "9464"} <= ports,
+          f"recal publishes 50051 and 9464, its --listen and --metrics_listen ports ({sorted(ports)})")
+    check_health_address(compose_env(recal), image, listen, "recal")
 
     prom = services.get("prometheus") or {}
     check(str(prom.get("image", "")).startswith("prom/prometheus"), "prometheus image prom/prometheus")
@@ -139,6 +307,103 @@ def check_compose(deploy):
     check(str(graf.get("image", "")).startswith("grafana/grafana"), "grafana image grafana/grafana")
     check(any(str(v).startswith("./grafana/provisioning:/etc/grafana/provisioning")
               for v in graf.get("volumes") or []), "grafana mounts deploy/grafana/provisioning")
+
+
+def check_cluster_compose(deploy, image):
+    print("(a) docker-compose.cluster.yml")
+    doc = load_yaml(os.path.join(deploy, "docker-compose.cluster.yml"))
+    if doc is None:
+        return {}
+    services = doc.get("services") or {}
+    top_secrets = doc.get("secrets") or {}
+    top_volumes = doc.get("volumes") or {}
+    for name, sec in top_secrets.items():
+        check(isinstance(sec, dict) and ("file" in sec or "environment" in sec),
+              f"secret {name} comes from a file (or the environment), not a literal")
+
+    # PostgreSQL 15: a named volume, pg_isready, its password from a secret file.
+    pg = services.get("postgres") or {}
+    check(str(pg.get("image")) == "postgres:15", f"postgres image postgres:15 ({pg.get('image')})")
+    pg_data = compose_mounts(pg).get("/var/lib/postgresql/data")
+    check(pg_data is not None and pg_data[0] == "volume" and pg_data[1] in top_volumes,
+          f"postgres keeps its data in a named volume ({pg_data})")
+    test = (pg.get("healthcheck") or {}).get("test")
+    check("pg_isready" in (" ".join(test) if isinstance(test, list) else str(test)),
+          f"postgres healthcheck runs pg_isready ({test})")
+    pg_env, pg_secrets = compose_env(pg), compose_secrets(pg)
+    check("POSTGRES_PASSWORD" not in pg_env, "postgres: no POSTGRES_PASSWORD in its environment")
+    pg_password_secret = pg_secrets.get(pg_env.get("POSTGRES_PASSWORD_FILE"))
+    check(pg_password_secret in top_secrets,
+          f"postgres: POSTGRES_PASSWORD_FILE={pg_env.get('POSTGRES_PASSWORD_FILE')} is a secret it gets")
+    pg_user, pg_db = pg_env.get("POSTGRES_USER", "postgres"), pg_env.get("POSTGRES_DB")
+
+    recal = {n: s for n, s in services.items() if str(s.get("image", "")).startswith("recal-server")}
+    check(len(recal) == 4, f"four recal services ({sorted(recal)})")
+    roles, stores, blobs, targets = {}, set(), set(), {}
+    blob_volumes = set()
+    for name, svc in sorted(recal.items()):
+        dockerfile = compose_dockerfile(deploy, svc)
+        check(dockerfile is not None and os.path.isfile(dockerfile)
+              and str(svc.get("image")) == "recal-server:latest"
+              and "RECAL_VERSION" in ((svc.get("build") or {}).get("args") or {}),
+              f"{name}: image recal-server:latest, built from {dockerfile} with RECAL_VERSION")
+        argv = compose_argv(svc, image)
+        check(argv[:1] and argv[0] in SERVER_PROGRAMS, f"{name}: runs recal-server ({argv[:1]})")
+        flags = parse_flags(argv, name)
+        check_no_password_in_argv(argv, name)
+        roles[name] = last(flags, "role", "all")
+        store, blob = last(flags, "store"), last(flags, "blobs")
+        stores.add(store)
+        blobs.add(blob)
+        parts = check_store_uri(store, name)
+        if parts:
+            check(parts.hostname in services and parts.hostname == "postgres"
+                  and parts.username == pg_user and parts.path.lstrip("/") == pg_db,
+                  f"{name}: --store names the postgres service, its user and database ({store})")
+        mounts = compose_mounts(svc)
+        blob_dir = (blob or "").partition("file:")[2]
+        m = mounts.get(blob_dir)
+        check(m is not None and m[0] == "volume" and m[1] in top_volumes and not m[2],
+              f"{name}: --blobs={blob} is a writable named volume ({m})")
+        if m:
+            blob_volumes.add(m[1])
+        data = mounts.get("/data")
+        check(data is not None and data[0] == "bind" and data[2], f"{name}: read-only /data ({data})")
+        data_roots = [v for n, v in flags if n == "data_root"]
+        check(data_roots and all(r.split("=")[-1] in mounts for r in ",".join(data_roots).split(",")),
+              f"{name}: every --data_root is a mount ({data_roots})")
+        secrets, env = compose_secrets(svc), compose_env(svc)
+        check(secrets.get(last(flags, "auth_file")) in top_secrets,
+              f"{name}: --auth_file={last(flags, 'auth_file')} is a secret it gets")
+        check(secrets.get(env.get("RECAL_PGPASSWORD_FILE")) == pg_password_secret and pg_password_secret,
+              f"{name}: RECAL_PGPASSWORD_FILE={env.get('RECAL_PGPASSWORD_FILE')} is postgres's password "
+              f"secret {pg_password_secret}")
+        literal = [k for k, v in env.items() if re.search("PASSWORD", k) and not k.endswith("_FILE")]
+        check(not literal, f"{name}: no password in its environment ({literal})")
+        dep = svc.get("depends_on") or {}
+        check(isinstance(dep, dict) and (dep.get("postgres") or {}).get("condition") == "service_healthy",
+              f"{name}: starts once postgres is healthy")
+        grace = seconds(svc.get("stop_grace_period", "10s"))
+        check(grace is not None and grace > SHUTDOWN_TIMEOUT_S,
+              f"{name}: stop_grace_period {svc.get('stop_grace_period')} > {SHUTDOWN_TIMEOUT_S}s")
+        listen, metrics = port_of(last(flags, "listen")), port_of(last(flags, "metrics_listen"))
+        check(listen is not None and metrics is not None and not last(flags, "listen", "").startswith("127."),
+              f"{name}: --listen and --metrics_listen beyond loopback ({listen}, {metrics})")
+        check_health_address(env, image, listen, name)
+        published = compose_ports(svc)
+        if roles[name] == "api":
+            check(published and all(t == str(listen) for _, t in published),
+                  f"{name}: publishes its --listen port {listen} ({published})")
+        targets[name] = metrics
+    check(sorted(roles.values()) == ["api", "api", "worker", "worker"], f"roles: two api, two worker ({roles})")
+    check(len(stores) == 1, f"one --store for all ({sorted(map(str, stores))})")
+    check(len(blobs) == 1 and len(blob_volumes) == 1, f"one --blobs on one volume for all ({sorted(map(str, blobs))})")
+    api_ports = sorted(p for n in recal if roles[n] == "api" for p, _ in compose_ports(recal[n]))
+    check(api_ports == ["50051", "50052"], f"api replicas published on 50051 and 50052 ({api_ports})")
+    prom = services.get("prometheus") or {}
+    check(any("prometheus.cluster.yml:/etc/prometheus/prometheus.yml" in str(v) for v in prom.get("volumes") or []),
+          "prometheus mounts deploy/prometheus.cluster.yml")
+    return {f"{name}:{port}" for name, port in targets.items()}
 
 
 def check_prometheus(deploy):
@@ -156,6 +421,27 @@ def check_prometheus(deploy):
     if found:
         check(found.get("metrics_path", "/metrics") == "/metrics", "metrics_path /metrics")
         check(seconds(found.get("scrape_interval", global_interval)) == 15, "scrape interval 15s")
+
+
+def check_prometheus_cluster(deploy, expected):
+    print("(a) prometheus.cluster.yml")
+    doc = load_yaml(os.path.join(deploy, "prometheus.cluster.yml"))
+    if doc is None:
+        return
+    global_interval = (doc.get("global") or {}).get("scrape_interval", "1m")
+    targets, paths = set(), set()
+    for job in doc.get("scrape_configs") or []:
+        found = set()
+        for sc in job.get("static_configs") or []:
+            found |= set(sc.get("targets") or []) & expected
+        if found:
+            targets |= found
+            paths.add(job.get("metrics_path", "/metrics"))
+            check(seconds(job.get("scrape_interval", global_interval)) == 15,
+                  f"job {job.get('job_name')}: scrape interval 15s")
+    check(expected and targets == expected,
+          f"every recal process's --metrics_listen is a target (missing: {sorted(expected - targets)})")
+    check(paths == {"/metrics"}, f"metrics_path /metrics ({sorted(paths)})")
 
 
 def promql_metrics(expr):
@@ -236,13 +522,14 @@ def check_promtool(deploy):
     promtool = "/usr/bin/promtool"
     if not os.access(promtool, os.X_OK):
         print(f"  skip {promtool} not installed (Debian package 'prometheus'): "
-              "prometheus.yml checked structurally only")
+              "the Prometheus files checked structurally only")
         notes.append("promtool skipped")
         return
-    r = subprocess.run([promtool, "check", "config", os.path.join(deploy, "prometheus.yml")],
-                       capture_output=True, text=True)
-    check(r.returncode == 0, "promtool check config deploy/prometheus.yml" +
-          ("" if r.returncode == 0 else ":\n" + r.stdout + r.stderr))
+    for name in ("prometheus.yml", "prometheus.cluster.yml"):
+        r = subprocess.run([promtool, "check", "config", os.path.join(deploy, name)],
+                           capture_output=True, text=True)
+        check(r.returncode == 0, f"promtool check config deploy/{name}" +
+              ("" if r.returncode == 0 else ":\n" + r.stdout + r.stderr))
 
 
 # --------------------------------------------------------------------------- (c)
@@ -272,15 +559,38 @@ def dockerfile_stages(text):
     return stages
 
 
-def check_dockerfile(source, runtime_pkgs):
-    print("(c) Dockerfile")
-    path = os.path.join(source, "Dockerfile")
+def image_info(source):
+    """What the runtime image runs: its ENTRYPOINT, ENV, and the parsed stages."""
+    info = {"text": "", "stages": [], "entrypoint": [], "env": {}}
     try:
-        text = open(path).read()
+        info["text"] = open(os.path.join(source, "Dockerfile")).read()
     except OSError as e:
         check(False, f"Dockerfile: {e}")
+        return info
+    info["stages"] = dockerfile_stages(info["text"])
+    runtime = info["stages"][-1][2] if info["stages"] else []
+    for l in runtime:
+        if l.startswith("ENV "):
+            words = shlex.split(l[4:])
+            if words and "=" not in words[0]:
+                info["env"][words[0]] = " ".join(words[1:])  # ENV KEY VALUE
+            else:
+                info["env"].update(w.split("=", 1) for w in words if "=" in w)
+    ep = [l for l in runtime if l.startswith("ENTRYPOINT")]
+    try:
+        info["entrypoint"] = json.loads(ep[-1][len("ENTRYPOINT"):]) if ep else []
+    except ValueError:
+        check(False, f"ENTRYPOINT is a JSON list ({ep[-1]})")
+    return info
+
+
+def check_dockerfile(source, runtime_pkgs, image, shared_dirs):
+    print("(c) Dockerfile")
+    text, stages = image["text"], image["stages"]
+    if not text:
         return
-    stages = dockerfile_stages(text)
+    # A syntax line makes BuildKit fetch a frontend image; the built-in one does.
+    check(not re.search(r"^#\s*syntax\s*=", text, re.M | re.I), "no '# syntax=' line")
     check(len(stages) >= 2, f"multi-stage ({[s[0] for s in stages]})")
     check(all(base == "debian:bookworm-slim" for _, base, _ in stages), "every stage FROM debian:bookworm-slim")
     if len(stages) < 2:
@@ -288,15 +598,28 @@ def check_dockerfile(source, runtime_pkgs):
     build, runtime = stages[0][2], stages[-1][2]
     build_text, runtime_text = "\n".join(build), "\n".join(runtime)
 
-    check(re.search(r"^COPY\s.*scripts/debian-packages\.txt", build_text, re.M) is not None
+    # One list, installed by the project's script: the shipped binaries' packages only.
+    check(re.search(r"^COPY\s.*scripts/debian-packages-server\.txt", build_text, re.M) is not None
           and re.search(r"^COPY\s.*scripts/install-deps\.sh", build_text, re.M) is not None,
-          "build stage COPYs scripts/debian-packages.txt and scripts/install-deps.sh")
-    check(re.search(r"^RUN\s.*install-deps\.sh", build_text, re.M) is not None,
-          "build stage RUNs scripts/install-deps.sh")
+          "build stage COPYs scripts/debian-packages-server.txt and scripts/install-deps.sh")
+    check(re.search(r"^RUN\s+(\./)?scripts/install-deps\.sh\s+(\./)?scripts/debian-packages-server\.txt\b",
+                    build_text, re.M) is not None,
+          "build stage RUNs scripts/install-deps.sh scripts/debian-packages-server.txt")
+    check("debian-packages.txt" not in build_text, "build stage does not install the whole developer list")
     check("apt-get install" not in build_text, "build stage has no apt-get install of its own")
-    check("recal-server" in build_text and "recal-worker" in build_text and "recalctl" in build_text
-          and "--preset default" in build_text,
+    builds = [l for l in build if l.startswith("RUN") and "cmake" in l]
+    cmake_text = "\n".join(builds)
+    check("recal-server" in cmake_text and "recal-worker" in cmake_text and "recalctl" in cmake_text
+          and "--preset default" in cmake_text,
           "build stage builds recal-server, recal-worker and recalctl with the default preset")
+    check(re.search(r"-DRECAL_BUILD_TESTS=OFF\b", cmake_text) is not None,
+          "build stage configures -DRECAL_BUILD_TESTS=OFF")
+    check(re.search(r"-DCMAKE_BUILD_TYPE=(Release|MinSizeRel)\b", cmake_text) is not None
+          or re.search(r"\bstrip\b", text) is not None,
+          "no debug info ships: Release (or strip)")
+    check(re.search(r"^ARG\s+RECAL_VERSION\b", build_text, re.M) is not None
+          and re.search(r"-DRECAL_VERSION=\"?\$\{?RECAL_VERSION\}?\"?", cmake_text) is not None,
+          "build stage passes ARG RECAL_VERSION to CMake (-DRECAL_VERSION)")
 
     copy_list = re.search(r"^COPY\s+(?!--from)\S*deploy/runtime-packages\.txt\s+(\S+)$", runtime_text, re.M)
     check(copy_list is not None, "runtime stage COPYs deploy/runtime-packages.txt")
@@ -319,20 +642,81 @@ def check_dockerfile(source, runtime_pkgs):
           and re.search(r"^COPY\s+--from=\S+\s.*recal-worker", runtime_text, re.M) is not None
           and re.search(r"^COPY\s+--from=\S+\s.*recalctl", runtime_text, re.M) is not None,
           "runtime stage copies recal-server, recal-worker (beside it) and recalctl")
-    check(re.search(r"^USER\s+recal\b", runtime_text, re.M) is not None, "runs as user recal")
+
+    # The user: group 10001 first, so that the user's gid is 10001 too (not the next system gid).
+    group = re.search(r"\bgroupadd\b[^&;]*--gid[ =]10001\b[^&;]*\brecal\b", runtime_text)
+    user = re.search(r"\buseradd\b(?=[^&;]*--uid[ =]10001\b)(?=[^&;]*--gid[ =](10001|recal)\b)[^&;]*\brecal\b",
+                     runtime_text)
+    check(group is not None and user is not None and group.start() < user.start(),
+          "groupadd --gid 10001 recal, then useradd --uid 10001 --gid 10001 recal")
+    check(re.search(r"^USER\s+(recal|10001)\b", runtime_text, re.M) is not None, "runs as user recal")
+    # A fresh named volume takes the owner of the directory it is mounted on.
+    for d in sorted(shared_dirs):
+        check(re.search(r"\bchown\b[^&;]*\s" + re.escape(d) + r"(\s|$)", runtime_text) is not None,
+              f"runtime stage creates {d} (the cluster's blob volume) owned by recal")
     expose = set()
     for l in runtime:
         if l.startswith("EXPOSE"):
             expose |= set(l.split()[1:])
     check({"50051", "9464"} <= expose, f"EXPOSE 50051 9464 ({sorted(expose)})")
     check(re.search(r"^VOLUME\s+\[?\"?/var/lib/recal", runtime_text, re.M) is not None, "VOLUME /var/lib/recal")
-    check(re.search(r"^HEALTHCHECK\s.*CMD\s+recalctl\s+--server=localhost:50051\s+health", runtime_text, re.M)
-          is not None, "HEALTHCHECK CMD recalctl --server=localhost:50051 health")
-    ep = [l for l in runtime if l.startswith("ENTRYPOINT")]
-    entry = json.loads(ep[-1][len("ENTRYPOINT"):]) if ep else []
-    want = ["recal-server", "--data_dir=/var/lib/recal", "--data_root=/data",
+
+    entry = image["entrypoint"]
+    want = ["--data_dir=/var/lib/recal", "--data_root=/data",
             "--listen=0.0.0.0:50051", "--metrics_listen=0.0.0.0:9464", "--auth_file=/run/secrets/recal_auth"]
-    check(entry[:1] == want[:1] and set(want[1:]) <= set(entry[1:]), f"ENTRYPOINT {entry}")
+    check(entry[:1] == ["recal-entrypoint"] and set(want) <= set(entry[1:]), f"ENTRYPOINT {entry}")
+    check(re.search(r"^COPY\s+(?!--from)(--chmod=\S+\s+)?deploy/recal-entrypoint\.sh\s+/usr/local/bin/recal-entrypoint$",
+                    runtime_text, re.M) is not None,
+          "runtime stage installs deploy/recal-entrypoint.sh as /usr/local/bin/recal-entrypoint")
+    flags = parse_flags(entry, "ENTRYPOINT")
+    listen = port_of(last(flags, "listen"))
+    # The health check follows the configuration: shell form, $RECAL_HEALTH_ADDRESS, whose
+    # default (ENV) is the ENTRYPOINT's --listen port.
+    health = [l for l in runtime if l.startswith("HEALTHCHECK")]
+    cmd = health[-1].split(" CMD ", 1)[1].strip() if health and " CMD " in health[-1] else ""
+    check(cmd != "" and not cmd.startswith("[")
+          and re.match(r'recalctl\s+--server[= ]"?\$\{?RECAL_HEALTH_ADDRESS\}?"?\s+health\b', cmd) is not None,
+          f"HEALTHCHECK CMD recalctl --server=\"$RECAL_HEALTH_ADDRESS\" health, shell form ({cmd})")
+    default = image["env"].get("RECAL_HEALTH_ADDRESS")
+    check(default is not None and port_of(default) == listen,
+          f"ENV RECAL_HEALTH_ADDRESS={default}: the ENTRYPOINT's --listen port {listen}")
+
+
+def check_entrypoint_script(source):
+    """deploy/recal-entrypoint.sh with a stub recal-server: arguments passed as they are,
+    RECAL_PGPASSWORD_FILE's content as PGPASSWORD, a missing file refused."""
+    print("(c) deploy/recal-entrypoint.sh")
+    script = os.path.join(source, "deploy", "recal-entrypoint.sh")
+    if not check(os.path.isfile(script), "deploy/recal-entrypoint.sh exists"):
+        return
+    check(os.access(script, os.X_OK), "deploy/recal-entrypoint.sh is executable")
+    with tempfile.TemporaryDirectory() as tmp:
+        stub = os.path.join(tmp, "recal-server")
+        with open(stub, "w") as f:
+            f.write('#!/bin/sh\nprintf "%s\\n" "PGPASSWORD=${PGPASSWORD-<unset>}" '
+                    '"FILE=${RECAL_PGPASSWORD_FILE-<unset>}" "$@"\n')
+        os.chmod(stub, 0o755)
+        secret = os.path.join(tmp, "pg_password")
+        with open(secret, "w") as f:
+            f.write("s3cret with blanks\n")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PG") and not k.startswith("RECAL_")}
+        env["PATH"] = tmp + os.pathsep + env.get("PATH", "/usr/bin:/bin")
+        args = ["--listen=0.0.0.0:50051", "--data_root=a b"]
+
+        def run(extra):
+            return subprocess.run(["/bin/sh", script] + args, env=dict(env, **extra),
+                                  capture_output=True, text=True, timeout=30)
+        r = run({"RECAL_PGPASSWORD_FILE": secret})
+        check(r.returncode == 0 and r.stdout.splitlines() ==
+              ["PGPASSWORD=s3cret with blanks", "FILE=<unset>"] + args,
+              f"with RECAL_PGPASSWORD_FILE: execs recal-server with the same arguments and "
+              f"PGPASSWORD from the file ({r.returncode}, {r.stdout.splitlines()}, {r.stderr.strip()})")
+        r = run({})
+        check(r.returncode == 0 and r.stdout.splitlines() == ["PGPASSWORD=<unset>", "FILE=<unset>"] + args,
+              f"without it: the same arguments, no PGPASSWORD ({r.returncode}, {r.stdout.splitlines()})")
+        r = run({"RECAL_PGPASSWORD_FILE": os.path.join(tmp, "missing")})
+        check(r.returncode != 0 and "PGPASSWORD" not in r.stdout and "RECAL_PGPASSWORD_FILE" in r.stderr,
+              f"a missing file: refused before recal-server starts ({r.returncode}, {r.stderr.strip()})")
 
 
 # --------------------------------------------------------------------------- (d)
@@ -443,24 +827,375 @@ def check_runtime_deps(binaries, runtime_pkgs):
         print(f"  note listed but no library of these binaries comes from them: {unused}")
 
 
+# --------------------------------------------------------------------------- (e)
+def k8s_docs(directory, kustomization):
+    """{(kind, name): doc} of the files the kustomization lists (directories: recursively)."""
+    out = {}
+    for res in kustomization.get("resources") or []:
+        path = os.path.normpath(os.path.join(directory, res))
+        if os.path.isdir(path):
+            k = load_yaml(os.path.join(path, "kustomization.yaml"))
+            if k:
+                out.update(k8s_docs(path, k))
+            continue
+        for d in load_yaml_docs(path) or []:
+            if isinstance(d, dict):
+                out[(d.get("kind"), (d.get("metadata") or {}).get("name"))] = d
+    return out
+
+
+def json_pointer_add(doc, path, value):
+    """RFC 6902 'add' (what kustomize applies from a JSON 6902 patch); False if the parent is missing."""
+    parts = [p.replace("~1", "/").replace("~0", "~") for p in path.lstrip("/").split("/")]
+    cur = doc
+    for p in parts[:-1]:
+        if isinstance(cur, list):
+            if not p.isdigit() or int(p) >= len(cur):
+                return False
+            cur = cur[int(p)]
+        elif isinstance(cur, dict) and p in cur:
+            cur = cur[p]
+        else:
+            return False
+    key = parts[-1]
+    if isinstance(cur, list):
+        if key == "-":
+            cur.append(value)
+        elif key.isdigit() and int(key) <= len(cur):
+            cur.insert(int(key), value)
+        else:
+            return False
+    elif isinstance(cur, dict):
+        cur[key] = value
+    else:
+        return False
+    return True
+
+
+def k8s_argv(container, image, configmaps, where):
+    """command + args as the kubelet runs them: $(VAR) replaced from the container's env."""
+    env, secret_vars = {}, set()
+    for e in container.get("env") or []:
+        name, ref = e.get("name"), (e.get("valueFrom") or {})
+        if "value" in e:
+            env[name] = str(e["value"])
+        elif "configMapKeyRef" in ref:
+            cm = ref["configMapKeyRef"]
+            value = ((configmaps.get(cm.get("name")) or {}).get("data") or {}).get(cm.get("key"))
+            check(value is not None, f"{where}: env {name} from ConfigMap {cm.get('name')}/{cm.get('key')}, which exists")
+            env[name] = str(value)
+        elif "secretKeyRef" in ref:
+            secret_vars.add(name)
+    # command replaces the image's ENTRYPOINT, args its CMD (the image has none).
+    words = list(container.get("command") or image["entrypoint"]) + list(container.get("args") or [])
+    used_secrets = set()
+
+    def expand(w):
+        def sub(m):
+            if m.group(1) in secret_vars:
+                used_secrets.add(m.group(1))
+            return env.get(m.group(1), m.group(0))
+        return re.sub(r"\$\((\w+)\)", sub, str(w))
+    argv = [expand(w) for w in words]
+    check(not used_secrets, f"{where}: no Secret-backed variable on the command line ({sorted(used_secrets)})")
+    unresolved = [a for a in argv if re.search(r"\$\(\w+\)", a)]
+    check(not unresolved, f"{where}: every $(VAR) is defined ({unresolved})")
+    return argv, env
+
+
+def check_pod(dep, image, docs, where, expect_role):
+    """One Deployment's pod: the recal container's flags, ports, probes, volumes and security."""
+    configmaps = {n: d for (k, n), d in docs.items() if k == "ConfigMap"}
+    secrets = {n: d for (k, n), d in docs.items() if k == "Secret"}
+    claims = {n: d for (k, n), d in docs.items() if k == "PersistentVolumeClaim"}
+    tmpl = (dep.get("spec") or {}).get("template") or {}
+    pod = tmpl.get("spec") or {}
+    containers = pod.get("containers") or []
+    check(len(containers) == 1, f"{where}: one container ({[c.get('name') for c in containers]})")
+    if not containers:
+        return {}
+    c = containers[0]
+    argv, env = k8s_argv(c, image, configmaps, where)
+    check(argv[:1] and argv[0] in SERVER_PROGRAMS, f"{where}: runs recal-server ({argv[:1]})")
+    flags = parse_flags(argv, where)
+    check_no_password_in_argv(argv, where)
+    role = last(flags, "role", "all")
+    check(role == expect_role, f"{where}: --role={role}")
+    listen_addr, metrics_addr = last(flags, "listen"), last(flags, "metrics_listen")
+    listen, metrics = port_of(listen_addr), port_of(metrics_addr)
+    check(listen and metrics and not str(listen_addr).startswith("127.") and not str(metrics_addr).startswith("127."),
+          f"{where}: --listen={listen_addr} and --metrics_listen={metrics_addr} beyond loopback")
+    check_store_uri(last(flags, "store"), where)
+
+    ports = {p.get("name"): p.get("containerPort") for p in c.get("ports") or []}
+    check(ports.get("grpc") == listen and ports.get("metrics") == metrics,
+          f"{where}: containerPorts grpc={ports.get('grpc')} metrics={ports.get('metrics')} "
+          f"are the --listen {listen} and --metrics_listen {metrics} ports")
+    # Native gRPC probes (grpc.health.v1) on the listen port, nothing else.
+    for kind in ("readinessProbe", "livenessProbe", "startupProbe"):
+        probe = c.get(kind)
+        if probe is None and kind == "startupProbe":
+            continue
+        check(isinstance(probe, dict) and set(probe) & {"grpc", "httpGet", "tcpSocket", "exec"} == {"grpc"}
+              and (probe.get("grpc") or {}).get("port") == listen,
+              f"{where}: {kind} is a gRPC probe on port {listen} ({probe})")
+    ann = (tmpl.get("metadata") or {}).get("annotations") or {}
+    check(ann.get("prometheus.io/scrape") == "true" and str(ann.get("prometheus.io/port")) == str(metrics)
+          and ann.get("prometheus.io/path", "/metrics") == "/metrics",
+          f"{where}: prometheus.io/scrape and port {ann.get('prometheus.io/port')} = --metrics_listen port")
+    grace = pod.get("terminationGracePeriodSeconds", 30)
+    check(grace > SHUTDOWN_TIMEOUT_S, f"{where}: terminationGracePeriodSeconds {grace} > {SHUTDOWN_TIMEOUT_S}")
+    res = c.get("resources") or {}
+    check(all(k in (res.get(x) or {}) for x in ("requests", "limits") for k in ("cpu", "memory")),
+          f"{where}: cpu and memory requests and limits ({res})")
+
+    # Non-root, no privilege; the sandbox needs none (worker.yaml says what it needs instead).
+    psc, csc = pod.get("securityContext") or {}, c.get("securityContext") or {}
+    def get(key):
+        return csc.get(key, psc.get(key))
+    check(get("runAsNonRoot") is True and get("runAsUser") == 10001 and get("runAsGroup") in (None, 10001),
+          f"{where}: runAsNonRoot, uid 10001 ({get('runAsNonRoot')}, {get('runAsUser')}, {get('runAsGroup')})")
+    check(csc.get("allowPrivilegeEscalation") is False and csc.get("readOnlyRootFilesystem") is True
+          and not csc.get("privileged"), f"{where}: allowPrivilegeEscalation false, readOnlyRootFilesystem, not privileged")
+    caps = csc.get("capabilities") or {}
+    check("ALL" in (caps.get("drop") or []) and not caps.get("add"), f"{where}: capabilities drop ALL, add none ({caps})")
+    seccomp = (get("seccompProfile") or {}).get("type")
+    check(seccomp in ("RuntimeDefault", "Localhost"), f"{where}: seccompProfile RuntimeDefault or Localhost ({seccomp})")
+
+    volumes = {v.get("name"): v for v in pod.get("volumes") or []}
+    mounts = {m.get("mountPath"): m for m in c.get("volumeMounts") or []}
+    check(all(m.get("name") in volumes for m in mounts.values()), f"{where}: every volumeMount names a volume")
+
+    def volume_at(path):
+        """(mount, volume) of the mount that holds path (the longest mountPath above it)."""
+        best = None
+        for mp, m in mounts.items():
+            if path == mp or path.startswith(mp.rstrip("/") + "/"):
+                if best is None or len(mp) > len(best):
+                    best = mp
+        return (mounts[best], volumes.get(mounts[best].get("name"))) if best else (None, None)
+
+    blob = last(flags, "blobs") or ""
+    blob_dir = blob.partition("file:")[2]
+    m, v = volume_at(blob_dir)
+    claim = ((v or {}).get("persistentVolumeClaim") or {}).get("claimName")
+    modes = ((claims.get(claim) or {}).get("spec") or {}).get("accessModes") or []
+    check(blob.startswith("file:") and m is not None and m.get("mountPath") == blob_dir and not m.get("readOnly")
+          and "ReadWriteMany" in modes,
+          f"{where}: --blobs={blob} is a writable ReadWriteMany claim ({claim}, {modes})")
+    roots = [r.split("=")[-1] for v_ in (val for n, val in flags if n == "data_root") for r in v_.split(",")]
+    ro = [r for r in roots if (volume_at(r)[0] or {}).get("readOnly") is True]
+    check(roots and ro == roots, f"{where}: every --data_root is a read-only mount ({roots})")
+    for path in (last(flags, "data_dir"), "/tmp"):
+        check(volume_at(path or "")[0] is not None,
+              f"{where}: {path} is a volume (the root filesystem is read-only)")
+
+    # Credentials: files of the Secret, never a literal value in the manifest.
+    def secret_file(path, what):
+        m, v = volume_at(path or "")
+        secret = ((v or {}).get("secret") or {}).get("secretName")
+        key = os.path.relpath(path, m.get("mountPath")) if m else None
+        sdoc = secrets.get(secret) or {}
+        keys = set((sdoc.get("data") or {})) | set((sdoc.get("stringData") or {}))
+        check(secret in secrets and key in keys and m.get("readOnly") is True,
+              f"{where}: {what} {path} is key {key} of the Secret {secret}, mounted read-only")
+    secret_file(last(flags, "auth_file"), "--auth_file")
+    secret_file(env.get("RECAL_PGPASSWORD_FILE"), "RECAL_PGPASSWORD_FILE")
+    literal = [e.get("name") for e in c.get("env") or []
+               if "PASSWORD" in str(e.get("name")) and not str(e.get("name")).endswith("_FILE")
+               and "secretKeyRef" not in (e.get("valueFrom") or {})]
+    check(not literal, f"{where}: no password in the manifest's env ({literal})")
+    return {"flags": flags, "listen": listen, "metrics": metrics, "labels": (tmpl.get("metadata") or {}).get("labels") or {},
+            "container": c, "claim": claim}
+
+
+def selects(selector, labels):
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def check_k8s(deploy, image):
+    print("(e) deploy/k8s")
+    directory = os.path.join(deploy, "k8s")
+    kust = load_yaml(os.path.join(directory, "kustomization.yaml"))
+    if kust is None:
+        return
+    listed = set(kust.get("resources") or [])
+    present = {f for f in os.listdir(directory) if f.endswith((".yaml", ".yml")) and f != "kustomization.yaml"}
+    check(listed == present and all(os.path.isfile(os.path.join(directory, f)) for f in listed),
+          f"kustomization.yaml lists every manifest (listed {sorted(listed)}, present {sorted(present)})")
+    docs = k8s_docs(directory, kust)
+    for (kind, name), d in docs.items():
+        check(d.get("apiVersion") and kind and name, f"{kind}/{name}: apiVersion, kind, metadata.name")
+
+    cm = (docs.get(("ConfigMap", "recal-config")) or {}).get("data") or {}
+    check(cm, "ConfigMap recal-config")
+    check_store_uri(cm.get("RECAL_STORE"), "ConfigMap RECAL_STORE")
+    secret = docs.get(("Secret", "recal-secrets")) or {}
+    values = {**(secret.get("data") or {}), **(secret.get("stringData") or {})}
+    check({"recal_auth", "recal_pg_password"} <= set(values)
+          and all("REPLACE" in str(v) for v in values.values()),
+          f"Secret recal-secrets: a template, every value a REPLACE-ME placeholder ({sorted(values)})")
+
+    pods = {}
+    for role in ("api", "worker"):
+        dep = docs.get(("Deployment", f"recal-{role}"))
+        if not check(dep is not None, f"Deployment recal-{role}"):
+            continue
+        spec = dep.get("spec") or {}
+        check(spec.get("replicas") == 2, f"recal-{role}: 2 replicas ({spec.get('replicas')})")
+        pods[role] = check_pod(dep, image, docs, f"recal-{role}", role)
+        sel = (spec.get("selector") or {}).get("matchLabels") or {}
+        check(selects(sel, pods[role].get("labels", {})), f"recal-{role}: its selector matches its pods")
+        pdbs = [d for (k, _), d in docs.items() if k == "PodDisruptionBudget"
+                and ((d.get("spec") or {}).get("selector") or {}).get("matchLabels") == sel]
+        ok = len(pdbs) == 1
+        if ok:
+            ps, replicas = pdbs[0].get("spec") or {}, spec.get("replicas", 1)
+
+            def count(v):  # an integer or a percentage of the replicas
+                v = str(v)
+                return int(v[:-1]) * replicas // 100 if v.endswith("%") else int(v)
+            ok = ("maxUnavailable" in ps and count(ps["maxUnavailable"]) >= 1) or (
+                "minAvailable" in ps and count(ps["minAvailable"]) < replicas)
+        check(ok, f"recal-{role}: one PodDisruptionBudget with its selector, which lets a drain proceed")
+    if len(pods) == 2 and all(pods.values()):
+        api, worker = pods["api"], pods["worker"]
+        for flag in ("store", "blobs", "data_root"):
+            check(last(api["flags"], flag) == last(worker["flags"], flag) and last(api["flags"], flag),
+                  f"api and worker share --{flag} ({last(api['flags'], flag)})")
+        check(api["claim"] == worker["claim"], f"api and worker mount the same blob claim ({api['claim']})")
+        svc = docs.get(("Service", "recal-api")) or {}
+        sel = (svc.get("spec") or {}).get("selector") or {}
+        check(selects(sel, api["labels"]) and not selects(sel, worker["labels"]),
+              "Service recal-api selects the api pods only")
+        ports = {p.get("name"): p for p in (svc.get("spec") or {}).get("ports") or []}
+        cports = {p.get("name"): p.get("containerPort") for p in api["container"].get("ports") or []}
+        grpc = ports.get("grpc") or {}
+        target = grpc.get("targetPort", grpc.get("port"))
+        check(cports.get(target, target) == api["listen"],
+              f"Service recal-api port grpc reaches the --listen port {api['listen']} ({target})")
+        cpu = str(((worker["container"].get("resources") or {}).get("limits") or {}).get("cpu", "0"))
+        cpu = float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
+        threads = int(last(worker["flags"], "threads_per_worker", "0")) * int(last(worker["flags"], "cpu_workers", "1"))
+        check(0 < threads <= cpu, f"recal-worker: --threads_per_worker x --cpu_workers = {threads} <= its CPU limit {cpu}")
+    try:
+        text = open(os.path.join(directory, "worker.yaml")).read()
+    except OSError:
+        text = ""
+    check(all(w in text for w in ("CLONE_NEWUSER", "seccompProfile", "Landlock", "RuntimeDefault")),
+          "worker.yaml says what the sandbox needs from the pod (user namespaces, seccomp, Landlock)")
+
+    # The GPU overlay: the base plus a JSON 6902 patch of the worker.
+    print("(e) deploy/k8s/gpu")
+    gdir = os.path.join(directory, "gpu")
+    gk = load_yaml(os.path.join(gdir, "kustomization.yaml"))
+    if gk is None:
+        return
+    check([os.path.normpath(os.path.join(gdir, r)) for r in gk.get("resources") or []] == [directory],
+          f"gpu/ builds on deploy/k8s ({gk.get('resources')})")
+    patches = gk.get("patches") or []
+    worker = copy.deepcopy(docs.get(("Deployment", "recal-worker")) or {})
+    applied = 0
+    for p in patches:
+        target = p.get("target") or {}
+        ops = load_yaml_docs(os.path.join(gdir, p.get("path", ""))) or [[]]
+        ok = target.get("kind") == "Deployment" and target.get("name") == "recal-worker" and isinstance(ops[0], list)
+        for op in ops[0] if ok else []:
+            ok = op.get("op") == "add" and json_pointer_add(worker, op.get("path", ""), op.get("value")) and ok
+        check(ok, f"gpu patch {p.get('path')} applies to Deployment recal-worker")
+        applied += ok
+    if applied and worker:
+        c = worker["spec"]["template"]["spec"]["containers"][0]
+        argv, _ = k8s_argv(c, image, {n: d for (k, n), d in docs.items() if k == "ConfigMap"}, "gpu recal-worker")
+        flags = parse_flags(argv, "gpu recal-worker")
+        limits = (c.get("resources") or {}).get("limits") or {}
+        check(last(flags, "devices") == "auto" and str(limits.get("nvidia.com/gpu")) == "1",
+              f"gpu recal-worker: --devices=auto and limits nvidia.com/gpu: 1 ({last(flags, 'devices')}, {limits})")
+
+
+# --------------------------------------------------------------------------- (f)
+def check_build_list(source):
+    print("(f) scripts/debian-packages-server.txt and -DRECAL_BUILD_TESTS=OFF")
+    server_pkgs = read_list(os.path.join(source, "scripts", "debian-packages-server.txt"))
+    all_pkgs = read_list(os.path.join(source, "scripts", "debian-packages.txt"))
+    check(server_pkgs and set(server_pkgs) <= set(all_pkgs),
+          f"a subset of scripts/debian-packages.txt ({sorted(set(server_pkgs) - set(all_pkgs))})")
+    check(not set(server_pkgs) & TEST_ONLY_PKGS, f"no test-only package ({sorted(set(server_pkgs) & TEST_ONLY_PKGS)})")
+    cmake, ninja = shutil.which("cmake"), shutil.which("ninja")
+    if not cmake or not ninja:
+        check(False, "cmake and ninja are needed")
+        return
+    with tempfile.TemporaryDirectory(prefix="recal-notests-") as tmp:
+        # GoogleTest and Google Benchmark disabled: a find_package of either is then an error.
+        r = subprocess.run([cmake, "-S", source, "-B", tmp, "-G", "Ninja", "-DRECAL_BUILD_TESTS=OFF",
+                            "-DCMAKE_BUILD_TYPE=Release", "-DRECAL_VERSION=0.0.0-check",
+                            "-DCMAKE_DISABLE_FIND_PACKAGE_GTest=ON", "-DCMAKE_DISABLE_FIND_PACKAGE_benchmark=ON"],
+                           capture_output=True, text=True, timeout=300)
+        if not check(r.returncode == 0, "CMake configures -DRECAL_BUILD_TESTS=OFF without GTest and benchmark" +
+                     ("" if r.returncode == 0 else ":\n" + r.stdout[-2000:] + r.stderr[-2000:])):
+            return
+        targets = subprocess.run([ninja, "-C", tmp, "-t", "targets", "all"], capture_output=True, text=True).stdout
+        names = {l.split(":")[0] for l in targets.splitlines()}
+        check({"recal-server", "recal-worker", "recalctl"} <= names and not any(n.endswith("_test") for n in names),
+              "it has recal-server, recal-worker and recalctl and no test")
+        build_ninja = open(os.path.join(tmp, "build.ninja")).read()
+        check('RECAL_VERSION=\\"0.0.0-check\\"' in build_ninja, "-DRECAL_VERSION reaches recal_metrics")
+        check(not re.search(r"gtest|gmock|libbenchmark", build_ninja), "nothing links GoogleTest or Google Benchmark")
+        # Every file the configuration found comes from the list's packages or their Depends.
+        found = set()
+        for line in open(os.path.join(tmp, "CMakeCache.txt")):
+            m = re.match(r"([^#/][^:=]*):(FILEPATH|PATH|STRING)=(/usr/.+)$", line.strip())
+            if not m or "NOTFOUND" in m.group(3):
+                continue
+            path = m.group(3)
+            if os.path.isdir(path):
+                files = sorted(f for f in os.listdir(path) if os.path.isfile(os.path.join(path, f)))
+                path = os.path.join(path, files[0]) if files else None
+            if path and os.path.exists(path):
+                found.add(path)
+    pkgs, provides = installed_packages()
+    allowed = closure([p for p in server_pkgs if p in pkgs], pkgs, provides)
+    own = owners(sorted(found))
+    outside = sorted(f"{p} ({'/'.join(sorted(own[p])) or 'no package'})" for p in found if not own[p] & allowed)
+    check(found and not outside, f"{len(found)} files CMake found, all from the list or its Depends (outside: {outside})")
+
+
 def main():
+    global SERVER_FLAGS
     ap = argparse.ArgumentParser()
     ap.add_argument("--source", default=os.path.join(os.path.dirname(__file__), "..", ".."))
+    ap.add_argument("--server", help="recal-server, whose --helpfull lists the flags command lines may use")
     ap.add_argument("binaries", nargs="*", help="recal-server, recal-worker, recalctl, librecal_engine.so")
     a = ap.parse_args()
     source = os.path.abspath(a.source)
     deploy = os.path.join(source, "deploy")
     runtime_pkgs = read_list(os.path.join(deploy, "runtime-packages.txt"))
+    server = a.server or next((b for b in a.binaries if os.path.basename(b) == "recal-server"), None)
+    if check(server is not None and os.access(server, os.X_OK), f"recal-server to ask for its flags ({server})"):
+        SERVER_FLAGS = server_flags(server)
 
-    check_compose(deploy)
+    image = image_info(source)
+    check_compose(deploy, image)
+    targets = check_cluster_compose(deploy, image)
     check_prometheus(deploy)
+    check_prometheus_cluster(deploy, targets)
     check_grafana(deploy)
     check_promtool(deploy)
-    check_dockerfile(source, runtime_pkgs)
+    shared = set()
+    cluster = load_yaml(os.path.join(deploy, "docker-compose.cluster.yml")) or {}
+    for svc in (cluster.get("services") or {}).values():
+        if str(svc.get("image", "")).startswith("recal-server"):
+            blobs = last(flags_of(compose_argv(svc, image)), "blobs") or ""
+            if blobs.startswith("file:"):
+                shared.add(blobs[len("file:"):])
+    check_dockerfile(source, runtime_pkgs, image, shared)
+    check_entrypoint_script(source)
     if a.binaries:
         check_runtime_deps(a.binaries, runtime_pkgs)
     else:
         check(False, "(d) no binaries given")
+    check_k8s(deploy, image)
+    check_build_list(source)
 
     print()
     if failures:
