@@ -33,7 +33,12 @@ JobManager::JobManager(store::MetadataStore* metadata, store::BlobStore* blobs, 
       options_(std::move(options)),
       repository_(metadata, &events_),
       feeds_(options_.max_batch_bytes),
-      scheduler_(&repository_, blobs, models, runner, &feeds_, options_.scheduler) {}
+      scheduler_(&repository_, blobs, models, runner, &feeds_, options_.scheduler) {
+  change_watch_ = metadata->WatchChanges([this] {
+    events_.Publish();
+    scheduler_.Wake();
+  });
+}
 
 JobManager::~JobManager() { Shutdown(absl::Seconds(30)); }
 
@@ -41,6 +46,7 @@ absl::Status JobManager::Start() { return scheduler_.Start(); }
 
 void JobManager::Shutdown(absl::Duration deadline) {
   if (stopping_.exchange(true)) return;
+  change_watch_.reset();
   feeds_.CloseAll(absl::UnavailableError("the server is shutting down"));
   events_.Publish();  // watchers see stopping_
   scheduler_.Shutdown(deadline);

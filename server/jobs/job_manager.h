@@ -107,6 +107,9 @@ class JobManager {
   std::atomic<bool> stopping_{false};
   std::mutex submit_mu_;
   std::map<std::string, std::deque<absl::Time>> recent_submissions_;  // per tenant, the last minute's
+  // Other processes' changes (PostgreSQL's NOTIFY): watchers and idle workers look at once
+  // instead of at their next poll. Last: it goes first, before what its callback touches.
+  std::unique_ptr<store::ChangeWatch> change_watch_;
 };
 
 }  // namespace recal::jobs

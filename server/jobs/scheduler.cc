@@ -117,11 +117,15 @@ absl::Status Scheduler::CheckCapacity() const {
 
 void Scheduler::Enqueue(const v1::Job& job) {
   if (job.spec().data().has_client_stream()) feeds_->Open(job);
+  Wake();
+}
+
+void Scheduler::Wake() {
+  // All: lease keepers and the reaper wait on the same variable.
   {
     std::lock_guard<std::mutex> lock(wake_mu_);
     ++wakes_;
   }
-  // All: lease keepers and the reaper wait on the same variable.
   wake_.notify_all();
 }
 

@@ -74,6 +74,8 @@ class Scheduler {
   void Enqueue(const v1::Job& job);
   // A job just cancelled: its runner is stopped if it runs here.
   void Cancel(const std::string& id);
+  // Something changed in the store (another process queued a job): idle workers look now.
+  void Wake();
 
   int queued() const;  // in the store, from every process
   int running() const;  // here

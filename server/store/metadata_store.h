@@ -56,9 +56,21 @@ struct ModelPage {
   std::string next_page_token;
 };
 
+// Held while changes are to be reported; destroying it stops the reports (and waits for one
+// in progress).
+class ChangeWatch {
+ public:
+  virtual ~ChangeWatch() = default;
+};
+
 class MetadataStore {
  public:
   virtual ~MetadataStore() = default;
+
+  // Calls `on_change` (on a thread of its own) whenever a job changes in any process on this
+  // store, and after any gap in which changes may have been missed, until the handle goes.
+  // nullptr: this backend cannot tell other processes' changes (SQLite; watchers poll).
+  virtual std::unique_ptr<ChangeWatch> WatchChanges(std::function<void()> on_change) { return nullptr; }
   // Models (keyed by tenant and id). PutModel inserts or keeps the existing one (same
   // tenant and bytes = one model).
   virtual absl::StatusOr<v1::Model> PutModel(const v1::Model& model) = 0;

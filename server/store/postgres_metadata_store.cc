@@ -1,7 +1,10 @@
 #include "server/store/postgres_metadata_store.h"
 
+#include <atomic>
+#include <chrono>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -106,9 +109,12 @@ absl::StatusOr<std::vector<v1::Job>> ParseJobs(const Result& r) {  // columns: i
 }  // namespace
 
 struct PostgresMetadataStore::Impl {
-  explicit Impl(Connection conn) : conn(std::move(conn)) {}
+  Impl(Connection conn, std::string uri) : conn(std::move(conn)), uri(std::move(uri)) {}
   std::mutex mu;  // guards conn: one connection, one statement at a time
   Connection conn;
+  const std::string uri;  // for the change watch's own connection
+  // Inside a write transaction: watchers in every process are told at COMMIT.
+  absl::Status Notify() { return Exec("NOTIFY recal_jobs").status(); }
 
   // Runs `op` (reads, or one Transaction) under the lock. A broken connection is reopened
   // once, before `op` or after `op` failed because of it; `op` then runs again, which is
@@ -186,7 +192,7 @@ absl::Status PostgresMetadataStore::Impl::MigrateSchema() {
 
 absl::StatusOr<std::unique_ptr<PostgresMetadataStore>> PostgresMetadataStore::Open(const std::string& uri) {
   RECAL_ASSIGN_OR_RETURN(Connection conn, Connection::Open(uri));
-  auto impl = std::make_unique<Impl>(std::move(conn));
+  auto impl = std::make_unique<Impl>(std::move(conn), uri);
   RECAL_RETURN_IF_ERROR(impl->Run([&] { return impl->MigrateSchema(); }));
   return std::unique_ptr<PostgresMetadataStore>(new PostgresMetadataStore(std::move(impl)));
 }
@@ -317,6 +323,7 @@ absl::StatusOr<v1::Job> PostgresMetadataStore::CreateJob(const v1::Job& job, boo
                                        insert));
     if (inserted.Affected() == 1) {
       for (const v1::JobEvent& event : events) RECAL_RETURN_IF_ERROR(impl_->InsertEvent(job.id(), event).status());
+      RECAL_RETURN_IF_ERROR(impl_->Notify());
       RECAL_RETURN_IF_ERROR(txn.Commit());
       if (created != nullptr) *created = true;
       return job;
@@ -450,6 +457,7 @@ absl::StatusOr<v1::JobEvent> PostgresMetadataStore::UpdateJob(const v1::Job& job
     RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn));
     RECAL_RETURN_IF_ERROR(impl_->WriteJob(job));
     RECAL_ASSIGN_OR_RETURN(v1::JobEvent stored, impl_->InsertEvent(job.id(), event));
+    RECAL_RETURN_IF_ERROR(impl_->Notify());
     RECAL_RETURN_IF_ERROR(txn.Commit());
     return stored;
   });
@@ -463,6 +471,7 @@ absl::Status PostgresMetadataStore::CommitJob(const v1::Job& job, std::vector<v1
     RECAL_RETURN_IF_ERROR(impl_->WriteJob(job, expected_version));
     for (const auto& [artifact, ref] : results) RECAL_RETURN_IF_ERROR(impl_->InsertResult(job.id(), artifact, ref));
     for (const v1::JobEvent& event : events) RECAL_RETURN_IF_ERROR(impl_->InsertEvent(job.id(), event).status());
+    RECAL_RETURN_IF_ERROR(impl_->Notify());
     return txn.Commit();
   });
 }
@@ -473,6 +482,7 @@ absl::StatusOr<v1::JobEvent> PostgresMetadataStore::AppendEvent(const std::strin
     RECAL_ASSIGN_OR_RETURN(const bool exists, impl_->LockJob(job_id));
     if (!exists) return absl::NotFoundError(absl::StrCat("no job '", job_id, "' to add an event to"));
     RECAL_ASSIGN_OR_RETURN(v1::JobEvent stored, impl_->InsertEvent(job_id, event));
+    RECAL_RETURN_IF_ERROR(impl_->Notify());
     RECAL_RETURN_IF_ERROR(txn.Commit());
     return stored;
   });
@@ -602,6 +612,7 @@ absl::StatusOr<std::optional<v1::Job>> PostgresMetadataStore::ClaimJob(const std
                                           absl::ToUnixMillis(absl::Now())))
                               .status());
     for (const v1::JobEvent& event : events) RECAL_RETURN_IF_ERROR(impl_->InsertEvent(id, event).status());
+    RECAL_RETURN_IF_ERROR(impl_->Notify());
     RECAL_RETURN_IF_ERROR(txn.Commit());
     return std::optional<v1::Job>(std::move(job));
   });
@@ -650,6 +661,49 @@ absl::StatusOr<int64_t> PostgresMetadataStore::CountJobsInStates(const std::vect
     RECAL_ASSIGN_OR_RETURN(Result r, impl_->Exec(sql, params));
     return r.Int64(0, 0);
   });
+}
+
+// ------------------------------------------------------------------------- change watch
+
+namespace {
+
+class PostgresChangeWatch final : public ChangeWatch {
+ public:
+  PostgresChangeWatch(std::string uri, std::function<void()> on_change)
+      : uri_(std::move(uri)), on_change_(std::move(on_change)), thread_([this] { Run(); }) {}
+  ~PostgresChangeWatch() override {
+    stop_ = true;
+    thread_.join();
+  }
+
+ private:
+  void Run() {
+    while (!stop_) {
+      auto conn = Connection::Open(uri_);
+      if (!conn.ok() || !conn->Exec("LISTEN recal_jobs").ok()) {
+        // The store is away: watchers keep polling meanwhile; try again shortly.
+        for (int i = 0; i < 10 && !stop_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        continue;
+      }
+      on_change_();  // changes made while nobody listened
+      while (!stop_) {
+        auto arrived = conn->AwaitNotifications(/*timeout_ms=*/200);
+        if (!arrived.ok()) break;  // lost: reconnect
+        if (*arrived > 0) on_change_();
+      }
+    }
+  }
+
+  const std::string uri_;
+  const std::function<void()> on_change_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;  // last: starts once the rest is set
+};
+
+}  // namespace
+
+std::unique_ptr<ChangeWatch> PostgresMetadataStore::WatchChanges(std::function<void()> on_change) {
+  return std::make_unique<PostgresChangeWatch>(impl_->uri, std::move(on_change));
 }
 
 }  // namespace recal::store

@@ -51,6 +51,8 @@ class PostgresMetadataStore final : public MetadataStore {
                                           int64_t lease_until_ms) override;
   absl::StatusOr<std::vector<StoredJob>> JobsWithExpiredLeases(int64_t now_ms) override;
   absl::StatusOr<int64_t> CountJobsInStates(const std::vector<v1::JobState>& states) override;
+  // LISTEN on a connection of its own; every job write NOTIFYs in its transaction.
+  std::unique_ptr<ChangeWatch> WatchChanges(std::function<void()> on_change) override;
   absl::StatusOr<v1::JobEvent> AppendEvent(const std::string& job_id, v1::JobEvent event) override;
   absl::StatusOr<std::vector<v1::JobEvent>> EventsAfter(const std::string& job_id, int64_t after_seq,
                                                         int limit) override;

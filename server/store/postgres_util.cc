@@ -1,5 +1,9 @@
 #include "server/store/postgres_util.h"
 
+#include <poll.h>
+
+#include <cerrno>
+
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -247,6 +251,27 @@ absl::Status Transaction::Commit() {
     return absl::AbortedError(absl::StrCat("PostgreSQL at ", conn->where(), " rolled the transaction back"));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<int> Connection::AwaitNotifications(int timeout_ms) {
+  PGconn* conn = conn_.get();
+  auto drain = [conn] {
+    int count = 0;
+    while (PGnotify* notify = PQnotifies(conn)) {
+      PQfreemem(notify);
+      ++count;
+    }
+    return count;
+  };
+  if (int already = drain(); already > 0) return already;
+  const int fd = PQsocket(conn);
+  if (fd < 0) return Lost("waiting for notifications");
+  pollfd waiting{fd, POLLIN, 0};
+  const int ready = ::poll(&waiting, 1, timeout_ms);
+  if (ready < 0 && errno != EINTR) return Lost("waiting for notifications");
+  if (ready <= 0) return 0;
+  if (PQconsumeInput(conn) == 0) return Lost("reading notifications");
+  return drain();
 }
 
 }  // namespace recal::store::internal::pg

@@ -75,6 +75,9 @@ class Connection {
   absl::StatusOr<Result> Exec(const std::string& sql, const Params& params = Params());
   // Several statements without parameters (schema).
   absl::Status ExecScript(const std::string& sql);
+  // Waits up to `timeout` for NOTIFY messages on the channels this connection LISTENs to;
+  // returns how many arrived (0: none). UNAVAILABLE once the connection is lost.
+  absl::StatusOr<int> AwaitNotifications(int timeout_ms);
 
   bool ok() const { return PQstatus(conn_.get()) == CONNECTION_OK; }
   // Drops the connection and opens it again with the same parameters; UNAVAILABLE if it

@@ -3,6 +3,7 @@
 #include "server/store/metadata_store.h"
 
 #include <atomic>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -545,6 +546,43 @@ TEST_P(MetadataStoreTest, AWriteAgainstAVersionAnotherWriterChangedIsRefused) {
   EXPECT_EQ(db_->EventsAfter("j", 0, 0)->size(), 1u);  // the refused write left no event
   EXPECT_GT(db_->ReadJob("j")->version, mine.version);
   EXPECT_TRUE(absl::IsNotFound(db_->CommitJob(MakeJob("nope", v1::RUNNING), {}, {}, 0)));
+}
+
+TEST_P(MetadataStoreTest, AWriteInOneProcessIsToldToWatchersOfAnother) {
+  std::mutex mu;
+  std::condition_variable told;
+  int calls = 0;
+  std::unique_ptr<ChangeWatch> watch = db_->WatchChanges([&] {
+    std::lock_guard<std::mutex> lock(mu);
+    ++calls;
+    told.notify_all();
+  });
+  if (GetParam() == "sqlite") {
+    EXPECT_EQ(watch, nullptr) << "SQLite cannot tell other processes' writes: its watchers poll";
+    return;
+  }
+  ASSERT_NE(watch, nullptr);
+  auto wait_for = [&](int at_least) {
+    std::unique_lock<std::mutex> lock(mu);
+    return told.wait_for(lock, std::chrono::seconds(5), [&] { return calls >= at_least; });
+  };
+  ASSERT_TRUE(wait_for(1)) << "told once when it starts listening";
+  int before;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    before = calls;
+  }
+  std::unique_ptr<MetadataStore> other = OpenDb(spec_);  // another process, as far as the database knows
+  bool created = false;
+  ASSERT_TRUE(other->CreateJob(MakeJob("j", v1::QUEUED), &created, {StateEvent(v1::QUEUED)}).ok());
+  EXPECT_TRUE(wait_for(before + 1)) << "a job created elsewhere";
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    before = calls;
+  }
+  ASSERT_TRUE(other->ClaimJob("w", absl::ToUnixMillis(absl::Now()) + 60000, ToRunning("cpu"))->has_value());
+  EXPECT_TRUE(wait_for(before + 1)) << "a claim elsewhere";
+  watch.reset();  // stops (and joins) before the callback's state goes
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, MetadataStoreTest, ::testing::Values("sqlite", "postgresql"),
