@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iostream>
 #include <regex>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -80,13 +81,25 @@ TEST_F(ClusterTest, JobsFromEitherReplicaRunOnBothWorkersAndAKilledWorkersJobFin
   ASSERT_TRUE(Upload(*Api(0), ReadBytes(kFixtures + "/models/bn1d_2d.traced_train.pt"), &small).ok());
   ASSERT_TRUE(Upload(*Api(1), ReadBytes(kFixtures + "/models/resnet18.traced_eval.pt"), &resnet).ok());
 
+  // 20 jobs from 4 concurrent clients, two on each replica.
   std::vector<std::string> ids;
-  for (int i = 0; i < 8; ++i) {
-    grpc::ClientContext context;
-    v1::Job job;
-    ASSERT_TRUE(Api(i % 2)->SubmitJob(&context, NpyJob(small.id(), "data/bn1d_2d.npy", 8), &job).ok());
-    ids.push_back(job.id());
+  std::mutex ids_mu;
+  std::vector<std::thread> clients;
+  for (int client = 0; client < 4; ++client) {
+    clients.emplace_back([&, client] {
+      auto stub = Api(client % 2);
+      for (int i = 0; i < 5; ++i) {
+        grpc::ClientContext context;
+        v1::Job job;
+        const grpc::Status submitted = stub->SubmitJob(&context, NpyJob(small.id(), "data/bn1d_2d.npy", 8), &job);
+        EXPECT_TRUE(submitted.ok()) << submitted.error_message();
+        std::lock_guard<std::mutex> lock(ids_mu);
+        if (submitted.ok()) ids.push_back(job.id());
+      }
+    });
   }
+  for (std::thread& client : clients) client.join();
+  ASSERT_EQ(ids.size(), 20u);
   // A watch through the replica that did not take the job sees it to the end.
   std::vector<v1::JobEvent> events = Watch(*Api(1), ids[0]);
   ASSERT_FALSE(events.empty());
