@@ -81,11 +81,7 @@ void Scheduler::Shutdown(absl::Duration deadline) {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [id, running] : running_) running->cancel = true;
   }
-  {
-    std::lock_guard<std::mutex> lock(wake_mu_);
-    ++wakes_;
-  }
-  wake_.notify_all();
+  Wake();
   bool all_stopped;
   {
     std::unique_lock<std::mutex> lock(workers_mu_);
@@ -211,9 +207,7 @@ void Scheduler::ReaperLoop() {
         log::Info("job re-queued: its worker stopped renewing its lease",
                   {{"job_id", job.id()}, {"attempts", job.attempts()}});
         if (options_.metrics) options_.metrics->leases_expired.Increment();
-        std::lock_guard<std::mutex> lock(wake_mu_);
-        ++wakes_;
-        wake_.notify_all();
+        Wake();
       }
     }
   }

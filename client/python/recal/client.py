@@ -507,13 +507,7 @@ class Client:
             except RecalError:
                 pass
             raise
-        job = relay.wait()
-        if job.state != recal_pb2.SUCCEEDED:
-            raise RecalError.from_job(job)
-        for target, artifact in ((out, "model"), (bn_out, "bn"), (report, "report")):
-            if target is not None:
-                self.download(job, target, artifact)
-        return job
+        return self._results(relay.wait(), out, bn_out, report)
 
     # ----------------------------------------------------------------------- all in one
 
@@ -527,7 +521,11 @@ class Client:
         .code and .job) if the job FAILED or was CANCELLED."""
         model = self.upload_model(model_path)
         job = self.submit(model, data, batch_size=batch_size, max_batches=max_batches, **options)
-        job = self.wait(job, on_progress)
+        return self._results(self.wait(job, on_progress), out, bn_out, report)
+
+    def _results(self, job, out, bn_out, report):
+        """The ended `job` once it SUCCEEDED (RecalError otherwise), its artifacts downloaded
+        to the paths given."""
         if job.state != recal_pb2.SUCCEEDED:
             raise RecalError.from_job(job)
         for target, artifact in ((out, "model"), (bn_out, "bn"), (report, "report")):
