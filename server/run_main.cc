@@ -6,7 +6,9 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -17,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "server/data/batch_source.h"
 #include "server/engine/recalibration.h"
 #include "server/engine/report.h"
@@ -44,7 +47,10 @@ ABSL_FLAG(std::string, include, "", "recalibrate only layers whose name matches 
 ABSL_FLAG(std::string, exclude, "", "leave layers whose name matches this regex as they are");
 ABSL_FLAG(double, target_rel_error, 0,
           "stop once every layer's statistics have this relative standard error (0: never)");
-ABSL_FLAG(std::string, device, "cpu", "cpu | cuda:N");
+ABSL_FLAG(std::string, device, "cpu", "cpu | cuda:N | a comma-separated list (shards go round the list)");
+ABSL_FLAG(int32_t, shards, 1,
+          "split the batches into this many contiguous shards run side by side (threads, each on the "
+          "next --device, --threads shared between them) and merged exactly");
 ABSL_FLAG(bool, trust_model, false,
           "skip the operator allowlist: the model is your own file and may do anything it says");
 ABSL_FLAG(std::vector<std::string>, extra_allowed_ops, {},
@@ -91,23 +97,72 @@ absl::StatusOr<Options> OptionsFromFlags() {
   return options;
 }
 
-// Progress on stderr: a line per second at most, and one at the end.
+// Progress on stderr: a line per second at most, and one at the end. Shards report
+// their own progress; the line sums them.
 class ProgressPrinter {
  public:
-  void operator()(const recal::engine::Progress& p) {
+  explicit ProgressPrinter(int shards) : shards_(shards) {}
+
+  void operator()(int shard, const recal::engine::Progress& p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    shards_[shard] = p;
+    recal::engine::Progress sum;
+    sum.rel_std_error = 0;
+    for (const auto& s : shards_) {
+      sum.batches += s.batches;
+      sum.samples += s.samples;
+      sum.max_batches += s.max_batches;
+      sum.seconds = std::max(sum.seconds, s.seconds);
+      sum.rel_std_error = std::max(sum.rel_std_error, s.rel_std_error);
+    }
     const auto now = std::chrono::steady_clock::now();
-    if (p.batches < p.max_batches && now - last_ < std::chrono::seconds(1)) return;
+    if (sum.batches < sum.max_batches && now - last_ < std::chrono::seconds(1)) return;
     last_ = now;
-    std::string rel = std::isfinite(p.rel_std_error)
-                          ? absl::StrFormat("%.2g", p.rel_std_error) : std::string("-");
-    std::cerr << absl::StrFormat("recal-run: batch %d/%d  %d samples  %.1f samples/s  rel.err %s\n",
-                                 p.batches, p.max_batches, p.samples,
-                                 p.seconds > 0 ? p.samples / p.seconds : 0.0, rel);
+    std::string rel = shards_.size() == 1 && std::isfinite(sum.rel_std_error)
+                          ? absl::StrFormat("  rel.err %.2g", sum.rel_std_error)
+                          : std::string(shards_.size() == 1 ? "  rel.err -" : "");
+    std::cerr << absl::StrFormat("recal-run: batch %d/%d  %d samples  %.1f samples/s%s\n", sum.batches,
+                                 sum.max_batches, sum.samples, sum.seconds > 0 ? sum.samples / sum.seconds : 0.0,
+                                 rel);
   }
 
  private:
+  std::mutex mu_;
+  std::vector<recal::engine::Progress> shards_;
   std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
 };
+
+// One shard: its batches of the data, its own copy of the model; its statistics, or why not.
+struct ShardRun {
+  std::unique_ptr<recal::engine::Recalibration> run;
+  std::string data_description;
+  int64_t skipped_files = 0;
+  absl::Status status;
+};
+
+ShardRun RunShard(const std::string& model, const std::string& data, int64_t batch_size,
+                  const recal::data::InputOptions& input, const Options& options, int index, int shards,
+                  ProgressPrinter& progress) {
+  ShardRun out;
+  recal::data::ShardPlan plan{index, shards, options.max_batches.value_or(0), recal::engine::kDefaultMaxBatches,
+                              options.allow_short_data};
+  auto shard = recal::data::OpenBatchSourceShard(data, batch_size, input, plan);
+  if (!shard.ok()) {
+    out.status = shard.status();
+    return out;
+  }
+  out.data_description = shard->source->Describe();
+  auto run = recal::engine::Recalibration::Create(model, recal::engine::ShardOptions(options, shards, shard->range.count));
+  if (!run.ok()) {
+    out.status = run.status();
+    return out;
+  }
+  out.status = (*run)->RunShard([&] { return shard->source->Next(); },
+                                [&](const recal::engine::Progress& p) { progress(index, p); });
+  out.skipped_files = shard->source->skipped_files();
+  out.run = *std::move(run);
+  return out;
+}
 
 absl::Status RunMain() {
   const std::string model = absl::GetFlag(FLAGS_model);
@@ -124,36 +179,49 @@ absl::Status RunMain() {
   if (absl::GetFlag(FLAGS_prefetch) < 0 || absl::GetFlag(FLAGS_decode_threads) < 0) {
     return absl::InvalidArgumentError("--prefetch and --decode_threads must be >= 0");
   }
-  const recal::data::InputOptions input{.prefetch_depth = absl::GetFlag(FLAGS_prefetch),
-                                        .decode_threads = absl::GetFlag(FLAGS_decode_threads),
-                                        .pin_memory = absl::StartsWith(options->device, "cuda")};
-  auto source = recal::data::OpenBatchSource(data, batch_size, input);
-  if (!source.ok()) return source.status();
-  const std::optional<int64_t> samples = (*source)->num_samples();
-  if (options->max_batches && samples && !options->allow_short_data &&
-      (*samples + batch_size - 1) / batch_size < *options->max_batches) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        (*source)->Describe(), " has ", *samples, " samples: ", (*samples + batch_size - 1) / batch_size,
-        " batches of ", batch_size, ", fewer than --max_batches=", *options->max_batches,
-        "; pass --allow_short_data to use what there is"));
+  const int shards = absl::GetFlag(FLAGS_shards);
+  if (shards < 1) return absl::InvalidArgumentError("--shards must be at least 1");
+  const std::vector<std::string> devices = absl::StrSplit(options->device, ',', absl::SkipEmpty());
+  if (devices.empty()) return absl::InvalidArgumentError("--device is empty");
+  const int threads = options->threads > 0 ? options->threads : static_cast<int>(std::thread::hardware_concurrency());
+  if (shards > 1) options->threads = std::max(1, threads / shards);
+
+  std::vector<ShardRun> runs(shards);
+  ProgressPrinter progress(shards);
+  std::vector<std::thread> threads_of_shards;
+  for (int k = 0; k < shards; ++k) {
+    Options shard_options = *options;
+    shard_options.device = devices[k % devices.size()];
+    const recal::data::InputOptions input{.prefetch_depth = absl::GetFlag(FLAGS_prefetch),
+                                          .decode_threads = absl::GetFlag(FLAGS_decode_threads),
+                                          .pin_memory = absl::StartsWith(shard_options.device, "cuda")};
+    threads_of_shards.emplace_back([&, k, shard_options, input] {
+      runs[k] = RunShard(model, data, batch_size, input, shard_options, k, shards, progress);
+    });
   }
-  std::cerr << "recal-run: data " << (*source)->Describe() << "\n";
-  std::unique_ptr<recal::data::BatchSource> batches = *std::move(source);
+  for (std::thread& t : threads_of_shards) t.join();
+  for (const ShardRun& shard : runs) {
+    if (!shard.status.ok()) return shard.status;
+  }
+  std::cerr << "recal-run: data " << runs[0].data_description << "\n";
+  // Shard 0 takes in the others' statistics, in shard order.
+  std::unique_ptr<recal::engine::Recalibration>& run = runs[0].run;
+  int64_t skipped_files = runs[0].skipped_files;
+  for (int k = 1; k < shards; ++k) {
+    if (absl::Status merged = run->Merge(runs[k].run->Statistics()); !merged.ok()) return merged;
+    skipped_files += runs[k].skipped_files;
+  }
+  if (absl::Status finished = run->Finish(); !finished.ok()) return finished;
 
-  auto run = recal::engine::Recalibration::Create(model, *options);
-  if (!run.ok()) return run.status();
-  ProgressPrinter progress;
-  absl::Status ran = (*run)->Run([&] { return batches->Next(); }, std::ref(progress));
-  if (!ran.ok()) return ran;
-
-  if (absl::Status s = (*run)->WriteModel(out); !s.ok()) return s;
+  if (absl::Status s = run->WriteModel(out); !s.ok()) return s;
   if (const std::string bn_out = absl::GetFlag(FLAGS_bn_out); !bn_out.empty()) {
-    if (absl::Status s = (*run)->WriteBatchNormBuffers(bn_out); !s.ok()) return s;
+    if (absl::Status s = run->WriteBatchNormBuffers(bn_out); !s.ok()) return s;
   }
-  recal::v1::RunReport report = (*run)->Report();
+  recal::v1::RunReport report = run->Report();
   report.set_data(data);
   report.set_batch_size(batch_size);
-  report.set_skipped_files(batches->skipped_files());
+  report.set_skipped_files(skipped_files);
+  report.set_shards(shards);
   if (const std::string path = absl::GetFlag(FLAGS_report); !path.empty()) {
     if (absl::Status s = recal::engine::WriteReportJson(path, report); !s.ok()) return s;
   }

@@ -33,6 +33,10 @@ class BatchSource {
   // Files left out so far as corrupt or not images (image folders with on_bad=skip), in the
   // batches returned by Next() up to now.
   virtual int64_t skipped_files() const { return 0; }
+
+  // Passes over the next `batches` batches (fewer if the source ends first). Called before
+  // the first Next(), sources skip without reading what they skip; else Next() is called.
+  virtual absl::Status SkipBatches(int64_t batches);
 };
 
 // How batches are prepared ahead of the forward pass.
@@ -49,5 +53,37 @@ struct InputOptions {
 // scale/mean/std (normalization.h), and the read-ahead (prefetcher.h).
 absl::StatusOr<std::unique_ptr<BatchSource>> OpenBatchSource(const std::string& spec, int64_t batch_size,
                                                              const InputOptions& options = {});
+
+// How a sharded job splits its data: on batch boundaries, so that every batch is the one
+// the unsharded job would see, into contiguous runs: of the B batches the whole job uses,
+// shard k of K takes [k*B/K, (k+1)*B/K). B is what an unsharded run would feed: every
+// batch of the data up to max_batches (or default_batches when max_batches is 0); an
+// endless source gives exactly that many.
+struct ShardPlan {
+  int index = 0;
+  int count = 1;
+  int64_t max_batches = 0;
+  int64_t default_batches = 200;
+  bool allow_short_data = false;  // else a source with fewer than max_batches batches fails
+};
+
+struct BatchRange {
+  int64_t first = 0;
+  int64_t count = 0;
+};
+
+// INVALID_ARGUMENT for a plan that does not fit the data (see ShardPlan).
+absl::StatusOr<BatchRange> ShardBatchRange(std::optional<int64_t> num_samples, int64_t batch_size,
+                                           const ShardPlan& plan);
+
+struct ShardOfData {
+  std::unique_ptr<BatchSource> source;  // ends after range.count batches
+  BatchRange range;
+};
+
+// OpenBatchSource for one shard: the source starts at the shard's first batch, without
+// reading (or decoding) what comes before.
+absl::StatusOr<ShardOfData> OpenBatchSourceShard(const std::string& spec, int64_t batch_size,
+                                                 const InputOptions& options, const ShardPlan& plan);
 
 }  // namespace recal::data

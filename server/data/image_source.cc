@@ -316,6 +316,14 @@ class ImageSource final : public BatchSource {
   std::optional<int64_t> num_samples() const override { return static_cast<int64_t>(files_.size()); }
   std::string Describe() const override { return description_; }
   int64_t skipped_files() const override { return skipped_.load(); }
+  // Files, not samples: with on_bad=skip the batches after a bad file shift; skipping
+  // counts whole batches of files, as if none had been bad.
+  absl::Status SkipBatches(int64_t batches) override {
+    if (!workers_.empty()) return BatchSource::SkipBatches(batches);  // only Next() starts them
+    std::lock_guard<std::mutex> lock(mu_);
+    consumed_ = claimed_ = std::min(files_.size(), consumed_ + static_cast<size_t>(batches * batch_size_));
+    return absl::OkStatus();
+  }
 
  private:
   absl::Status StartWorkers() {

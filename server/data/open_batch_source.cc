@@ -1,3 +1,6 @@
+#include <algorithm>
+#include <utility>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/data_spec.h"
@@ -28,10 +31,28 @@ absl::StatusOr<std::unique_ptr<BatchSource>> OpenSource(const DataSpec& parsed, 
   return absl::InternalError(absl::StrCat("unhandled data spec scheme in '", DataSpecToString(parsed), "'"));
 }
 
-}  // namespace
+// The first `count` batches of `inner`.
+class Limited final : public BatchSource {
+ public:
+  Limited(std::unique_ptr<BatchSource> inner, int64_t count) : inner_(std::move(inner)), left_(count) {}
+  absl::StatusOr<std::optional<Batch>> Next() override {
+    if (left_ <= 0) return std::optional<Batch>();
+    auto batch = inner_->Next();
+    if (batch.ok() && batch->has_value()) --left_;
+    return batch;
+  }
+  std::optional<int64_t> num_samples() const override { return inner_->num_samples(); }
+  std::string Describe() const override { return inner_->Describe(); }
+  int64_t skipped_files() const override { return inner_->skipped_files(); }
 
-absl::StatusOr<std::unique_ptr<BatchSource>> OpenBatchSource(const std::string& spec, int64_t batch_size,
-                                                             const InputOptions& options) {
+ private:
+  std::unique_ptr<BatchSource> inner_;
+  int64_t left_;
+};
+
+absl::StatusOr<std::pair<DataSpec, std::unique_ptr<BatchSource>>> OpenParsed(const std::string& spec,
+                                                                              int64_t batch_size,
+                                                                              const InputOptions& options) {
   absl::StatusOr<DataSpec> parsed = ParseDataSpec(spec);
   if (!parsed.ok()) return parsed.status();
   if (batch_size < 1) {
@@ -39,14 +60,75 @@ absl::StatusOr<std::unique_ptr<BatchSource>> OpenBatchSource(const std::string& 
         absl::StrCat("batch size must be >= 1, got ", batch_size, " (data spec '", spec, "')"));
   }
   absl::StatusOr<std::unique_ptr<BatchSource>> source = OpenSource(*parsed, batch_size, options);
-  if (!source.ok()) return source;
-  const bool files = parsed->scheme == DataSpec::Scheme::kNpy || parsed->scheme == DataSpec::Scheme::kSafetensors ||
-                     parsed->scheme == DataSpec::Scheme::kTorch;
-  if (files) *source = Normalized(*std::move(source), {parsed->scale, parsed->mean, parsed->std});
+  if (!source.ok()) return source.status();
+  return std::make_pair(*std::move(parsed), *std::move(source));
+}
+
+// The conversions and the read-ahead around an opened source.
+std::unique_ptr<BatchSource> Pipeline(const DataSpec& parsed, std::unique_ptr<BatchSource> source,
+                                      const InputOptions& options) {
+  const bool files = parsed.scheme == DataSpec::Scheme::kNpy || parsed.scheme == DataSpec::Scheme::kSafetensors ||
+                     parsed.scheme == DataSpec::Scheme::kTorch;
+  if (files) source = Normalized(std::move(source), {parsed.scale, parsed.mean, parsed.std});
   if (options.prefetch_depth > 0 || options.pin_memory) {
-    *source = Prefetched(*std::move(source), options.prefetch_depth, options.pin_memory);
+    source = Prefetched(std::move(source), options.prefetch_depth, options.pin_memory);
   }
   return source;
+}
+
+}  // namespace
+
+absl::Status BatchSource::SkipBatches(int64_t batches) {
+  for (int64_t i = 0; i < batches; ++i) {
+    auto batch = Next();
+    if (!batch.ok()) return batch.status();
+    if (!batch->has_value()) break;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<BatchSource>> OpenBatchSource(const std::string& spec, int64_t batch_size,
+                                                             const InputOptions& options) {
+  auto opened = OpenParsed(spec, batch_size, options);
+  if (!opened.ok()) return opened.status();
+  return Pipeline(opened->first, std::move(opened->second), options);
+}
+
+absl::StatusOr<BatchRange> ShardBatchRange(std::optional<int64_t> num_samples, int64_t batch_size,
+                                           const ShardPlan& plan) {
+  if (plan.count < 1 || plan.index < 0 || plan.index >= plan.count) {
+    return absl::InvalidArgumentError(absl::StrCat("shard ", plan.index, " of ", plan.count, " does not exist"));
+  }
+  const int64_t limit = plan.max_batches > 0 ? plan.max_batches : plan.default_batches;
+  int64_t total = limit;
+  if (num_samples) {
+    const int64_t available = (*num_samples + batch_size - 1) / batch_size;
+    if (plan.max_batches > 0 && available < plan.max_batches && !plan.allow_short_data) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the data has only ", available, " batches (", *num_samples, " samples), fewer than max_batches=",
+          plan.max_batches, "; ask for fewer batches or allow short data to use what there is"));
+    }
+    total = std::min(available, limit);
+  }
+  if (total == 0) return absl::InvalidArgumentError("the data has no samples");
+  if (total < plan.count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the job uses ", total, " batches, fewer than its ", plan.count, " shards; use fewer shards"));
+  }
+  const int64_t first = total * plan.index / plan.count;
+  return BatchRange{first, total * (plan.index + 1) / plan.count - first};
+}
+
+absl::StatusOr<ShardOfData> OpenBatchSourceShard(const std::string& spec, int64_t batch_size,
+                                                 const InputOptions& options, const ShardPlan& plan) {
+  auto opened = OpenParsed(spec, batch_size, options);
+  if (!opened.ok()) return opened.status();
+  std::unique_ptr<BatchSource>& source = opened->second;
+  auto range = ShardBatchRange(source->num_samples(), batch_size, plan);
+  if (!range.ok()) return absl::Status(range.status().code(), absl::StrCat(source->Describe(), ": ", range.status().message()));
+  if (absl::Status skipped = source->SkipBatches(range->first); !skipped.ok()) return skipped;
+  std::unique_ptr<BatchSource> shard = std::make_unique<Limited>(std::move(source), range->count);
+  return ShardOfData{Pipeline(opened->first, std::move(shard), options), *range};
 }
 
 }  // namespace recal::data

@@ -45,6 +45,10 @@ class SlicedSource final : public BatchSource {
 
   std::optional<int64_t> num_samples() const override { return num_samples_; }
   std::string Describe() const override { return description_; }
+  absl::Status SkipBatches(int64_t batches) override {
+    cursor_ = std::min(num_samples_, cursor_ + batches * batch_size_);
+    return absl::OkStatus();
+  }
 
  private:
   const std::string label_;

@@ -34,6 +34,10 @@ class SyntheticSource final : public BatchSource {
   }
 
   std::optional<int64_t> num_samples() const override { return std::nullopt; }
+  absl::Status SkipBatches(int64_t batches) override {
+    next_batch_ += batches;
+    return absl::OkStatus();
+  }
   std::string Describe() const override { return description_; }
 
  private:

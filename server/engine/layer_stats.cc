@@ -1,6 +1,7 @@
 #include "server/engine/layer_stats.h"
 
 #include <limits>
+#include <utility>
 
 #include <ATen/ATen.h>
 
@@ -26,6 +27,17 @@ void LayerStats::Merge(const LayerStats& other) {
   population_.Merge(other.population_);
   call_means_.Merge(other.call_means_);
   call_vars_.Merge(other.call_vars_);
+}
+
+LayerStats LayerStats::FromParts(int64_t calls, int64_t calls_without_variance, Moments population,
+                                 Moments call_means, Moments call_vars) {
+  LayerStats stats;
+  stats.calls_ = calls;
+  stats.calls_without_variance_ = calls_without_variance;
+  stats.population_ = std::move(population);
+  stats.call_means_ = std::move(call_means);
+  stats.call_vars_ = std::move(call_vars);
+  return stats;
 }
 
 bool LayerStats::has_estimate(v1::Estimator estimator) const {

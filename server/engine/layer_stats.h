@@ -20,6 +20,13 @@ class LayerStats {
   // Exact for any split of the calls between two accumulators.
   void Merge(const LayerStats& other);
 
+  // The accumulators as they are, and back (a shard's statistics travel between processes).
+  static LayerStats FromParts(int64_t calls, int64_t calls_without_variance, Moments population,
+                              Moments call_means, Moments call_vars);
+  const Moments& population() const { return population_; }
+  const Moments& call_means() const { return call_means_; }
+  const Moments& call_vars() const { return call_vars_; }
+
   int64_t calls() const { return calls_; }
   int64_t samples() const { return static_cast<int64_t>(population_.count()); }
   // Calls that saw fewer than two values per channel, left out of batch_average.

@@ -13,9 +13,10 @@ void Moments::Add(double count, const at::Tensor& mean, const at::Tensor& m2) {
     return;
   }
   const double total = count_ + count;
-  at::Tensor delta = mean - mean_;
+  // Shards may have run on other devices.
+  at::Tensor delta = mean.to(mean_.device()) - mean_;
   mean_.add_(delta, count / total);
-  m2_.add_(m2).add_(delta.square_(), count_ * count / total);
+  m2_.add_(m2.to(m2_.device())).add_(delta.square_(), count_ * count / total);
   count_ = total;
 }
 

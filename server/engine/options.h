@@ -34,4 +34,9 @@ struct Options {
 // fvcore's default number of batches for precise BN.
 inline constexpr int64_t kDefaultMaxBatches = 200;
 
+// The options of one shard of a sharded run that feeds `batches` batches: exactly those,
+// and a precision target scaled so that the merged statistics meet the job's (the
+// standard error of K equal shards merged is 1/sqrt(K) of one shard's).
+Options ShardOptions(Options options, int shards, int64_t batches);
+
 }  // namespace recal::engine

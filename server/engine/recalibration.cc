@@ -1,6 +1,7 @@
 #include "server/engine/recalibration.h"
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <regex>
 #include <sstream>
@@ -134,6 +135,13 @@ double Seconds(std::chrono::steady_clock::time_point since) {
 
 }  // namespace
 
+Options ShardOptions(Options options, int shards, int64_t batches) {
+  options.max_batches = batches;
+  options.allow_short_data = true;  // a client's stream decides where its shard ends
+  options.target_rel_error *= std::sqrt(static_cast<double>(shards));
+  return options;
+}
+
 Recalibration::Recalibration(std::string model_path, Options options)
     : model_path_(std::move(model_path)), options_(std::move(options)) {}
 
@@ -242,6 +250,13 @@ double Recalibration::RelStdError() const {
 absl::Status Recalibration::Run(const NextBatchFn& next_batch,
                                 const std::function<void(const Progress&)>& on_progress,
                                 const std::atomic<bool>* cancelled) {
+  if (absl::Status fed = RunShard(next_batch, on_progress, cancelled); !fed.ok()) return fed;
+  return Finish();
+}
+
+absl::Status Recalibration::RunShard(const NextBatchFn& next_batch,
+                                     const std::function<void(const Progress&)>& on_progress,
+                                     const std::atomic<bool>* cancelled) {
   const int64_t limit = options_.max_batches.value_or(kDefaultMaxBatches);
   const bool check_precision = options_.target_rel_error > 0;
   while (batches_ < limit) {
@@ -265,6 +280,51 @@ absl::Status Recalibration::Run(const NextBatchFn& next_batch,
       break;
     }
   }
+  return absl::OkStatus();
+}
+
+ShardStatistics Recalibration::Statistics() const {
+  ShardStatistics statistics;
+  statistics.batches = batches_;
+  statistics.samples = samples_;
+  statistics.seconds = seconds_;
+  statistics.stopped_early = stopped_early_;
+  for (const auto& layer : collector_->layers()) {
+    statistics.layers.push_back({layer->mean_key, layer->var_key, layer->calls, layer->refined_calls, layer->stats});
+  }
+  return statistics;
+}
+
+absl::Status Recalibration::Merge(const ShardStatistics& shard) {
+  for (const LayerTally& tally : shard.layers) {
+    Layer* target = nullptr;
+    for (const auto& layer : collector_->layers()) {
+      if (layer->mean_key == tally.mean_key) target = layer.get();
+    }
+    if (target == nullptr) {  // a functional BatchNorm the shard met and this run has not
+      auto mean = BufferAt(*observed_, tally.mean_key);
+      auto var = BufferAt(*observed_, tally.var_key);
+      if (mean.ok() && var.ok()) collector_->DeclareLayer(*mean, *var);
+      for (const auto& layer : collector_->layers()) {
+        if (layer->mean_key == tally.mean_key) target = layer.get();
+      }
+    }
+    if (target == nullptr || target->var_key != tally.var_key) {
+      return absl::InvalidArgumentError(absl::StrCat("the shard's layer with buffers ", tally.mean_key, " / ",
+                                                     tally.var_key, " is not a BatchNorm layer of this model"));
+    }
+    target->calls += tally.calls;
+    target->refined_calls += tally.refined_calls;
+    target->stats.Merge(tally.stats);
+  }
+  batches_ += shard.batches;
+  samples_ += shard.samples;
+  seconds_ += shard.seconds;
+  stopped_early_ = stopped_early_ || shard.stopped_early;
+  return absl::OkStatus();
+}
+
+absl::Status Recalibration::Finish() const {
   if (batches_ == 0) return absl::InvalidArgumentError("the data has no samples");
   bool any_ran = false, any_recalibrated = false;
   for (const auto& layer : collector_->layers()) {

@@ -20,6 +20,7 @@
 #include "recal/v1/report.pb.h"
 #include "server/engine/inspect.h"
 #include "server/engine/options.h"
+#include "server/engine/shard_statistics.h"
 
 namespace c10 {
 struct IValue;
@@ -58,10 +59,23 @@ class Recalibration {
   absl::Status Feed(const std::vector<at::Tensor>& inputs);
 
   // Feeds batches until the data ends, max_batches is reached or the statistics are precise
-  // enough (Options). `cancelled` is checked between batches.
+  // enough (Options). `cancelled` is checked between batches. Then Finish().
   absl::Status Run(const NextBatchFn& next_batch,
                    const std::function<void(const Progress&)>& on_progress = nullptr,
                    const std::atomic<bool>* cancelled = nullptr);
+
+  // Sharded runs. Each shard feeds its batches (RunShard: Run without Finish, since one
+  // shard may see no batch or not reach every layer) and hands over Statistics(); one
+  // Recalibration of the same model and options merges them all, exactly, and Finish()es.
+  absl::Status RunShard(const NextBatchFn& next_batch,
+                        const std::function<void(const Progress&)>& on_progress = nullptr,
+                        const std::atomic<bool>* cancelled = nullptr);
+  ShardStatistics Statistics() const;
+  // INVALID_ARGUMENT when a layer of the shard is not a BatchNorm of this model.
+  absl::Status Merge(const ShardStatistics& shard);
+  // The checks of a whole run: some batch was fed, some layer ran and was recalibrated, the
+  // new statistics fit their buffers.
+  absl::Status Finish() const;
 
   // Worst relative standard error over the layers recalibrated so far.
   double RelStdError() const;
