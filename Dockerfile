@@ -28,7 +28,8 @@ RUN apt-get update -q \
 COPY --from=build /src/build/lib/librecal_engine.so /usr/local/lib/
 # recal-worker beside recal-server: every model runs in it, sandboxed.
 COPY --from=build /src/build/bin/recal-server /src/build/bin/recal-worker /src/build/bin/recalctl /usr/local/bin/
-# Execs recal-server; RECAL_PGPASSWORD_FILE (a secret) becomes libpq's PGPASSWORD.
+# Execs recal-server (or, as the container's PID 1 without an init, stays its parent as a
+# minimal init); RECAL_PGPASSWORD_FILE (a secret) becomes libpq's PGPASSWORD.
 COPY deploy/recal-entrypoint.sh /usr/local/bin/recal-entrypoint
 # uid and gid 10001 (Kubernetes' runAsUser/runAsGroup/fsGroup in deploy/k8s/).
 # /var/lib/recal-shared: the cluster's shared blob volume (a fresh named volume takes the

@@ -31,6 +31,8 @@ echo
 /usr/bin/python3 bench/server_bench.py --server build/bin/recal-server --run build/bin/recal-run
 echo
 build/bin/control_plane_bench --fixtures build/fixtures
+echo
+build/bin/sharded_job_bench --model build/fixtures/models/resnet18.traced_eval.pt
 fi
 echo
 /usr/bin/python3 bench/make_image_folder.py --out "$tmp/images" --count "$images" --jobs "$(nproc)" >/dev/null

@@ -45,6 +45,7 @@ constexpr FlagInfo kFlags[] = {
     {"target_rel_error", true},
     {"allow_short_data", false},
     {"priority", true},
+    {"shards", true},
     {"timeout", true},
     {"scale", true},
     {"mean", true},

@@ -1,5 +1,8 @@
 // submit and run: the commands that build a job spec from flags.
+#include <algorithm>
 #include <cstdio>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -19,7 +22,7 @@ namespace {
 // clang-format off
 const std::vector<std::string> kJobFlags = {
     "data", "stream", "batch_size", "max_batches", "estimator", "modules", "include", "exclude",
-    "target_rel_error", "allow_short_data", "priority", "timeout", "label", "scale", "mean", "std"};
+    "target_rel_error", "allow_short_data", "priority", "timeout", "label", "scale", "mean", "std", "shards"};
 // clang-format on
 
 std::vector<std::string> With(std::vector<std::string> flags, std::initializer_list<const char*> more) {
@@ -47,6 +50,9 @@ absl::Status FillSpec(const Args& args, v1::JobSpec* spec, v1::ClientStreamSourc
   RECAL_ASSIGN_OR_RETURN(const int64_t priority, args.GetInt("priority", 0));
   RECAL_ASSIGN_OR_RETURN(const double timeout, args.GetDouble("timeout", 0));
   RECAL_ASSIGN_OR_RETURN(const double target, args.GetDouble("target_rel_error", 0));
+  RECAL_ASSIGN_OR_RETURN(const int64_t shards, args.GetInt("shards", 1));
+  if (shards < 1) return absl::InvalidArgumentError("--shards must be at least 1");
+  if (shards > 1) spec->set_shards(static_cast<int32_t>(shards));
   if (batch_size < 1) return absl::InvalidArgumentError("--batch_size must be at least 1");
   if (max_batches < 0 || timeout < 0 || target < 0) {
     return absl::InvalidArgumentError("--max_batches, --timeout and --target_rel_error cannot be negative");
@@ -173,18 +179,55 @@ int Submit(Context& ctx) {
   if (batches) {
     const int64_t max = spec.options().max_batches();
     const int64_t total = max > 0 ? std::min(max, batches->num_batches()) : batches->num_batches();
+    const int shards = std::max(1, spec.shards());
+    // Shard k pushes the k-th contiguous run of the batches, as the server splits files.
+    std::vector<std::unique_ptr<LocalBatches>> readers;
+    readers.push_back(std::move(batches));
+    for (int k = 1; k < shards; ++k) {
+      bool usage = false;
+      auto opened = OpenLocal(data, spec.batch_size(), &usage);
+      if (!opened.ok()) return Failed(opened.status(), usage);
+      readers.push_back(*std::move(opened));
+    }
+    std::mutex mu;
     int64_t pushed = 0;
-    auto sent =
-        ctx.client.PushBatches(job->id(), [&](std::vector<v1::Tensor>* inputs) -> absl::StatusOr<bool> {
-          if (pushed >= total) return false;
-          RECAL_ASSIGN_OR_RETURN(const bool more, batches->Next(inputs));
-          if (more) ctx.progress.Transfer("push", ++pushed, total, "batches");
-          return more;
-        });
-    // FAILED_PRECONDITION: the job takes no more data; its state says how it went.
-    if (!sent.ok() && sent.status().code() != absl::StatusCode::kFailedPrecondition) {
-      ctx.client.Cancel(job->id()).IgnoreError();
-      return Fail(sent.status());
+    std::vector<absl::Status> results(shards);
+    std::vector<std::thread> pushers;
+    for (int k = 0; k < shards; ++k) {
+      pushers.emplace_back([&, k] {
+        const int64_t first = total * k / shards, end = total * (k + 1) / shards;
+        std::vector<v1::Tensor> skipped;
+        for (int64_t i = 0; i < first; ++i) {
+          auto more = readers[k]->Next(&skipped);
+          if (!more.ok()) {
+            results[k] = more.status();
+            return;
+          }
+        }
+        int64_t mine = first;
+        auto sent = ctx.client.PushBatches(
+            job->id(),
+            [&](std::vector<v1::Tensor>* inputs) -> absl::StatusOr<bool> {
+              if (mine >= end) return false;
+              RECAL_ASSIGN_OR_RETURN(const bool more, readers[k]->Next(inputs));
+              if (more) {
+                ++mine;
+                std::lock_guard<std::mutex> lock(mu);
+                ctx.progress.Transfer("push", ++pushed, total, "batches");
+              }
+              return more;
+            },
+            k);
+        results[k] = sent.status();
+      });
+    }
+    for (std::thread& pusher : pushers) pusher.join();
+    for (const absl::Status& sent : results) {
+      // FAILED_PRECONDITION: the job takes no more data; its state says how it went.
+      if (!sent.ok() && sent.code() != absl::StatusCode::kFailedPrecondition) {
+        ctx.client.Cancel(job->id()).IgnoreError();
+        return Fail(sent);
+      }
     }
     job = ctx.client.Get(job->id());
     if (!job.ok()) return Fail(job.status());

@@ -3,7 +3,7 @@
 
 namespace recal {
 
-absl::StatusOr<int64_t> Client::PushBatches(const std::string& job_id, const BatchProducer& next) {
+absl::StatusOr<int64_t> Client::PushBatches(const std::string& job_id, const BatchProducer& next, int shard) {
   grpc::ClientContext context;
   impl_->Prepare(&context, /*unary=*/false);
   v1::PushBatchesResponse response;
@@ -18,6 +18,7 @@ absl::StatusOr<int64_t> Client::PushBatches(const std::string& job_id, const Bat
     }
     v1::PushBatchesRequest message;
     message.set_job_id(job_id);
+    message.set_shard(shard);
     if (!*more) {
       message.set_last(true);
       writer->Write(message);

@@ -1,4 +1,5 @@
 // Recalibrate: upload, submit, (push,) watch, download, in one call.
+#include <algorithm>
 #include <utility>
 
 #include "client/src/client_impl.h"
@@ -80,24 +81,32 @@ absl::StatusOr<RecalibrateResult> Client::Run(const std::string& model_path, con
     const int64_t total =
         max_batches > 0 ? std::min(max_batches, batches->num_batches()) : batches->num_batches();
     int64_t pushed = 0;
-    auto pushed_or =
-        PushBatches(submitted.id(), [&](std::vector<v1::Tensor>* inputs) -> absl::StatusOr<bool> {
-          if (pushed >= total) return false;
-          RECAL_ASSIGN_OR_RETURN(bool more, batches->Next(inputs));
-          if (!more) return false;
-          ++pushed;
-          Progress p;
-          p.phase = Progress::Phase::kPush;
-          p.done = pushed;
-          p.total = total;
-          Report(on_progress, p);
-          return true;
-        });
-    // FAILED_PRECONDITION: the job takes no more data (it has what it needs, or it ended);
-    // the watch below tells which. Anything else leaves a job waiting for data in vain.
-    if (!pushed_or.ok() && pushed_or.status().code() != absl::StatusCode::kFailedPrecondition) {
-      Cancel(submitted.id()).IgnoreError();
-      return pushed_or.status();
+    // A sharded job takes one stream per shard, each its contiguous run of the batches;
+    // they go one after the other (a shard's worker waits for its stream meanwhile).
+    const int shards = std::max(1, spec.shards());
+    for (int k = 0; k < shards; ++k) {
+      const int64_t end = total * (k + 1) / shards;
+      auto pushed_or = PushBatches(
+          submitted.id(),
+          [&](std::vector<v1::Tensor>* inputs) -> absl::StatusOr<bool> {
+            if (pushed >= end) return false;
+            RECAL_ASSIGN_OR_RETURN(bool more, batches->Next(inputs));
+            if (!more) return false;
+            ++pushed;
+            Progress p;
+            p.phase = Progress::Phase::kPush;
+            p.done = pushed;
+            p.total = total;
+            Report(on_progress, p);
+            return true;
+          },
+          k);
+      // FAILED_PRECONDITION: the job takes no more data (it has what it needs, or it ended);
+      // the watch below tells which. Anything else leaves a job waiting for data in vain.
+      if (!pushed_or.ok() && pushed_or.status().code() != absl::StatusCode::kFailedPrecondition) {
+        Cancel(submitted.id()).IgnoreError();
+        return pushed_or.status();
+      }
     }
   }
 

@@ -229,14 +229,18 @@ grpc::Status RecalService::PushBatches(grpc::ServerContext* context,
   if (!who.ok()) return ToGrpcStatus(who.status());
   v1::PushBatchesRequest message;
   std::string job_id;
+  int shard = 0;
   grpc::Status outcome;
   while (outcome.ok() && reader->Read(&message)) {
-    if (job_id.empty()) job_id = message.job_id();
+    if (job_id.empty()) {
+      job_id = message.job_id();
+      shard = message.shard();
+    }
     if (job_id.empty()) {
       outcome = ToGrpcStatus(absl::InvalidArgumentError("the first message names the job"));
       break;
     }
-    outcome = ToGrpcStatus(jobs_->PushBatch(CallerOf(*who), job_id, message.inputs(), message.last()));
+    outcome = ToGrpcStatus(jobs_->PushBatch(CallerOf(*who), job_id, shard, message.inputs(), message.last()));
     if (outcome.ok() && !message.inputs().empty()) response->set_batches_received(response->batches_received() + 1);
   }
   Audit(*who, "PushBatches", absl::StrCat(job_id, " (", response->batches_received(), " batches)"), outcome);

@@ -63,6 +63,10 @@ absl::Status JobManager::ValidateSpec(const std::string& tenant, const v1::JobSp
   if (spec.options().max_batches() < 0) return absl::InvalidArgumentError("options.max_batches < 0");
   if (spec.options().target_rel_error() < 0) return absl::InvalidArgumentError("options.target_rel_error < 0");
   if (spec.timeout_seconds() < 0) return absl::InvalidArgumentError("spec.timeout_seconds < 0");
+  if (spec.shards() < 0 || spec.shards() > options_.max_shards) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.shards must be in 0..", options_.max_shards, ", got ", spec.shards()));
+  }
   if (spec.data().has_client_stream() && !options_.client_streams) {
     return absl::UnimplementedError(
         "client_stream jobs need a server running with --role=all: pushed batches are not relayed from api "
@@ -148,6 +152,11 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const Caller& caller, const std::stri
   if (job->state() != v1::CANCELLED && job->state() != v1::CANCELLING) return job;  // it had ended
   scheduler_.Cancel(id);
   feeds_.Close(id, absl::CancelledError("cancelled by request"));
+  if (store::IsCoordinated(*job)) {
+    // Its coordinator stops them too; this is for a job cancelled before one took it up.
+    auto shards = repository_.Children(id);
+    if (shards.ok()) scheduler_.CancelShards(*shards, "the sharded job was cancelled");
+  }
   if (job->state() == v1::CANCELLED) {
     JobFinished(*job, options_.scheduler.metrics);
   } else {
@@ -156,14 +165,29 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const Caller& caller, const std::stri
   return job;
 }
 
-absl::Status JobManager::PushBatch(const Caller& caller, const std::string& id,
+absl::Status JobManager::PushBatch(const Caller& caller, const std::string& id, int shard,
                                    const google::protobuf::RepeatedPtrField<v1::Tensor>& inputs, bool last) {
   auto job = Visible(caller, id);
   if (!job.ok()) return job.status();
   if (!job->spec().data().has_client_stream()) {
     return absl::FailedPreconditionError(absl::StrCat("job ", id, " does not take a client stream"));
   }
-  std::shared_ptr<StreamFeed> feed = feeds_.Find(id);
+  const int shards = store::IsCoordinated(*job) ? job->spec().shards() : 1;
+  if (shard < 0 || shard >= shards) {
+    return absl::InvalidArgumentError(absl::StrCat("job ", id, " has ", shards, " shard", shards > 1 ? "s" : "",
+                                                   "; there is no shard ", shard));
+  }
+  std::string feed_id = id;
+  if (shards > 1) {
+    feed_id = ShardJobId(id, shard);
+    auto child = repository_.Get(feed_id);
+    if (!child.ok()) return child.status();
+    if (IsTerminal(child->state()) || child->state() == v1::CANCELLING) {
+      return absl::FailedPreconditionError(absl::StrCat("shard ", shard, " of job ", id, " is ",
+                                                        v1::JobState_Name(child->state())));
+    }
+  }
+  std::shared_ptr<StreamFeed> feed = feeds_.Find(feed_id);
   if (IsTerminal(job->state()) || job->state() == v1::CANCELLING || !feed) {
     return absl::FailedPreconditionError(absl::StrCat("job ", id, " is ", v1::JobState_Name(job->state())));
   }

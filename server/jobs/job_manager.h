@@ -30,6 +30,7 @@ namespace recal::jobs {
 struct JobManagerOptions {
   SchedulerOptions scheduler;
   int64_t max_batch_size = 4096;
+  int max_shards = 64;
   int64_t max_batch_bytes = int64_t{256} << 20;  // one pushed tensor, client_stream
   TenantLimitsFn limits;                         // none: no quotas
   // Pushed batches reach only the process they are pushed to, so client_stream jobs need
@@ -66,9 +67,10 @@ class JobManager {
                                       int page_size, const std::string& page_token);
   absl::StatusOr<v1::Job> Cancel(const Caller& caller, const std::string& id);
 
-  // Queues one pushed batch for a client_stream job (blocks while its queue is full).
+  // Queues one pushed batch for a client_stream job (blocks while its queue is full); for a
+  // sharded job, for its shard `shard` (each shard has its own pusher and its own `last`).
   // FAILED_PRECONDITION if the job does not take a client stream or has ended.
-  absl::Status PushBatch(const Caller& caller, const std::string& id,
+  absl::Status PushBatch(const Caller& caller, const std::string& id, int shard,
                          const google::protobuf::RepeatedPtrField<v1::Tensor>& inputs, bool last);
 
   // Delivers a snapshot of the job (its seq is after_seq: it does not advance), then every

@@ -30,6 +30,8 @@ bool IsTerminal(v1::JobState state) {
   return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
 }
 
+std::string ShardJobId(const std::string& parent_id, int index) { return absl::StrCat(parent_id, "-s", index); }
+
 JobRepository::JobRepository(store::MetadataStore* metadata, EventHub* events)
     : metadata_(metadata), events_(events) {}
 
@@ -43,14 +45,29 @@ absl::StatusOr<v1::Job> JobRepository::Create(v1::Job job, bool* created) {
   *job.mutable_create_time() = TimeUtil::GetCurrentTime();
   v1::JobEvent queued;
   queued.set_state(v1::QUEUED);
+  std::vector<store::NewJob> children;
+  if (store::IsCoordinated(job)) {
+    for (int k = 0; k < job.spec().shards(); ++k) {
+      v1::Job shard = job;
+      shard.set_id(ShardJobId(job.id(), k));
+      shard.clear_request_id();
+      shard.set_parent_id(job.id());
+      shard.set_shard(k);
+      children.push_back({std::move(shard), {queued}});
+    }
+  }
   std::lock_guard<std::mutex> lock(mu_);
-  auto stored = metadata_->CreateJob(job, created, {queued});
+  auto stored = metadata_->CreateJob(job, created, {queued}, std::move(children));
   if (!stored.ok() || !*created) return stored;
   events_->Publish();
   return stored;
 }
 
 absl::StatusOr<v1::Job> JobRepository::Get(const std::string& id) { return metadata_->GetJob(id); }
+
+absl::StatusOr<std::vector<v1::Job>> JobRepository::Children(const std::string& parent_id) {
+  return metadata_->ChildJobs(parent_id);
+}
 
 absl::StatusOr<v1::Job> JobRepository::FindByRequestId(const std::string& tenant, const std::string& request_id) {
   return metadata_->FindJobByRequestId(tenant, request_id);
@@ -153,13 +170,13 @@ absl::StatusOr<v1::Job> JobRepository::Start(const std::string& id, const std::s
 }
 
 absl::StatusOr<std::optional<v1::Job>> JobRepository::Claim(const std::string& device, const std::string& owner,
-                                                            int64_t lease_until_ms) {
+                                                            int64_t lease_until_ms, store::ClaimKind kind) {
   auto claimed = metadata_->ClaimJob(owner, lease_until_ms, [&](v1::Job& job, std::vector<v1::JobEvent>& events) {
     const v1::JobState before = job.state();
     if (absl::Status s = StartOn(device, job); !s.ok()) return s;
     NoteStateChange(before, job, events);
     return absl::OkStatus();
-  });
+  }, kind);
   if (claimed.ok() && claimed->has_value()) events_->Publish();
   return claimed;
 }

@@ -32,13 +32,19 @@ namespace recal::jobs {
 
 bool IsTerminal(v1::JobState state);
 
+// The id of shard `index` of the sharded job `parent_id`.
+std::string ShardJobId(const std::string& parent_id, int index);
+
 class JobRepository {
  public:
   JobRepository(store::MetadataStore* metadata, EventHub* events);
 
   // Stores `job` (its id, request_id and spec; state, times and counters are set here) as
   // QUEUED. A job with the same non-empty request_id is returned instead, `*created` false.
+  // A sharded job (spec.shards > 1) is stored with its shards, QUEUED too, in one step.
   absl::StatusOr<v1::Job> Create(v1::Job job, bool* created);
+  // The shards of a sharded job, by index.
+  absl::StatusOr<std::vector<v1::Job>> Children(const std::string& parent_id);
   absl::StatusOr<v1::Job> Get(const std::string& id);  // NOT_FOUND
   absl::StatusOr<v1::Job> FindByRequestId(const std::string& tenant, const std::string& request_id);  // NOT_FOUND
   // `tenant` empty: every tenant's.
@@ -55,7 +61,8 @@ class JobRepository {
   // Start of the next job the store says is due (priority, fairness between tenants, age),
   // leased to `owner` until `lease_until_ms`. nullopt: nothing waits.
   absl::StatusOr<std::optional<v1::Job>> Claim(const std::string& device, const std::string& owner,
-                                               int64_t lease_until_ms);
+                                               int64_t lease_until_ms,
+                                               store::ClaimKind kind = store::ClaimKind::kRun);
   // Keeps `owner`'s lease; returns the job's state (CANCELLING: stop it). FAILED_PRECONDITION
   // once the lease is gone (it expired and the job went back to the queue).
   absl::StatusOr<v1::JobState> Renew(const std::string& id, const std::string& owner, int64_t lease_until_ms);

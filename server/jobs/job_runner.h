@@ -24,7 +24,15 @@ struct RecalibrationTask {
   std::vector<std::string> data_roots;  // the job's tenant's: all the worker may read of the data
   std::string device;
   std::string scratch_dir;  // receives model.pt, bn.safetensors and report.json
+  // A shard of a sharded job (shard_count > 1): scratch_dir receives statistics.safetensors.
+  int shard_index = 0;
+  int shard_count = 1;
+  // The merge of a sharded job: the shards' statistics files in scratch_dir, in shard order.
+  std::vector<std::string> merge_statistics;
 };
+
+// What a shard leaves in its scratch directory.
+inline constexpr char kShardStatisticsFile[] = "statistics.safetensors";
 
 struct RunHooks {
   // After every batch.

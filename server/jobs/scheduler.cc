@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <optional>
+#include <thread>
 
 #include <google/protobuf/util/time_util.h>
 
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/atomic_file.h"
 #include "server/jobs/data_source_spec.h"
 #include "server/log/log.h"
 #include "server/metrics/metrics.h"
@@ -27,6 +29,11 @@ using google::protobuf::util::TimeUtil;
 double SecondsBetween(const google::protobuf::Timestamp& from, const google::protobuf::Timestamp& to) {
   return TimeUtil::DurationToNanoseconds(to - from) / 1e9;
 }
+
+// What a run leaves in its scratch directory, by artifact.
+const std::vector<std::pair<v1::Artifact, std::string>> kJobFiles = {
+    {v1::MODEL, "model.pt"}, {v1::BN_BUFFERS, "bn.safetensors"}, {v1::REPORT, "report.json"}};
+const std::vector<std::pair<v1::Artifact, std::string>> kShardFiles = {{v1::SHARD_STATISTICS, kShardStatisticsFile}};
 
 SchedulerOptions WithOwner(SchedulerOptions options) {
   if (options.owner.empty()) {
@@ -65,10 +72,14 @@ absl::Status Scheduler::Start() {
   auto waiting = jobs_->InStates({v1::QUEUED});
   if (!waiting.ok()) return waiting.status();
   for (const v1::Job& job : *waiting) {
-    if (job.spec().data().has_client_stream()) feeds_->Open(job);
+    if (job.spec().data().has_client_stream() && !store::IsCoordinated(job)) feeds_->Open(job);
   }
   for (const std::string& device : options_.devices) {
-    workers_.emplace_back([this, device] { WorkerLoop(device); });
+    workers_.emplace_back([this, device] { WorkerLoop(device, store::ClaimKind::kRun); });
+  }
+  const size_t coordinators = options_.devices.empty() ? 0 : std::max<size_t>(2, options_.devices.size());
+  for (size_t i = 0; i < coordinators; ++i) {
+    workers_.emplace_back([this] { WorkerLoop("coordinator", store::ClaimKind::kCoordinate); });
   }
   if (!options_.devices.empty()) reaper_ = std::thread([this] { ReaperLoop(); });
   started_ = true;
@@ -112,7 +123,17 @@ absl::Status Scheduler::CheckCapacity() const {
 }
 
 void Scheduler::Enqueue(const v1::Job& job) {
-  if (job.spec().data().has_client_stream()) feeds_->Open(job);
+  if (job.spec().data().has_client_stream()) {
+    if (!store::IsCoordinated(job)) {
+      feeds_->Open(job);
+    } else {
+      for (int k = 0; k < job.spec().shards(); ++k) {  // one pusher per shard
+        v1::Job shard = job;
+        shard.set_id(ShardJobId(job.id(), k));
+        feeds_->Open(shard);
+      }
+    }
+  }
   Wake();
 }
 
@@ -153,7 +174,7 @@ void Scheduler::WaitForWork(int64_t seen, absl::Duration timeout) {
   wake_.wait_for(lock, absl::ToChronoMilliseconds(timeout), [&] { return wakes_ != seen || stopping_; });
 }
 
-void Scheduler::WorkerLoop(const std::string& device) {
+void Scheduler::WorkerLoop(const std::string& device, store::ClaimKind kind) {
   {
     std::lock_guard<std::mutex> lock(workers_mu_);
     ++active_workers_;
@@ -163,7 +184,7 @@ void Scheduler::WorkerLoop(const std::string& device) {
     auto running = std::make_shared<Running>();
     // Read before the claim: an Enqueue between the claim and the wait is not missed.
     const int64_t seen = Wakes();
-    auto claimed = jobs_->Claim(device, options_.owner, absl::ToUnixMillis(absl::Now() + options_.lease));
+    auto claimed = jobs_->Claim(device, options_.owner, absl::ToUnixMillis(absl::Now() + options_.lease), kind);
     if (!claimed.ok()) {
       log::Error("no job claimed: the store refused", {{"device", device},
                                                         {"error", std::string(claimed.status().message())}});
@@ -219,7 +240,8 @@ void Scheduler::KeepLease(const std::string& id, Running& running, const std::at
   while (!done) {
     {
       std::unique_lock<std::mutex> lock(wake_mu_);
-      wake_.wait_for(lock, absl::ToChronoMilliseconds(every), [&] { return done.load() || stopping_.load(); });
+      // Not on stopping_: the run ends on its own (cancelled) and the lease is kept till then.
+      wake_.wait_for(lock, absl::ToChronoMilliseconds(every), [&] { return done.load(); });
     }
     if (done) return;
     auto state = jobs_->Renew(id, options_.owner, absl::ToUnixMillis(absl::Now() + options_.lease));
@@ -265,7 +287,7 @@ void Scheduler::RunJob(const v1::Job& job, const std::string& device, const std:
     absl::Cleanup idle = [&] {
       if (options_.metrics) options_.metrics->WorkerBusy(device).Decrement();
     };
-    outputs = Execute(job, device, *running);
+    outputs = store::IsCoordinated(job) ? Coordinate(job, *running) : Execute(job, device, *running);
   }
   feeds_->Close(id, absl::FailedPreconditionError("the job has ended"));
   if (running->lease_lost) {
@@ -277,6 +299,17 @@ void Scheduler::RunJob(const v1::Job& job, const std::string& device, const std:
   absl::StatusOr<v1::Job> ended;
   if (outputs.ok()) {
     ended = jobs_->Succeed(id, outputs->results, outputs->report, owner);
+    // The store is away (restarting, say): the results are whole and the lease is still this
+    // worker's (its keeper renews it once the store answers), so keep trying rather than leave
+    // the job to run again once the lease runs out. Given up once the keeper lost the lease.
+    if (absl::IsUnavailable(ended.status()) && !running->lease_lost && !stopping_) {
+      log::Warning("job end not stored yet: trying again while the lease holds",
+                   {{"job_id", id}, {"error", std::string(ended.status().message())}});
+    }
+    while (absl::IsUnavailable(ended.status()) && !running->lease_lost && !stopping_) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      ended = jobs_->Succeed(id, outputs->results, outputs->report, owner);
+    }
   } else if (running->cancel && !running->by_user) {
     // Shutdown: the job runs again, from the start, on the next worker that claims it.
     ended = jobs_->Requeue(id, owner);
@@ -295,6 +328,9 @@ void Scheduler::RunJob(const v1::Job& job, const std::string& device, const std:
     return;
   }
   JobFinished(*ended, options_.metrics);
+  // A shard's end: its coordinator, if it is in this process, looks now (others hear of it
+  // through the store's change notifications, or their next poll).
+  if (!job.parent_id().empty()) Wake();
 }
 
 void JobFinished(const v1::Job& job, metrics::Metrics* metrics) {
@@ -318,6 +354,12 @@ absl::StatusOr<Scheduler::Outputs> Scheduler::Execute(const v1::Job& job, const 
                                                       Running& running) {
   const v1::JobSpec& spec = job.spec();
   auto model_path = models_->PathOf(job.tenant(), spec.model_id());
+  // The store is away: the job is not at fault, so wait (the lease keeper holds the job) rather
+  // than fail it with the store's error; a lease lost meanwhile sets `cancel`.
+  while (absl::IsUnavailable(model_path.status()) && !running.cancel) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    model_path = models_->PathOf(job.tenant(), spec.model_id());
+  }
   if (!model_path.ok()) return model_path.status();
   const std::vector<std::string> data_roots = options_.data_roots.For(job.tenant());
   auto data_spec = DataSpecFor(spec.data(), data_roots);
@@ -392,6 +434,11 @@ absl::StatusOr<Scheduler::Outputs> Scheduler::Execute(const v1::Job& job, const 
   task.data_roots = data_roots;
   task.device = device;
   task.scratch_dir = scratch.string();
+  const bool shard = !job.parent_id().empty();
+  if (shard) {
+    task.shard_index = job.shard();
+    task.shard_count = spec.shards();
+  }
   absl::StatusOr<v1::RunReport> report = runner_->Recalibrate(task, hooks);
   if (absl::IsDeadlineExceeded(report.status())) {
     return absl::DeadlineExceededError(absl::StrCat("the job ran past its timeout of ", timeout, " s"));
@@ -403,15 +450,156 @@ absl::StatusOr<Scheduler::Outputs> Scheduler::Execute(const v1::Job& job, const 
 
   Outputs outputs;
   outputs.report = *std::move(report);
-  for (const auto& [artifact, name] : {std::pair{v1::MODEL, "model.pt"}, std::pair{v1::BN_BUFFERS, "bn.safetensors"},
-                                       std::pair{v1::REPORT, "report.json"}}) {
+  auto results = AdoptResults(scratch.string(), shard ? kShardFiles : kJobFiles);
+  if (!results.ok()) return results.status();
+  outputs.results = *std::move(results);
+  return outputs;
+}
+
+absl::StatusOr<std::map<v1::Artifact, store::ResultRef>> Scheduler::AdoptResults(
+    const std::string& scratch, const std::vector<std::pair<v1::Artifact, std::string>>& files) {
+  std::map<v1::Artifact, store::ResultRef> results;
+  for (const auto& [artifact, name] : files) {
     // Written by the worker: only plain files are taken (AdoptFile refuses links).
-    auto digest = blobs_->AdoptFile((scratch / name).string());
+    auto digest = blobs_->AdoptFile((std::filesystem::path(scratch) / name).string());
     if (!digest.ok()) return digest.status();
     auto size = blobs_->SizeOf(*digest);
     if (!size.ok()) return size.status();
-    outputs.results[artifact] = {*digest, *size};
+    results[artifact] = {*digest, *size};
   }
+  return results;
+}
+
+void Scheduler::CancelShards(const std::vector<v1::Job>& shards, const std::string& reason) {
+  for (const v1::Job& shard : shards) {
+    if (IsTerminal(shard.state())) continue;
+    auto cancelled = jobs_->Cancel(shard.id(), reason);
+    if (!cancelled.ok()) {
+      log::Warning("shard not cancelled", {{"job_id", shard.id()}, {"error", std::string(cancelled.status().message())}});
+      continue;
+    }
+    Cancel(shard.id());  // if it runs in this process; elsewhere its worker sees CANCELLING
+    feeds_->Close(shard.id(), absl::CancelledError(reason));
+    if (IsTerminal(cancelled->state())) JobFinished(*cancelled, options_.metrics);
+  }
+}
+
+namespace {
+
+// A sharded job's progress: its shards' summed (rates too: they run side by side).
+v1::JobProgress SumOfShards(const std::vector<v1::Job>& shards) {
+  v1::JobProgress sum;
+  bool total_known = true;
+  double eta = 0, rel = -1;
+  for (const v1::Job& shard : shards) {
+    const v1::JobProgress& p = shard.progress();
+    sum.set_batches_done(sum.batches_done() + p.batches_done());
+    sum.set_batches_total(sum.batches_total() + p.batches_total());
+    sum.set_samples_done(sum.samples_done() + p.samples_done());
+    if (shard.state() == v1::RUNNING) sum.set_samples_per_second(sum.samples_per_second() + p.samples_per_second());
+    total_known = total_known && p.batches_total() > 0;
+    eta = std::max(eta, p.eta_seconds());
+    rel = std::max(rel, p.rel_std_error());
+  }
+  if (!total_known) sum.set_batches_total(0);
+  sum.set_eta_seconds(eta);
+  sum.set_rel_std_error(rel);
+  return sum;
+}
+
+}  // namespace
+
+absl::StatusOr<Scheduler::Outputs> Scheduler::Coordinate(const v1::Job& job, Running& running) {
+  const v1::JobSpec& spec = job.spec();
+  const double timeout = spec.timeout_seconds() > 0 ? spec.timeout_seconds() : options_.default_timeout_seconds;
+  const absl::Time deadline = absl::Now() + absl::Seconds(timeout);
+  std::vector<v1::Job> shards;
+  v1::JobProgress published;
+  while (true) {
+    const int64_t seen = Wakes();
+    if (running.cancel) {
+      // Cancelled: the shards stop too. Shutdown or a lost lease: they go on, and the
+      // coordinator that takes the job up next finds them where they are.
+      if (running.by_user) CancelShards(shards, "the sharded job was cancelled");
+      return absl::CancelledError("cancelled");
+    }
+    if (absl::Now() > deadline) {
+      CancelShards(shards, "the sharded job ran past its timeout");
+      return absl::DeadlineExceededError(absl::StrCat("the job ran past its timeout of ", timeout, " s"));
+    }
+    auto read = jobs_->Children(job.id());
+    if (read.ok()) {
+      shards = *std::move(read);
+      if (static_cast<int>(shards.size()) != spec.shards()) {
+        return absl::InternalError(absl::StrCat("job ", job.id(), " has ", shards.size(), " shards stored, not ",
+                                                spec.shards()));
+      }
+      const v1::JobProgress progress = SumOfShards(shards);
+      if (progress.SerializeAsString() != published.SerializeAsString()) {
+        jobs_->Progress(job.id(), progress).IgnoreError();  // advice, as for a job's own progress
+        published = progress;
+      }
+      int succeeded = 0;
+      for (const v1::Job& shard : shards) {
+        if (shard.state() == v1::SUCCEEDED) ++succeeded;
+        if (shard.state() == v1::FAILED || shard.state() == v1::CANCELLED) {
+          CancelShards(shards, absl::StrCat("shard ", shard.shard(), " of the job ended ",
+                                            v1::JobState_Name(shard.state())));
+          const absl::StatusCode code = shard.state() == v1::CANCELLED
+                                            ? absl::StatusCode::kCancelled
+                                            : static_cast<absl::StatusCode>(shard.error().code());
+          return absl::Status(code, absl::StrCat("shard ", shard.shard(), " (", shard.id(), ") ",
+                                                 v1::JobState_Name(shard.state()), ": ", shard.error().message()));
+        }
+      }
+      if (succeeded == spec.shards()) break;
+    }
+    // A store that does not answer is waited out: the lease keeper decides when to give up.
+    WaitForWork(seen, std::min(options_.poll_interval, absl::Milliseconds(250)));
+  }
+
+  auto model_path = models_->PathOf(job.tenant(), spec.model_id());
+  if (!model_path.ok()) return model_path.status();
+  namespace fs = std::filesystem;
+  const fs::path scratch = fs::path(blobs_->scratch_dir()) / job.id();
+  std::error_code error;
+  fs::remove_all(scratch, error);
+  fs::create_directories(scratch, error);
+  if (error) return absl::InternalError(absl::StrCat("cannot create ", scratch.string(), ": ", error.message()));
+  absl::Cleanup remove_scratch = [&scratch] {
+    std::error_code ignored;
+    fs::remove_all(scratch, ignored);
+  };
+  RecalibrationTask task;
+  task.spec = spec;
+  task.model_path = *model_path;
+  const std::vector<std::string> data_roots = options_.data_roots.For(job.tenant());
+  auto data_spec = DataSpecFor(spec.data(), data_roots);
+  task.data_spec = data_spec.ok() && !spec.data().has_client_stream() ? *data_spec : "";
+  task.device = "cpu";  // the merge is arithmetic on a few kB per layer
+  task.scratch_dir = scratch.string();
+  for (const v1::Job& shard : shards) {
+    auto ref = jobs_->Result(shard.id(), v1::SHARD_STATISTICS);
+    if (!ref.ok()) return ref.status();
+    auto reader = blobs_->OpenReader(ref->sha256);
+    if (!reader.ok()) return reader.status();
+    const std::string name = absl::StrCat("shard-", shard.shard(), ".safetensors");
+    std::string bytes;  // a few kB per layer
+    if (absl::Status read = (*reader)->ReadAt(0, (*reader)->size(), &bytes); !read.ok()) return read;
+    if (absl::Status copied = WriteFileAtomically((scratch / name).string(), bytes); !copied.ok()) return copied;
+    task.merge_statistics.push_back(name);
+  }
+  RunHooks hooks;
+  hooks.cancel = &running.cancel;
+  hooks.deadline = deadline;
+  absl::StatusOr<v1::RunReport> report = runner_->Recalibrate(task, hooks);
+  if (!report.ok()) return report.status();
+  Outputs outputs;
+  outputs.report = *std::move(report);
+  outputs.report.set_seconds(SecondsBetween(job.start_time(), TimeUtil::GetCurrentTime()));
+  auto results = AdoptResults(scratch.string(), kJobFiles);
+  if (!results.ok()) return results.status();
+  outputs.results = *std::move(results);
   return outputs;
 }
 

@@ -6,6 +6,13 @@
 // PostgreSQL the same way. A cancel reaches the worker at once in its own process, and
 // through the lease renewal (within a second) from any other. A reaper puts back the jobs
 // whose worker stopped renewing (it died, or lost the store) once their lease has ended.
+//
+// A sharded job is a parent and its shards, all in the store. Workers claim shards like any
+// job (any worker, any process); coordinator threads (as many as workers, at least two)
+// claim parents, under leases too: a coordinator sums its shards' progress, and once every
+// shard has succeeded runs the merge (a sandboxed task: it loads the model) of their
+// statistics into the job's results. A shard whose worker dies is run again alone; a shard
+// that fails fails the job and cancels the others.
 #pragma once
 
 #include <atomic>
@@ -76,6 +83,8 @@ class Scheduler {
   void Cancel(const std::string& id);
   // Something changed in the store (another process queued a job): idle workers look now.
   void Wake();
+  // Stops the shards of a sharded job that have not ended (in the store; here at once).
+  void CancelShards(const std::vector<v1::Job>& shards, const std::string& reason);
 
   int queued() const;  // in the store, from every process
   int running() const;  // here
@@ -91,7 +100,9 @@ class Scheduler {
     v1::RunReport report;
   };
 
-  void WorkerLoop(const std::string& device);
+  // `kind`: a device's worker runs jobs and shards; a coordinator (device "coordinator")
+  // coordinates sharded jobs.
+  void WorkerLoop(const std::string& device, store::ClaimKind kind);
   void ReaperLoop();
   void RunJob(const v1::Job& job, const std::string& device, const std::shared_ptr<Running>& running);
   // Renews the job's lease until `done`; turns a cancel seen there, or a lost lease, into
@@ -101,6 +112,11 @@ class Scheduler {
   int64_t Wakes();
   void WaitForWork(int64_t seen, absl::Duration timeout);
   absl::StatusOr<Outputs> Execute(const v1::Job& job, const std::string& device, Running& running);
+  // A sharded job's run: waits for its shards (their progress becomes the job's), then merges.
+  absl::StatusOr<Outputs> Coordinate(const v1::Job& job, Running& running);
+  // The runner's files in `scratch` (named by artifact) into the blob store.
+  absl::StatusOr<std::map<v1::Artifact, store::ResultRef>> AdoptResults(
+      const std::string& scratch, const std::vector<std::pair<v1::Artifact, std::string>>& files);
 
   JobRepository* jobs_;
   store::BlobStore* blobs_;

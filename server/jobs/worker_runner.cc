@@ -144,6 +144,7 @@ absl::StatusOr<wire::Event> WorkerRunner::Run(const wire::Task& task, const std:
   if (options_.memory_bytes > 0) args.push_back(absl::StrCat("--memory_bytes=", options_.memory_bytes));
   if (options_.file_bytes > 0) args.push_back(absl::StrCat("--file_bytes=", options_.file_bytes));
   if (!options_.user.empty()) args.push_back("--user=" + options_.user);
+  args.push_back(absl::StrCat("--server_pid=", ::getpid()));
   std::vector<char*> argv;
   for (std::string& arg : args) argv.push_back(arg.data());
   argv.push_back(nullptr);
@@ -326,6 +327,9 @@ absl::StatusOr<v1::RunReport> WorkerRunner::Recalibrate(const RecalibrationTask&
   job->set_prefetch_depth(options_.prefetch_depth);
   job->set_decode_threads(options_.decode_threads);
   for (const std::string& root : task.data_roots) job->add_data_roots(root);
+  job->set_shard_index(task.shard_index);
+  job->set_shard_count(task.shard_count);
+  for (const std::string& name : task.merge_statistics) job->add_merge(name);
   if (absl::Status owned = GiveToWorkerUser(task.scratch_dir); !owned.ok()) return owned;
   auto event = Expect(Run(request, task.model_path, task.scratch_dir, hooks), wire::Event::kReport);
   if (!event.ok()) return event.status();

@@ -249,7 +249,10 @@ absl::StatusOr<Enforcement> Enter(const Policy& policy) {
   Enforcement out;
   // Dies with the server: a worker never outlives the process that watches it.
   if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) return absl::InternalError(Errno("PR_SET_PDEATHSIG"));
-  if (::getppid() == 1) return absl::AbortedError("the server is gone");
+  const pid_t parent = ::getppid();
+  if (policy.server_pid > 0 ? parent != policy.server_pid : parent == 1) {
+    return absl::AbortedError("the server is gone");
+  }
   absl::Status limits = SetLimit(RLIMIT_CORE, 0, "RLIMIT_CORE");
   if (limits.ok()) limits = SetLimit(RLIMIT_NOFILE, policy.open_files, "RLIMIT_NOFILE");
   if (limits.ok() && policy.memory_bytes > 0) limits = SetLimit(RLIMIT_AS, policy.memory_bytes, "RLIMIT_AS");

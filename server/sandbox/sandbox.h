@@ -32,6 +32,10 @@ struct Policy {
   int64_t file_bytes = 0;                // RLIMIT_FSIZE; 0: no limit
   int64_t open_files = 1024;             // RLIMIT_NOFILE
   std::string user;                      // switch to this user (needs root); empty: stay
+  // The server that started the process: if the parent is another by now (the server died
+  // and the process was adopted), it stops. 0: stop if adopted by pid 1. Not "parent is pid
+  // 1" alone: in a container without an init the server itself is pid 1.
+  int64_t server_pid = 0;
 };
 
 struct Enforcement {

@@ -57,4 +57,33 @@ void SetNow(google::protobuf::Timestamp* ts) {
   ts->set_nanos(static_cast<int32_t>(nanos % 1000000000));
 }
 
+absl::Status CheckNewJobs(const v1::Job& job, const std::vector<NewJob>& children) {
+  if (job.id().empty()) return absl::InvalidArgumentError("cannot store a job without an id");
+  if (job.tenant().empty()) return absl::InvalidArgumentError("cannot store a job without a tenant");
+  for (const NewJob& child : children) {
+    const v1::Job& c = child.job;
+    if (c.id().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot store a shard of job '", job.id(), "' without an id"));
+    }
+    if (c.parent_id() != job.id()) {
+      return absl::InvalidArgumentError(absl::StrCat("job '", c.id(), "' is stored as a shard of job '", job.id(),
+                                                     "' but its parent_id is '", c.parent_id(), "'"));
+    }
+    if (c.tenant() != job.tenant()) {
+      return absl::InvalidArgumentError(absl::StrCat("shard '", c.id(), "' of job '", job.id(), "' has tenant '",
+                                                     c.tenant(), "', not its parent's '", job.tenant(), "'"));
+    }
+    if (!c.request_id().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shard '", c.id(), "' of job '", job.id(), "' has a request_id; only its parent may"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void SortByShard(std::vector<v1::Job>& children) {
+  std::stable_sort(children.begin(), children.end(),
+                   [](const v1::Job& a, const v1::Job& b) { return a.shard() < b.shard(); });
+}
+
 }  // namespace recal::store::internal::rows

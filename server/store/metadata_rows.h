@@ -12,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "google/protobuf/timestamp.pb.h"
 #include "recal/v1/recal.pb.h"
+#include "server/store/metadata_store.h"
 
 namespace recal::store::internal::rows {
 
@@ -30,6 +31,15 @@ absl::StatusOr<int64_t> DecodePageToken(absl::string_view kind, const std::strin
 std::optional<std::vector<v1::JobState>> NormalizeStates(const std::vector<v1::JobState>& states);
 
 void SetNow(google::protobuf::Timestamp* ts);
+
+// What CreateJob needs of a job and of the children stored with it: ids and tenants, and
+// children that are the parent's shards (parent_id = its id, same tenant, no request_id).
+// INVALID_ARGUMENT naming the first that is not.
+absl::Status CheckNewJobs(const v1::Job& job, const std::vector<NewJob>& children);
+
+// Sorts a sharded job's children, read in create_seq order, by shard index (stable: equal
+// indexes stay in create_seq order).
+void SortByShard(std::vector<v1::Job>& children);
 
 template <typename Message>
 absl::StatusOr<Message> Parse(const std::string& bytes, absl::string_view what, absl::string_view id) {

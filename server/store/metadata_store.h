@@ -51,6 +51,19 @@ struct StoredJob {
 // machine's QUEUED -> RUNNING, and the events to store with it.
 using ClaimChange = std::function<absl::Status(v1::Job&, std::vector<v1::JobEvent>&)>;
 
+// A job stored together with another (the shards of a sharded job, with their parent).
+struct NewJob {
+  v1::Job job;
+  std::vector<v1::JobEvent> events;
+};
+
+// Which queued jobs a claimer takes: jobs that run on a worker (plain jobs and the shards of
+// sharded jobs), or sharded jobs, whose run is coordinating their shards and merging them.
+enum class ClaimKind { kRun, kCoordinate };
+
+// Whether a job is the parent of shards (its run coordinates them).
+inline bool IsCoordinated(const v1::Job& job) { return job.parent_id().empty() && job.spec().shards() > 1; }
+
 struct ModelPage {
   std::vector<v1::Model> models;
   std::string next_page_token;
@@ -89,9 +102,15 @@ class MetadataStore {
   // job of the same tenant with the same non-empty request_id exists, returns it and
   // `*created` = false.
   // `events` are stored with a new job, in the same transaction (a claimer in another
-  // thread or process never sees the job without them).
+  // thread or process never sees the job without them), and so are `children` (the shards
+  // of a sharded job: parent_id = job.id, no request_id) with their events.
+  // A job with a parent_id is a shard: ListJobs, Usage, CountJobsUsingModel and
+  // CountJobsInStates count top-level jobs only.
   virtual absl::StatusOr<v1::Job> CreateJob(const v1::Job& job, bool* created,
-                                            std::vector<v1::JobEvent> events = {}) = 0;
+                                            std::vector<v1::JobEvent> events = {},
+                                            std::vector<NewJob> children = {}) = 0;
+  // The shards of a sharded job, by shard index.
+  virtual absl::StatusOr<std::vector<v1::Job>> ChildJobs(const std::string& parent_id) = 0;
   virtual absl::StatusOr<v1::Job> GetJob(const std::string& id) = 0;  // NOT_FOUND
   virtual absl::StatusOr<v1::Job> FindJobByRequestId(const std::string& tenant, const std::string& request_id) = 0;  // NOT_FOUND
   // Newest first. Page tokens are opaque strings. `tenant` empty: every tenant's.
@@ -117,8 +136,10 @@ class MetadataStore {
   // whose last job started longest ago (fair between tenants); then the oldest — applies
   // `change` to it and stores it with a lease held by `owner` until `lease_until_ms`, all in
   // one transaction; two claimers never get the same job. nullopt: nothing waits.
+  // Only jobs of `kind` (IsCoordinated: kCoordinate).
   virtual absl::StatusOr<std::optional<v1::Job>> ClaimJob(const std::string& owner, int64_t lease_until_ms,
-                                                          const ClaimChange& change) = 0;
+                                                          const ClaimChange& change,
+                                                          ClaimKind kind = ClaimKind::kRun) = 0;
   // Extends `owner`'s lease on a running job and returns the job's state (CANCELLING tells
   // the worker to stop). FAILED_PRECONDITION once the lease is not `owner`'s any more.
   virtual absl::StatusOr<v1::JobState> RenewLease(const std::string& job_id, const std::string& owner,

@@ -25,7 +25,7 @@ using namespace internal::rows;  // NOLINT: the rows helpers are this file's voc
 
 // The row of schema_version. 2 is SQLite's version 2, table for table (PostgreSQL stores
 // began there). Bump it, and add a step in MigrateSchema, whenever a table changes.
-constexpr int64_t kSchemaVersion = 3;
+constexpr int64_t kSchemaVersion = 4;
 
 // The advisory lock that whoever creates or migrates the schema holds: "recal" and a 1.
 constexpr int64_t kSchemaLockKey = 0x726563616c000001;
@@ -85,6 +85,17 @@ CREATE INDEX jobs_to_claim ON jobs(state, priority, create_seq);
 CREATE INDEX jobs_started_by_tenant ON jobs(tenant, started_ms);
 )sql";
 
+// Version 4: sharded jobs, as in SQLite's version 4. A shard has its parent's id (NULL: a
+// top-level job, which is what every older row is); `coordinated` marks the parent of shards
+// (IsCoordinated, fixed at insert), which only coordinating claimers take.
+constexpr char kJobsV4[] = R"sql(
+ALTER TABLE jobs ADD COLUMN parent_id TEXT,
+                 ADD COLUMN coordinated BOOLEAN NOT NULL DEFAULT false;
+DROP INDEX jobs_to_claim;
+CREATE INDEX jobs_to_claim ON jobs(state, coordinated, priority, create_seq);
+CREATE INDEX jobs_by_parent ON jobs(parent_id, create_seq);
+)sql";
+
 // "($3,$4,$5)" for a state filter whose parameters start at $first.
 std::string Placeholders(int first, size_t n) {
   std::string s = "(";
@@ -135,6 +146,9 @@ struct PostgresMetadataStore::Impl {
   // Replaces the job's row (and so locks it).
   absl::Status WriteJob(const v1::Job& job, int64_t expected_version = -1);
   absl::Status InsertResult(const std::string& job_id, v1::Artifact artifact, const ResultRef& ref);
+  // Inserts a new job, unless its id, or its tenant and request_id, are taken (waiting for
+  // a concurrent writer of the same key): whether it was inserted.
+  absl::StatusOr<bool> InsertJob(const v1::Job& job);
 };
 
 template <typename Op>
@@ -169,21 +183,26 @@ absl::Status PostgresMetadataStore::Impl::MigrateSchema() {
     }
   }
   if (version == kSchemaVersion) return absl::OkStatus();  // rolls back the empty transaction
-  if (version != 0 && version != 2) {
+  if (version != 0 && version != 2 && version != 3) {
     return absl::FailedPreconditionError(absl::StrCat(
         "database ", conn.where(), " has schema version ", version, " but this recal-server knows only ",
         kSchemaVersion, "; run a matching server or point --store elsewhere"));
   }
   if (version == 0) RECAL_RETURN_IF_ERROR(conn.ExecScript(kSchemaV2));
-  RECAL_RETURN_IF_ERROR(conn.ExecScript(kJobsV3));
-  // Waiting jobs are claimed by priority: give the column theirs.
-  RECAL_ASSIGN_OR_RETURN(Result queued, Exec("SELECT id, proto FROM jobs WHERE state = $1", Params().Int64(v1::QUEUED)));
-  RECAL_ASSIGN_OR_RETURN(std::vector<v1::Job> jobs, ParseJobs(queued));
-  for (const v1::Job& job : jobs) {
-    RECAL_RETURN_IF_ERROR(Exec("UPDATE jobs SET priority = $2 WHERE id = $1",
-                               Params().Text(job.id()).Int64(job.spec().priority()))
-                              .status());
+  if (version < 3) {
+    RECAL_RETURN_IF_ERROR(conn.ExecScript(kJobsV3));
+    // Waiting jobs are claimed by priority: give the column theirs.
+    RECAL_ASSIGN_OR_RETURN(Result queued,
+                           Exec("SELECT id, proto FROM jobs WHERE state = $1", Params().Int64(v1::QUEUED)));
+    RECAL_ASSIGN_OR_RETURN(std::vector<v1::Job> jobs, ParseJobs(queued));
+    for (const v1::Job& job : jobs) {
+      RECAL_RETURN_IF_ERROR(Exec("UPDATE jobs SET priority = $2 WHERE id = $1",
+                                 Params().Text(job.id()).Int64(job.spec().priority()))
+                                .status());
+    }
   }
+  // Every existing job stays top-level and uncoordinated: the columns' defaults.
+  RECAL_RETURN_IF_ERROR(conn.ExecScript(kJobsV4));
   RECAL_RETURN_IF_ERROR(Exec("DELETE FROM schema_version").status());
   RECAL_RETURN_IF_ERROR(
       Exec("INSERT INTO schema_version(version) VALUES($1)", Params().Int64(kSchemaVersion)).status());
@@ -277,7 +296,7 @@ absl::StatusOr<int64_t> PostgresMetadataStore::CountJobsUsingModel(const std::st
                                                                    const std::vector<v1::JobState>& requested) {
   const std::optional<std::vector<v1::JobState>> states = NormalizeStates(requested);
   if (!states) return 0;
-  std::string sql = "SELECT COUNT(*) FROM jobs WHERE model_id = $1 AND tenant = $2";
+  std::string sql = "SELECT COUNT(*) FROM jobs WHERE model_id = $1 AND tenant = $2 AND parent_id IS NULL";
   if (!states->empty()) absl::StrAppend(&sql, " AND state IN ", Placeholders(3, states->size()));
   Params params;
   params.Text(model_id).Text(tenant);
@@ -300,10 +319,7 @@ absl::StatusOr<bool> PostgresMetadataStore::Impl::LockJob(const std::string& id)
   return r.rows() > 0;
 }
 
-absl::StatusOr<v1::Job> PostgresMetadataStore::CreateJob(const v1::Job& job, bool* created,
-                                                         std::vector<v1::JobEvent> events) {
-  if (job.id().empty()) return absl::InvalidArgumentError("cannot store a job without an id");
-  if (job.tenant().empty()) return absl::InvalidArgumentError("cannot store a job without a tenant");
+absl::StatusOr<bool> PostgresMetadataStore::Impl::InsertJob(const v1::Job& job) {
   Params insert;
   insert.Text(job.id()).Text(job.tenant());
   if (job.request_id().empty()) {
@@ -312,17 +328,47 @@ absl::StatusOr<v1::Job> PostgresMetadataStore::CreateJob(const v1::Job& job, boo
     insert.Text(job.request_id());
   }
   insert.Int64(job.state()).Text(job.spec().model_id()).Bytes(job.SerializeAsString()).Int64(job.spec().priority());
+  if (job.parent_id().empty()) {
+    insert.NullText();
+  } else {
+    insert.Text(job.parent_id());
+  }
+  insert.Int64(IsCoordinated(job) ? 1 : 0);
+  RECAL_ASSIGN_OR_RETURN(Result inserted,
+                         Exec("INSERT INTO jobs(id, tenant, request_id, state, model_id, proto, priority, parent_id, "
+                              "coordinated) VALUES($1, $2, $3, $4, $5, $6, $7, $8, $9 <> 0) ON CONFLICT DO NOTHING",
+                              insert));
+  return inserted.Affected() == 1;
+}
+
+absl::StatusOr<v1::Job> PostgresMetadataStore::CreateJob(const v1::Job& job, bool* created,
+                                                         std::vector<v1::JobEvent> events,
+                                                         std::vector<NewJob> children) {
+  RECAL_RETURN_IF_ERROR(CheckNewJobs(job, children));
   return impl_->Run([&]() -> absl::StatusOr<v1::Job> {
     RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn));
     // Whichever key collides (id or tenant + request_id), the insert waits for a concurrent
     // writer of the same key and then does nothing; the look-ups below tell which it was,
     // in SQLite's order: an existing request_id wins over an existing id.
-    RECAL_ASSIGN_OR_RETURN(Result inserted,
-                           impl_->Exec("INSERT INTO jobs(id, tenant, request_id, state, model_id, proto, priority) "
-                                       "VALUES($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
-                                       insert));
-    if (inserted.Affected() == 1) {
+    RECAL_ASSIGN_OR_RETURN(const bool inserted, impl_->InsertJob(job));
+    if (inserted) {
       for (const v1::JobEvent& event : events) RECAL_RETURN_IF_ERROR(impl_->InsertEvent(job.id(), event).status());
+      // The children in order; any id taken fails the whole creation (the transaction rolls
+      // back). They have no request_id: only their id can collide.
+      for (const NewJob& child : children) {
+        RECAL_ASSIGN_OR_RETURN(const bool child_inserted, impl_->InsertJob(child.job));
+        if (!child_inserted) {
+          RECAL_ASSIGN_OR_RETURN(const bool exists, impl_->JobExists(child.job.id()));
+          if (exists) {
+            return absl::AlreadyExistsError(absl::StrCat("a job with id '", child.job.id(), "' already exists"));
+          }
+          return absl::InternalError(absl::StrCat("job '", child.job.id(), "' was not stored: its create_seq is "
+                                                  "taken; the jobs table holds rows the store did not number"));
+        }
+        for (const v1::JobEvent& event : child.events) {
+          RECAL_RETURN_IF_ERROR(impl_->InsertEvent(child.job.id(), event).status());
+        }
+      }
       RECAL_RETURN_IF_ERROR(impl_->Notify());
       RECAL_RETURN_IF_ERROR(txn.Commit());
       if (created != nullptr) *created = true;
@@ -342,6 +388,16 @@ absl::StatusOr<v1::Job> PostgresMetadataStore::CreateJob(const v1::Job& job, boo
     return absl::InternalError(absl::StrCat("job '", job.id(), "' was not stored: its create_seq is taken; the jobs "
                                             "table holds rows the store did not number"));
   });
+}
+
+absl::StatusOr<std::vector<v1::Job>> PostgresMetadataStore::ChildJobs(const std::string& parent_id) {
+  absl::StatusOr<std::vector<v1::Job>> children = impl_->Run([&]() -> absl::StatusOr<std::vector<v1::Job>> {
+    RECAL_ASSIGN_OR_RETURN(Result r, impl_->Exec("SELECT id, proto FROM jobs WHERE parent_id = $1 ORDER BY create_seq",
+                                                 Params().Text(parent_id)));
+    return ParseJobs(r);
+  });
+  if (children.ok()) SortByShard(*children);
+  return children;
 }
 
 absl::StatusOr<v1::Job> PostgresMetadataStore::FindJobByRequestId(const std::string& tenant,
@@ -370,7 +426,8 @@ absl::StatusOr<JobPage> PostgresMetadataStore::ListJobs(const std::string& tenan
   if (!states) return JobPage();
   const int limit = ClampPageSize(page_size);
   std::string sql =
-      "SELECT id, proto, create_seq FROM jobs WHERE ($1 = 0 OR create_seq < $1) AND ($3 = '' OR tenant = $3)";
+      "SELECT id, proto, create_seq FROM jobs WHERE ($1 = 0 OR create_seq < $1) AND ($3 = '' OR tenant = $3) "
+      "AND parent_id IS NULL";
   if (!states->empty()) absl::StrAppend(&sql, " AND state IN ", Placeholders(4, states->size()));
   absl::StrAppend(&sql, " ORDER BY create_seq DESC LIMIT $2");
   Params params;
@@ -551,7 +608,8 @@ absl::StatusOr<TenantUsage> PostgresMetadataStore::Usage(const std::string& tena
   return impl_->Run([&]() -> absl::StatusOr<TenantUsage> {
     // One statement, so both numbers come from one snapshot. SUM(BIGINT) is NUMERIC.
     RECAL_ASSIGN_OR_RETURN(
-        Result r, impl_->Exec("SELECT (SELECT COUNT(*) FROM jobs WHERE tenant = $1 AND state IN ($2, $3, $4)), "
+        Result r, impl_->Exec("SELECT (SELECT COUNT(*) FROM jobs WHERE tenant = $1 AND state IN ($2, $3, $4) "
+                              "AND parent_id IS NULL), "
                               "((SELECT COALESCE(SUM(size), 0) FROM models WHERE tenant = $1) + "
                               "(SELECT COALESCE(SUM(r.size), 0) FROM results r JOIN jobs j ON r.job_id = j.id "
                               "WHERE j.tenant = $1))::BIGINT",
@@ -590,15 +648,18 @@ absl::StatusOr<StoredJob> PostgresMetadataStore::ReadJob(const std::string& id) 
 }
 
 absl::StatusOr<std::optional<v1::Job>> PostgresMetadataStore::ClaimJob(const std::string& owner, int64_t lease_until_ms,
-                                                                       const ClaimChange& change) {
+                                                                       const ClaimChange& change, ClaimKind kind) {
   return impl_->Run([&]() -> absl::StatusOr<std::optional<v1::Job>> {
     RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn));
     // SKIP LOCKED: claimers in other processes pass over a row one of them is taking, so
     // each gets a different job and none waits for another.
     RECAL_ASSIGN_OR_RETURN(
-        Result r, impl_->Exec("SELECT id, proto FROM jobs j WHERE state = $1 ORDER BY priority DESC, "
-                              "(SELECT COALESCE(MAX(started_ms), -1) FROM jobs t WHERE t.tenant = j.tenant) ASC, "
-                              "create_seq ASC LIMIT 1 FOR UPDATE SKIP LOCKED",
+        Result r, impl_->Exec(absl::StrCat("SELECT id, proto FROM jobs j WHERE state = $1 AND coordinated = ",
+                                           kind == ClaimKind::kCoordinate ? "true" : "false",
+                                           " ORDER BY priority DESC, "
+                                           "(SELECT COALESCE(MAX(started_ms), -1) FROM jobs t "
+                                           "WHERE t.tenant = j.tenant) ASC, "
+                                           "create_seq ASC LIMIT 1 FOR UPDATE SKIP LOCKED"),
                               Params().Int64(v1::QUEUED)));
     if (r.rows() == 0) return std::optional<v1::Job>();
     const std::string id = r.Bytes(0, 0);
@@ -653,8 +714,8 @@ absl::StatusOr<std::vector<StoredJob>> PostgresMetadataStore::JobsWithExpiredLea
 absl::StatusOr<int64_t> PostgresMetadataStore::CountJobsInStates(const std::vector<v1::JobState>& requested) {
   const std::optional<std::vector<v1::JobState>> states = NormalizeStates(requested);
   if (!states) return 0;
-  std::string sql = "SELECT COUNT(*) FROM jobs";
-  if (!states->empty()) absl::StrAppend(&sql, " WHERE state IN ", Placeholders(1, states->size()));
+  std::string sql = "SELECT COUNT(*) FROM jobs WHERE parent_id IS NULL";
+  if (!states->empty()) absl::StrAppend(&sql, " AND state IN ", Placeholders(1, states->size()));
   Params params;
   AddStates(params, *states);
   return impl_->Run([&]() -> absl::StatusOr<int64_t> {

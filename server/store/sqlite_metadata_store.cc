@@ -5,6 +5,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
@@ -24,7 +25,7 @@ using namespace internal::rows;  // NOLINT: the rows helpers are this file's voc
 
 // PRAGMA user_version of the schema below. Bump it (and add a migration step in
 // MigrateSchema) whenever a table changes.
-constexpr int64_t kSchemaVersion = 3;
+constexpr int64_t kSchemaVersion = 4;
 
 // create_seq is a per-table counter, so "newest first" and page tokens do not depend on
 // clock resolution or clock steps. Every model and job belongs to one tenant: a model's
@@ -67,6 +68,17 @@ ALTER TABLE jobs ADD COLUMN lease_until_ms INTEGER;
 CREATE INDEX jobs_to_claim ON jobs(state, priority, create_seq);
 CREATE INDEX jobs_started_by_tenant ON jobs(tenant, started_ms);
 )sql";
+// Version 4: sharded jobs. A shard has its parent's id (NULL: a top-level job, which is what
+// every older row is); `coordinated` marks the parent of shards (IsCoordinated, fixed at
+// insert), which only coordinating claimers take. The same step for a new database and an
+// old one.
+constexpr char kJobsV4[] = R"sql(
+ALTER TABLE jobs ADD COLUMN parent_id TEXT;
+ALTER TABLE jobs ADD COLUMN coordinated INTEGER NOT NULL DEFAULT 0;
+DROP INDEX jobs_to_claim;
+CREATE INDEX jobs_to_claim ON jobs(state, coordinated, priority, create_seq);
+CREATE INDEX jobs_by_parent ON jobs(parent_id, create_seq);
+)sql";
 constexpr char kEventsAndResults[] = R"sql(
 CREATE TABLE events (
   job_id TEXT NOT NULL,
@@ -108,8 +120,12 @@ struct SqliteMetadataStore::Impl {
   // Version 1 had no tenants: its models and jobs become the default tenant's.
   absl::Status MigrateV1ToV2();
   absl::Status MigrateV2ToV3();
+  absl::Status MigrateV3ToV4();
   absl::Status InsertModel(const v1::Model& model);
   absl::Status InsertJob(const v1::Job& job);
+  // Inserts a new job and its events (seq and time assigned). ALREADY_EXISTS if the id is
+  // taken. Caller holds a transaction.
+  absl::Status InsertNewJob(const v1::Job& job, std::vector<v1::JobEvent> events);
   absl::StatusOr<std::vector<v1::Job>> QueryJobs(Query& q);
   absl::StatusOr<bool> JobExists(const std::string& id);
   // Inserts the event with the next seq of the job and the current time. Caller holds a
@@ -138,10 +154,14 @@ absl::Status SqliteMetadataStore::Impl::MigrateSchema() {
     RECAL_RETURN_IF_ERROR(db.Exec(kIndexesV2));
     RECAL_RETURN_IF_ERROR(db.Exec(kEventsAndResults));
     RECAL_RETURN_IF_ERROR(MigrateV2ToV3());
+    RECAL_RETURN_IF_ERROR(MigrateV3ToV4());
   } else if (version == 1) {
-    RECAL_RETURN_IF_ERROR(MigrateV1ToV2());  // straight to version 3's columns
-  } else {
+    RECAL_RETURN_IF_ERROR(MigrateV1ToV2());  // straight to version 4's columns
+  } else if (version == 2) {
     RECAL_RETURN_IF_ERROR(MigrateV2ToV3());
+    RECAL_RETURN_IF_ERROR(MigrateV3ToV4());
+  } else {
+    RECAL_RETURN_IF_ERROR(MigrateV3ToV4());
   }
   RECAL_RETURN_IF_ERROR(db.Exec(absl::StrCat("PRAGMA user_version = ", kSchemaVersion)));
   return txn.Commit();
@@ -152,6 +172,7 @@ absl::Status SqliteMetadataStore::Impl::MigrateV1ToV2() {
                                 "ALTER TABLE models RENAME TO models_v1; ALTER TABLE jobs RENAME TO jobs_v1;"));
   RECAL_RETURN_IF_ERROR(db.Exec(kTablesV2));
   RECAL_RETURN_IF_ERROR(db.Exec(kJobsV3));
+  RECAL_RETURN_IF_ERROR(db.Exec(kJobsV4));
   {
     RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT id, proto FROM models_v1 ORDER BY create_seq"));
     while (true) {
@@ -189,6 +210,9 @@ absl::Status SqliteMetadataStore::Impl::MigrateV2ToV3() {
   return absl::OkStatus();
 }
 
+// Every existing job stays top-level and uncoordinated: the columns' defaults.
+absl::Status SqliteMetadataStore::Impl::MigrateV3ToV4() { return db.Exec(kJobsV4); }
+
 absl::Status SqliteMetadataStore::Impl::InsertModel(const v1::Model& model) {
   RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("INSERT OR IGNORE INTO models(tenant, id, create_seq, size, proto) "
                                              "VALUES(?1, ?2, (SELECT COALESCE(MAX(create_seq), 0) + 1 FROM models), "
@@ -198,19 +222,35 @@ absl::Status SqliteMetadataStore::Impl::InsertModel(const v1::Model& model) {
 
 absl::Status SqliteMetadataStore::Impl::InsertJob(const v1::Job& job) {
   RECAL_ASSIGN_OR_RETURN(
-      Query q, db.Prepare("INSERT INTO jobs(id, tenant, request_id, state, model_id, create_seq, proto, priority) "
-                          "VALUES(?1, ?2, ?3, ?4, ?5, (SELECT COALESCE(MAX(create_seq), 0) + 1 FROM jobs), ?6, ?7)"));
+      Query q, db.Prepare("INSERT INTO jobs(id, tenant, request_id, state, model_id, create_seq, proto, priority, "
+                          "parent_id, coordinated) "
+                          "VALUES(?1, ?2, ?3, ?4, ?5, (SELECT COALESCE(MAX(create_seq), 0) + 1 FROM jobs), ?6, ?7, "
+                          "?8, ?9)"));
   q.Bind(1, job.id()).Bind(2, job.tenant());
   if (job.request_id().empty()) {
     q.BindNull(3);
   } else {
     q.Bind(3, job.request_id());
   }
+  if (job.parent_id().empty()) {
+    q.BindNull(8);
+  } else {
+    q.Bind(8, job.parent_id());
+  }
   return q.Bind(4, int64_t{job.state()})
       .Bind(5, job.spec().model_id())
       .BindBlob(6, job.SerializeAsString())
       .Bind(7, int64_t{job.spec().priority()})
+      .Bind(9, int64_t{IsCoordinated(job) ? 1 : 0})
       .Run();
+}
+
+absl::Status SqliteMetadataStore::Impl::InsertNewJob(const v1::Job& job, std::vector<v1::JobEvent> events) {
+  RECAL_ASSIGN_OR_RETURN(const bool exists, JobExists(job.id()));
+  if (exists) return absl::AlreadyExistsError(absl::StrCat("a job with id '", job.id(), "' already exists"));
+  RECAL_RETURN_IF_ERROR(InsertJob(job));
+  for (v1::JobEvent& event : events) RECAL_RETURN_IF_ERROR(InsertEvent(job.id(), std::move(event)).status());
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<SqliteMetadataStore>> SqliteMetadataStore::Open(const std::string& path) {
@@ -220,8 +260,18 @@ absl::StatusOr<std::unique_ptr<SqliteMetadataStore>> SqliteMetadataStore::Open(c
   // WAL: readers never block the writer; FULL: a commit is on disk (WAL fsync'ed) when it
   // returns, which the job state machine relies on ("SUCCEEDED only when durable").
   {
+    // Switching a new file to WAL fails at once with "database is locked", busy_timeout
+    // notwithstanding, while another connection (a process opening it at the same time)
+    // switches it: try again for as long as busy_timeout would wait.
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
     RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("PRAGMA journal_mode = WAL"));
-    RECAL_ASSIGN_OR_RETURN(const bool row, q.Step());
+    absl::StatusOr<bool> stepped = q.Step();
+    while (!stepped.ok() && absl::StrContains(stepped.status().message(), "database is locked") &&
+           absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(10));
+      stepped = q.Step();
+    }
+    RECAL_ASSIGN_OR_RETURN(const bool row, std::move(stepped));
     if (!row || q.Text(0) != "wal") {
       return absl::FailedPreconditionError(absl::StrCat("cannot put database '", path, "' in WAL mode (got '",
                                                         row ? q.Text(0) : "",
@@ -311,7 +361,7 @@ absl::StatusOr<int64_t> SqliteMetadataStore::CountJobsUsingModel(const std::stri
                                                            const std::vector<v1::JobState>& requested) {
   const std::optional<std::vector<v1::JobState>> states = NormalizeStates(requested);
   if (!states) return 0;
-  std::string sql = "SELECT COUNT(*) FROM jobs WHERE model_id = ?1 AND tenant = ?2";
+  std::string sql = "SELECT COUNT(*) FROM jobs WHERE model_id = ?1 AND tenant = ?2 AND parent_id IS NULL";
   if (!states->empty()) absl::StrAppend(&sql, " AND state IN ", Placeholders(3, states->size()));
   std::lock_guard<std::mutex> lock(impl_->mu);
   RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare(sql));
@@ -340,9 +390,9 @@ absl::StatusOr<bool> SqliteMetadataStore::Impl::JobExists(const std::string& id)
 }
 
 absl::StatusOr<v1::Job> SqliteMetadataStore::CreateJob(const v1::Job& job, bool* created,
-                                                       std::vector<v1::JobEvent> events) {
-  if (job.id().empty()) return absl::InvalidArgumentError("cannot store a job without an id");
-  if (job.tenant().empty()) return absl::InvalidArgumentError("cannot store a job without a tenant");
+                                                       std::vector<v1::JobEvent> events,
+                                                       std::vector<NewJob> children) {
+  RECAL_RETURN_IF_ERROR(CheckNewJobs(job, children));
   std::lock_guard<std::mutex> lock(impl_->mu);
   Db& db = impl_->db;
   RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
@@ -354,13 +404,26 @@ absl::StatusOr<v1::Job> SqliteMetadataStore::CreateJob(const v1::Job& job, bool*
       return Parse<v1::Job>(q.Blob(1), "job", q.Text(0));  // the transaction rolls back: nothing written
     }
   }
-  RECAL_ASSIGN_OR_RETURN(const bool exists, impl_->JobExists(job.id()));
-  if (exists) return absl::AlreadyExistsError(absl::StrCat("a job with id '", job.id(), "' already exists"));
-  RECAL_RETURN_IF_ERROR(impl_->InsertJob(job));
-  for (v1::JobEvent& event : events) RECAL_RETURN_IF_ERROR(impl_->InsertEvent(job.id(), std::move(event)).status());
+  // The parent, then its children in order; any id taken fails the whole creation (the
+  // transaction rolls back).
+  RECAL_RETURN_IF_ERROR(impl_->InsertNewJob(job, std::move(events)));
+  for (NewJob& child : children) RECAL_RETURN_IF_ERROR(impl_->InsertNewJob(child.job, std::move(child.events)));
   RECAL_RETURN_IF_ERROR(txn.Commit());
   if (created != nullptr) *created = true;
   return job;
+}
+
+absl::StatusOr<std::vector<v1::Job>> SqliteMetadataStore::ChildJobs(const std::string& parent_id) {
+  std::vector<v1::Job> children;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    RECAL_ASSIGN_OR_RETURN(Query q,
+                           impl_->db.Prepare("SELECT id, proto FROM jobs WHERE parent_id = ?1 ORDER BY create_seq"));
+    q.Bind(1, parent_id);
+    RECAL_ASSIGN_OR_RETURN(children, impl_->QueryJobs(q));
+  }
+  SortByShard(children);
+  return children;
 }
 
 absl::StatusOr<v1::Job> SqliteMetadataStore::FindJobByRequestId(const std::string& tenant, const std::string& request_id) {
@@ -385,7 +448,9 @@ absl::StatusOr<JobPage> SqliteMetadataStore::ListJobs(const std::string& tenant,
   const std::optional<std::vector<v1::JobState>> states = NormalizeStates(requested);
   if (!states) return JobPage();
   const int limit = ClampPageSize(page_size);
-  std::string sql = "SELECT id, proto, create_seq FROM jobs WHERE (?1 = 0 OR create_seq < ?1) AND (?3 = '' OR tenant = ?3)";
+  std::string sql =
+      "SELECT id, proto, create_seq FROM jobs WHERE (?1 = 0 OR create_seq < ?1) AND (?3 = '' OR tenant = ?3) "
+      "AND parent_id IS NULL";
   if (!states->empty()) absl::StrAppend(&sql, " AND state IN ", Placeholders(4, states->size()));
   absl::StrAppend(&sql, " ORDER BY create_seq DESC LIMIT ?2");
   std::lock_guard<std::mutex> lock(impl_->mu);
@@ -563,7 +628,8 @@ absl::StatusOr<TenantUsage> SqliteMetadataStore::Usage(const std::string& tenant
   std::lock_guard<std::mutex> lock(impl_->mu);
   TenantUsage usage;
   {
-    RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("SELECT COUNT(*) FROM jobs WHERE tenant = ?1 AND state IN (?2, ?3, ?4)"));
+    RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("SELECT COUNT(*) FROM jobs WHERE tenant = ?1 AND state IN (?2, ?3, ?4) "
+                                                      "AND parent_id IS NULL"));
     RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, tenant)
                                                .Bind(2, int64_t{v1::QUEUED})
                                                .Bind(3, int64_t{v1::RUNNING})
@@ -600,7 +666,7 @@ absl::StatusOr<StoredJob> SqliteMetadataStore::ReadJob(const std::string& id) {
 }
 
 absl::StatusOr<std::optional<v1::Job>> SqliteMetadataStore::ClaimJob(const std::string& owner, int64_t lease_until_ms,
-                                                                     const ClaimChange& change) {
+                                                                     const ClaimChange& change, ClaimKind kind) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   Db& db = impl_->db;
   RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
@@ -608,9 +674,11 @@ absl::StatusOr<std::optional<v1::Job>> SqliteMetadataStore::ClaimJob(const std::
   {
     // The connection's mutex and the write transaction make the pick and the update one step.
     RECAL_ASSIGN_OR_RETURN(
-        Query q, db.Prepare("SELECT id, proto FROM jobs j WHERE state = ?1 ORDER BY priority DESC, "
+        Query q, db.Prepare("SELECT id, proto FROM jobs j WHERE state = ?1 AND coordinated = ?2 "
+                            "ORDER BY priority DESC, "
                             "(SELECT COALESCE(MAX(started_ms), -1) FROM jobs t WHERE t.tenant = j.tenant) ASC, "
                             "create_seq ASC LIMIT 1"));
+    q.Bind(2, int64_t{kind == ClaimKind::kCoordinate ? 1 : 0});
     RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, int64_t{v1::QUEUED}).Step());
     if (!row) return std::optional<v1::Job>();
     id = q.Text(0);
@@ -678,8 +746,8 @@ absl::StatusOr<std::vector<StoredJob>> SqliteMetadataStore::JobsWithExpiredLease
 absl::StatusOr<int64_t> SqliteMetadataStore::CountJobsInStates(const std::vector<v1::JobState>& requested) {
   const std::optional<std::vector<v1::JobState>> states = NormalizeStates(requested);
   if (!states) return 0;
-  std::string sql = "SELECT COUNT(*) FROM jobs";
-  if (!states->empty()) absl::StrAppend(&sql, " WHERE state IN ", Placeholders(1, states->size()));
+  std::string sql = "SELECT COUNT(*) FROM jobs WHERE parent_id IS NULL";
+  if (!states->empty()) absl::StrAppend(&sql, " AND state IN ", Placeholders(1, states->size()));
   std::lock_guard<std::mutex> lock(impl_->mu);
   RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare(sql));
   BindStates(q, 1, *states);

@@ -23,7 +23,9 @@ class SqliteMetadataStore final : public MetadataStore {
   absl::StatusOr<int64_t> CountJobsUsingModel(const std::string& tenant, const std::string& model_id,
                                               const std::vector<v1::JobState>& states) override;
   absl::StatusOr<TenantUsage> Usage(const std::string& tenant) override;
-  absl::StatusOr<v1::Job> CreateJob(const v1::Job& job, bool* created, std::vector<v1::JobEvent> events) override;
+  absl::StatusOr<v1::Job> CreateJob(const v1::Job& job, bool* created, std::vector<v1::JobEvent> events,
+                                    std::vector<NewJob> children) override;
+  absl::StatusOr<std::vector<v1::Job>> ChildJobs(const std::string& parent_id) override;
   absl::StatusOr<v1::Job> GetJob(const std::string& id) override;
   absl::StatusOr<v1::Job> FindJobByRequestId(const std::string& tenant, const std::string& request_id) override;
   absl::StatusOr<JobPage> ListJobs(const std::string& tenant, const std::vector<v1::JobState>& states,
@@ -34,7 +36,7 @@ class SqliteMetadataStore final : public MetadataStore {
                          const std::map<v1::Artifact, ResultRef>& results, int64_t expected_version) override;
   absl::StatusOr<StoredJob> ReadJob(const std::string& id) override;
   absl::StatusOr<std::optional<v1::Job>> ClaimJob(const std::string& owner, int64_t lease_until_ms,
-                                                  const ClaimChange& change) override;
+                                                  const ClaimChange& change, ClaimKind kind) override;
   absl::StatusOr<v1::JobState> RenewLease(const std::string& job_id, const std::string& owner,
                                           int64_t lease_until_ms) override;
   absl::StatusOr<std::vector<StoredJob>> JobsWithExpiredLeases(int64_t now_ms) override;

@@ -27,6 +27,7 @@ ABSL_FLAG(std::vector<std::string>, read_path, {}, "files or directories the tas
 ABSL_FLAG(int64_t, memory_bytes, 0, "address-space limit (RLIMIT_AS); 0: none");
 ABSL_FLAG(int64_t, file_bytes, 0, "largest file it may write (RLIMIT_FSIZE); 0: none");
 ABSL_FLAG(std::string, user, "", "run as this user (when started as root)");
+ABSL_FLAG(int64_t, server_pid, 0, "the server that started it: stop if the parent is another (0: if it is pid 1)");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{1} << 30, "largest message accepted on stdin");
 
 namespace {
@@ -54,6 +55,7 @@ int main(int argc, char** argv) {
   policy.memory_bytes = absl::GetFlag(FLAGS_memory_bytes);
   policy.file_bytes = absl::GetFlag(FLAGS_file_bytes);
   policy.user = absl::GetFlag(FLAGS_user);
+  policy.server_pid = absl::GetFlag(FLAGS_server_pid);
   auto enforcement = recal::sandbox::Enter(policy);
   if (!enforcement.ok()) return Fail(absl::StrCat("cannot enter the sandbox: ", enforcement.status().ToString()));
 

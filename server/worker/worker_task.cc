@@ -54,32 +54,94 @@ v1::Event FailureEvent(const absl::Status& status) {
   return event;
 }
 
-absl::StatusOr<std::unique_ptr<data::BatchSource>> OpenData(const v1::Recalibrate& job, const TaskContext& context) {
+// The job's data: a shard's part of it (its batches, or its client's stream), or all of it.
+struct OpenedData {
+  std::unique_ptr<data::BatchSource> source;
+  std::optional<int64_t> batches;  // a shard of a file or synthetic source: exactly these
+};
+
+absl::StatusOr<OpenedData> OpenData(const v1::Recalibrate& job, const TaskContext& context,
+                                    const engine::Options& options) {
   if (job.spec().data().has_client_stream()) {
     const api::ClientStreamSource& stream = job.spec().data().client_stream();
     if (context.input == nullptr) return absl::InternalError("no channel for pushed batches");
-    return data::Normalized(PushedBatches(context.input),
-                            {stream.scale(), {stream.mean().begin(), stream.mean().end()},
-                             {stream.std().begin(), stream.std().end()}});
+    return OpenedData{data::Normalized(PushedBatches(context.input),
+                                       {stream.scale(), {stream.mean().begin(), stream.mean().end()},
+                                        {stream.std().begin(), stream.std().end()}}),
+                      std::nullopt};
   }
   data::InputOptions input;
   input.prefetch_depth = job.prefetch_depth();
   input.decode_threads = job.decode_threads();
   input.pin_memory = absl::StartsWith(job.device(), "cuda");
   input.data_roots.assign(job.data_roots().begin(), job.data_roots().end());
-  return data::OpenBatchSource(job.data_spec(), job.spec().batch_size(), input);
+  if (job.shard_count() > 1) {
+    auto shard = data::OpenBatchSourceShard(
+        job.data_spec(), job.spec().batch_size(), input,
+        {job.shard_index(), job.shard_count(), options.max_batches.value_or(0), engine::kDefaultMaxBatches,
+         options.allow_short_data});
+    if (!shard.ok()) return shard.status();
+    return OpenedData{std::move(shard->source), shard->range.count};
+  }
+  auto source = data::OpenBatchSource(job.data_spec(), job.spec().batch_size(), input);
+  if (!source.ok()) return source.status();
+  return OpenedData{*std::move(source), std::nullopt};
 }
 
-absl::Status Recalibrate(const v1::Task& task, const TaskContext& context, const EventSink& send) {
+absl::Status WriteResults(const engine::Recalibration& run, const api::RunReport& report, const TaskContext& context,
+                          const EventSink& send) {
+  const std::filesystem::path scratch(context.scratch);
+  absl::Status written = run.WriteModel((scratch / "model.pt").string());
+  if (written.ok()) written = run.WriteBatchNormBuffers((scratch / "bn.safetensors").string());
+  if (written.ok()) written = engine::WriteReportJson((scratch / "report.json").string(), report);
+  if (!written.ok()) return written;
+  v1::Event done;
+  *done.mutable_report() = report;
+  return send(done);
+}
+
+// The merge of a sharded job: the shards' statistics into one result.
+absl::Status Merge(const v1::Task& task, const TaskContext& context, const EventSink& send) {
   const v1::Recalibrate& job = task.recalibrate();
-  auto source = OpenData(job, context);
-  if (!source.ok()) return source.status();
   engine::Options options = EngineOptionsOf(task);
   options.graph_policy = GraphPolicyOf(task);
   auto run = engine::Recalibration::Create(context.model, options);
   if (!run.ok()) return run.status();
+  for (const std::string& name : job.merge()) {
+    // Names, not paths: only files of the scratch directory.
+    if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
+      return absl::InvalidArgumentError(absl::StrCat("bad statistics file name '", name, "'"));
+    }
+    auto shard = engine::ReadShardStatistics((std::filesystem::path(context.scratch) / name).string());
+    if (!shard.ok()) return shard.status();
+    if (absl::Status merged = (*run)->Merge(*shard); !merged.ok()) return merged;
+  }
+  if (absl::Status finished = (*run)->Finish(); !finished.ok()) return finished;
+  api::RunReport report = (*run)->Report();
+  report.set_model(job.spec().model_id());
+  report.set_data(job.data_spec().empty() ? "client stream" : job.data_spec());
+  report.set_batch_size(job.spec().batch_size());
+  report.set_shards(job.merge_size());
+  return WriteResults(**run, report, context, send);
+}
 
-  const std::optional<int64_t> total = (*source)->num_samples();
+absl::Status Recalibrate(const v1::Task& task, const TaskContext& context, const EventSink& send) {
+  const v1::Recalibrate& job = task.recalibrate();
+  if (job.merge_size() > 0) return Merge(task, context, send);
+  const bool shard = job.shard_count() > 1;
+  engine::Options options = EngineOptionsOf(task);
+  options.graph_policy = GraphPolicyOf(task);
+  auto data = OpenData(job, context, options);
+  if (!data.ok()) return data.status();
+  if (shard) {
+    options = engine::ShardOptions(options, job.shard_count(),
+                                   data->batches.value_or(options.max_batches.value_or(engine::kDefaultMaxBatches)));
+  }
+  auto run = engine::Recalibration::Create(context.model, options);
+  if (!run.ok()) return run.status();
+
+  data::BatchSource& source = *data->source;
+  const std::optional<int64_t> total = source.num_samples();
   absl::Status sent;
   auto on_progress = [&](const engine::Progress& p) {
     v1::Event event;
@@ -87,12 +149,14 @@ absl::Status Recalibrate(const v1::Task& task, const TaskContext& context, const
     progress->set_batches(p.batches);
     progress->set_samples(p.samples);
     progress->set_max_batches(p.max_batches);
-    progress->set_total_samples(total.value_or(0));
+    // A shard's own part: its batches are known, the data's samples say nothing of them.
+    progress->set_total_samples(shard ? 0 : total.value_or(0));
     progress->set_seconds(p.seconds);
     progress->set_rel_std_error(p.rel_std_error);
     if (sent.ok()) sent = send(event);
   };
-  absl::Status ran = (*run)->Run([&] { return (*source)->Next(); }, on_progress);
+  auto next = [&] { return source.Next(); };
+  absl::Status ran = shard ? (*run)->RunShard(next, on_progress) : (*run)->Run(next, on_progress);
   if (!sent.ok()) return sent;
   if (!ran.ok()) return ran;
 
@@ -100,12 +164,10 @@ absl::Status Recalibrate(const v1::Task& task, const TaskContext& context, const
   report.set_model(job.spec().model_id());
   report.set_data(job.data_spec().empty() ? "client stream" : job.data_spec());
   report.set_batch_size(job.spec().batch_size());
-  report.set_skipped_files((*source)->skipped_files());
-  const std::filesystem::path scratch(context.scratch);
-  absl::Status written = (*run)->WriteModel((scratch / "model.pt").string());
-  if (written.ok()) written = (*run)->WriteBatchNormBuffers((scratch / "bn.safetensors").string());
-  if (written.ok()) written = engine::WriteReportJson((scratch / "report.json").string(), report);
-  if (!written.ok()) return written;
+  report.set_skipped_files(source.skipped_files());
+  if (!shard) return WriteResults(**run, report, context, send);
+  const std::string path = (std::filesystem::path(context.scratch) / "statistics.safetensors").string();
+  if (absl::Status written = engine::WriteShardStatistics(path, (*run)->Statistics()); !written.ok()) return written;
   v1::Event done;
   *done.mutable_report() = std::move(report);
   return send(done);

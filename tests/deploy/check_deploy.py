@@ -8,7 +8,8 @@
   (b) promtool check config on both Prometheus files, if /usr/bin/promtool exists;
   (c) the Dockerfile's build stage installs scripts/debian-packages-server.txt through
       scripts/install-deps.sh and builds without the tests, its runtime stage installs
-      exactly deploy/runtime-packages.txt; the entrypoint script, run with a stub server;
+      exactly deploy/runtime-packages.txt; the entrypoint script, run with a stub server
+      (also as PID 1 of a PID namespace, where unshare can make one);
   (d) every library the given binaries load (ldd) belongs to a package of
       deploy/runtime-packages.txt or to one of their (recursive) Depends;
   (e) deploy/k8s/: the manifests and the GPU overlay agree with the server, each other and
@@ -32,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.parse
 
 import yaml
@@ -717,6 +719,71 @@ def check_entrypoint_script(source):
         r = run({"RECAL_PGPASSWORD_FILE": os.path.join(tmp, "missing")})
         check(r.returncode != 0 and "PGPASSWORD" not in r.stdout and "RECAL_PGPASSWORD_FILE" in r.stderr,
               f"a missing file: refused before recal-server starts ({r.returncode}, {r.stderr.strip()})")
+        check_entrypoint_as_pid1(script, tmp, env, args)
+
+
+def check_entrypoint_as_pid1(script, tmp, env, args):
+    """As a container's PID 1 (no init), the script stays recal-server's parent, passes on
+    SIGHUP, and SIGINT / SIGTERM as SIGTERM, and exits with its status: a sandboxed worker
+    refuses to start under a server that is PID 1. Needs a PID namespace (unshare); skipped
+    where none can be made."""
+    unshare = shutil.which("unshare")
+    namespace = [unshare, "--user", "--map-root-user", "--pid", "--fork"] if unshare else []
+    if not unshare or subprocess.run(namespace + ["true"], capture_output=True, timeout=30).returncode != 0:
+        print("  note entrypoint as PID 1 not checked: no PID namespace here (unshare)")
+        return
+    stub = os.path.join(tmp, "recal-server")
+    with open(stub, "w") as f:
+        f.write("#!/bin/sh\ntrap 'echo HUP' HUP\ntrap 'echo TERM; exit 7' TERM\necho \"pid=$$ args=$*\"\n"
+                "while :; do sleep 0.05; done\n")
+
+    def child_of(pid):
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                children = f.read().split()
+            return int(children[0]) if children else None
+        except OSError:
+            return None
+
+    def catches(pid, *signals):  # whether `pid` has handlers for all of `signals`
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                caught = int(re.search(r"^SigCgt:\s*([0-9a-f]+)", f.read(), re.M).group(1), 16)
+            return all(caught & (1 << (s - 1)) for s in signals)
+        except (OSError, AttributeError):
+            return False
+
+    for signal in ("TERM", "INT"):
+        proc = subprocess.Popen(namespace + ["/bin/sh", script] + args, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        shell = server = None
+        out = ""
+        try:
+            for _ in range(200):  # both have set their traps
+                shell = shell or child_of(proc.pid)
+                server = server or (shell and child_of(shell))
+                if server and catches(shell, 1, 2, 15) and catches(server, 1, 15):
+                    break
+                time.sleep(0.05)
+            os.kill(shell, 1)  # SIGHUP
+            time.sleep(0.5)
+            os.kill(shell, 15 if signal == "TERM" else 2)
+            out, _ = proc.communicate(timeout=10)
+        except (OSError, TypeError, subprocess.TimeoutExpired) as e:
+            out = f"{type(e).__name__}: {e}"
+        finally:
+            for pid in (shell, proc.pid):
+                if pid and proc.poll() is None:
+                    try:
+                        os.kill(pid, 9)
+                    except OSError:
+                        pass
+            if proc.poll() is None:
+                proc.communicate()
+        lines = out.splitlines()
+        check(lines == ["pid=2 args=" + " ".join(args), "HUP", "TERM"] and proc.returncode == 7,
+              f"as PID 1: recal-server runs as its child (PID 2), gets SIGHUP, and SIG{signal} as SIGTERM; "
+              f"its exit status is the container's ({proc.returncode}, {lines})")
 
 
 # --------------------------------------------------------------------------- (d)

@@ -73,4 +73,14 @@ std::function<absl::StatusOr<std::optional<std::vector<at::Tensor>>>()> FeedFrom
   };
 }
 
+v1::Tensor ToProto(const at::Tensor& t) {
+  v1::Tensor proto;
+  proto.set_dtype(t.scalar_type() == at::kByte ? v1::Tensor::UINT8
+                  : t.scalar_type() == at::kHalf ? v1::Tensor::FLOAT16 : v1::Tensor::FLOAT32);
+  for (int64_t d : t.sizes()) proto.add_shape(d);
+  const at::Tensor c = t.contiguous();
+  proto.set_data(static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size());
+  return proto;
+}
+
 }  // namespace recal::engine::testing

@@ -11,6 +11,7 @@
 #include <torch/script.h>
 
 #include "absl/status/statusor.h"
+#include "recal/v1/recal.pb.h"
 
 namespace recal::engine::testing {
 
@@ -29,6 +30,9 @@ std::map<std::string, at::Tensor> ReadSafetensors(const std::string& path);
 // std) and |Δvar| / var. Keys missing from `got` count as infinitely wrong.
 double WorstRelativeError(const std::map<std::string, at::Tensor>& got,
                           const std::map<std::string, at::Tensor>& reference);
+
+// A tensor as PushBatches carries it (uint8, float16, else float32).
+v1::Tensor ToProto(const at::Tensor& t);
 
 // Feeds `batches` to Next() one after the other.
 std::function<absl::StatusOr<std::optional<std::vector<at::Tensor>>>()> FeedFrom(

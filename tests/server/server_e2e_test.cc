@@ -237,15 +237,7 @@ TEST_F(ServerTest, SubmitIsIdempotentOnRequestId) {
   EXPECT_EQ(list.jobs_size(), 1);
 }
 
-v1::Tensor ToProto(const at::Tensor& t) {
-  v1::Tensor proto;
-  proto.set_dtype(t.scalar_type() == at::kByte ? v1::Tensor::UINT8
-                  : t.scalar_type() == at::kHalf ? v1::Tensor::FLOAT16 : v1::Tensor::FLOAT32);
-  for (int64_t d : t.sizes()) proto.add_shape(d);
-  const at::Tensor c = t.contiguous();
-  proto.set_data(static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size());
-  return proto;
-}
+using engine::testing::ToProto;
 
 TEST_F(ServerTest, LastBatchOfOneSampleCountsThroughFilesAndStreams) {
   // 33 samples at batch size 8: in the last batch BatchNorm1d on (N, C) and on (N, C, 1)

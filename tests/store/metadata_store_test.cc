@@ -585,6 +585,270 @@ TEST_P(MetadataStoreTest, AWriteInOneProcessIsToldToWatchersOfAnother) {
   watch.reset();  // stops (and joins) before the callback's state goes
 }
 
+// ------------------------------------------------------------------------ sharded jobs
+
+// A sharded job as CreateJob takes it: the parent (spec.shards = `shards`) with its QUEUED
+// event, and its shards, each with its own QUEUED event, in the order `order` gives their
+// indexes (the store returns them by index whatever the order they were stored in).
+struct ShardedJob {
+  v1::Job parent;
+  std::vector<v1::JobEvent> events;
+  std::vector<NewJob> children;
+};
+
+ShardedJob MakeSharded(const std::string& id, int shards, const std::string& request_id = "",
+                       std::vector<int> order = {}) {
+  if (order.empty()) {
+    for (int i = 0; i < shards; ++i) order.push_back(i);
+  }
+  ShardedJob sharded;
+  sharded.parent = MakeJob(id, v1::QUEUED, request_id);
+  sharded.parent.mutable_spec()->set_shards(shards);
+  sharded.events = {StateEvent(v1::QUEUED)};
+  for (const int i : order) {
+    NewJob child;
+    child.job = MakeJob(absl::StrCat(id, "-", i), v1::QUEUED);
+    child.job.mutable_spec()->set_shards(shards);
+    child.job.set_parent_id(id);
+    child.job.set_shard(i);
+    child.events = {StateEvent(v1::QUEUED)};
+    sharded.children.push_back(std::move(child));
+  }
+  return sharded;
+}
+
+absl::StatusOr<v1::Job> Create(MetadataStore& db, ShardedJob sharded, bool* created = nullptr) {
+  return db.CreateJob(sharded.parent, created, std::move(sharded.events), std::move(sharded.children));
+}
+
+TEST_P(MetadataStoreTest, AShardedJobIsStoredWithItsShardsInOneTransaction) {
+  bool created = false;
+  absl::StatusOr<v1::Job> parent = Create(*db_, MakeSharded("p", 3, "req", {2, 0, 1}), &created);
+  ASSERT_TRUE(parent.ok()) << parent.status();
+  EXPECT_TRUE(created);
+  EXPECT_EQ(parent->id(), "p");
+  EXPECT_TRUE(IsCoordinated(*parent));
+  // By shard index, not by the order they were given in.
+  absl::StatusOr<std::vector<v1::Job>> children = db_->ChildJobs("p");
+  ASSERT_TRUE(children.ok()) << children.status();
+  EXPECT_EQ(Ids(*children), (std::vector<std::string>{"p-0", "p-1", "p-2"}));
+  for (int i = 0; i < 3; ++i) {
+    const v1::Job& child = (*children)[i];
+    EXPECT_EQ(child.parent_id(), "p");
+    EXPECT_EQ(child.shard(), i);
+    EXPECT_FALSE(IsCoordinated(child));
+    EXPECT_EQ(db_->GetJob(child.id())->parent_id(), "p");
+    // Each with its own events, numbered and timed as the parent's are.
+    std::vector<v1::JobEvent> events = *db_->EventsAfter(child.id(), 0, 0);
+    ASSERT_EQ(events.size(), 1u) << child.id();
+    EXPECT_EQ(events[0].seq(), 1);
+    EXPECT_EQ(events[0].state(), v1::QUEUED);
+    EXPECT_GT(events[0].time().seconds(), 1600000000);
+  }
+  std::vector<v1::JobEvent> parent_events = *db_->EventsAfter("p", 0, 0);
+  ASSERT_EQ(parent_events.size(), 1u);
+  EXPECT_EQ(parent_events[0].seq(), 1);
+  EXPECT_EQ(db_->JobsInStates({})->size(), 4u);
+
+  // A retry with the parent's request_id returns the parent and stores no second set of shards.
+  ShardedJob retry = MakeSharded("p-retry", 3, "req");
+  absl::StatusOr<v1::Job> again = Create(*db_, retry, &created);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(created);
+  EXPECT_EQ(again->id(), "p");
+  EXPECT_TRUE(absl::IsNotFound(db_->GetJob("p-retry").status()));
+  EXPECT_TRUE(absl::IsNotFound(db_->GetJob("p-retry-0").status()));
+  EXPECT_EQ(db_->ChildJobs("p")->size(), 3u);
+  EXPECT_EQ(db_->JobsInStates({})->size(), 4u);
+
+  // All or nothing: a shard whose id is taken (by another job, or by a sibling) leaves
+  // neither the parent nor any shard, nor their events.
+  ShardedJob clash = MakeSharded("q", 3, "req-q");
+  clash.children[2].job.set_id("p-1");
+  clash.children[2].job.set_parent_id("q");
+  EXPECT_TRUE(absl::IsAlreadyExists(Create(*db_, clash, &created).status()));
+  ShardedJob twins = MakeSharded("q", 2);
+  twins.children[1].job.set_id("q-0");
+  EXPECT_TRUE(absl::IsAlreadyExists(Create(*db_, twins, &created).status()));
+  for (const std::string id : {"q", "q-0", "q-1"}) {
+    EXPECT_TRUE(absl::IsNotFound(db_->GetJob(id).status())) << id;
+    EXPECT_TRUE(absl::IsNotFound(db_->EventsAfter(id, 0, 0).status())) << id;
+  }
+  EXPECT_TRUE(db_->ChildJobs("q")->empty());
+  EXPECT_TRUE(absl::IsNotFound(db_->FindJobByRequestId("t", "req-q").status()));
+  EXPECT_EQ(db_->JobsInStates({})->size(), 4u);
+  // The request_id of the failed creation is free: the same job is then stored whole.
+  ASSERT_TRUE(Create(*db_, MakeSharded("q", 3, "req-q"), &created).ok());
+  EXPECT_TRUE(created);
+  EXPECT_EQ(Ids(*db_->ChildJobs("q")), (std::vector<std::string>{"q-0", "q-1", "q-2"}));
+
+  // Shards belong to the job they are stored with: same tenant, its id as parent_id, no
+  // request_id of their own.
+  ShardedJob stray = MakeSharded("r", 2);
+  stray.children[0].job.set_parent_id("p");
+  EXPECT_TRUE(absl::IsInvalidArgument(Create(*db_, stray).status()));
+  ShardedJob keyed = MakeSharded("r", 2);
+  keyed.children[1].job.set_request_id("mine");
+  EXPECT_TRUE(absl::IsInvalidArgument(Create(*db_, keyed).status()));
+  ShardedJob foreign = MakeSharded("r", 2);
+  foreign.children[1].job.set_tenant("u");
+  EXPECT_TRUE(absl::IsInvalidArgument(Create(*db_, foreign).status()));
+  EXPECT_TRUE(absl::IsNotFound(db_->GetJob("r").status()));
+
+  // A job without shards has none; so has one that does not exist.
+  ASSERT_TRUE(db_->CreateJob(MakeJob("plain", v1::QUEUED), nullptr).ok());
+  EXPECT_TRUE(db_->ChildJobs("plain")->empty());
+  EXPECT_TRUE(db_->ChildJobs("nope")->empty());
+  EXPECT_TRUE(db_->ChildJobs("")->empty());
+
+  // A shard stored later under an index that is taken (a redone shard) comes after the
+  // first: by index, then by creation.
+  v1::Job redo = *db_->GetJob("p-1");
+  redo.set_id("p-1-redo");
+  ASSERT_TRUE(db_->CreateJob(redo, &created, {StateEvent(v1::QUEUED)}).ok());
+  EXPECT_EQ(Ids(*db_->ChildJobs("p")), (std::vector<std::string>{"p-0", "p-1", "p-1-redo", "p-2"}));
+
+  // All of it survives a reopen.
+  db_.reset();
+  db_ = OpenDb(spec_);
+  ASSERT_NE(db_, nullptr);
+  EXPECT_EQ(Ids(*db_->ChildJobs("p")), (std::vector<std::string>{"p-0", "p-1", "p-1-redo", "p-2"}));
+  EXPECT_EQ(db_->GetJob("q-2")->shard(), 2);
+}
+
+TEST_P(MetadataStoreTest, ListsAndCountsOfJobsLeaveShardsOut) {
+  ASSERT_TRUE(db_->PutModel(MakeModel("sha256:m", "", "t")).ok());  // 42 bytes
+  bool created = false;
+  ASSERT_TRUE(db_->CreateJob(MakeJob("plain", v1::QUEUED), &created).ok());
+  ASSERT_TRUE(Create(*db_, MakeSharded("p", 3), &created).ok());
+  ASSERT_TRUE(db_->CreateJob(MakeJob("done", v1::SUCCEEDED), &created).ok());
+  // One shard runs, one has ended.
+  v1::Job running = *db_->GetJob("p-0");
+  running.set_state(v1::RUNNING);
+  ASSERT_TRUE(db_->UpdateJob(running, StateEvent(v1::RUNNING)).ok());
+  v1::Job ended = *db_->GetJob("p-1");
+  ended.set_state(v1::SUCCEEDED);
+  ASSERT_TRUE(db_->CommitJob(ended, {StateEvent(v1::SUCCEEDED)}, {{v1::REPORT, ResultRef{"shard", 100}}}).ok());
+  ASSERT_TRUE(db_->PutResult("done", v1::MODEL, ResultRef{"done", 10}).ok());
+
+  EXPECT_EQ(Ids(db_->ListJobs("", {}, 0, "")->jobs), (std::vector<std::string>{"done", "p", "plain"}));
+  EXPECT_EQ(Ids(db_->ListJobs("t", {v1::QUEUED}, 0, "")->jobs), (std::vector<std::string>{"p", "plain"}));
+  EXPECT_TRUE(db_->ListJobs("", {v1::RUNNING}, 0, "")->jobs.empty());
+  // Pages over top-level jobs only, the shards' create_seq in between notwithstanding.
+  std::vector<std::string> paged;
+  std::string token;
+  do {
+    absl::StatusOr<JobPage> page = db_->ListJobs("t", {}, 1, token);
+    ASSERT_TRUE(page.ok()) << page.status();
+    for (const v1::Job& job : page->jobs) paged.push_back(job.id());
+    token = page->next_page_token;
+  } while (!token.empty() && paged.size() < 10);
+  EXPECT_EQ(paged, (std::vector<std::string>{"done", "p", "plain"}));
+
+  const TenantUsage usage = *db_->Usage("t");
+  EXPECT_EQ(usage.active_jobs, 2);               // plain and p; not p-0 (running) nor p-2 (queued)
+  EXPECT_EQ(usage.stored_bytes, 42 + 10 + 100);  // a shard's results are stored bytes all the same
+  EXPECT_EQ(*db_->CountJobsInStates({v1::QUEUED}), 2);
+  EXPECT_EQ(*db_->CountJobsInStates({v1::RUNNING}), 0);
+  EXPECT_EQ(*db_->CountJobsInStates({}), 3);
+  EXPECT_EQ(*db_->CountJobsUsingModel("t", "sha256:m", {v1::QUEUED, v1::RUNNING, v1::CANCELLING}), 2);
+  EXPECT_EQ(*db_->CountJobsUsingModel("t", "sha256:m", {}), 3);
+
+  // What workers and recovery read sees every job, shards included.
+  EXPECT_EQ(Ids(*db_->JobsInStates({v1::QUEUED})), (std::vector<std::string>{"plain", "p", "p-2"}));
+  EXPECT_EQ(Ids(*db_->JobsInStates({v1::RUNNING, v1::SUCCEEDED})), (std::vector<std::string>{"p-0", "p-1", "done"}));
+  EXPECT_EQ(db_->GetJob("p-2")->state(), v1::QUEUED);
+  EXPECT_EQ(db_->ReadJob("p-1")->job.state(), v1::SUCCEEDED);
+  EXPECT_EQ(db_->GetResult("p-1", v1::REPORT)->size, 100);
+  EXPECT_TRUE(*db_->BlobReferenced("shard"));
+}
+
+TEST_P(MetadataStoreTest, RunClaimsTakeShardsAndPlainJobsAndCoordinateClaimsTakeTheirParents) {
+  bool created = false;
+  // The parent first and most urgent: a run claimer passes over it all the same.
+  ShardedJob sharded = MakeSharded("p", 3);
+  sharded.parent.mutable_spec()->set_priority(9);
+  ASSERT_TRUE(Create(*db_, sharded, &created).ok());
+  ASSERT_TRUE(db_->CreateJob(Prioritised("plain", 0, "t"), &created).ok());
+  v1::Job one = Prioritised("one-shard", 0, "t");  // shards = 1: a plain job
+  one.mutable_spec()->set_shards(1);
+  ASSERT_TRUE(db_->CreateJob(one, &created).ok());
+
+  const int64_t until = absl::ToUnixMillis(absl::Now()) + 60000;
+  std::vector<std::string> run;
+  while (true) {
+    absl::StatusOr<std::optional<v1::Job>> claimed = db_->ClaimJob("w", until, ToRunning("cpu"), ClaimKind::kRun);
+    ASSERT_TRUE(claimed.ok()) << claimed.status();
+    if (!claimed->has_value()) break;
+    run.push_back((*claimed)->id());
+    ASSERT_LT(run.size(), 10u);
+  }
+  EXPECT_EQ(std::set<std::string>(run.begin(), run.end()),
+            (std::set<std::string>{"p-0", "p-1", "p-2", "plain", "one-shard"}));
+  EXPECT_EQ(run.size(), 5u);
+  EXPECT_EQ(db_->GetJob("p")->state(), v1::QUEUED);
+  // The default kind is kRun.
+  EXPECT_FALSE(db_->ClaimJob("w", until, ToRunning("cpu"))->has_value());
+
+  absl::StatusOr<std::optional<v1::Job>> coordinator =
+      db_->ClaimJob("c", until, ToRunning("coordinator"), ClaimKind::kCoordinate);
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  ASSERT_TRUE(coordinator->has_value());
+  EXPECT_EQ((*coordinator)->id(), "p");
+  EXPECT_EQ((*coordinator)->state(), v1::RUNNING);
+  EXPECT_EQ(db_->ReadJob("p")->lease_owner, "c");
+  EXPECT_FALSE(db_->ClaimJob("c", until, ToRunning("coordinator"), ClaimKind::kCoordinate)->has_value());
+
+  // Shards hold leases like any job: renewed by their owner, found once expired.
+  EXPECT_EQ(*db_->RenewLease("p-1", "w", until + 1000), v1::RUNNING);
+  EXPECT_TRUE(absl::IsFailedPrecondition(db_->RenewLease("p-1", "c", until + 1000).status()));
+  auto expired = db_->JobsWithExpiredLeases(until + 500);
+  ASSERT_TRUE(expired.ok()) << expired.status();
+  std::vector<std::string> expired_ids;
+  for (const StoredJob& stored : *expired) expired_ids.push_back(stored.job.id());
+  EXPECT_EQ(expired_ids, (std::vector<std::string>{"p", "p-0", "p-2", "plain", "one-shard"}));
+  // A coordinated job queued again (its coordinator gone) is a coordinate claim again.
+  StoredJob parent = *db_->ReadJob("p");
+  parent.job.set_state(v1::QUEUED);
+  ASSERT_TRUE(db_->CommitJob(parent.job, {StateEvent(v1::QUEUED)}, {}, parent.version).ok());
+  EXPECT_FALSE(db_->ClaimJob("w", until, ToRunning("cpu"), ClaimKind::kRun)->has_value());
+  EXPECT_EQ((*db_->ClaimJob("c2", until, ToRunning("coordinator"), ClaimKind::kCoordinate))->id(), "p");
+}
+
+TEST_P(MetadataStoreTest, ConcurrentRunAndCoordinateClaimersOnTwoStoresTakeEachJobOnce) {
+  bool created = false;
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(Create(*db_, MakeSharded(absl::StrCat("s", i), 4), &created).ok());
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(db_->CreateJob(MakeJob(absl::StrCat("j", i), v1::QUEUED), &created).ok());
+  std::unique_ptr<MetadataStore> other = OpenDb(spec_);
+  ASSERT_NE(other, nullptr);
+  std::mutex mu;
+  std::multiset<std::string> ran, coordinated;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      MetadataStore* store = t % 2 == 0 ? db_.get() : other.get();
+      const ClaimKind kind = t < 2 ? ClaimKind::kRun : ClaimKind::kCoordinate;
+      while (true) {
+        auto job = store->ClaimJob(absl::StrCat("worker-", t), absl::ToUnixMillis(absl::Now()) + 60000,
+                                   ToRunning("cpu"), kind);
+        if (!job.ok()) {
+          ADD_FAILURE() << job.status();
+          return;
+        }
+        if (!job->has_value()) return;
+        std::lock_guard<std::mutex> lock(mu);
+        (kind == ClaimKind::kRun ? ran : coordinated).insert((*job)->id());
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(ran.size(), 6u * 4 + 6);
+  EXPECT_EQ(std::set<std::string>(ran.begin(), ran.end()).size(), ran.size()) << "a job was claimed twice";
+  EXPECT_EQ(std::set<std::string>(coordinated.begin(), coordinated.end()),
+            (std::set<std::string>{"s0", "s1", "s2", "s3", "s4", "s5"}));
+  EXPECT_EQ(coordinated.size(), 6u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, MetadataStoreTest, ::testing::Values("sqlite", "postgresql"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 

@@ -13,12 +13,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -51,6 +53,77 @@ std::string Tail(const std::string& path) {
   ss << in.rdbuf();
   const std::string s = ss.str();
   return s.size() > kMax ? s.substr(s.size() - kMax) : s;
+}
+
+// What `path` holds from byte `offset` on (the log of the latest start), at most its last 3000 bytes.
+std::string Since(const std::string& path, uintmax_t offset) {
+  constexpr uintmax_t kMax = 3000;
+  std::ifstream in(path, std::ios::binary);
+  in.seekg(0, std::ios::end);
+  const uintmax_t size = in ? static_cast<uintmax_t>(in.tellg()) : 0;
+  if (size <= offset) return "";
+  in.seekg(static_cast<std::streamoff>(std::max(offset, size > kMax ? size - kMax : 0)));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+uintmax_t SizeOf(const std::string& path) {
+  std::error_code error;
+  const uintmax_t size = std::filesystem::file_size(path, error);
+  return error ? 0 : size;
+}
+
+// The state letter of /proc/PID/stat, and its parent; '\0' when there is no such process.
+char StateOf(pid_t pid, pid_t* parent = nullptr) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t name_end = stat.rfind(')');  // the command name may hold spaces and parentheses
+  if (name_end == std::string::npos || name_end + 2 >= stat.size()) return '\0';
+  std::istringstream rest(stat.substr(name_end + 2));
+  char state = '\0';
+  pid_t ppid = 0;
+  rest >> state >> ppid;
+  if (parent != nullptr) *parent = ppid;
+  return state;
+}
+
+std::vector<pid_t> ChildrenOf(pid_t parent) {
+  std::vector<pid_t> children;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(name));
+    pid_t ppid = 0;
+    if (StateOf(pid, &ppid) != '\0' && ppid == parent) children.push_back(pid);
+  }
+  return children;
+}
+
+// Whether every one of `pids` has exited (a zombie nobody reaps yet counts: it holds nothing).
+bool AllGone(const std::vector<pid_t>& pids, std::chrono::steady_clock::duration within) {
+  const auto deadline = std::chrono::steady_clock::now() + within;
+  for (;;) {
+    bool gone = true;
+    for (const pid_t pid : pids) {
+      const char state = StateOf(pid);
+      gone = gone && (state == '\0' || state == 'Z' || state == 'X');
+    }
+    if (gone) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+// waitpid with a deadline.
+bool Reap(pid_t pid, std::chrono::steady_clock::duration within) {
+  const auto deadline = std::chrono::steady_clock::now() + within;
+  while (::waitpid(pid, nullptr, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
 }
 
 absl::Status Errno(absl::string_view what) {
@@ -101,7 +174,7 @@ absl::StatusOr<PostgresServer*> PostgresServer::Shared() {
   static absl::Status error;
   static std::once_flag once;
   std::call_once(once, [] {
-    absl::StatusOr<PostgresServer*> started = Start();
+    absl::StatusOr<PostgresServer*> started = Create();
     if (started.ok()) {
       server.reset(*started);
     } else {
@@ -112,7 +185,7 @@ absl::StatusOr<PostgresServer*> PostgresServer::Shared() {
   return server.get();
 }
 
-absl::StatusOr<PostgresServer*> PostgresServer::Start() {
+absl::StatusOr<PostgresServer*> PostgresServer::Create() {
   const std::string bin = BinDir();
   for (const char* tool : {"initdb", "postgres"}) {
     const std::string path = absl::StrCat(bin, "/", tool);
@@ -152,7 +225,7 @@ absl::StatusOr<PostgresServer*> PostgresServer::Start() {
   std::unique_ptr<PostgresServer> server(new PostgresServer(dir, uid, gid, switch_user));
   server->owner_ = ::getpid();
   RECAL_RETURN_IF_ERROR(server->InitDb(bin));  // on error the destructor removes the directory
-  RECAL_RETURN_IF_ERROR(server->Launch(bin));
+  RECAL_RETURN_IF_ERROR(server->Launch(bin, /*port=*/0));
   return server.release();
 }
 
@@ -192,16 +265,24 @@ absl::Status PostgresServer::InitDb(const std::string& bin) {
   return absl::OkStatus();
 }
 
-absl::Status PostgresServer::Launch(const std::string& bin) {
+absl::Status PostgresServer::Launch(const std::string& bin, int fixed_port) {
   const std::string log = absl::StrCat(dir_, "/postgres.log");
+  // The same port again: a crashed server's backends may hold its shared memory for a moment
+  // yet, or a connection its port; those pass, so try again until the deadline.
+  const auto give_up = std::chrono::steady_clock::now() + kStartTimeout;
   for (int attempt = 1;; ++attempt) {
-    RECAL_ASSIGN_OR_RETURN(const int port, FreePort());
-    // Durability is not under test here, and fsync would make every commit wait for disk.
+    int port = fixed_port;
+    if (port == 0) {
+      RECAL_ASSIGN_OR_RETURN(port, FreePort());
+    }
+    const uintmax_t log_offset = SizeOf(log);
+    // Durability against a machine crash is not under test here, and fsync would make every
+    // commit wait for disk; commits stay synchronous, so a crash of PostgreSQL alone (Stop
+    // with kCrash) loses nothing it acknowledged.
     RECAL_ASSIGN_OR_RETURN(
         const pid_t pid,
         Spawn({absl::StrCat(bin, "/postgres"), "-D", absl::StrCat(dir_, "/data"), "-p", absl::StrCat(port), "-k",
-               dir_, "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "synchronous_commit=off", "-c",
-               "full_page_writes=off"},
+               dir_, "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "full_page_writes=off"},
               log, /*die_with_parent=*/true));
     const std::string ping =
         absl::StrCat("host=127.0.0.1 port=", port, " user=", kSuperuser, " dbname=postgres connect_timeout=2");
@@ -224,12 +305,52 @@ absl::Status PostgresServer::Launch(const std::string& bin) {
       ::kill(pid, SIGKILL);
       ::waitpid(pid, nullptr, 0);
       return absl::DeadlineExceededError(
-          absl::StrCat("postgres did not accept connections within 30 s:\n", Tail(log)));
+          absl::StrCat("postgres did not accept connections within 30 s:\n", Since(log, log_offset)));
     }
-    const std::string output = Tail(log);
-    if (attempt < kPortAttempts && absl::StrContains(output, "Address already in use")) continue;
+    const std::string output = Since(log, log_offset);
+    const bool in_use = absl::StrContains(output, "Address already in use");
+    if (fixed_port == 0 && in_use && attempt < kPortAttempts) continue;
+    if (fixed_port != 0 && std::chrono::steady_clock::now() < give_up &&
+        (in_use || absl::StrContains(output, "is still in use") || absl::StrContains(output, "already exists"))) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      continue;
+    }
     return absl::InternalError(absl::StrCat("postgres exited at start-up:\n", output));
   }
+}
+
+absl::Status PostgresServer::Stop(Shutdown how) {
+  if (pid_ <= 0) return absl::FailedPreconditionError("the test PostgreSQL is not running");
+  const pid_t postmaster = std::exchange(pid_, -1);
+  if (how == Shutdown::kFast) {
+    ::kill(postmaster, SIGINT);
+    if (!Reap(postmaster, std::chrono::seconds(30))) {
+      ::kill(postmaster, SIGKILL);
+      ::waitpid(postmaster, nullptr, 0);
+      return absl::DeadlineExceededError("the test PostgreSQL did not shut down within 30 s; killed");
+    }
+    return absl::OkStatus();
+  }
+  // Its children, before they are orphaned and so no longer known as its own.
+  const std::vector<pid_t> children = ChildrenOf(postmaster);
+  ::kill(postmaster, SIGKILL);
+  ::waitpid(postmaster, nullptr, 0);
+  // They notice the postmaster's death (every wait of theirs watches for it) and exit; the
+  // next postmaster refuses to start while they still hold the old shared memory.
+  if (AllGone(children, std::chrono::seconds(10))) return absl::OkStatus();
+  for (const pid_t child : children) ::kill(child, SIGKILL);
+  if (AllGone(children, std::chrono::seconds(5))) return absl::OkStatus();
+  return absl::DeadlineExceededError("backends of the killed test PostgreSQL outlived it by 15 s");
+}
+
+absl::Status PostgresServer::Start() {
+  if (pid_ > 0) return absl::OkStatus();
+  return Launch(BinDir(), port_);
+}
+
+absl::Status PostgresServer::Restart(Shutdown how) {
+  RECAL_RETURN_IF_ERROR(Stop(how));
+  return Start();
 }
 
 std::string PostgresServer::Uri(const std::string& database) const {
@@ -257,7 +378,7 @@ absl::Status PostgresServer::Execute(const std::string& uri, const std::string& 
   return absl::OkStatus();
 }
 
-void PostgresServer::Stop() {
+void PostgresServer::Remove() {
   if (::getpid() != owner_) return;  // a forked child's exit
   if (pid_ > 0) {
     ::kill(pid_, SIGQUIT);  // immediate shutdown: nothing here needs to survive
@@ -276,6 +397,6 @@ void PostgresServer::Stop() {
   std::filesystem::remove_all(dir_, ignored);
 }
 
-PostgresServer::~PostgresServer() { Stop(); }
+PostgresServer::~PostgresServer() { Remove(); }
 
 }  // namespace recal::testing

@@ -66,6 +66,96 @@ TEST(SqliteMetadataStoreTest, ADatabaseFromBeforeTenantsBecomesTheDefaultTenants
   EXPECT_EQ(Ids(db->ListJobs("", {}, 0, "")->jobs), (std::vector<std::string>{"new-job", "old-job"}));
 }
 
+// Schema version 3 (before sharded jobs) as the previous release made it: its jobs become
+// top-level, uncoordinated jobs, claimed by run claimers as before.
+TEST(SqliteMetadataStoreTest, ADatabaseFromBeforeShardedJobsKeepsItsJobsTopLevel) {
+  TempDir dir;
+  const std::string path = dir.File("meta.db");
+  {
+    sqlite3* raw = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
+    v1::Job queued = MakeJob("queued", v1::QUEUED, "key");
+    queued.mutable_spec()->set_priority(3);
+    const v1::Job done = MakeJob("done", v1::SUCCEEDED);
+    std::string sql =
+        "CREATE TABLE models (tenant TEXT NOT NULL, id TEXT NOT NULL, create_seq INTEGER NOT NULL UNIQUE, "
+        "size INTEGER NOT NULL, proto BLOB NOT NULL, PRIMARY KEY (tenant, id));"
+        "CREATE TABLE jobs (id TEXT PRIMARY KEY, tenant TEXT NOT NULL, request_id TEXT, state INTEGER NOT NULL, "
+        "model_id TEXT NOT NULL, create_seq INTEGER NOT NULL UNIQUE, proto BLOB NOT NULL, "
+        "UNIQUE (tenant, request_id));"
+        "CREATE INDEX models_by_id ON models(id);"
+        "CREATE INDEX jobs_by_state ON jobs(state, create_seq);"
+        "CREATE INDEX jobs_by_model ON jobs(model_id, state);"
+        "CREATE INDEX jobs_by_tenant ON jobs(tenant, create_seq);"
+        "CREATE TABLE events (job_id TEXT NOT NULL, seq INTEGER NOT NULL, proto BLOB NOT NULL, "
+        "PRIMARY KEY (job_id, seq)) WITHOUT ROWID;"
+        "CREATE TABLE results (job_id TEXT NOT NULL, artifact INTEGER NOT NULL, sha256 TEXT NOT NULL, "
+        "size INTEGER NOT NULL, PRIMARY KEY (job_id, artifact)) WITHOUT ROWID;"
+        "CREATE INDEX results_by_blob ON results(sha256);"
+        "ALTER TABLE jobs ADD COLUMN version INTEGER NOT NULL DEFAULT 0;"
+        "ALTER TABLE jobs ADD COLUMN priority INTEGER NOT NULL DEFAULT 0;"
+        "ALTER TABLE jobs ADD COLUMN started_ms INTEGER;"
+        "ALTER TABLE jobs ADD COLUMN lease_owner TEXT;"
+        "ALTER TABLE jobs ADD COLUMN lease_until_ms INTEGER;"
+        "CREATE INDEX jobs_to_claim ON jobs(state, priority, create_seq);"
+        "CREATE INDEX jobs_started_by_tenant ON jobs(tenant, started_ms);";
+    absl::StrAppend(&sql, "INSERT INTO jobs(id, tenant, request_id, state, model_id, create_seq, proto, priority) "
+                          "VALUES('queued', 't', 'key', ", int{v1::QUEUED}, ", 'sha256:m', 1, x'",
+                    absl::BytesToHexString(queued.SerializeAsString()), "', 3);");
+    absl::StrAppend(&sql, "INSERT INTO jobs(id, tenant, request_id, state, model_id, create_seq, proto) "
+                          "VALUES('done', 't', NULL, ", int{v1::SUCCEEDED}, ", 'sha256:m', 2, x'",
+                    absl::BytesToHexString(done.SerializeAsString()), "');");
+    absl::StrAppend(&sql, "INSERT INTO events VALUES('done', 1, x'",
+                    absl::BytesToHexString(StateEvent(v1::SUCCEEDED).SerializeAsString()), "');");
+    absl::StrAppend(&sql, "PRAGMA user_version = 3;");
+    ASSERT_EQ(sqlite3_exec(raw, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(raw);
+    sqlite3_close(raw);
+  }
+  {
+    auto db = OpenDb(path);
+    ASSERT_NE(db, nullptr);
+    EXPECT_EQ(Ids(db->ListJobs("", {}, 0, "")->jobs), (std::vector<std::string>{"done", "queued"}));
+    EXPECT_EQ(*db->CountJobsInStates({}), 2);
+    EXPECT_EQ(*db->CountJobsUsingModel("t", "sha256:m", {}), 2);
+    EXPECT_EQ(db->Usage("t")->active_jobs, 1);
+    EXPECT_EQ(db->FindJobByRequestId("t", "key")->id(), "queued");
+    EXPECT_TRUE(db->ChildJobs("queued")->empty());
+    EXPECT_EQ(db->EventsAfter("done", 0, 0)->size(), 1u);
+    const auto to_running = [](v1::Job& job, std::vector<v1::JobEvent>& events) {
+      job.set_state(v1::RUNNING);
+      events.push_back(StateEvent(v1::RUNNING));
+      return absl::OkStatus();
+    };
+    EXPECT_FALSE(db->ClaimJob("c", 0, to_running, ClaimKind::kCoordinate)->has_value());
+    auto claimed = db->ClaimJob("w", 0, to_running, ClaimKind::kRun);
+    ASSERT_TRUE(claimed.ok()) << claimed.status();
+    ASSERT_TRUE(claimed->has_value());
+    EXPECT_EQ((*claimed)->id(), "queued");
+  }
+  // The schema is version 4's: its columns and indexes, and the old rows at their defaults.
+  sqlite3* raw = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
+  const auto query = [&](const std::string& sql) {
+    std::vector<std::string> rows;
+    sqlite3_stmt* stmt = nullptr;
+    EXPECT_EQ(sqlite3_prepare_v2(raw, sql.c_str(), -1, &stmt, nullptr), SQLITE_OK) << sqlite3_errmsg(raw);
+    while (sqlite3_step(stmt) == SQLITE_ROW) {
+      const unsigned char* text = sqlite3_column_text(stmt, 0);
+      rows.push_back(text == nullptr ? "NULL" : reinterpret_cast<const char*>(text));
+    }
+    sqlite3_finalize(stmt);
+    return rows;
+  };
+  EXPECT_EQ(query("PRAGMA user_version"), std::vector<std::string>{"4"});
+  EXPECT_EQ(query("SELECT id || ':' || COALESCE(parent_id, 'NULL') || ':' || coordinated FROM jobs ORDER BY create_seq"),
+            (std::vector<std::string>{"queued:NULL:0", "done:NULL:0"}));
+  EXPECT_EQ(query("SELECT sql FROM sqlite_master WHERE name = 'jobs_to_claim'"),
+            std::vector<std::string>{"CREATE INDEX jobs_to_claim ON jobs(state, coordinated, priority, create_seq)"});
+  EXPECT_EQ(query("SELECT name FROM sqlite_master WHERE name = 'jobs_by_parent'"),
+            std::vector<std::string>{"jobs_by_parent"});
+  sqlite3_close(raw);
+}
+
 TEST(SqliteMetadataStoreTest, CommittedWritesSurviveAProcessKilledWithoutClosing) {
   TempDir dir;
   const std::string path = dir.File("meta.db");

@@ -183,8 +183,10 @@ class Client {
 
   // Feeds a client_stream job; returns the number of batches the server took. Not
   // retried: a broken push cannot be resumed (the job fails for want of data and can be
-  // submitted again). FAILED_PRECONDITION once the job no longer takes data.
-  absl::StatusOr<int64_t> PushBatches(const std::string& job_id, const BatchProducer& next);
+  // submitted again). FAILED_PRECONDITION once the job no longer takes data. A sharded job
+  // takes one stream per shard (JobSpec.shards), each ended by its own last message: the
+  // streams may come from different processes (every rank of a torch.distributed job).
+  absl::StatusOr<int64_t> PushBatches(const std::string& job_id, const BatchProducer& next, int shard = 0);
 
   // Writes a succeeded job's artifact to `path` atomically, resuming after a broken stream
   // from the bytes already received, and checks the sha256 the server sends (DATA_LOSS on

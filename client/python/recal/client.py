@@ -280,7 +280,7 @@ class Client:
     # ---------------------------------------------------------------------------- jobs
 
     def submit(self, model_id, data, batch_size=32, request_id=None, priority=0, timeout_seconds=0,
-               labels=None, **engine_options):
+               labels=None, shards=1, **engine_options):
         """Submits a job and returns it (QUEUED).
 
         model_id: "sha256:<hex>" or a Model. data: a spec string ("npy:PATH",
@@ -288,11 +288,12 @@ class Client:
         on the server, under its --data_root) or a DataSource message. engine_options:
         estimator, modules, include, exclude, max_batches, allow_short_data,
         target_rel_error. request_id (default: a fresh uuid4) makes retries safe: the server
-        returns the job it already made for it."""
+        returns the job it already made for it. shards > 1: the job runs as that many shards
+        on any workers, merged exactly (a client_stream job then takes one push per shard)."""
         spec = recal_pb2.JobSpec(model_id=_id(model_id), data=specs.data_source(data),
                                  batch_size=batch_size, options=specs.engine_options(**engine_options),
                                  priority=priority, timeout_seconds=timeout_seconds,
-                                 labels=labels or {})
+                                 labels=labels or {}, shards=shards if shards > 1 else 0)
         request = recal_pb2.SubmitJobRequest(spec=spec, request_id=request_id or uuid.uuid4().hex)
         return self._unary(self.stub.SubmitJob, request)
 
@@ -434,19 +435,20 @@ class Client:
 
     # -------------------------------------------------------------------- client streams
 
-    def open_push(self, job_id, on_wait=None):
-        """A PushStream feeding the client_stream job `job_id` from this thread: send(batch)
-        per batch (blocks while the server's queue is full), then close(). See
-        recal.streams.PushStream."""
-        return streams.PushStream(self.stub, _id(job_id), self._metadata, on_wait)
+    def open_push(self, job_id, on_wait=None, shard=0):
+        """A PushStream feeding the client_stream job `job_id` (its shard `shard`, for a
+        sharded job) from this thread: send(batch) per batch (blocks while the server's queue
+        is full), then close(). See recal.streams.PushStream."""
+        return streams.PushStream(self.stub, _id(job_id), self._metadata, on_wait, shard=shard)
 
-    def push(self, job_id, batches):
+    def push(self, job_id, batches, shard=0):
         """Pushes every batch of `batches` to a client_stream job and ends its data; returns
         the number of batches the server received. A batch is one input or a list/tuple of
         the forward's positional inputs, each a numpy array of float32, float16 or uint8 (or
         a recal_pb2.Tensor), dim 0 the batch. Not resumable: a broken call raises
-        RecalError, and the job needs a new one (cancel it)."""
-        stream = self.open_push(job_id)
+        RecalError, and the job needs a new one (cancel it). A sharded job takes one push per
+        shard (`shard` in 0..shards-1), from any process: each rank pushes its own."""
+        stream = self.open_push(job_id, shard=shard)
         try:
             for batch in batches:
                 stream.send(batch)

@@ -82,8 +82,9 @@ class PushStream:
     waiting for data: cancel it too). Errors raise RecalError.
     """
 
-    def __init__(self, stub, job_id, metadata=None, on_wait=None):
+    def __init__(self, stub, job_id, metadata=None, on_wait=None, shard=0):
         self.job_id = job_id
+        self.shard = shard
         self.sent = 0
         self._on_wait = on_wait
         self._queue = queue.Queue(maxsize=1)
@@ -94,7 +95,7 @@ class PushStream:
     def _requests(self):
         # gRPC consumes this on its own thread, asking for the next message only once the
         # previous one is written.
-        yield recal_pb2.PushBatchesRequest(job_id=self.job_id)  # names the job: fails fast
+        yield recal_pb2.PushBatchesRequest(job_id=self.job_id, shard=self.shard)  # names the job: fails fast
         while not self._stop.is_set():
             try:
                 message = self._queue.get(timeout=_POLL_SECONDS)
