@@ -13,12 +13,12 @@ them: back-pressure), downloads the new BatchNorm running statistics and copies 
 Drop-ins for the usual precise-BN call sites: PreciseBN (the detectron2 / fast-reid hook)
 and do_precise_bn (PaddleVideo's loop).
 
-Distributed training: sharded client-stream jobs do not exist on the server yet. Until they
-do, when torch.distributed is initialised (world size > 1) every rank calls recalibrate()
-with its own part of the data; the batches are gathered to rank 0 over gloo (one
-torch.distributed.gather_object per step, so rank 0 holds one batch per rank at a time),
-rank 0 pushes their union into one job, and the new statistics are broadcast so that every
-rank loads the same ones: the result equals one process recalibrating over the union.
+Distributed training: when torch.distributed is initialised (world size > 1) every rank
+calls recalibrate() with its own part of the data. Rank 0 submits one job sharded by rank
+(JobSpec.shards = world size), every rank streams its own batches into its shard (no batch
+crosses between ranks), the server merges the shards' statistics exactly, and rank 0
+broadcasts the result over gloo so that every rank loads the same statistics: the result
+equals one process recalibrating over the union.
 
 Only this module imports torch; `import recal` does not.
 """
@@ -434,84 +434,6 @@ def _gloo_group():
     return _GLOO["group"]
 
 
-class _Gather:
-    """Every rank's batches to rank 0, one per rank per step. Each step rank 0 broadcasts a
-    decision ("more", "stop" or ("abort", why)); on "more" every rank reads its next batch
-    and gather_object hands them to rank 0, which yields them in rank order. A rank whose
-    data ended sends ("end",), one whose data failed ("error", why): rank 0 then aborts
-    every rank."""
-
-    def __init__(self, local, num_batches, rank, world, group):
-        self.local, self.num_batches = local, num_batches
-        self.rank, self.world, self.group = rank, world, group
-        self.finished = False  # a final decision has been broadcast
-        self.aborted = False
-        self.pushed = 0
-
-    def _decide(self, decision):
-        box = [decision]
-        torch.distributed.broadcast_object_list(box, src=0, group=self.group)
-        if box[0] != "more":
-            self.finished = True
-        return box[0]
-
-    def _next(self):
-        try:
-            return ("batch",) + next(self.local)
-        except StopIteration:
-            return ("end",)
-        except Exception as error:  # noqa: BLE001 (sent to rank 0, which aborts every rank)
-            return ("error", "rank %d: %s: %s" % (self.rank, type(error).__name__, error))
-
-    def _gather(self, item):
-        out = [None] * self.world if self.rank == 0 else None
-        torch.distributed.gather_object(item, out, dst=0, group=self.group)
-        return out
-
-    def union(self):
-        """Rank 0: the batches of every rank, at most num_batches."""
-        ended = [False] * self.world
-        keys = None
-        try:
-            while True:
-                if self.pushed >= self.num_batches or all(ended):
-                    self._decide("stop")
-                    return
-                self._decide("more")
-                items = self._gather(("end",) if ended[0] else self._next())
-                errors = [item[1] for item in items if item[0] == "error"]
-                for item in items:
-                    if item[0] == "batch":
-                        if keys is None:
-                            keys = item[2]
-                        elif item[2] != keys:
-                            errors.append("ranks' batches differ: inputs %s and %s" % (keys, item[2]))
-                if errors:
-                    self.aborted = True
-                    self._decide(("abort", "; ".join(errors)))
-                    raise RuntimeError("recal.torch: " + "; ".join(errors))
-                for rank, item in enumerate(items):
-                    if item[0] == "end":
-                        ended[rank] = True
-                    elif self.pushed < self.num_batches:
-                        self.pushed += 1
-                        yield item[1], item[2]
-        finally:
-            if not self.finished:
-                self._decide("stop")
-
-    def follow(self):
-        """Every other rank: sends its batches until rank 0 says stop."""
-        while True:
-            decision = self._decide(None)
-            if decision == "stop":
-                return
-            if decision != "more":
-                self.aborted = True
-                raise RuntimeError("recal.torch: stopped by rank 0: " + decision[1])
-            self._gather(self._next())
-
-
 def _broadcast_outcome(outcome, group):
     box = [outcome]
     torch.distributed.broadcast_object_list(box, src=0, group=group)
@@ -584,13 +506,15 @@ def recalibrate(model, data, *, server, num_batches=200, input_fn=None, token=No
         | "as_saved"), include, exclude, target_rel_error; also priority, timeout_seconds,
         labels, request_id, and batch_size (what the report says; default the first
         batch's size, which must be within the server's --max_batch_size).
-    shard: (rank, world). Until the server has sharded client-stream jobs, with
-        torch.distributed initialised and world > 1 every rank calls this with its own
-        batches; they are gathered to rank 0 over gloo (gather_object, one batch per rank per
-        step), rank 0 streams their union (rank order within a step, at most num_batches)
-        into one job, and the statistics are broadcast, so every rank loads the same ones
-        and gets the same Result. Default: from torch.distributed when it is initialised;
-        (0, 1): this process alone, without collectives. Only rank 0 talks to the server.
+    shard: (rank, world). With torch.distributed initialised and world > 1 every rank calls
+        this with its own batches: rank 0 exports the model (with its first batch), uploads
+        it and submits one job of `world` shards; every rank pushes its own batches into its
+        shard (rank r at most its part of num_batches: num_batches*(r+1)//world -
+        num_batches*r//world), so every rank talks to the server; the statistics are
+        merged exactly on the server and broadcast from rank 0, so every rank loads the same
+        ones and gets the same Result. A rank whose data fails stops every rank and the job.
+        Default: from torch.distributed when it is initialised; (0, 1): this process alone,
+        without collectives.
 
     Raises RecalError (job failed or cancelled, server errors; nothing is loaded then),
     ValueError / TypeError for data it cannot push (checked before anything is uploaded
@@ -615,31 +539,161 @@ def recalibrate(model, data, *, server, num_batches=200, input_fn=None, token=No
         outcome = _run(target, local, connect, **job_options)
         return _finish(target, outcome, ranks=1)
 
-    gather = _Gather(local, num_batches, rank, world, group)
-    if rank != 0:
-        gather.follow()  # raises if rank 0 aborted
-        outcome = _broadcast_outcome(None, group)
-        if outcome[0] == "error":
-            _, code, message = outcome
-            if code is not None:
-                raise RecalError(code, "rank 0: " + message)
-            raise RuntimeError("recal.torch: rank 0: " + message)
-        return _finish(target, outcome, ranks=world)
-    union = gather.union()
+    return _finish(target, _run_sharded(target, local, connect, rank, world, group, **job_options), ranks=world)
+
+
+def _connect(connect):
+    """(client, whether it is ours to close)."""
+    client = connect["server"]
+    if isinstance(client, Client):
+        return client, False
+    return Client(client, token=connect["token"], timeout=connect["timeout"], tls=connect["tls"],
+                  tls_ca=connect["tls_ca"], tls_cert=connect["tls_cert"], tls_key=connect["tls_key"],
+                  tls_server_name=connect["tls_server_name"]), True
+
+
+def _all_gather(item, world, group):
+    out = [None] * world
+    torch.distributed.all_gather_object(out, item, group=group)
+    return out
+
+
+def _stopped(items, rank):
+    """The errors among every rank's `items` (("error", why) or anything else), as one
+    exception for this rank: rank 0 names them, the others say rank 0 stopped them."""
+    errors = [item[1] for item in items if item[0] == "error"]
+    if not errors:
+        return None
+    if rank == 0:
+        return RuntimeError("recal.torch: " + "; ".join(errors))
+    return RuntimeError("recal.torch: stopped by rank 0: " + "; ".join(errors))
+
+
+def _raise_remote(outcome):
+    _, code, message = outcome
+    if code is not None:
+        raise RecalError(code, "rank 0: " + message)
+    raise RuntimeError("recal.torch: rank 0: " + message)
+
+
+def _run_sharded(target, local, connect, rank, world, group, num_batches, progress, bar, export, scale,
+                 mean, std, options):
+    """One job of `world` shards, each rank pushing its own batches into its shard; the
+    outcome as _run's, the same on every rank."""
+    share = num_batches * (rank + 1) // world - num_batches * rank // world
+    mine = itertools.islice(local, share)
     try:
-        outcome = _run(target, union, connect, **job_options)
-    except BaseException as error:
-        union.close()
-        if not gather.finished:  # failed before the first batch was asked for
-            gather._decide("stop")
-        if not gather.aborted:
-            code = error.code.name if isinstance(error, RecalError) else None
-            message = error.message if isinstance(error, RecalError) else "%s: %s" % (type(error).__name__, error)
-            _broadcast_outcome(("error", code, message), group)
-        raise
-    union.close()
-    _broadcast_outcome(outcome, group)
-    return _finish(target, outcome, ranks=world)
+        first = next(mine, None)
+        ready = ("ready", None if first is None else first[1], first is not None)
+    except Exception as error:  # noqa: BLE001 (every rank learns of it)
+        first, ready = None, ("error", "rank %d: %s: %s" % (rank, type(error).__name__, error))
+    items = _all_gather(ready, world, group)
+    stop = _stopped(items, rank)
+    if stop is None and items[0][0] == "ready" and not items[0][2]:
+        stop = RuntimeError("recal.torch: %sthe data yielded no batches" % ("" if rank == 0 else "rank 0: "))
+    keys = {item[1] for item in items if item[0] == "ready" and item[2]}
+    if stop is None and len(keys) > 1:
+        stop = RuntimeError("recal.torch: ranks' batches differ: inputs %s" % sorted(map(str, keys)))
+    if stop is not None:
+        raise stop
+
+    client, owned = _connect(connect)
+    handle, close_bar = _progress_handler(progress, bar, num_batches)
+    try:
+        with tempfile.TemporaryDirectory(prefix="recal-torch-") as tmp:
+            # Rank 0 makes the job; every rank learns its id (or why there is none).
+            job = how = prefix = script_error = model = None
+            if rank == 0:
+                try:
+                    tensors, keys = first
+                    archive = os.path.join(tmp, "model.pt")
+                    how, prefix, script_error = _export(target, _example(tensors, scale, mean, std), keys,
+                                                        archive, export)
+                    model = client.upload_model(archive, name=type(target).__name__ + ".pt")
+                    source = recal_pb2.ClientStreamSource(scale=scale or 0, mean=mean or [], std=std or [])
+                    submit = dict(options)
+                    batch_size = submit.pop("batch_size", None) or max(1, tensors[0].shape[0])
+                    job = client.submit(model, source, batch_size=batch_size,
+                                        max_batches=-(-num_batches // world), allow_short_data=True,
+                                        shards=world, **submit)
+                    made = ("job", job.id)
+                except BaseException as error:
+                    made = ("error", error.code.name if isinstance(error, RecalError) else None,
+                            error.message if isinstance(error, RecalError) else "%s: %s" % (type(error).__name__, error))
+                    _broadcast_outcome(made, group)
+                    raise
+                _broadcast_outcome(made, group)
+                job_id = job.id
+            else:
+                made = _broadcast_outcome(None, group)
+                if made[0] == "error":
+                    _raise_remote(made)
+                job_id = made[1]
+
+            # Every rank its own shard.
+            pushed = [0]
+            ended = [False]
+
+            def counted():
+                for batch in itertools.chain([first], mine):
+                    pushed[0] += 1
+                    yield batch
+                ended[0] = True
+
+            try:
+                client.push(job_id, _arrays(counted()), shard=rank)
+                done = ("pushed", pushed[0], ended[0])
+            except RecalError as error:
+                # FAILED_PRECONDITION / CANCELLED: the shard took what it needed, or the job ended.
+                if error.code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.CANCELLED):
+                    done = ("pushed", pushed[0], ended[0])
+                else:
+                    done = ("error", "rank %d: %s" % (rank, error))
+            except Exception as error:  # noqa: BLE001 (every rank learns of it)
+                done = ("error", "rank %d: %s: %s" % (rank, type(error).__name__, error))
+            items = _all_gather(done, world, group)
+            stop = _stopped(items, rank)
+            if stop is not None:
+                if rank == 0:
+                    try:
+                        client.cancel(job_id)
+                    except RecalError:
+                        pass
+                raise stop
+            total = sum(item[1] for item in items)
+            short = all(item[2] for item in items) and total < num_batches
+
+            # Rank 0 follows the job and hands the statistics to every rank.
+            if rank != 0:
+                outcome = _broadcast_outcome(None, group)
+                if outcome[0] == "error":
+                    _raise_remote(outcome)
+                return outcome
+            try:
+                ended_job = client.wait(job_id, on_progress=handle)
+                if ended_job.state != recal_pb2.SUCCEEDED:
+                    raise RecalError.from_job(ended_job)
+                bn_path, report_path = os.path.join(tmp, "bn.safetensors"), os.path.join(tmp, "report.json")
+                client.download(ended_job, bn_path, "bn")
+                client.download(ended_job, report_path, "report")
+                buffers = _read_safetensors(bn_path)
+                with open(report_path) as f:
+                    report = f.read()
+            except BaseException as error:
+                _broadcast_outcome(("error", error.code.name if isinstance(error, RecalError) else None,
+                                    error.message if isinstance(error, RecalError)
+                                    else "%s: %s" % (type(error).__name__, error)), group)
+                raise
+            facts = dict(model_id=model.id, export=how, export_error=script_error, batches=total,
+                         num_batches=num_batches, short=short, prefix=prefix,
+                         job=ended_job.SerializeToString())
+            outcome = ("ok", buffers, report, facts)
+            _broadcast_outcome(outcome, group)
+            return outcome
+    finally:
+        close_bar()
+        if owned:
+            client.close()
 
 
 def _run(target, batches, connect, num_batches, progress, bar, export, scale, mean, std, options):
@@ -658,12 +712,7 @@ def _run(target, batches, connect, num_batches, progress, bar, export, scale, me
             yield batch
         ended[0] = True
 
-    client = connect["server"]
-    owned = not isinstance(client, Client)
-    if owned:
-        client = Client(client, token=connect["token"], timeout=connect["timeout"], tls=connect["tls"],
-                        tls_ca=connect["tls_ca"], tls_cert=connect["tls_cert"], tls_key=connect["tls_key"],
-                        tls_server_name=connect["tls_server_name"])
+    client, owned = _connect(connect)
     handle, close_bar = _progress_handler(progress, bar, num_batches)
     try:
         with tempfile.TemporaryDirectory(prefix="recal-torch-") as tmp:
