@@ -35,6 +35,27 @@ const std::vector<std::pair<v1::Artifact, std::string>> kJobFiles = {
     {v1::MODEL, "model.pt"}, {v1::BN_BUFFERS, "bn.safetensors"}, {v1::REPORT, "report.json"}};
 const std::vector<std::pair<v1::Artifact, std::string>> kShardFiles = {{v1::SHARD_STATISTICS, kShardStatisticsFile}};
 
+// A job's scratch directory, emptied of what an earlier attempt left; removed when it goes.
+class Scratch {
+ public:
+  static absl::StatusOr<std::unique_ptr<Scratch>> Make(std::filesystem::path path) {
+    std::error_code error;
+    std::filesystem::remove_all(path, error);
+    std::filesystem::create_directories(path, error);
+    if (error) return absl::InternalError(absl::StrCat("cannot create ", path.string(), ": ", error.message()));
+    return std::unique_ptr<Scratch>(new Scratch(std::move(path)));
+  }
+  ~Scratch() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  explicit Scratch(std::filesystem::path path) : path_(std::move(path)) {}
+  const std::filesystem::path path_;
+};
+
 SchedulerOptions WithOwner(SchedulerOptions options) {
   if (options.owner.empty()) {
     char host[256] = {};
@@ -416,16 +437,9 @@ absl::StatusOr<Scheduler::Outputs> Scheduler::Execute(const v1::Job& job, const 
     publish(p, total);
   };
 
-  namespace fs = std::filesystem;
-  const fs::path scratch = fs::path(blobs_->scratch_dir()) / job.id();
-  std::error_code error;
-  fs::remove_all(scratch, error);  // what an earlier attempt left
-  fs::create_directories(scratch, error);
-  if (error) return absl::InternalError(absl::StrCat("cannot create ", scratch.string(), ": ", error.message()));
-  absl::Cleanup remove_scratch = [&scratch] {
-    std::error_code ignored;
-    fs::remove_all(scratch, ignored);
-  };
+  auto made = Scratch::Make(std::filesystem::path(blobs_->scratch_dir()) / job.id());
+  if (!made.ok()) return made.status();
+  const std::filesystem::path& scratch = (*made)->path();
 
   RecalibrationTask task;
   task.spec = spec;
@@ -560,16 +574,9 @@ absl::StatusOr<Scheduler::Outputs> Scheduler::Coordinate(const v1::Job& job, Run
 
   auto model_path = models_->PathOf(job.tenant(), spec.model_id());
   if (!model_path.ok()) return model_path.status();
-  namespace fs = std::filesystem;
-  const fs::path scratch = fs::path(blobs_->scratch_dir()) / job.id();
-  std::error_code error;
-  fs::remove_all(scratch, error);
-  fs::create_directories(scratch, error);
-  if (error) return absl::InternalError(absl::StrCat("cannot create ", scratch.string(), ": ", error.message()));
-  absl::Cleanup remove_scratch = [&scratch] {
-    std::error_code ignored;
-    fs::remove_all(scratch, ignored);
-  };
+  auto made = Scratch::Make(std::filesystem::path(blobs_->scratch_dir()) / job.id());
+  if (!made.ok()) return made.status();
+  const std::filesystem::path& scratch = (*made)->path();
   RecalibrationTask task;
   task.spec = spec;
   task.model_path = *model_path;
