@@ -12,8 +12,9 @@ last_single families), and K = 1, 2, 3, 4:
     float32 rounding): the buffers equal the unsharded run's to 1e-9 relative, and the
     reference to 1e-5.
 And an image folder (JPEG and PNG, last batch partial) through a float64 ResNet-18: K = 2, 3
-equal K = 1 to 1e-9 and the reference on torchvision's tensors to 1e-5. And the refusals:
-more shards than batches, --shards 0.
+equal K = 1 to 1e-9 and the reference on torchvision's tensors to 1e-5. target_rel_error
+across K = 1, 2, 4 shards: met by the merged statistics, from about as many batches. And the
+refusals: more shards than batches, --shards 0.
 
 Prints `N passed, M failed` and exits 1 if anything failed.
 """
@@ -211,6 +212,26 @@ def main():
             if 1 in image_runs and k in image_runs:
                 e = worst(image_runs[k], image_runs[1], MERGE_RTOL)
                 check(e <= 1.0, "images K=%d vs K=1: %.2g of 1e-9" % (k, e))
+
+        # ---- target_rel_error across shards: each shard aims at E*sqrt(K); the merged
+        # statistics meet E, from about as many batches as one run needs.
+        model_path = os.path.join(work, "target.pt")
+        eager, example = models.build("bn1d_2d")
+        torch.jit.save(export(eager, example), model_path)
+        used = {}
+        for k in (1, 2, 4):
+            r = recal("target_k%d" % k, model_path, "synthetic:12,seed=3", 16, k, ["--target_rel_error", "0.05"])
+            if not check(r["rc"] == 0, "target_rel_error K=%d runs (%s)" % (k, r["err"])):
+                continue
+            rel = max(float(l.get("rel_std_error", 0)) for l in r["rep"]["layers"])
+            used[k] = int(r["rep"]["batches"])
+            check(r["rep"].get("stopped_early") and 0 < rel <= 0.05,
+                  "target_rel_error 0.05, K=%d: stopped early after %d batches, merged error %.4f"
+                  % (k, used[k], rel))
+        if 1 in used:
+            for k in (2, 4):
+                if k in used:
+                    check(used[k] <= 1.5 * used[1], "K=%d used %d batches, one run %d" % (k, used[k], used[1]))
 
         # ---- refusals: a clear reason, no output.
         eager, example = models.build("bn1d_2d")
