@@ -52,19 +52,26 @@ std::string ShapeToString(const std::vector<int64_t>& shape) {
 }
 
 absl::StatusOr<int64_t> DenseByteSize(const std::vector<int64_t>& shape, DType dtype) {
+  // The product of the non-zero dims must fit too (numpy refuses such shapes as well): a
+  // zero dim makes the size 0, but a tensor's strides are products of the other dims.
   int64_t bytes = ElementSize(dtype);
+  bool empty = false;
   for (int64_t dim : shape) {
     if (dim < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("negative dimension in shape [", absl::StrJoin(shape, ", "), "]"));
     }
-    if (dim != 0 && bytes > std::numeric_limits<int64_t>::max() / dim) {
+    if (dim == 0) {
+      empty = true;
+      continue;
+    }
+    if (bytes > std::numeric_limits<int64_t>::max() / dim) {
       return absl::InvalidArgumentError(absl::StrCat(
           "shape [", absl::StrJoin(shape, ", "), "] of ", DTypeName(dtype), " is too large"));
     }
     bytes *= dim;
   }
-  return bytes;
+  return empty ? 0 : bytes;
 }
 
 }  // namespace recal::formats

@@ -18,13 +18,18 @@ absl::Status StreamFeed::Check(const v1::Tensor& tensor) const {
   }
   if (tensor.shape().empty()) return absl::InvalidArgumentError("a tensor needs a batch dimension");
   int64_t numel = 1;
+  bool over_limit = false;
   for (int64_t d : tensor.shape()) {
     if (d <= 0) return absl::InvalidArgumentError("tensor dims must be positive");
+    // Compared before multiplying: a hostile shape's product overflows int64.
+    if (numel > max_batch_bytes_ / element_bytes / d) {
+      over_limit = true;
+      break;
+    }
     numel *= d;
-    if (numel > max_batch_bytes_) break;
   }
-  const int64_t bytes = numel * element_bytes;
-  if (bytes > max_batch_bytes_) {
+  const int64_t bytes = numel * element_bytes;  // <= max_batch_bytes_ unless over_limit
+  if (over_limit) {
     return absl::ResourceExhaustedError(absl::StrCat("a pushed tensor of shape [", absl::StrJoin(tensor.shape(), ","),
                                                      "] exceeds the server's batch limit of ",
                                                      max_batch_bytes_, " bytes (--max_batch_bytes)"));

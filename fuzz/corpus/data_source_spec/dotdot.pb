@@ -1,0 +1,2 @@
+
+../outside/secret.npy

@@ -1,0 +1,2 @@
+
+out/secret.npy

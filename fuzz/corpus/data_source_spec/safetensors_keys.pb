@@ -1,0 +1,2 @@
+
+x.safetensorsab

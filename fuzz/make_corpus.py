@@ -1,0 +1,406 @@
+#!/usr/bin/python3
+"""Seed inputs for the fuzz targets (fuzz/*_fuzzer.cc), one folder per target.
+
+    /usr/bin/python3 fuzz/make_corpus.py OUT               # every seed, into OUT/<target>/
+    /usr/bin/python3 fuzz/make_corpus.py --max-bytes 512 fuzz/corpus   # the committed ones
+
+scripts/fuzz.sh writes the full set into build-fuzz/corpus/ (libFuzzer adds what it finds
+there); the small ones are committed under fuzz/corpus/ so that the default build's
+<target>_replay tests run them without Python. Deterministic: the same files every run.
+Needs numpy and PIL (Debian's python3-numpy, python3-pil); protobuf messages are encoded by
+hand (no generated modules needed).
+"""
+import argparse
+import hashlib
+import io
+import os
+import struct
+import sys
+import zlib
+
+import numpy as np
+from PIL import Image
+
+# ---------------------------------------------------------------- protobuf wire format
+
+
+def varint(n):
+    n &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def f_varint(field, n):
+    return varint(field << 3) + varint(n)
+
+
+def f_bytes(field, data):
+    if isinstance(data, str):
+        data = data.encode()
+    return varint(field << 3 | 2) + varint(len(data)) + data
+
+
+def f_floats(field, values):  # packed repeated float
+    return f_bytes(field, b"".join(struct.pack("<f", v) for v in values))
+
+
+def f_float(field, value):
+    return varint(field << 3 | 5) + struct.pack("<f", value)
+
+
+def f_varints(field, values):  # packed repeated int64
+    return f_bytes(field, b"".join(varint(v) for v in values))
+
+
+# ---------------------------------------------------------------- .npy
+
+
+def npy(array, version=None):
+    buf = io.BytesIO()
+    if version is None:
+        np.save(buf, array, allow_pickle=False)
+    else:
+        np.lib.format.write_array(buf, array, version=version, allow_pickle=False)
+    return buf.getvalue()
+
+
+def npy_seeds():
+    rng = np.random.default_rng(0)
+    yield "f32_2x3.npy", npy(rng.standard_normal((2, 3)).astype(np.float32))
+    yield "u8_3x2x2.npy", npy(np.arange(12, dtype=np.uint8).reshape(3, 2, 2))
+    yield "i64_5.npy", npy(np.arange(5, dtype=np.int64))
+    yield "f16_1x2.npy", npy(np.array([[1.5, -2]], dtype=np.float16))
+    yield "f64_0d.npy", npy(np.float64(3.25))
+    yield "bool_2x2.npy", npy(np.array([[True, False], [False, True]]))
+    yield "bool_bytes.npy", npy(np.array([[True, False], [False, True]]))[:-4] + b"\x01\x00\x9d\x01"
+    yield "i8_4.npy", npy(np.array([-1, 2, -3, 4], dtype=np.int8))
+    yield "i16_i32.npy", npy(np.array([1, 2], dtype=np.int32))
+    yield "empty_0x3.npy", npy(np.zeros((0, 3), dtype=np.float32))
+    yield "zero_3x0.npy", npy(np.zeros((3, 0), dtype=np.float32))
+    yield "v2_f32.npy", npy(np.ones((2, 2), dtype=np.float32), version=(2, 0))
+    yield "v3_u8.npy", npy(np.ones((3,), dtype=np.uint8), version=(3, 0))
+    yield "fortran.npy", npy(np.asfortranarray(np.arange(6, dtype=np.float32).reshape(2, 3)))
+    yield "bigendian.npy", npy(np.arange(3, dtype=">f4"))
+    yield "structured.npy", npy(np.zeros(2, dtype=[("a", "<f4"), ("b", "<i4")]))
+    yield "truncated.npy", npy(np.arange(8, dtype=np.float32))[:-5]
+    yield "u8_4x3x8x8.npy", npy(rng.integers(0, 256, (4, 3, 8, 8), dtype=np.uint8))  # not committed
+    # Hand-written headers: Python 2 longs, double quotes, no trailing comma, big dims.
+    for name, text in [
+        ("py2_long.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (2L, 1L), }"),
+        ("dquote.npy", '{"descr": "<f4", "fortran_order": False, "shape": (1,)}'),
+        ("huge_dims.npy", "{'descr': '<f8', 'fortran_order': False, 'shape': (0, 9223372036854775807, 2), }"),
+        ("overflow.npy", "{'descr': '<f8', 'fortran_order': False, 'shape': (4611686018427387904, 4), }"),
+    ]:
+        header = text.encode() + b" " * ((64 - (len(text) + 11) % 64) % 64) + b"\n"
+        yield name, b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header + bytes(8)
+
+
+# ---------------------------------------------------------------- safetensors
+
+
+def safetensors(header_json, data, pad=True):
+    h = header_json.encode()
+    if pad:
+        h += b" " * ((8 - len(h) % 8) % 8)
+    return struct.pack("<Q", len(h)) + h + data
+
+
+def safetensors_seeds():
+    a = np.arange(6, dtype=np.float32).tobytes()
+    yield "one.safetensors", safetensors('{"x":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}}', a)
+    yield "two_meta.safetensors", safetensors(
+        '{"__metadata__":{"format":"pt"},"a":{"dtype":"U8","shape":[2,2],"data_offsets":[0,4]},'
+        '"b":{"dtype":"I64","shape":[2],"data_offsets":[8,24]}}', bytes(range(24)))
+    yield "unpadded.safetensors", safetensors(
+        '{"h":{"dtype":"F16","shape":[1,2],"data_offsets":[0,4]},"z":{"dtype":"BF16","shape":[1],"data_offsets":[4,6]}}',
+        bytes(6), pad=False)
+    yield "scalar.safetensors", safetensors('{"s":{"dtype":"F64","shape":[],"data_offsets":[0,8]}}', bytes(8))
+    yield "empty.safetensors", safetensors('{"e":{"dtype":"BOOL","shape":[0,5],"data_offsets":[0,0]}}', b"")
+    yield "empty_huge.safetensors", safetensors(
+        '{"e":{"dtype":"F64","shape":[0,9007199254740992,9007199254740992],"data_offsets":[0,0]}}', b"")
+    yield "overlap.safetensors", safetensors(
+        '{"a":{"dtype":"I32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"I32","shape":[1],"data_offsets":[2,6]}}',
+        bytes(8))
+    yield "dims_differ.safetensors", safetensors(
+        '{"a":{"dtype":"I8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"I16","shape":[3],"data_offsets":[2,8]}}',
+        bytes(8))
+    yield "escapes.safetensors", safetensors(
+        '{"q\\"\\u0001\\u00e9":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"__metadata__":{"k":"v\\n"}}', b"\x07")
+    yield "floats.safetensors", safetensors('{"f":{"dtype":"F32","shape":[1.0],"data_offsets":[0,4e0]}}', bytes(4))
+    yield "nometa.safetensors", safetensors('{}', b"")
+
+
+# ---------------------------------------------------------------- data specs
+
+
+def data_spec_seeds():
+    specs = [
+        "npy:data/x.npy",
+        "npy:x_uint8.npy?scale=255&mean=0.485,0.456,0.406&std=0.229,0.224,0.225",
+        "npy:a?b.npy?",
+        "safetensors:/d/x.safetensors:a,b",
+        "safetensors:/a:b.st:",
+        "safetensors:x.st:k?scale=2",
+        "torch:x.pt",
+        "torch:x.pt?mean=1e-300&std=1e300",
+        "synthetic:3x224x224",
+        "synthetic:3x32x32,seed=18446744073709551615",
+        "synthetic:65536x32768",
+        "images:calib/imgs?resize=36&crop=32&mean=0.485,0.456,0.406&std=0.229,0.224,0.225",
+        "images:d?x?resize=256&crop=224&mean=0,0,0&std=1,1,1&samples=10&seed=3&shuffle=1&on_bad=skip",
+        "images:d?resize=4&crop=8&mean=0,0,0&std=1,1,1",
+        "npy:x?scale=-1",
+        "bogus:x",
+    ]
+    for i, spec in enumerate(specs):
+        yield "spec%02d.txt" % i, spec.encode()
+
+
+# ---------------------------------------------------------------- recal.v1.DataSource
+
+
+def tensor_file(fmt, path, keys=(), mean=(), std=(), scale=None):
+    m = f_varint(1, fmt) + f_bytes(2, path)
+    for k in keys:
+        m += f_bytes(3, k)
+    if mean:
+        m += f_floats(4, mean)
+    if std:
+        m += f_floats(5, std)
+    if scale is not None:
+        m += f_float(6, scale)
+    return f_bytes(1, m)
+
+
+def image_folder(path, resize, crop, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), samples=0, shuffle=False, seed=0,
+                 on_bad=0):
+    m = f_bytes(1, path) + f_varint(2, resize) + f_varint(3, crop) + f_floats(4, mean) + f_floats(5, std)
+    if samples:
+        m += f_varint(6, samples)
+    if shuffle:
+        m += f_varint(7, 1)
+    if seed:
+        m += f_varint(8, seed)
+    if on_bad:
+        m += f_varint(9, on_bad)
+    return f_bytes(4, m)
+
+
+def data_source_seeds():
+    NPY, SAFETENSORS, TORCH = 1, 2, 3
+    yield "npy.pb", tensor_file(NPY, "x.npy")
+    yield "npy_norm.pb", tensor_file(NPY, "x.npy", mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), scale=255)
+    yield "safetensors_keys.pb", tensor_file(SAFETENSORS, "x.safetensors", keys=("a", "b"))
+    yield "torch.pb", tensor_file(TORCH, "x.pt")
+    yield "second_root.pb", tensor_file(NPY, "y.npy")
+    yield "dotdot.pb", tensor_file(NPY, "../outside/secret.npy")
+    yield "link_dir_out.pb", tensor_file(NPY, "out/secret.npy")
+    yield "link_file_out.pb", tensor_file(NPY, "secret.npy")
+    yield "absolute.pb", tensor_file(NPY, "/etc/passwd")
+    yield "missing.pb", tensor_file(TORCH, "nope.pt")
+    yield "bad_key.pb", tensor_file(SAFETENSORS, "x.safetensors", keys=("a,b",))
+    yield "bad_std.pb", tensor_file(NPY, "x.npy", mean=(0.0,), std=(0.0,))
+    yield "images.pb", image_folder("images", 36, 32)
+    yield "images_opts.pb", image_folder("pics", 256, 224, samples=5, shuffle=True, seed=9, on_bad=2)
+    yield "images_out.pb", image_folder("out/images", 8, 8)
+    yield "images_file.pb", image_folder("x.npy", 8, 8)
+    yield "images_crop.pb", image_folder("images", 8, 9)
+    yield "synthetic.pb", f_bytes(2, f_varints(1, [3, 8, 8]) + f_varint(2, 7))
+    yield "synthetic_big.pb", f_bytes(2, f_varints(1, [65536, 65536]))
+    yield "synthetic_neg.pb", f_bytes(2, f_varints(1, [3, -1]) + f_varint(2, -5))
+    yield "client_stream.pb", f_bytes(3, f_floats(1, (0.5,) * 3) + f_floats(2, (0.25,) * 3) + f_float(3, 255))
+    yield "nothing.pb", b""
+
+
+# ---------------------------------------------------------------- PushBatchesRequest
+
+FLOAT32, FLOAT16, UINT8 = 1, 2, 3
+
+
+def tensor(dtype, shape, data):
+    return f_varint(1, dtype) + f_varints(2, shape) + f_bytes(3, data)
+
+
+def push(inputs, last=False, norm=None):
+    m = f_bytes(1, "job-1")
+    for t in inputs:
+        m += f_bytes(2, t)
+    if last:
+        m += f_varint(3, 1)
+    if norm is not None:  # the job's ClientStreamSource, field 15 of the fuzz input (not of the API)
+        m += f_bytes(15, norm)
+    return m
+
+
+def pushed_batches_seeds():
+    norm3 = f_floats(1, (0.485, 0.456, 0.406)) + f_floats(2, (0.229, 0.224, 0.225)) + f_float(3, 255)
+    yield "f32.pb", push([tensor(FLOAT32, [2, 3], np.arange(6, dtype=np.float32).tobytes())])
+    yield "u8_norm.pb", push([tensor(UINT8, [1, 3, 2, 2], bytes(range(12)))], norm=norm3)
+    yield "f16_last.pb", push([tensor(FLOAT16, [2, 1], np.array([1, -2], dtype=np.float16).tobytes())], last=True)
+    yield "two_inputs.pb", push([tensor(FLOAT32, [1, 2], bytes(8)), tensor(UINT8, [1, 5], bytes(5))])
+    yield "scale_only.pb", push([tensor(UINT8, [2, 2], b"\x00\x7f\x80\xff")], norm=f_float(3, 255))
+    yield "last_only.pb", push([], last=True)
+    yield "job_id_only.pb", f_bytes(1, "job-1")
+    yield "short_data.pb", push([tensor(FLOAT32, [2, 3], bytes(20))])
+    yield "no_batch_dim.pb", push([tensor(UINT8, [], b"\x01")])
+    yield "dim0_differs.pb", push([tensor(UINT8, [1, 1], b"\x01"), tensor(UINT8, [2, 1], b"\x01\x02")])
+    yield "huge_dims.pb", push([tensor(UINT8, [2, 1 << 62], b"")])
+    yield "channels.pb", push([tensor(UINT8, [1, 2], b"\x01\x02")], norm=norm3)
+    yield "bad_dtype.pb", push([tensor(0, [1], b"\x01")])
+
+
+# ---------------------------------------------------------------- images
+
+
+def png_chunk(kind, data):
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+
+def png_raw(width, height, depth, color_type, pixels, interlace=0, extra=b""):
+    """8-bit samples only when interlaced; `pixels` rows of bytes (filter 0 added here)."""
+    channels = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}[color_type]
+    if interlace:
+        bpp = channels * depth // 8
+        raw = b""
+        for x0, y0, dx, dy in [(0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2),
+                               (0, 1, 1, 2)]:
+            for y in range(y0, height, dy):
+                row = b"".join(pixels[y][x * bpp:(x + 1) * bpp] for x in range(x0, width, dx))
+                if row:
+                    raw += b"\x00" + row
+    else:
+        raw = b"".join(b"\x00" + row for row in pixels)
+    ihdr = struct.pack(">IIBBBBB", width, height, depth, color_type, 0, 0, interlace)
+    return (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + extra + png_chunk(b"IDAT", zlib.compress(raw, 9)) +
+            png_chunk(b"IEND", b""))
+
+
+def pil(image, fmt, **kw):
+    buf = io.BytesIO()
+    image.save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+def image_seeds():
+    rng = np.random.default_rng(1)
+    rgb = Image.fromarray(rng.integers(0, 256, (6, 5, 3), dtype=np.uint8), "RGB")
+    gray = Image.fromarray(rng.integers(0, 256, (5, 7), dtype=np.uint8), "L")
+    yield "rgb.png", pil(rgb, "PNG")
+    yield "gray.png", pil(gray, "PNG")
+    yield "rgba.png", pil(rgb.convert("RGBA"), "PNG")
+    yield "la.png", pil(gray.convert("LA"), "PNG")
+    yield "palette.png", pil(rgb.convert("P", palette=Image.ADAPTIVE, colors=4), "PNG", bits=2)
+    yield "palette_trns.png", pil(rgb.convert("P", palette=Image.ADAPTIVE, colors=4), "PNG", bits=2, transparency=1)
+    yield "bilevel.png", pil(gray.convert("1"), "PNG")
+    yield "gray16.png", png_raw(3, 2, 16, 0, [bytes(range(6)), bytes(range(250, 256))])
+    yield "rgb16.png", png_raw(2, 2, 16, 2, [bytes(range(12)), bytes(range(12, 24))])
+    yield "gray2.png", png_raw(5, 2, 2, 0, [b"\x1b\xc0", b"\xe4\x40"])
+    yield "interlaced.png", png_raw(9, 9, 8, 2, [bytes(rng.integers(0, 256, 27, dtype=np.uint8)) for _ in range(9)],
+                                    interlace=1)
+    yield "gamma_trns.png", png_raw(2, 2, 8, 0, [b"\x10\x20", b"\x30\x40"],
+                                    extra=png_chunk(b"gAMA", struct.pack(">I", 45455)) +
+                                    png_chunk(b"tRNS", b"\x00\x10"))
+    full = png_raw(4, 4, 8, 2, [bytes(12)] * 4)
+    yield "truncated.png", full[:len(full) - 20]
+    yield "bad_crc.png", full[:30] + b"\x00" + full[31:]
+    yield "gray.jpg", pil(gray, "JPEG", quality=50, optimize=True)
+    yield "rgb444.jpg", pil(rgb, "JPEG", quality=50, subsampling=0, optimize=True)
+    yield "rgb420.jpg", pil(rgb, "JPEG", quality=20, subsampling=2, optimize=True)
+    yield "progressive.jpg", pil(gray, "JPEG", quality=30, progressive=True)
+    yield "cmyk.jpg", pil(rgb.convert("CMYK"), "JPEG", quality=20, optimize=True)
+    jpg = pil(gray, "JPEG", quality=50, optimize=True)
+    yield "truncated.jpg", jpg[:len(jpg) * 2 // 3]
+    yield "not_an_image.png", b"GIF89a\x01\x00\x01\x00"
+    # Larger ones (not committed): more than one MCU row, and more than one IDAT read.
+    photo = Image.fromarray(np.kron(rng.integers(0, 256, (6, 8, 3), dtype=np.uint8), np.ones((8, 8, 1), np.uint8)),
+                            "RGB")
+    yield "photo_48x64.jpg", pil(photo, "JPEG", quality=75)
+    yield "photo_48x64.png", pil(photo, "PNG")
+
+
+# ---------------------------------------------------------------- auth file
+
+
+def auth_file_seeds():
+    h = hashlib.sha256(b"recal_example").hexdigest()
+    yield "full.txt", ("# tokens, certs, tenants\n"
+                       f"token-sha256:{h} tenant=vision role=submit\n"
+                       'cert:"trainer a.example" tenant=vision role=read max_active_jobs=3\n'
+                       "cert:admin.example tenant=ops role=admin\n"
+                       "tenant vision max_active_jobs=3 max_stored_bytes=50000000000 max_submissions_per_minute=120\n"
+                       ).encode()
+    yield "quota_conflict.txt", b"tenant a max_active_jobs=1\ntenant a max_active_jobs=2\n"
+    yield "bad_hash.txt", b"token-sha256:ABC tenant=a role=read\n"
+    yield "bad_role.txt", ("token-sha256:" + h + " tenant=a role=root\n").encode()
+    yield "open_quote.txt", b'cert:"x tenant=a role=read\n'
+    yield "twice.txt", b"cert:x tenant=a role=read\ncert:x tenant=b role=read\n"
+    yield "crlf.txt", b"tenant t1\r\ntenant t2 max_stored_bytes=0\r\n"
+    yield "empty.txt", b""
+
+
+# ---------------------------------------------------------------- UploadModelRequest
+
+
+def upload(name, size, sha, labels=()):
+    m = f_bytes(1, name) + f_varint(2, size) + f_bytes(3, sha)
+    for k, v in labels:
+        m += f_bytes(4, f_bytes(1, k) + f_bytes(2, v))
+    return f_bytes(1, m)
+
+
+def upload_header_seeds():
+    abc = hashlib.sha256(b"abc").hexdigest()
+    yield "complete.pb", upload("abc", 3, abc, [("team", "vision")])
+    yield "partial.pb", upload("resnet18.pt", 44000, hashlib.sha256(b"x").hexdigest())
+    yield "mismatch.pb", upload("abd", 3, abc)
+    yield "zero_size.pb", upload("m", 0, abc)
+    yield "negative_size.pb", upload("m", -1, abc)
+    yield "too_big.pb", upload("m", 1 << 40, abc)
+    yield "over_quota.pb", upload("m", 600000, abc)
+    yield "path_digest.pb", upload("m", 3, "../../../../etc/passwd")
+    yield "upper_digest.pb", upload("m", 3, abc.upper())
+    yield "chunk_first.pb", f_bytes(2, f_varint(1, 0) + f_bytes(2, "abc"))
+
+
+TARGETS = {
+    "npy": npy_seeds,
+    "safetensors": safetensors_seeds,
+    "data_spec": data_spec_seeds,
+    "data_source_spec": data_source_seeds,
+    "pushed_batches": pushed_batches_seeds,
+    "image": image_seeds,
+    "auth_file": auth_file_seeds,
+    "upload_header": upload_header_seeds,
+}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", help="writes OUT/<target>/<seed>")
+    parser.add_argument("--max-bytes", type=int, default=0, help="only seeds of at most this many bytes")
+    parser.add_argument("targets", nargs="*", help="default: all")
+    args = parser.parse_args()
+    for target in args.targets or TARGETS:
+        if target not in TARGETS:
+            sys.exit(f"make_corpus: unknown target {target}; targets: {' '.join(TARGETS)}")
+        folder = os.path.join(args.out, target)
+        os.makedirs(folder, exist_ok=True)
+        written = 0
+        for name, data in TARGETS[target]():
+            if args.max_bytes and len(data) > args.max_bytes:
+                continue
+            with open(os.path.join(folder, name), "wb") as f:
+                f.write(data)
+            written += 1
+        print(f"make_corpus: {written} seeds in {folder}")
+
+
+if __name__ == "__main__":
+    main()
