@@ -86,6 +86,8 @@ int main(int argc, char** argv) {
           last_shard_end = std::max(last_shard_end, Seconds(Get(*stub, job.id() + "-s" + std::to_string(k)).end_time()));
         }
         merge.push_back(Seconds(done.end_time()) - last_shard_end);
+        std::fprintf(stderr, "merge %.3f s (job end %.3f, last shard end %.3f)\n", merge.back(),
+                     Seconds(done.end_time()), last_shard_end);
       }
     }
   }

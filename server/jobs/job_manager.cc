@@ -5,6 +5,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/now.h"
 #include "server/jobs/data_source_spec.h"
 #include "server/log/log.h"
 #include "server/metrics/metrics.h"
@@ -201,7 +202,7 @@ absl::Status JobManager::Watch(const Caller& caller, const std::string& id, int6
   if (!job.ok()) return job.status();
   v1::JobEvent snapshot;
   snapshot.set_seq(after_seq);
-  *snapshot.mutable_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
+  *snapshot.mutable_time() = NowTimestamp();
   *snapshot.mutable_snapshot() = *job;
   if (!deliver(snapshot)) return absl::CancelledError("the watcher went away");
   int64_t last = after_seq;

@@ -3,6 +3,7 @@
 #include <google/protobuf/util/time_util.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/now.h"
 #include "absl/time/clock.h"
 
 namespace recal::jobs {
@@ -42,7 +43,7 @@ absl::StatusOr<v1::Job> JobRepository::Create(v1::Job job, bool* created) {
   job.clear_error();
   job.clear_start_time();
   job.clear_end_time();
-  *job.mutable_create_time() = TimeUtil::GetCurrentTime();
+  *job.mutable_create_time() = NowTimestamp();
   v1::JobEvent queued;
   queued.set_state(v1::QUEUED);
   std::vector<store::NewJob> children;
@@ -98,7 +99,7 @@ namespace {
 // Adds the state event of a change of state (and the end time of an end).
 void NoteStateChange(v1::JobState before, v1::Job& job, std::vector<v1::JobEvent>& events) {
   if (job.state() == before) return;
-  if (IsTerminal(job.state())) *job.mutable_end_time() = TimeUtil::GetCurrentTime();
+  if (IsTerminal(job.state())) *job.mutable_end_time() = NowTimestamp();
   v1::JobEvent state;
   state.set_state(job.state());
   events.push_back(std::move(state));
@@ -157,7 +158,7 @@ absl::Status StartOn(const std::string& device, v1::Job& job) {
   job.set_state(v1::RUNNING);
   job.set_device(device);
   job.set_attempts(job.attempts() + 1);
-  *job.mutable_start_time() = TimeUtil::GetCurrentTime();
+  *job.mutable_start_time() = NowTimestamp();
   job.clear_error();
   job.clear_progress();
   return absl::OkStatus();

@@ -3,6 +3,7 @@
 #include <google/protobuf/util/time_util.h>
 
 #include "absl/strings/match.h"
+#include "common/now.h"
 #include "absl/strings/str_cat.h"
 
 namespace recal::jobs {
@@ -82,7 +83,7 @@ absl::StatusOr<v1::Model> ModelRegistry::FinishUpload(const std::string& tenant,
   model.set_size(header.size());
   model.mutable_labels()->insert(header.labels().begin(), header.labels().end());
   for (v1::BatchNormLayer& layer : *layers) *model.add_layers() = std::move(layer);
-  *model.mutable_create_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
+  *model.mutable_create_time() = NowTimestamp();
   return metadata_->PutModel(model);
 }
 

@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/atomic_file.h"
+#include "common/now.h"
 #include "server/jobs/data_source_spec.h"
 #include "server/log/log.h"
 #include "server/metrics/metrics.h"
@@ -603,7 +604,7 @@ absl::StatusOr<Scheduler::Outputs> Scheduler::Coordinate(const v1::Job& job, Run
   if (!report.ok()) return report.status();
   Outputs outputs;
   outputs.report = *std::move(report);
-  outputs.report.set_seconds(SecondsBetween(job.start_time(), TimeUtil::GetCurrentTime()));
+  outputs.report.set_seconds(SecondsBetween(job.start_time(), NowTimestamp()));
   auto results = AdoptResults(scratch.string(), kJobFiles);
   if (!results.ok()) return results.status();
   outputs.results = *std::move(results);
