@@ -115,8 +115,9 @@ absl::StatusOr<BatchRange> ShardBatchRange(std::optional<int64_t> num_samples, i
     return absl::InvalidArgumentError(
         absl::StrCat("the job uses ", total, " batches, fewer than its ", plan.count, " shards; use fewer shards"));
   }
-  const int64_t first = total * plan.index / plan.count;
-  return BatchRange{first, total * (plan.index + 1) / plan.count - first};
+  // In 128 bits: max_batches comes from the job spec, and total * index must not overflow.
+  auto boundary = [&](int k) { return static_cast<int64_t>(static_cast<__int128>(total) * k / plan.count); };
+  return BatchRange{boundary(plan.index), boundary(plan.index + 1) - boundary(plan.index)};
 }
 
 absl::StatusOr<ShardOfData> OpenBatchSourceShard(const std::string& spec, int64_t batch_size,

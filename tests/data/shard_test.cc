@@ -50,6 +50,12 @@ TEST(ShardBatchRange, UsesWhatTheUnshardedRunWould) {
   EXPECT_EQ(ShardBatchRange(10000, 10, {1, 2, 0, /*default_batches=*/200})->first, 100);
   EXPECT_EQ(ShardBatchRange(std::nullopt, 10, {3, 4, 0, 200})->count, 50);
   EXPECT_EQ(ShardBatchRange(std::nullopt, 10, {0, 3, 7})->count, 2);
+  // A huge max_batches (the job spec's) splits without overflowing.
+  const int64_t huge = int64_t{1} << 62;
+  auto last = ShardBatchRange(std::nullopt, 10, {63, 64, huge});
+  ASSERT_TRUE(last.ok());
+  EXPECT_EQ(last->first, huge / 64 * 63);
+  EXPECT_EQ(last->first + last->count, huge);
 }
 
 TEST(ShardBatchRange, RefusesWhatCannotBeSplit) {
