@@ -54,6 +54,10 @@ class Collector {
   void BeginBatch(int64_t index);
   absl::Status EndBatch();
 
+  // Forgets every call recorded so far (the layers stay known): for a first batch that
+  // failed part-way and runs again.
+  void ResetStatistics();
+
   // Diagnosis of a batch that EndBatch failed, run again with this on: every observed call
   // checks its input at once (a host sync per call) and the first non-finite one found, in
   // execution order, is described with its layer, batch and position.

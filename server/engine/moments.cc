@@ -1,11 +1,16 @@
 #include "server/engine/moments.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 
 namespace recal::engine {
 
 void Moments::Add(double count, const at::Tensor& mean, const at::Tensor& m2) {
   if (count <= 0) return;
+  // The forward runs in inference mode, where new tensors are inference tensors, which may
+  // never be updated in place outside it; but merging shards, and any later Add, happen
+  // outside. Accumulators are therefore always ordinary tensors, whoever calls.
+  c10::InferenceMode ordinary_tensors(/*enabled=*/false);
   if (count_ == 0) {
     count_ = count;
     mean_ = mean.to(at::kDouble, /*non_blocking=*/false, /*copy=*/true);

@@ -5,10 +5,21 @@
 #include <optional>
 #include <string>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "recal/v1/report.pb.h"
 #include "server/engine/graph_validation.h"
 
 namespace recal::engine {
+
+// How 4-d floating-point activations are laid out during the forward. channels_last: inputs
+// and 4-d weights converted; contiguous: both as they come (the input pipeline's batches are
+// contiguous); auto: channels-last where it was measured faster (AutoMemoryFormat in
+// recalibration.cc), decided at the first batch.
+enum class MemoryFormat { kAuto, kContiguous, kChannelsLast };
+
+absl::StatusOr<MemoryFormat> ParseMemoryFormat(absl::string_view name);  // auto|contiguous|channels_last
+const char* MemoryFormatName(MemoryFormat format);
 
 struct Options {
   v1::Estimator estimator = v1::POPULATION;
@@ -29,6 +40,10 @@ struct Options {
   std::string device = "cpu";  // "cpu" or "cuda:N"
   int threads = 0;             // intra-op threads; 0 = LibTorch's default
   GraphPolicy graph_policy;    // what the model's graphs may do (server/engine/graph_validation.h)
+  MemoryFormat memory_format = MemoryFormat::kAuto;
+  // false: the forward runs under at::NoGradGuard instead of c10::InferenceMode, only so
+  // that bench/forward_levers can measure what inference mode gains.
+  bool inference_mode = true;
 };
 
 // fvcore's default number of batches for precise BN.

@@ -91,6 +91,10 @@ class Recalibration {
   // The BatchNorm layers known so far: every BatchNorm module, and functional calls seen.
   std::vector<DeclaredLayer> Layers() const;
 
+  // The layout of the forward's 4-d activations: Options::memory_format, or what kAuto chose
+  // at the first batch (kAuto before it).
+  MemoryFormat memory_format() const { return memory_format_; }
+
   int64_t batches() const { return batches_; }
   int64_t samples() const { return samples_; }
 
@@ -103,10 +107,16 @@ class Recalibration {
   absl::Status CheckStatisticsFitBuffers() const;
   // One forward pass of the observed model over batch number batches_.
   absl::Status Forward(const std::vector<c10::IValue>& args);
+  // The forward of the first batch, for auto memory format falling back to contiguous.
+  absl::Status FirstForward(const std::vector<at::Tensor>& inputs, std::vector<c10::IValue>& args);
+  // A batch on the device, its 4-d floating-point inputs in memory_format_.
+  std::vector<c10::IValue> Arguments(const std::vector<at::Tensor>& inputs) const;
+  void SetMemoryFormat(MemoryFormat format);
 
   std::string model_path_;
   Options options_;
   c10::Device device_{c10::kCPU};
+  MemoryFormat memory_format_ = MemoryFormat::kAuto;
   std::unique_ptr<Collector> collector_;
   std::unique_ptr<torch::jit::Module> observed_;
   int64_t batches_ = 0;

@@ -39,6 +39,21 @@ def forward(self, x):
   return net;
 }
 
+// A 3x3 convolution (dense, or depthwise with `depthwise`) into `bn`; with
+// `flatten_by_view` the output is flattened with view(), which channels-last cannot do.
+torch::jit::Module MakeConvNet(int64_t channels, bool depthwise, bool flatten_by_view = false) {
+  torch::jit::Module net("ConvNet");
+  net.register_attribute("training", c10::BoolType::get(), true);
+  net.register_attribute("groups", c10::IntType::get(), depthwise ? channels : 1);
+  net.register_parameter("weight", at::randn({channels, depthwise ? 1 : channels, 3, 3}) * 0.3, false);
+  net.register_module("bn", MakeBatchNorm(channels));
+  net.define(std::string(R"(
+def forward(self, x):
+    y = self.bn.forward(torch.conv2d(x, self.weight, None, [1, 1], [1, 1], [1, 1], self.groups))
+)") + (flatten_by_view ? "    return y.view(y.size(0), -1)\n" : "    return y\n"));
+  return net;
+}
+
 // Per-channel float64 statistics of several batches taken together.
 std::pair<at::Tensor, at::Tensor> Float64Stats(const std::vector<at::Tensor>& batches) {
   std::vector<at::Tensor> flat;
@@ -364,6 +379,117 @@ TEST(Recalibration, ConcurrentRunsKeepTheirOwnStatistics) {
   for (size_t j = 0; j < data.size(); ++j) {
     ExpectStatsClose(written[j], "first.", Float64Stats(data[j]), 1e-5);
   }
+}
+
+TEST(Recalibration, ChannelsLastStatisticsAreAsPreciseAsContiguous) {
+  // 131072 values per channel, |mean| / std = 3 (below the float64 refinement): LibTorch's
+  // fused channels-last kernel would be off by ~1e-5 here, its contiguous one by ~1e-7.
+  recal::testing::TempDir tmp;
+  const std::string model = SaveModule(MakeNet(16), tmp.File("net.pt"));
+  at::manual_seed(5);
+  std::vector<at::Tensor> batches = {at::randn({32, 16, 64, 64}) * 0.5 + 1.5,
+                                     at::randn({32, 16, 64, 64}) * 0.5 + 1.5};
+  for (MemoryFormat format : {MemoryFormat::kContiguous, MemoryFormat::kChannelsLast}) {
+    Options options;
+    options.memory_format = format;
+    auto run = RunOn(model, batches, options);
+    ASSERT_TRUE(run.ok()) << run.status();
+    EXPECT_EQ((*run)->memory_format(), format);
+    EXPECT_EQ((*run)->Report().layers(0).refined_calls(), 0);
+    ASSERT_TRUE((*run)->WriteBatchNormBuffers(tmp.File("bn.safetensors")).ok());
+    auto written = ReadSafetensors(tmp.File("bn.safetensors"));
+    SCOPED_TRACE(MemoryFormatName(format));
+    ExpectStatsClose(written, "first.", Float64Stats(batches), 1e-6);
+  }
+}
+
+TEST(Recalibration, AutoMemoryFormatFollowsTheMeasuredRule) {
+  recal::testing::TempDir tmp;
+  const std::string dense = SaveModule(MakeConvNet(4, false), tmp.File("dense.pt"));
+  const std::string depthwise = SaveModule(MakeConvNet(4, true), tmp.File("depthwise.pt"));
+  const std::string plain = SaveModule(MakeNet(4), tmp.File("plain.pt"));
+  torch::jit::Module float64_net = MakeConvNet(4, true);
+  float64_net.to(at::kDouble);
+  const std::string depthwise64 = SaveModule(float64_net, tmp.File("depthwise64.pt"));
+  at::manual_seed(6);
+  const at::Tensor small = at::randn({8, 4, 6, 6}), large = at::randn({2, 4, 112, 112});
+  struct Case {
+    std::string model;
+    at::Tensor batch;
+    MemoryFormat expected;
+  };
+  const Case cases[] = {
+      {dense, large, MemoryFormat::kChannelsLast},       // ResNet-like at 112x112 and up
+      {dense, small, MemoryFormat::kContiguous},         // ResNet-like on small images
+      {depthwise, small, MemoryFormat::kChannelsLast},   // MobileNet-like at any size
+      {plain, large, MemoryFormat::kContiguous},         // no 2-d convolution to speed up
+      {plain, at::randn({8, 4}), MemoryFormat::kContiguous},
+      {depthwise64, small.to(at::kDouble), MemoryFormat::kContiguous},  // oneDNN: float32
+  };
+  for (const Case& c : cases) {
+    auto run = RunOn(c.model, {c.batch});
+    ASSERT_TRUE(run.ok()) << run.status();
+    EXPECT_EQ((*run)->memory_format(), c.expected) << c.model << " " << c.batch.sizes();
+  }
+}
+
+TEST(Recalibration, AutoFallsBackToContiguousForModelsThatViewActivations) {
+  recal::testing::TempDir tmp;
+  const std::string model = SaveModule(MakeConvNet(4, /*depthwise=*/true, /*flatten_by_view=*/true),
+                                       tmp.File("view.pt"));
+  at::manual_seed(7);
+  std::vector<at::Tensor> batches = {at::randn({8, 4, 6, 6}), at::randn({8, 4, 6, 6})};
+  Options channels_last;
+  channels_last.memory_format = MemoryFormat::kChannelsLast;
+  auto refused = RunOn(model, batches, channels_last);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("forward failed on batch 0"));
+
+  auto fallen_back = RunOn(model, batches);
+  ASSERT_TRUE(fallen_back.ok()) << fallen_back.status();
+  EXPECT_EQ((*fallen_back)->memory_format(), MemoryFormat::kContiguous);
+  Options contiguous;
+  contiguous.memory_format = MemoryFormat::kContiguous;
+  auto direct = RunOn(model, batches, contiguous);
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  // The failed channels-last attempt left nothing behind: same calls, same statistics.
+  v1::RunReport a = (*fallen_back)->Report(), b = (*direct)->Report();
+  EXPECT_EQ(a.layers(0).calls_per_forward(), 1.0);
+  EXPECT_EQ(a.layers(0).samples(), b.layers(0).samples());
+  ASSERT_TRUE((*fallen_back)->WriteBatchNormBuffers(tmp.File("a.safetensors")).ok());
+  ASSERT_TRUE((*direct)->WriteBatchNormBuffers(tmp.File("b.safetensors")).ok());
+  auto wa = ReadSafetensors(tmp.File("a.safetensors")), wb = ReadSafetensors(tmp.File("b.safetensors"));
+  EXPECT_TRUE(wa["bn.running_mean"].equal(wb["bn.running_mean"]));
+  EXPECT_TRUE(wa["bn.running_var"].equal(wb["bn.running_var"]));
+}
+
+TEST(Recalibration, ShardsFedInInferenceModeMergeAndSave) {
+  // Statistics made inside the inference-mode forward are merged, in place, outside it.
+  recal::testing::TempDir tmp;
+  const std::string model = SaveModule(MakeConvNet(4, /*depthwise=*/true), tmp.File("conv.pt"));
+  at::manual_seed(8);
+  std::vector<at::Tensor> first = {at::randn({8, 4, 6, 6}), at::randn({8, 4, 6, 6})};
+  std::vector<at::Tensor> second = {at::randn({8, 4, 6, 6}) + 1, at::randn({5, 4, 6, 6})};
+  auto a = Recalibration::Create(model, {});
+  auto b = Recalibration::Create(model, {});
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE((*a)->RunShard(FeedFrom(first)).ok());
+  ASSERT_TRUE((*b)->RunShard(FeedFrom(second)).ok());
+  ASSERT_TRUE((*a)->Merge((*b)->Statistics()).ok());
+  ASSERT_TRUE((*b)->Merge((*a)->Statistics()).ok());  // both ways: either may be shard 0
+  ASSERT_TRUE((*a)->Finish().ok());
+  ASSERT_TRUE((*a)->WriteModel(tmp.File("out.pt")).ok());
+  EXPECT_EQ((*a)->Report().samples(), 29);
+
+  auto whole = Recalibration::Create(model, {});
+  ASSERT_TRUE(whole.ok());
+  std::vector<at::Tensor> all = first;
+  all.insert(all.end(), second.begin(), second.end());
+  ASSERT_TRUE((*whole)->Run(FeedFrom(all)).ok());
+  ASSERT_TRUE((*a)->WriteBatchNormBuffers(tmp.File("a.safetensors")).ok());
+  ASSERT_TRUE((*whole)->WriteBatchNormBuffers(tmp.File("w.safetensors")).ok());
+  auto merged = ReadSafetensors(tmp.File("a.safetensors")), unsharded = ReadSafetensors(tmp.File("w.safetensors"));
+  ExpectRelClose(merged["bn.running_var"], unsharded["bn.running_var"], 1e-12);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Every fixture model and export variant (tests/fixtures/make_fixtures.py) against the
-// independent float64 reference (tests/fixtures/reference.py), with both estimators.
+// independent float64 reference (tests/fixtures/reference.py), with both estimators, in
+// both memory formats (auto is one of them).
 #include <cstdlib>
 #include <fstream>
 
@@ -61,10 +62,12 @@ std::vector<FixtureCase> LoadManifest() {
 struct Param {
   FixtureCase fixture;
   v1::Estimator estimator;
+  MemoryFormat memory_format;
 };
 
 void PrintTo(const Param& p, std::ostream* os) {
-  *os << p.fixture.family << "." << p.fixture.variant << " " << v1::Estimator_Name(p.estimator);
+  *os << p.fixture.family << "." << p.fixture.variant << " " << v1::Estimator_Name(p.estimator) << " "
+      << MemoryFormatName(p.memory_format);
 }
 
 class ReferenceTest : public ::testing::TestWithParam<Param> {};
@@ -73,6 +76,7 @@ TEST_P(ReferenceTest, MatchesFloat64Reference) {
   const FixtureCase& c = GetParam().fixture;
   Options options;
   options.estimator = GetParam().estimator;
+  options.memory_format = GetParam().memory_format;
   auto run = Recalibration::Create(c.model, options);
   ASSERT_TRUE(run.ok()) << run.status();
   auto source = data::OpenBatchSource(c.data, c.batch_size);
@@ -103,8 +107,10 @@ TEST_P(ReferenceTest, MatchesFloat64Reference) {
 std::vector<Param> AllCases() {
   std::vector<Param> params;
   for (const FixtureCase& c : LoadManifest()) {
-    params.push_back({c, v1::POPULATION});
-    params.push_back({c, v1::BATCH_AVERAGE});
+    for (MemoryFormat format : {MemoryFormat::kContiguous, MemoryFormat::kChannelsLast}) {
+      params.push_back({c, v1::POPULATION, format});
+      params.push_back({c, v1::BATCH_AVERAGE, format});
+    }
   }
   return params;
 }
@@ -113,7 +119,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ReferenceTest, ::testing::ValuesIn(AllCases()
                          [](const ::testing::TestParamInfo<Param>& info) {
                            return info.param.fixture.family + "_" + info.param.fixture.variant +
                                   (info.param.estimator == v1::POPULATION ? "_population"
-                                                                          : "_batch_average");
+                                                                          : "_batch_average") +
+                                  "_" + MemoryFormatName(info.param.memory_format);
                          });
 
 TEST(ReferenceFixtures, ManifestIsThere) {

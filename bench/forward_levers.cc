@@ -1,0 +1,180 @@
+// The forward-pass levers of issue 17, side by side in one process over the same batches:
+// the engine's forward under no-grad vs inference mode, contiguous vs channels-last, and the
+// plain train-mode forward in both layouts (channels-last inputs alone, or inputs and
+// weights). Every repetition runs every configuration once, in an order that rotates, and
+// each ratio is taken within a repetition: the printed figures are medians of those, so
+// that drift on a shared machine hits both sides of a ratio alike.
+//
+//   forward_levers --models resnet18=r18.pt,mobilenet_v2=mv2.pt [--batch_size 32
+//                  --shape 3x112x112 --batches 4 --reps 9 --threads 2]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/Parallel.h>
+#include <torch/script.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "bench/median.h"
+#include "server/engine/recalibration.h"
+
+ABSL_FLAG(std::vector<std::string>, models, {}, "NAME=PATH,... TorchScript models");
+ABSL_FLAG(int64_t, batch_size, 32, "samples per batch");
+ABSL_FLAG(std::string, shape, "3x112x112", "per-sample input shape");
+ABSL_FLAG(int32_t, batches, 4, "batches per configuration and repetition");
+ABSL_FLAG(int32_t, reps, 9, "interleaved repetitions (>= 5)");
+ABSL_FLAG(int32_t, threads, 2, "intra-op threads");
+
+namespace {
+
+using recal::bench::Median;
+using recal::engine::MemoryFormat;
+
+struct Config {
+  std::string name;
+  std::function<void(const at::Tensor&)> forward;
+  std::vector<double> seconds;  // per repetition
+};
+
+double TimeIt(const std::function<void()>& fn) {
+  const auto start = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The engine as recal-run drives it, with one lever set.
+Config Engine(const std::string& path, bool inference_mode, MemoryFormat format) {
+  recal::engine::Options options;
+  options.threads = absl::GetFlag(FLAGS_threads);
+  options.inference_mode = inference_mode;
+  options.memory_format = format;
+  auto created = recal::engine::Recalibration::Create(path, options);
+  if (!created.ok()) {
+    std::fprintf(stderr, "%s: %s\n", path.c_str(), created.status().ToString().c_str());
+    std::exit(1);
+  }
+  std::shared_ptr<recal::engine::Recalibration> run = *std::move(created);
+  std::string name = absl::StrCat("recal ", inference_mode ? "inference" : "no_grad", " ",
+                                  recal::engine::MemoryFormatName(format));
+  return {name, [run](const at::Tensor& batch) {
+            if (absl::Status fed = run->Feed({batch}); !fed.ok()) {
+              std::fprintf(stderr, "%s\n", fed.ToString().c_str());
+              std::exit(1);
+            }
+          }};
+}
+
+// What a user's own loop runs: the model in train mode under no-grad, with its input (and
+// optionally its 4-d weights) channels-last or not.
+Config Plain(const std::string& path, bool channels_last_input, bool channels_last_weights) {
+  auto model = std::make_shared<torch::jit::Module>(torch::jit::load(path));
+  model->train();
+  if (channels_last_weights) {
+    torch::NoGradGuard no_grad;
+    for (at::Tensor p : model->parameters()) {
+      if (p.dim() == 4) p.set_data(p.contiguous(at::MemoryFormat::ChannelsLast));
+    }
+  }
+  std::string name = !channels_last_input ? "plain contiguous"
+                     : channels_last_weights ? "plain channels_last in+weights"
+                                             : "plain channels_last input only";
+  return {name, [model, channels_last_input](const at::Tensor& batch) {
+            torch::NoGradGuard no_grad;
+            model->forward({channels_last_input ? batch.contiguous(at::MemoryFormat::ChannelsLast)
+                                                : batch});
+          }};
+}
+
+void Measure(const std::string& name, const std::string& path, const std::vector<at::Tensor>& batches) {
+  std::vector<Config> configs;
+  configs.push_back(Engine(path, false, MemoryFormat::kContiguous));       // 0: before issue 17
+  configs.push_back(Engine(path, true, MemoryFormat::kContiguous));        // 1
+  configs.push_back(Engine(path, false, MemoryFormat::kChannelsLast));     // 2
+  configs.push_back(Engine(path, true, MemoryFormat::kChannelsLast));      // 3
+  configs.push_back(Plain(path, false, false));                            // 4
+  configs.push_back(Plain(path, true, false));                             // 5
+  configs.push_back(Plain(path, true, true));                              // 6
+  auto run = [&](Config& c) {
+    for (const at::Tensor& b : batches) c.forward(b);
+  };
+  // The profiling executor specialises each graph in its first runs.
+  for (int i = 0; i < 2; ++i) {
+    for (Config& c : configs) run(c);
+  }
+  const int reps = absl::GetFlag(FLAGS_reps);
+  for (int rep = 0; rep < reps; ++rep) {
+    for (size_t k = 0; k < configs.size(); ++k) {
+      Config& c = configs[(rep + k) % configs.size()];
+      c.seconds.push_back(TimeIt([&] { run(c); }));
+    }
+  }
+  const double per_batch = 1.0 / batches.size();
+  std::printf("\n%s: %zu batches of %s per configuration and rep, %d threads, %d reps\n", name.c_str(),
+              batches.size(), absl::StrJoin(batches[0].sizes(), "x").c_str(), absl::GetFlag(FLAGS_threads),
+              reps);
+  std::printf("  %-34s %10s %10s %10s\n", "configuration", "median_s", "min_s", "max_s");
+  for (const Config& c : configs) {
+    const auto [lo, hi] = std::minmax_element(c.seconds.begin(), c.seconds.end());
+    std::printf("  %-34s %10.4f %10.4f %10.4f   (per batch)\n", c.name.c_str(), Median(c.seconds) * per_batch,
+                *lo * per_batch, *hi * per_batch);
+  }
+  struct Ratio {
+    const char* what;
+    int num, den;
+  };
+  const Ratio ratios[] = {
+      {"inference / no_grad, contiguous", 1, 0},
+      {"inference / no_grad, channels_last", 3, 2},
+      {"channels_last / contiguous, no_grad", 2, 0},
+      {"channels_last / contiguous, inference", 3, 1},
+      {"both levers / neither (engine)", 3, 0},
+      {"plain: channels_last input / contiguous", 5, 4},
+      {"plain: channels_last in+weights / contig.", 6, 4},
+      {"plain: in+weights / input only", 6, 5},
+      {"recal / plain, contiguous (no_grad)", 0, 4},
+      {"recal / plain, channels_last (inference)", 3, 6},
+  };
+  std::printf("  %-44s %8s %8s %8s\n", "ratio (per rep)", "median", "min", "max");
+  for (const Ratio& r : ratios) {
+    std::vector<double> v;
+    for (int rep = 0; rep < reps; ++rep) v.push_back(configs[r.num].seconds[rep] / configs[r.den].seconds[rep]);
+    const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+    std::printf("  %-44s %8.3f %8.3f %8.3f\n", r.what, Median(v), *lo, *hi);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_models).empty()) {
+    std::fprintf(stderr, "--models NAME=PATH,... is required\n");
+    return 2;
+  }
+  at::set_num_threads(absl::GetFlag(FLAGS_threads));
+  std::vector<int64_t> shape = {absl::GetFlag(FLAGS_batch_size)};
+  for (absl::string_view d : absl::StrSplit(absl::GetFlag(FLAGS_shape), 'x')) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(d, &v)) return 2;
+    shape.push_back(v);
+  }
+  at::manual_seed(0);
+  std::vector<at::Tensor> batches;
+  for (int i = 0; i < absl::GetFlag(FLAGS_batches); ++i) batches.push_back(at::randn(shape));
+  std::printf("forward levers: medians of per-rep ratios, configurations interleaved in rotating order\n");
+  for (const std::string& model : absl::GetFlag(FLAGS_models)) {
+    std::pair<std::string, std::string> named = absl::StrSplit(model, absl::MaxSplits('=', 1));
+    Measure(named.first, named.second.empty() ? named.first : named.second, batches);
+  }
+  return 0;
+}
