@@ -369,6 +369,32 @@ def upload_header_seeds():
     yield "chunk_first.pb", f_bytes(2, f_varint(1, 0) + f_bytes(2, "abc"))
 
 
+# ---------------------------------------------------------------- S3 XML answers
+
+
+def s3_xml_seeds():
+    ns = ' xmlns="http://s3.amazonaws.com/doc/2006-03-01/"'
+    yield "list.xml", (
+        '<?xml version="1.0" encoding="UTF-8"?><ListBucketResult%s><Name>b</Name><Prefix>p/</Prefix>'
+        "<IsTruncated>true</IsTruncated><Contents><Key>p/a &amp; b</Key><ETag>&quot;e&quot;</ETag>"
+        "<Size>10</Size></Contents><Contents><Key>p/c</Key><Size>0</Size></Contents>"
+        "<CommonPrefixes><Prefix>p/d/</Prefix></CommonPrefixes>"
+        "<NextContinuationToken>1ueGcxLPRx1Tr/XYEx=</NextContinuationToken></ListBucketResult>" % ns).encode()
+    yield "list_empty.xml", b"<ListBucketResult><IsTruncated>false</IsTruncated></ListBucketResult>"
+    yield "list_bad_size.xml", b"<ListBucketResult><Contents><Key>k</Key><Size>-1</Size></Contents></ListBucketResult>"
+    yield "list_prefixed.xml", b"<s3:ListBucketResult><s3:Contents><s3:Key>k</s3:Key><s3:Size>1</s3:Size></s3:Contents></s3:ListBucketResult>"
+    yield "initiate.xml", ("<InitiateMultipartUploadResult%s><Bucket>b</Bucket><Key>k</Key>"
+                           "<UploadId>VXBsb2FkIElE</UploadId></InitiateMultipartUploadResult>" % ns).encode()
+    yield "complete.xml", b'<CompleteMultipartUploadResult><Location>http://b/k</Location><ETag>"abc-2"</ETag></CompleteMultipartUploadResult>'
+    yield "complete_error.xml", b"<Error><Code>InternalError</Code><Message>We encountered an internal error.</Message></Error>"
+    yield "error.xml", (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>NoSuchKey</Code><Message>The specified key '
+                        b"does not exist.</Message><Key>a/b</Key><BucketName>b</BucketName><RequestId>4442587F</RequestId></Error>")
+    yield "doctype.xml", b'<!DOCTYPE l [<!ENTITY a "aaaa"><!ENTITY b "&a;&a;&a;">]><Error><Code>&b;</Code></Error>'
+    yield "cdata.xml", b"<Error><Code><![CDATA[<x>]]></Code><Message>&#x41;&#65;</Message></Error>"
+    yield "deep.xml", b"<a>" * 40 + b"</a>" * 40
+    yield "truncated.xml", b"<ListBucketResult><Contents><Key>k"
+
+
 TARGETS = {
     "npy": npy_seeds,
     "safetensors": safetensors_seeds,
@@ -378,6 +404,7 @@ TARGETS = {
     "image": image_seeds,
     "auth_file": auth_file_seeds,
     "upload_header": upload_header_seeds,
+    "s3_xml": s3_xml_seeds,
 }
 
 
