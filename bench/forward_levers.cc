@@ -1,7 +1,9 @@
 // The forward-pass levers of issue 17, side by side in one process over the same batches:
-// the engine's forward under no-grad vs inference mode, contiguous vs channels-last, and the
-// plain train-mode forward in both layouts (channels-last inputs alone, or inputs and
-// weights). Every repetition runs every configuration once, in an order that rotates, and
+// the engine's forward under no-grad vs inference mode, contiguous vs channels-last, the
+// whole forward vs one that ends at the last BatchNorm, and the plain train-mode forward in
+// both layouts (channels-last inputs alone, or inputs and weights). Then the fixed costs
+// around the loop: creating the run (load, validate, instrument), writing the model (a
+// second load, save, the reload check) and the buffers. Every repetition runs every configuration once, in an order that rotates, and
 // each ratio is taken within a repetition: the printed figures are medians of those, so
 // that drift on a shared machine hits both sides of a ratio alike.
 //
@@ -10,14 +12,17 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <ATen/Parallel.h>
 #include <torch/script.h>
+#include <unistd.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -53,11 +58,12 @@ double TimeIt(const std::function<void()>& fn) {
 }
 
 // The engine as recal-run drives it, with one lever set.
-Config Engine(const std::string& path, bool inference_mode, MemoryFormat format) {
+Config Engine(const std::string& path, bool inference_mode, MemoryFormat format, bool end_at_last = true) {
   recal::engine::Options options;
   options.threads = absl::GetFlag(FLAGS_threads);
   options.inference_mode = inference_mode;
   options.memory_format = format;
+  options.end_at_last_batch_norm = end_at_last;
   auto created = recal::engine::Recalibration::Create(path, options);
   if (!created.ok()) {
     std::fprintf(stderr, "%s: %s\n", path.c_str(), created.status().ToString().c_str());
@@ -65,7 +71,7 @@ Config Engine(const std::string& path, bool inference_mode, MemoryFormat format)
   }
   std::shared_ptr<recal::engine::Recalibration> run = *std::move(created);
   std::string name = absl::StrCat("recal ", inference_mode ? "inference" : "no_grad", " ",
-                                  recal::engine::MemoryFormatName(format));
+                                  recal::engine::MemoryFormatName(format), end_at_last ? "" : " whole");
   return {name, [run](const at::Tensor& batch) {
             if (absl::Status fed = run->Feed({batch}); !fed.ok()) {
               std::fprintf(stderr, "%s\n", fed.ToString().c_str());
@@ -104,6 +110,7 @@ void Measure(const std::string& name, const std::string& path, const std::vector
   configs.push_back(Plain(path, false, false));                            // 4
   configs.push_back(Plain(path, true, false));                             // 5
   configs.push_back(Plain(path, true, true));                              // 6
+  configs.push_back(Engine(path, true, MemoryFormat::kChannelsLast, false));  // 7
   auto run = [&](Config& c) {
     for (const at::Tensor& b : batches) c.forward(b);
   };
@@ -137,7 +144,8 @@ void Measure(const std::string& name, const std::string& path, const std::vector
       {"inference / no_grad, channels_last", 3, 2},
       {"channels_last / contiguous, no_grad", 2, 0},
       {"channels_last / contiguous, inference", 3, 1},
-      {"both levers / neither (engine)", 3, 0},
+      {"end at last BN / whole forward", 3, 7},
+      {"all levers / none (engine)", 3, 0},
       {"plain: channels_last input / contiguous", 5, 4},
       {"plain: channels_last in+weights / contig.", 6, 4},
       {"plain: in+weights / input only", 6, 5},
@@ -151,6 +159,45 @@ void Measure(const std::string& name, const std::string& path, const std::vector
     const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
     std::printf("  %-44s %8.3f %8.3f %8.3f\n", r.what, Median(v), *lo, *hi);
   }
+}
+
+// Milliseconds of each fixed cost around the loop, medians of `reps` runs: what recal-run
+// pays once per job besides its batches (process start is timed by bench/fvcore_compare.py).
+void MeasureFixedCosts(const std::string& name, const std::string& path, const at::Tensor& batch,
+                       const std::string& scratch) {
+  std::vector<double> create, first, next, write_model, write_buffers, load, save, reload;
+  recal::engine::Options options;
+  options.threads = absl::GetFlag(FLAGS_threads);
+  for (int rep = 0; rep < std::max(3, absl::GetFlag(FLAGS_reps) / 2); ++rep) {
+    std::unique_ptr<recal::engine::Recalibration> run;
+    create.push_back(TimeIt([&] { run = *recal::engine::Recalibration::Create(path, options); }));
+    first.push_back(TimeIt([&] { (void)run->Feed({batch}); }));
+    next.push_back(TimeIt([&] { (void)run->Feed({batch}); }));
+    write_model.push_back(TimeIt([&] { (void)run->WriteModel(scratch + "/model.pt"); }));
+    write_buffers.push_back(TimeIt([&] { (void)run->WriteBatchNormBuffers(scratch + "/bn.safetensors"); }));
+    // The parts of WriteModel: the second, never rewritten copy; save; the reload check.
+    torch::jit::Module copy;
+    load.push_back(TimeIt([&] { copy = torch::jit::load(path); }));
+    std::ostringstream bytes;
+    save.push_back(TimeIt([&] { copy.save(bytes); }));
+    reload.push_back(TimeIt([&] {
+      std::istringstream in(bytes.str());
+      torch::jit::load(in);
+    }));
+  }
+  std::printf("\n%s fixed costs (ms, median of %zu; batch %s)\n", name.c_str(), create.size(),
+              absl::StrJoin(batch.sizes(), "x").c_str());
+  const std::pair<const char*, const std::vector<double>*> rows[] = {
+      {"create: load + validate + instrument", &create},
+      {"first batch (executor specialises)", &first},
+      {"a later batch", &next},
+      {"write model", &write_model},
+      {"  of which: load the original again", &load},
+      {"  of which: save", &save},
+      {"  of which: reload check", &reload},
+      {"write BatchNorm buffers", &write_buffers},
+  };
+  for (const auto& [what, v] : rows) std::printf("  %-40s %9.1f\n", what, Median(*v) * 1e3);
 }
 
 }  // namespace
@@ -171,10 +218,15 @@ int main(int argc, char** argv) {
   at::manual_seed(0);
   std::vector<at::Tensor> batches;
   for (int i = 0; i < absl::GetFlag(FLAGS_batches); ++i) batches.push_back(at::randn(shape));
+  const std::string scratch = std::filesystem::temp_directory_path() / absl::StrCat("forward_levers.", getpid());
+  std::filesystem::create_directories(scratch);
   std::printf("forward levers: medians of per-rep ratios, configurations interleaved in rotating order\n");
   for (const std::string& model : absl::GetFlag(FLAGS_models)) {
     std::pair<std::string, std::string> named = absl::StrSplit(model, absl::MaxSplits('=', 1));
-    Measure(named.first, named.second.empty() ? named.first : named.second, batches);
+    const std::string path = named.second.empty() ? named.first : named.second;
+    Measure(named.first, path, batches);
+    MeasureFixedCosts(named.first, path, batches[0], scratch);
   }
+  std::filesystem::remove_all(scratch);
   return 0;
 }

@@ -2,9 +2,10 @@
 """recal-run against fvcore's update_bn_stats, whole process against whole process.
 
     /usr/bin/python3 bench/fvcore_compare.py [--bin build/bin/recal-run] [--threads 2]
-        [--batches 20] [--batch_size 32] [--size 112] [--repeats 3] [--keep]
+        [--families resnet18,mobilenet_v2] [--batches 20] [--batch_size 32] [--size 112]
+        [--repeats 5] [--keep]
 
-Both sides get the same TorchScript archive (resnet18 from tests/fixtures/models.py,
+For each family, both sides get the same TorchScript archive (from tests/fixtures/models.py,
 torch.jit.script in eval mode), the same npy data (batches of 32x3x112x112 float32) and
 the same thread count (--threads for recal-run, torch.set_num_threads in Python):
   (a) /usr/bin/python3 bench/fvcore_estimator.py  (fvcore's algorithm on Debian's torch;
@@ -12,8 +13,10 @@ the same thread count (--threads for recal-run, torch.set_num_threads in Python)
       constant fvcore cannot set),
   (b) recal-run --model ... --data npy:... --threads N.
 Runs are interleaved (fvcore, recal-run, fvcore, ...) after one untimed warm-up of each;
-the table shows median / min wall seconds and the ratio recal-run / fvcore, and how far
-the two sets of statistics are apart.
+the table shows median / min wall seconds, the median of the per-pair ratios recal-run /
+fvcore (each pair ran back to back, so drift on a shared machine hits both alike), and how
+far the two sets of statistics are apart. First, the process start of each side alone
+(recal-run --version; python3 -c "import torch, torchvision").
 """
 
 import argparse
@@ -32,15 +35,15 @@ sys.path.insert(0, os.path.join(_ROOT, "tests", "fixtures"))
 PYTHON = "/usr/bin/python3"
 
 
-def make_inputs(tmp, batches, batch_size, size):
+def make_inputs(tmp, family, batches, batch_size, size):
     import numpy as np
     import torch
 
     import models
 
-    model, _ = models.build("resnet18")
+    model, _ = models.build(family)
     model.eval()
-    path_model = os.path.join(tmp, "resnet18.scripted_eval.pt")
+    path_model = os.path.join(tmp, "%s.scripted_eval.pt" % family)
     torch.jit.save(torch.jit.script(model), path_model)
     g = torch.Generator().manual_seed(1234)
     n = batches * batch_size
@@ -93,62 +96,81 @@ def main():
     ap.add_argument("--batches", type=int, default=20)
     ap.add_argument("--batch_size", type=int, default=32)
     ap.add_argument("--size", type=int, default=112)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--families", default="resnet18,mobilenet_v2")
     ap.add_argument("--keep", action="store_true", help="keep the temp directory")
     args = ap.parse_args()
 
     binary = os.path.abspath(args.bin)
-    have_bin = os.path.isfile(binary) and os.access(binary, os.X_OK)
+    if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
+        raise SystemExit("recal-run not found at %s (scripts/build.sh builds it)" % binary)
     tmp = tempfile.mkdtemp(prefix="recal-bench-")
     try:
-        t0 = time.time()
-        model, data = make_inputs(tmp, args.batches, args.batch_size, args.size)
-        print("inputs: resnet18 scripted (eval), %d batches of %dx3x%dx%d float32 npy, threads %d (made in %.1fs)"
-              % (args.batches, args.batch_size, args.size, args.size, args.threads, time.time() - t0))
-        fv_out = os.path.join(tmp, "fvcore_state.pt")
-        fv_cmd = [PYTHON, os.path.join(_ROOT, "bench", "fvcore_estimator.py"), "--model", model, "--family", "resnet18",
-                  "--data", "npy:" + data, "--batch_size", str(args.batch_size), "--batches", str(args.batches),
-                  "--threads", str(args.threads), "--out", fv_out]
-        rc_cmd = [binary, "--model", model, "--data", "npy:" + data, "--out", os.path.join(tmp, "out.pt"),
-                  "--bn_out", os.path.join(tmp, "bn.safetensors"), "--report", os.path.join(tmp, "report.json"),
-                  "--batch_size", str(args.batch_size), "--max_batches", str(args.batches),
-                  "--threads", str(args.threads)]
-        if not have_bin:
-            print("recal-run not found at %s: timing fvcore only" % binary)
-        env_note = None
-        times = {"fvcore": [], "recal-run": []}
-        # One untimed warm-up each (page cache, first-run effects).
-        _, out = timed(fv_cmd)
-        env_note = json.loads(out.strip().splitlines()[-1])
-        if have_bin:
-            timed(rc_cmd)
+        starts = {"recal-run": [], "python": []}
         for _ in range(args.repeats):
-            times["fvcore"].append(timed(fv_cmd)[0])
-            if have_bin:
-                times["recal-run"].append(timed(rc_cmd)[0])
-
-        print("fvcore side: %s (%d BN layers; last run: import %.2fs, load %.2fs, compute %.2fs, save %.2fs)" % (
-            env_note["model"], env_note["bn_layers"], env_note["import_s"], env_note["load_s"],
-            env_note["compute_s"], env_note["save_s"]))
+            starts["recal-run"].append(timed([binary, "--version"])[0])
+            starts["python"].append(timed([PYTHON, "-c", "import torch, torchvision"])[0])
+        print("process start, median of %d: recal-run --version %.2f s; python3 -c 'import torch, torchvision' %.2f s"
+              % (args.repeats, statistics.median(starts["recal-run"]), statistics.median(starts["python"])))
+        ratios = {}
+        for family in args.families.split(","):
+            ratios[family] = compare_family(args, binary, tmp, family)
         print()
-        print("| %-10s | %8s | %8s | %s |" % ("tool", "median s", "min s", "runs"))
-        print("|%s|%s|%s|%s|" % ("-" * 12, "-" * 10, "-" * 10, "-" * 30))
-        for name, ts in times.items():
-            if ts:
-                print("| %-10s | %8.2f | %8.2f | %s |" % (name, statistics.median(ts), min(ts),
-                                                         " ".join("%.2f" % t for t in ts)))
-        if times["recal-run"]:
-            ratio = statistics.median(times["recal-run"]) / statistics.median(times["fvcore"])
-            print()
-            print("ratio recal-run / fvcore (median wall time): %.2f" % ratio)
-            wm, wv = compare_stats(fv_out, os.path.join(tmp, "bn.safetensors"))
-            print("statistics apart (fvcore vs recal-run): mean %.2e (in units of std), var %.2e (relative)" % (wm, wv))
+        print("| family | recal-run / fvcore (median of per-pair ratios) |")
+        print("|---|---|")
+        for family, ratio in ratios.items():
+            print("| %s | %.2f |" % (family, ratio))
     finally:
         if args.keep:
             print("kept %s" % tmp)
         else:
             shutil.rmtree(tmp, ignore_errors=True)
     return 0
+
+
+def compare_family(args, binary, tmp, family):
+    t0 = time.time()
+    model, data = make_inputs(tmp, family, args.batches, args.batch_size, args.size)
+    print()
+    print("%s scripted (eval), %d batches of %dx3x%dx%d float32 npy, threads %d (made in %.1fs)"
+          % (family, args.batches, args.batch_size, args.size, args.size, args.threads, time.time() - t0))
+    fv_out = os.path.join(tmp, "fvcore_state.pt")
+    bn_out = os.path.join(tmp, "bn.safetensors")
+    fv_cmd = [PYTHON, os.path.join(_ROOT, "bench", "fvcore_estimator.py"), "--model", model, "--family", family,
+              "--data", "npy:" + data, "--batch_size", str(args.batch_size), "--batches", str(args.batches),
+              "--threads", str(args.threads), "--out", fv_out]
+    rc_cmd = [binary, "--model", model, "--data", "npy:" + data, "--out", os.path.join(tmp, "out.pt"),
+              "--bn_out", bn_out, "--report", os.path.join(tmp, "report.json"),
+              "--batch_size", str(args.batch_size), "--max_batches", str(args.batches),
+              "--threads", str(args.threads)]
+    times = {"fvcore": [], "recal-run": []}
+    # One untimed warm-up each (page cache, first-run effects).
+    _, out = timed(fv_cmd)
+    env_note = json.loads(out.strip().splitlines()[-1])
+    timed(rc_cmd)
+    for _ in range(args.repeats):
+        times["fvcore"].append(timed(fv_cmd)[0])
+        times["recal-run"].append(timed(rc_cmd)[0])
+    with open(os.path.join(tmp, "report.json")) as f:
+        report = json.load(f)
+
+    print("fvcore side: %s (%d BN layers; last run: import %.2fs, load %.2fs, compute %.2fs, save %.2fs)" % (
+        env_note["model"], env_note["bn_layers"], env_note["import_s"], env_note["load_s"],
+        env_note["compute_s"], env_note["save_s"]))
+    print("recal-run side: forward and statistics %.2fs of the last run (%s, %s)" % (
+        report.get("seconds", 0), report.get("memory_format", "?"), report.get("compute_dtype", "?")))
+    print()
+    print("| %-10s | %8s | %8s | %s |" % ("tool", "median s", "min s", "runs"))
+    print("|%s|%s|%s|%s|" % ("-" * 12, "-" * 10, "-" * 10, "-" * 40))
+    for name, ts in times.items():
+        print("| %-10s | %8.2f | %8.2f | %s |" % (name, statistics.median(ts), min(ts),
+                                                 " ".join("%.2f" % t for t in ts)))
+    ratio = statistics.median(r / f for r, f in zip(times["recal-run"], times["fvcore"]))
+    print()
+    print("ratio recal-run / fvcore (median of per-pair ratios): %.2f" % ratio)
+    wm, wv = compare_stats(fv_out, bn_out)
+    print("statistics apart (fvcore vs recal-run): mean %.2e (in units of std), var %.2e (relative)" % (wm, wv))
+    return ratio
 
 
 if __name__ == "__main__":

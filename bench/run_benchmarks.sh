@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The benchmarks, after scripts/build.sh: (1) recalibration vs plain train-mode forward in
-# one process, interleaved; (2) recal-run vs fvcore's estimator in Python, whole process
-# against whole process; (3) recal-server: upload throughput, and a job through the server vs
+# one process, interleaved, then the forward's levers (inference mode, channels-last, the
+# forward ending at the last BatchNorm) and the fixed costs around the loop; (2) recal-run
+# vs fvcore's estimator in Python on ResNet-18 and MobileNetV2, whole process against whole
+# process; (3) recal-server: upload throughput, and a job through the server vs
 # recal-run; (4) image folders (IMAGES=N generated 500x375 q90 JPEGs): decoding throughput
 # against threads, a recalibration against max(decode-only, forward-only), and recal-run
 # against torchvision ImageFolder + DataLoader + fvcore; (5) the control plane on SQLite vs
-# PostgreSQL (API calls/s, tiny jobs/s, failover time). Each prints its own table. Takes
+# PostgreSQL (API calls/s, tiny jobs/s, failover time); (6) a 64 MiB .npy read in batches
+# from a bucket (moto_server on loopback) vs local disk. Each prints its own table. Takes
 # ~15 minutes on 2 cores. ONLY=images runs (4) alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,14 +28,27 @@ if [ "${ONLY:-}" != images ]; then
 build/bin/recalibration_overhead --model "$tmp/resnet18.pt" --batch_size 32 --shape 3x112x112 \
   --batches 10 --reps 7 --threads "$threads"
 echo
+/usr/bin/python3 - "$tmp/mobilenet_v2.pt" <<'PY'
+import sys
+sys.path.insert(0, "tests/fixtures")
+import torch
+import models
+model, _ = models.build("mobilenet_v2")
+torch.jit.save(torch.jit.script(model.eval()), sys.argv[1])
+PY
+build/bin/forward_levers --models "resnet18=$tmp/resnet18.pt,mobilenet_v2=$tmp/mobilenet_v2.pt" \
+  --batch_size 32 --shape 3x112x112 --batches 4 --reps 9 --threads "$threads"
+echo
 /usr/bin/python3 bench/fvcore_compare.py --bin build/bin/recal-run --threads "$threads" \
-  --batches 20 --batch_size 32 --size 112 --repeats 3
+  --families resnet18,mobilenet_v2 --batches 20 --batch_size 32 --size 112 --repeats 5
 echo
 /usr/bin/python3 bench/server_bench.py --server build/bin/recal-server --run build/bin/recal-run
 echo
 build/bin/control_plane_bench --fixtures build/fixtures
 echo
 build/bin/sharded_job_bench --model build/fixtures/models/resnet18.traced_eval.pt
+echo
+build/bin/s3_read_bench --mib 64 --batch_size 64 --reps 5
 fi
 echo
 /usr/bin/python3 bench/make_image_folder.py --out "$tmp/images" --count "$images" --jobs "$(nproc)" >/dev/null

@@ -97,6 +97,9 @@ absl::Status ParseNormalization(absl::string_view spec, absl::string_view option
   return absl::OkStatus();
 }
 
+// "s3://" at the start of a path: 5, else 0. Its ':' is part of the path, never a separator.
+size_t SchemeLength(absl::string_view path) { return absl::StartsWith(path, "s3://") ? 5 : 0; }
+
 absl::StatusOr<DataSpec> ParseImages(absl::string_view spec, absl::string_view rest) {
   DataSpec out;
   out.scheme = DataSpec::Scheme::kImages;
@@ -198,8 +201,9 @@ absl::StatusOr<DataSpec> ParseDataSpec(absl::string_view spec) {
     rest = rest.substr(0, q);
   }
   if (out.scheme == DataSpec::Scheme::kSafetensors) {
+    // The colon of an s3:// URL is not the one before the keys.
     const size_t last = rest.rfind(':');
-    if (last != absl::string_view::npos) {
+    if (last != absl::string_view::npos && last >= SchemeLength(rest)) {
       const absl::string_view keys = rest.substr(last + 1);
       rest = rest.substr(0, last);
       if (!keys.empty()) {
@@ -261,7 +265,7 @@ std::string DataSpecToString(const DataSpec& spec) {
       return absl::StrCat("torch:", spec.path, NormalizationSuffix(spec));
     case DataSpec::Scheme::kSafetensors: {
       std::string out = absl::StrCat("safetensors:", spec.path);
-      if (!spec.keys.empty() || absl::StrContains(spec.path, ':')) {
+      if (!spec.keys.empty() || absl::StrContains(absl::string_view(spec.path).substr(SchemeLength(spec.path)), ':')) {
         absl::StrAppend(&out, ":", absl::StrJoin(spec.keys, ","));
       }
       return absl::StrCat(out, NormalizationSuffix(spec));

@@ -14,6 +14,9 @@
 //                                   relative path (or shuffled with seed S), the first N;
 //                                   torchvision eval transform; needs 1 <= C <= R. The
 //                                   options start at the last '?', so DIR may contain '?'.
+// PATH and DIR may be s3://BUCKET/KEY and s3://BUCKET/PREFIX/ (npy, safetensors, images):
+// the ':' of "s3://" is part of the path, never the one before safetensors keys. Where
+// such paths are read from, and which are refused, is the server's: server/data/s3_paths.h.
 // Parsing only checks the syntax; the files are looked at when the source is opened.
 #pragma once
 

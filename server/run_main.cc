@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "server/data/batch_source.h"
+#include "server/data/s3_sources.h"
 #include "server/engine/recalibration.h"
 #include "server/engine/report.h"
 
@@ -60,6 +62,19 @@ ABSL_FLAG(std::string, memory_format, "auto",
           "layout of 4-d activations in the forward: auto (on CPU, channels_last for float32 "
           "images through depthwise convolutions, or through dense ones from 112x112 up, where it "
           "was measured faster; else contiguous) | contiguous | channels_last");
+ABSL_FLAG(std::string, compute_dtype, "float32",
+          "precision of the forward: float32 (exact, the default) | bfloat16 (CPU or CUDA) | float16 "
+          "(CUDA): autocast, as a model deployed in that precision runs; statistics are still "
+          "accumulated in float64 from what each BatchNorm sees");
+ABSL_FLAG(std::string, s3_endpoint, "",
+          "object storage for s3:// data (npy:s3://BUCKET/KEY, images:s3://BUCKET/PREFIX/...): "
+          "http(s)://HOST[:PORT] of an S3-compatible server (MinIO, Ceph RGW, ...); empty: AWS");
+ABSL_FLAG(std::string, s3_region, "", "empty: $AWS_REGION, $AWS_DEFAULT_REGION, else us-east-1");
+ABSL_FLAG(std::string, s3_addressing, "", "path | virtual; empty: path with --s3_endpoint, virtual for AWS");
+ABSL_FLAG(std::string, s3_credentials_dir, "",
+          "a directory with access_key_id, secret_access_key[, session_token]; empty: the AWS_* "
+          "environment variables, then the shared credentials file");
+ABSL_FLAG(std::string, s3_profile, "", "shared credentials profile; empty: $AWS_PROFILE, else default");
 ABSL_FLAG(int32_t, prefetch, 2, "batches prepared ahead on a background thread (0: none)");
 ABSL_FLAG(int32_t, decode_threads, 0, "images: decoding threads (0: the cores, at most 8)");
 
@@ -103,6 +118,9 @@ absl::StatusOr<Options> OptionsFromFlags() {
         absl::StrCat("--memory_format=", format, ": use auto, contiguous or channels_last"));
   }
   options.memory_format = *memory_format;
+  auto compute_dtype = recal::engine::ParseComputeDtype(absl::GetFlag(FLAGS_compute_dtype));
+  if (!compute_dtype.ok()) return compute_dtype.status();
+  options.compute_dtype = *compute_dtype;
   options.graph_policy.trusted = absl::GetFlag(FLAGS_trust_model);
   options.graph_policy.extra_allowed_ops = absl::GetFlag(FLAGS_extra_allowed_ops);
   return options;
@@ -197,15 +215,27 @@ absl::Status RunMain() {
   const int threads = options->threads > 0 ? options->threads : static_cast<int>(std::thread::hardware_concurrency());
   if (shards > 1) options->threads = std::max(1, threads / shards);
 
+  // Object storage only for data in a bucket: credentials are looked up only then.
+  std::optional<recal::s3::S3ClientOptions> object_storage;
+  if (auto parsed = recal::data::ParseDataSpec(data); parsed.ok() && recal::data::ReadsObjectStorage(*parsed)) {
+    auto storage = recal::data::ObjectStorageOptions(
+        {.endpoint = absl::GetFlag(FLAGS_s3_endpoint), .region = absl::GetFlag(FLAGS_s3_region),
+         .addressing = absl::GetFlag(FLAGS_s3_addressing), .credentials_dir = absl::GetFlag(FLAGS_s3_credentials_dir),
+         .profile = absl::GetFlag(FLAGS_s3_profile)});
+    if (!storage.ok()) return storage.status();
+    object_storage = *std::move(storage);
+  }
+
   std::vector<ShardRun> runs(shards);
   ProgressPrinter progress(shards);
   std::vector<std::thread> threads_of_shards;
   for (int k = 0; k < shards; ++k) {
     Options shard_options = *options;
     shard_options.device = devices[k % devices.size()];
-    const recal::data::InputOptions input{.prefetch_depth = absl::GetFlag(FLAGS_prefetch),
-                                          .decode_threads = absl::GetFlag(FLAGS_decode_threads),
-                                          .pin_memory = absl::StartsWith(shard_options.device, "cuda")};
+    recal::data::InputOptions input{.prefetch_depth = absl::GetFlag(FLAGS_prefetch),
+                                    .decode_threads = absl::GetFlag(FLAGS_decode_threads),
+                                    .pin_memory = absl::StartsWith(shard_options.device, "cuda")};
+    input.object_storage = object_storage;
     threads_of_shards.emplace_back([&, k, shard_options, input] {
       runs[k] = RunShard(model, data, batch_size, input, shard_options, k, shards, progress);
     });
@@ -238,10 +268,10 @@ absl::Status RunMain() {
   }
   std::cerr << absl::StrFormat(
       "recal-run: recalibrated %d BatchNorm layers (%d unused) from %d batches, %d samples%s, "
-      "in %.2f s (%s); wrote %s\n",
+      "in %.2f s (%s, %s); wrote %s\n",
       report.layers_recalibrated(), report.unused_layers_size(), report.batches(), report.samples(),
       report.skipped_files() > 0 ? absl::StrCat(" (", report.skipped_files(), " bad files skipped)") : "",
-      report.seconds(), recal::engine::MemoryFormatName(run->memory_format()), out);
+      report.seconds(), report.memory_format(), report.compute_dtype(), out);
   return absl::OkStatus();
 }
 

@@ -46,6 +46,8 @@ constexpr FlagInfo kFlags[] = {
     {"allow_short_data", false},
     {"priority", true},
     {"shards", true},
+    {"compute_dtype", true},
+    {"memory_format", true},
     {"timeout", true},
     {"scale", true},
     {"mean", true},

@@ -22,7 +22,8 @@ namespace {
 // clang-format off
 const std::vector<std::string> kJobFlags = {
     "data", "stream", "batch_size", "max_batches", "estimator", "modules", "include", "exclude",
-    "target_rel_error", "allow_short_data", "priority", "timeout", "label", "scale", "mean", "std", "shards"};
+    "target_rel_error", "allow_short_data", "priority", "timeout", "label", "scale", "mean", "std", "shards",
+    "compute_dtype", "memory_format"};
 // clang-format on
 
 std::vector<std::string> With(std::vector<std::string> flags, std::initializer_list<const char*> more) {
@@ -66,6 +67,9 @@ absl::Status FillSpec(const Args& args, v1::JobSpec* spec, v1::ClientStreamSourc
   options->set_allow_short_data(args.GetBool("allow_short_data"));
   options->set_include(args.Get("include"));
   options->set_exclude(args.Get("exclude"));
+  // Checked by the server (one list of names, the engine's).
+  options->set_compute_dtype(args.Get("compute_dtype"));
+  options->set_memory_format(args.Get("memory_format"));
   if (args.Has("estimator")) {
     const std::string name = absl::AsciiStrToLower(args.Get("estimator"));
     if (name == "population") {

@@ -152,26 +152,34 @@ absl::StatusOr<DType> DTypeFromDescr(absl::string_view descr) {
 
 }  // namespace
 
-absl::StatusOr<NpyHeader> ParseNpyHeader(absl::string_view bytes) {
+absl::StatusOr<int64_t> NpyHeaderSize(absl::string_view bytes) {
   if (bytes.size() < kMagic.size() + 2 || bytes.substr(0, kMagic.size()) != kMagic) {
     return absl::InvalidArgumentError(
         "not a .npy file (it does not start with the magic \"\\x93NUMPY\")");
   }
-  NpyHeader header;
-  header.major_version = static_cast<unsigned char>(bytes[6]);
-  header.minor_version = static_cast<unsigned char>(bytes[7]);
-  if (header.major_version < 1 || header.major_version > 3 || header.minor_version != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("unsupported .npy format version ",
-                                                   header.major_version, ".", header.minor_version,
-                                                   "; supported: 1.0, 2.0, 3.0"));
+  const int major_version = static_cast<unsigned char>(bytes[6]);
+  const int minor_version = static_cast<unsigned char>(bytes[7]);
+  if (major_version < 1 || major_version > 3 || minor_version != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("unsupported .npy format version ", major_version, ".",
+                                                   minor_version, "; supported: 1.0, 2.0, 3.0"));
   }
-  const int len_bytes = header.major_version == 1 ? 2 : 4;
+  const int len_bytes = major_version == 1 ? 2 : 4;
   const size_t prefix = kMagic.size() + 2 + len_bytes;
   if (bytes.size() < prefix) {
     return absl::InvalidArgumentError(
         absl::StrCat("truncated .npy header: ", bytes.size(), " bytes, need at least ", prefix));
   }
-  const uint64_t header_len = ReadLE(bytes.data() + 8, len_bytes);
+  return static_cast<int64_t>(prefix + ReadLE(bytes.data() + 8, len_bytes));
+}
+
+absl::StatusOr<NpyHeader> ParseNpyHeader(absl::string_view bytes) {
+  absl::StatusOr<int64_t> header_size = NpyHeaderSize(bytes);
+  if (!header_size.ok()) return header_size.status();
+  NpyHeader header;
+  header.major_version = static_cast<unsigned char>(bytes[6]);
+  header.minor_version = static_cast<unsigned char>(bytes[7]);
+  const size_t prefix = kMagic.size() + 2 + (header.major_version == 1 ? 2 : 4);
+  const uint64_t header_len = static_cast<uint64_t>(*header_size) - prefix;
   if (bytes.size() - prefix < header_len) {
     return absl::InvalidArgumentError(absl::StrCat("truncated .npy header: it declares ", header_len,
                                                    " header bytes after the first ", prefix,
@@ -238,14 +246,19 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(absl::string_view bytes) {
 }
 
 absl::StatusOr<NpyHeader> ParseNpyFile(absl::string_view file) {
-  absl::StatusOr<NpyHeader> header = ParseNpyHeader(file);
+  return ParseNpyHeaderOfFile(file, static_cast<int64_t>(file.size()));
+}
+
+absl::StatusOr<NpyHeader> ParseNpyHeaderOfFile(absl::string_view header_bytes, int64_t file_size) {
+  absl::StatusOr<NpyHeader> header = ParseNpyHeader(header_bytes);
   if (!header.ok()) return header.status();
-  const uint64_t available = file.size() - static_cast<uint64_t>(header->data_offset);
-  if (available < static_cast<uint64_t>(header->data_size)) {
+  const uint64_t available = static_cast<uint64_t>(file_size) - static_cast<uint64_t>(header->data_offset);
+  if (file_size < header->data_offset || available < static_cast<uint64_t>(header->data_size)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "truncated .npy file: shape [", absl::StrJoin(header->shape, ", "), "] of ",
         DTypeName(header->dtype), " needs ", header->data_size, " data bytes after the ",
-        header->data_offset, "-byte header, but only ", available, " are there"));
+        header->data_offset, "-byte header, but only ", file_size < header->data_offset ? 0 : available,
+        " are there"));
   }
   return header;
 }

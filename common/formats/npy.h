@@ -32,4 +32,12 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(absl::string_view bytes);
 // ParseNpyHeader on a whole file, plus a check that the array data is all there.
 absl::StatusOr<NpyHeader> ParseNpyFile(absl::string_view file);
 
+// For a file read by ranges (an object in a bucket), where only its start is in memory:
+// how many bytes from the start the header takes (data_offset), from the fixed prefix
+// (magic, version, length) at the start of `prefix`, which needs at most 12 bytes.
+absl::StatusOr<int64_t> NpyHeaderSize(absl::string_view prefix);
+// ParseNpyFile for a file of `file_size` bytes of which `header` holds the first
+// NpyHeaderSize() or more.
+absl::StatusOr<NpyHeader> ParseNpyHeaderOfFile(absl::string_view header, int64_t file_size);
+
 }  // namespace recal::formats

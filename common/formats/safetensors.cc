@@ -121,18 +121,33 @@ const SafetensorsTensorInfo* SafetensorsHeader::Find(absl::string_view name) con
 }
 
 absl::StatusOr<SafetensorsHeader> ParseSafetensors(absl::string_view file) {
-  if (file.size() < 8) {
-    return Invalid(absl::StrCat("the file has ", file.size(), " bytes, fewer than the 8-byte length prefix"));
+  return ParseSafetensorsHeader(file, static_cast<int64_t>(file.size()));
+}
+
+absl::StatusOr<int64_t> SafetensorsHeaderSize(absl::string_view prefix) {
+  if (prefix.size() < 8) {
+    return Invalid(absl::StrCat("the file has ", prefix.size(), " bytes, fewer than the 8-byte length prefix"));
   }
   uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<unsigned char>(file[i]);
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<unsigned char>(prefix[i]);
   if (header_len > kMaxHeaderBytes) {
     return Invalid(absl::StrCat("declared header length ", header_len, " exceeds the ",
                                 kMaxHeaderBytes, "-byte limit (not a safetensors file?)"));
   }
-  if (header_len > file.size() - 8) {
+  return static_cast<int64_t>(8 + header_len);
+}
+
+absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view file, int64_t file_size) {
+  absl::StatusOr<int64_t> header_size = SafetensorsHeaderSize(file.substr(0, std::min<int64_t>(file_size, 8)));
+  if (!header_size.ok()) return header_size.status();
+  const uint64_t header_len = static_cast<uint64_t>(*header_size) - 8;
+  if (header_len > static_cast<uint64_t>(file_size) - 8) {
     return Invalid(absl::StrCat("declared header length ", header_len, " but only ",
-                                file.size() - 8, " bytes follow the length prefix (truncated?)"));
+                                file_size - 8, " bytes follow the length prefix (truncated?)"));
+  }
+  if (file.size() < static_cast<size_t>(*header_size)) {
+    return absl::InternalError(absl::StrCat("ParseSafetensorsHeader: given ", file.size(), " bytes of a ",
+                                            *header_size, "-byte header"));
   }
   const absl::string_view json = file.substr(8, header_len);
   if (json.empty() || json[0] != '{') return Invalid("the JSON header must start with '{'");
@@ -145,7 +160,7 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensors(absl::string_view file) {
 
   SafetensorsHeader header;
   header.data_offset = static_cast<int64_t>(8 + header_len);
-  const int64_t data_size = static_cast<int64_t>(file.size()) - header.data_offset;
+  const int64_t data_size = file_size - header.data_offset;
   for (const auto& [name, value] : root.fields()) {
     if (name == kMetadataKey) {
       if (value.kind_case() != pb::Value::kStructValue) return Invalid("\"__metadata__\" must be an object");

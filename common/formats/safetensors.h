@@ -37,6 +37,14 @@ struct SafetensorsHeader {
 // no two ranges overlap. Messages do not name the file: callers add it.
 absl::StatusOr<SafetensorsHeader> ParseSafetensors(absl::string_view file);
 
+// For a file read by ranges (an object in a bucket), where only its start is in memory:
+// how many bytes from the start the header takes (8 + the declared JSON length, within the
+// 100 MiB limit), from the first 8 bytes of `prefix`.
+absl::StatusOr<int64_t> SafetensorsHeaderSize(absl::string_view prefix);
+// ParseSafetensors for a file of `file_size` bytes of which `header` holds the first
+// SafetensorsHeaderSize() or more.
+absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view header, int64_t file_size);
+
 struct SafetensorsEntry {
   std::string name;
   std::string dtype;  // safetensors spelling: "F32", "F64", "BF16", ...

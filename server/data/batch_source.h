@@ -11,6 +11,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "absl/status/statusor.h"
+#include "server/s3/s3_client.h"
 
 namespace recal::data {
 
@@ -44,8 +45,14 @@ struct InputOptions {
   int prefetch_depth = 2;   // batches prepared ahead on a background thread; 0: none
   int decode_threads = 0;   // image folders: decoding threads; 0: hardware concurrency, at most 8
   bool pin_memory = false;  // page-locked batches, for non-blocking copies to a CUDA device
-  // Not empty (the server's data roots): image-folder files must resolve under one of these.
+  // Not empty (the server's data roots): image-folder files must resolve under one of these,
+  // and s3:// specs must lie under one of its s3://BUCKET/PREFIX entries (s3_paths.h).
+  // Empty: no confinement (recal-run, whose operator names the data).
   std::vector<std::string> data_roots;
+  // Where s3:// specs are read: the endpoint, credentials and retries of the server's (or
+  // recal-run's) own configuration, never the spec's (s3_sources.h). Unset: s3:// specs
+  // fail with FAILED_PRECONDITION.
+  std::optional<s3::S3ClientOptions> object_storage;
 };
 
 // Opens a data spec (common/data_spec.h) as the whole input pipeline: the source

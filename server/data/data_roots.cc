@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/data/s3_paths.h"
 
 namespace recal::data {
 namespace {
@@ -28,8 +29,18 @@ absl::StatusOr<std::string> ResolveUnderRoots(const std::vector<std::string>& ro
         absl::StrCat("path ", path, " refused: the server has no data roots (--data_root)"));
   }
   if (path.empty()) return absl::InvalidArgumentError("empty data path");
+  if (IsS3Path(path)) {
+    // An object (npy:, safetensors:) or a folder prefix (images:): both are checked as a
+    // prefix here; opening the source parses the path for what it must be. Whether it
+    // exists is only known then (the endpoint is not called at submit).
+    absl::StatusOr<S3Path> parsed = ParseS3FolderPath(path);
+    if (!parsed.ok()) return parsed.status();
+    if (absl::Status inside = CheckS3UnderRoots(roots, *parsed); !inside.ok()) return inside;
+    return path;
+  }
   bool missing_inside = false;
   for (const std::string& root : roots) {
+    if (IsS3Path(root)) continue;  // only s3:// paths are under s3:// roots
     std::error_code error;
     const fs::path canonical_root = fs::canonical(root, error);
     if (error) continue;

@@ -37,11 +37,6 @@ namespace fs = std::filesystem;
 // PIL refuses images above twice Image.MAX_IMAGE_PIXELS (decompression bombs).
 constexpr int64_t kMaxPixels = 2 * 89478485;
 
-bool IsImageName(const fs::path& p) {
-  const std::string ext = absl::AsciiStrToLower(p.extension().string());
-  return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
-}
-
 // Read, not memory-mapped like tensor files (common/mapped_file.h): an image on shared
 // storage may be replaced while a job runs, and a mapping of a truncated file faults (SIGBUS)
 // where a read just fails.
@@ -271,10 +266,10 @@ using Sample = absl::StatusOr<std::vector<float>>;
 // intra-op thread pools to oversubscribe).
 class ImageSource final : public BatchSource {
  public:
-  ImageSource(DataSpec spec, std::vector<std::string> files, int64_t batch_size, ImageSourceOptions options,
-              std::string description)
-      : spec_(std::move(spec)), files_(std::move(files)), batch_size_(batch_size), options_(options),
-        description_(std::move(description)),
+  ImageSource(DataSpec spec, std::vector<std::string> files, ImageFileReader read, int64_t batch_size,
+              ImageSourceOptions options, std::string description)
+      : spec_(std::move(spec)), files_(std::move(files)), read_(std::move(read)), batch_size_(batch_size),
+        options_(options), description_(std::move(description)),
         window_(static_cast<size_t>(2 * batch_size_ + 2 * options_.threads)) {}
 
   ~ImageSource() override {
@@ -382,17 +377,7 @@ class ImageSource final : public BatchSource {
 
   // One file -> float [3, C, C]; INVALID_ARGUMENT (naming the file) for a bad image.
   Sample Load(const std::string& relative) const {
-    std::string path = (fs::path(spec_.path) / relative).string();
-    if (!options_.allowed_roots.empty()) {
-      // A link inside the folder must not lead outside what the server may read. Not a bad
-      // file: on_bad=skip does not hide it.
-      absl::StatusOr<std::string> resolved = ResolveUnderRoots(options_.allowed_roots, path);
-      if (!resolved.ok()) {
-        return absl::Status(resolved.status().code(), absl::StrCat(relative, ": ", resolved.status().message()));
-      }
-      path = *std::move(resolved);
-    }
-    absl::StatusOr<std::string> bytes = ReadFile(path);
+    absl::StatusOr<std::string> bytes = read_(relative);
     if (!bytes.ok()) return bytes.status();
     absl::StatusOr<RgbImage> rgb = absl::InvalidArgumentError("not a JPEG or PNG file");
     int64_t h = 0, w = 0;
@@ -426,6 +411,7 @@ class ImageSource final : public BatchSource {
 
   const DataSpec spec_;
   const std::vector<std::string> files_;  // relative to spec_.path, in order
+  const ImageFileReader read_;
   const int64_t batch_size_;
   const ImageSourceOptions options_;
   const std::string description_;
@@ -442,10 +428,7 @@ class ImageSource final : public BatchSource {
   std::vector<std::thread> workers_;
 };
 
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<BatchSource>> OpenImageSource(const DataSpec& spec, int64_t batch_size,
-                                                             ImageSourceOptions options) {
+absl::Status CheckImageSpec(const DataSpec& spec, int64_t batch_size) {
   const std::string label = DataSpecToString(spec);
   if (spec.scheme != DataSpec::Scheme::kImages || spec.mean.size() != 3 || spec.std.size() != 3 ||
       spec.crop < 1 || spec.crop > spec.resize) {
@@ -454,6 +437,15 @@ absl::StatusOr<std::unique_ptr<BatchSource>> OpenImageSource(const DataSpec& spe
   if (batch_size < 1) {
     return absl::InvalidArgumentError(absl::StrCat(label, ": batch size must be >= 1, got ", batch_size));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<BatchSource>> OpenImageSource(const DataSpec& spec, int64_t batch_size,
+                                                             ImageSourceOptions options) {
+  const std::string label = DataSpecToString(spec);
+  if (absl::Status s = CheckImageSpec(spec, batch_size); !s.ok()) return s;
   std::error_code ec;
   if (!fs::is_directory(spec.path, ec)) {
     return absl::NotFoundError(absl::StrCat(label, ": ", spec.path, " is not a directory"));
@@ -478,11 +470,39 @@ absl::StatusOr<std::unique_ptr<BatchSource>> OpenImageSource(const DataSpec& spe
         }
       }
       if (!entered.insert(fs::canonical(it->path(), ec2)).second || ec2) it.disable_recursion_pending();
-    } else if (it->is_regular_file(ec2) && IsImageName(it->path())) {
+    } else if (it->is_regular_file(ec2) && IsImageFileName(it->path().filename().string())) {
       files.push_back(it->path().lexically_relative(spec.path).generic_string());
     }
   }
   if (ec) return absl::NotFoundError(absl::StrCat(label, ": cannot list ", spec.path, ": ", ec.message()));
+  const std::string folder = spec.path;
+  const std::vector<std::string> roots = options.allowed_roots;
+  ImageFileReader read = [folder, roots](const std::string& relative) -> absl::StatusOr<std::string> {
+    std::string path = (fs::path(folder) / relative).string();
+    if (!roots.empty()) {
+      // A link inside the folder must not lead outside what the server may read. Not a bad
+      // file: on_bad=skip does not hide it.
+      absl::StatusOr<std::string> resolved = ResolveUnderRoots(roots, path);
+      if (!resolved.ok()) {
+        return absl::Status(resolved.status().code(), absl::StrCat(relative, ": ", resolved.status().message()));
+      }
+      path = *std::move(resolved);
+    }
+    return ReadFile(path);
+  };
+  return MakeImageSource(spec, std::move(files), std::move(read), spec.path, batch_size, std::move(options));
+}
+
+bool IsImageFileName(const std::string& relative) {
+  const std::string ext = absl::AsciiStrToLower(fs::path(relative).extension().string());
+  return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
+}
+
+absl::StatusOr<std::unique_ptr<BatchSource>> MakeImageSource(const DataSpec& spec, std::vector<std::string> files,
+                                                             ImageFileReader read, const std::string& where,
+                                                             int64_t batch_size, ImageSourceOptions options) {
+  const std::string label = DataSpecToString(spec);
+  if (absl::Status s = CheckImageSpec(spec, batch_size); !s.ok()) return s;
   std::sort(files.begin(), files.end());
   if (spec.shuffle) {
     // Fisher-Yates with mt19937_64 (fully specified by the standard, unlike std::shuffle).
@@ -491,14 +511,15 @@ absl::StatusOr<std::unique_ptr<BatchSource>> OpenImageSource(const DataSpec& spe
   }
   if (spec.samples >= 0 && static_cast<size_t>(spec.samples) < files.size()) files.resize(spec.samples);
   if (files.empty()) {
-    return absl::NotFoundError(absl::StrCat(label, ": no .jpg/.jpeg/.png files under ", spec.path));
+    return absl::NotFoundError(absl::StrCat(label, ": no .jpg/.jpeg/.png files under ", where));
   }
   if (options.threads < 1) {
     options.threads = static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 8));
   }
   const std::string description =
       absl::StrCat(label, " (", files.size(), " files -> ", spec.crop, "x", spec.crop, " float32)");
-  return std::unique_ptr<BatchSource>(new ImageSource(spec, std::move(files), batch_size, options, description));
+  return std::unique_ptr<BatchSource>(
+      new ImageSource(spec, std::move(files), std::move(read), batch_size, options, description));
 }
 
 }  // namespace recal::data

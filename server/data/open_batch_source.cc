@@ -8,6 +8,7 @@
 #include "server/data/image_source.h"
 #include "server/data/normalization.h"
 #include "server/data/prefetcher.h"
+#include "server/data/s3_sources.h"
 #include "server/data/sources.h"
 
 namespace recal::data {
@@ -15,6 +16,7 @@ namespace {
 
 absl::StatusOr<std::unique_ptr<BatchSource>> OpenSource(const DataSpec& parsed, int64_t batch_size,
                                                         const InputOptions& options) {
+  if (ReadsObjectStorage(parsed)) return OpenS3Source(parsed, batch_size, options);
   switch (parsed.scheme) {
     case DataSpec::Scheme::kNpy:
       return OpenNpySource(parsed.path, batch_size);

@@ -1,13 +1,13 @@
 #include <exception>
 #include <utility>
 
+#include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/formats/safetensors.h"
-#include "common/mapped_file.h"
 #include "server/data/sliced_source.h"
 #include "server/data/sources.h"
 #include "server/data/torch_dtype.h"
@@ -30,16 +30,35 @@ std::string KeyList(const formats::SafetensorsHeader& header) {
   return out;
 }
 
+// Most headers list a few tensors in well under 64 KiB: one ranged GET; a longer one (many
+// tensors) takes a second.
+constexpr int64_t kFirstHeaderRead = 64 << 10;
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<BatchSource>> OpenSafetensorsSource(const std::string& path,
                                                                    const std::vector<std::string>& keys,
                                                                    int64_t batch_size) {
-  std::string label = absl::StrCat("safetensors:", path);
-  if (!keys.empty()) absl::StrAppend(&label, ":", absl::StrJoin(keys, ","));
-  absl::StatusOr<std::unique_ptr<MappedFile>> file = MappedFile::Open(path);
+  absl::StatusOr<std::shared_ptr<const RandomAccessFile>> file = OpenLocalFile(path);
   if (!file.ok()) return file.status();
-  absl::StatusOr<formats::SafetensorsHeader> header = formats::ParseSafetensors((*file)->bytes());
+  return OpenSafetensorsSource(*std::move(file), keys, batch_size);
+}
+
+absl::StatusOr<std::unique_ptr<BatchSource>> OpenSafetensorsSource(std::shared_ptr<const RandomAccessFile> file,
+                                                                   const std::vector<std::string>& keys,
+                                                                   int64_t batch_size) {
+  std::string label = absl::StrCat("safetensors:", file->name());
+  if (!keys.empty()) absl::StrAppend(&label, ":", absl::StrJoin(keys, ","));
+  std::string header_bytes;
+  if (file->mapped() == nullptr) {
+    absl::StatusOr<std::string> read = ReadFileHeader(*file, kFirstHeaderRead, formats::SafetensorsHeaderSize);
+    if (!read.ok()) return absl::Status(read.status().code(), absl::StrCat(label, ": ", read.status().message()));
+    header_bytes = *std::move(read);
+  }
+  // A mapped file is parsed in place, whole; else the header just read.
+  const absl::string_view bytes =
+      file->mapped() != nullptr ? absl::string_view(file->mapped(), file->size()) : absl::string_view(header_bytes);
+  absl::StatusOr<formats::SafetensorsHeader> header = formats::ParseSafetensorsHeader(bytes, file->size());
   if (!header.ok()) {
     return absl::Status(header.status().code(), absl::StrCat(label, ": ", header.status().message()));
   }
@@ -57,20 +76,24 @@ absl::StatusOr<std::unique_ptr<BatchSource>> OpenSafetensorsSource(const std::st
     }
   }
 
-  std::shared_ptr<const MappedFile> mapped = *std::move(file);
-  const char* data_section = mapped->bytes().data() + header->data_offset;
   std::vector<NamedInput> inputs;
   try {
     for (const formats::SafetensorsTensorInfo* t : chosen) {
-      // The mapping is read-only; the view is only ever read (narrow + clone).
-      void* data = const_cast<char*>(data_section + t->begin);
-      inputs.push_back({absl::StrCat("'", t->name, "'"),
-                        at::from_blob(data, t->shape, at::TensorOptions().dtype(ToScalarType(t->dtype)))});
+      const at::TensorOptions dtype = at::TensorOptions().dtype(ToScalarType(t->dtype));
+      NamedInput input{absl::StrCat("'", t->name, "'"), {}, header->data_offset + t->begin};
+      if (file->mapped() == nullptr) {
+        input.tensor = at::empty(t->shape, dtype.device(at::kMeta));
+      } else {
+        // The mapping is read-only; the view is only ever read (narrow + clone).
+        input.tensor = at::from_blob(const_cast<char*>(file->mapped() + input.offset), t->shape, dtype);
+      }
+      inputs.push_back(std::move(input));
     }
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat(label, ": cannot view the tensors: ", ExceptionMessage(e)));
   }
-  return MakeSlicedSource(std::move(label), std::move(inputs), std::move(mapped), batch_size);
+  if (file->mapped() == nullptr) return MakeRangedSource(std::move(label), std::move(inputs), std::move(file), batch_size);
+  return MakeSlicedSource(std::move(label), std::move(inputs), std::move(file), batch_size);
 }
 
 }  // namespace recal::data

@@ -9,15 +9,24 @@
 
 #include "absl/status/statusor.h"
 #include "server/data/batch_source.h"
+#include "server/data/random_access_file.h"
 
 namespace recal::data {
 
 // Memory-mapped; each batch copies only its own rows.
 absl::StatusOr<std::unique_ptr<BatchSource>> OpenNpySource(const std::string& path, int64_t batch_size);
+// The same over any file (random_access_file.h): a mapped one as above, else the header
+// in one or two reads and each batch's rows in one read.
+absl::StatusOr<std::unique_ptr<BatchSource>> OpenNpySource(std::shared_ptr<const RandomAccessFile> file,
+                                                           int64_t batch_size);
 
 // Memory-mapped. `keys` are the positional inputs in order; empty = every tensor in the
 // file, sorted by name.
 absl::StatusOr<std::unique_ptr<BatchSource>> OpenSafetensorsSource(const std::string& path,
+                                                                   const std::vector<std::string>& keys,
+                                                                   int64_t batch_size);
+// The same over any file, as OpenNpySource: one read per key per batch when not mapped.
+absl::StatusOr<std::unique_ptr<BatchSource>> OpenSafetensorsSource(std::shared_ptr<const RandomAccessFile> file,
                                                                    const std::vector<std::string>& keys,
                                                                    int64_t batch_size);
 

@@ -128,6 +128,19 @@ at::Tensor Collector::Observe(const at::Tensor& input, const c10::optional<at::T
                           momentum, eps, cudnn_enabled);
   }
   if (locate_nonfinite_) LocateNonFinite(*layer, input);
+  if (input.scalar_type() == at::kBFloat16 || input.scalar_type() == at::kHalf) {
+    // A reduced-precision forward (autocast): widening to float32 is exact, so the float32
+    // path below measures exactly the activations this layer sees; its output goes on in
+    // the precision it came in.
+    return Measure(layer, input.to(at::kFloat), weight, bias, running_mean, eps, cudnn_enabled)
+        .to(input.scalar_type());
+  }
+  return Measure(layer, input, weight, bias, running_mean, eps, cudnn_enabled);
+}
+
+at::Tensor Collector::Measure(Layer* layer, const at::Tensor& input, const c10::optional<at::Tensor>& weight,
+                              const c10::optional<at::Tensor>& bias, const at::Tensor& running_mean,
+                              double eps, bool cudnn_enabled) {
   const int64_t channels = input.size(1);
   const int64_t n = channels > 0 ? input.numel() / channels : 0;  // values per channel
   at::Tensor out, mean, var;
@@ -137,7 +150,7 @@ at::Tensor Collector::Observe(const at::Tensor& input, const c10::optional<at::T
     // With momentum 1 the fused kernel leaves this batch's mean and unbiased variance in the
     // scratch buffers: the statistics come with no extra pass over the activations.
     at::Tensor batch_mean = at::zeros_like(running_mean);
-    at::Tensor batch_var = at::zeros_like(running_var);
+    at::Tensor batch_var = at::zeros_like(running_mean);
     out = at::batch_norm(input, weight, bias, batch_mean, batch_var, /*training=*/true,
                          /*momentum=*/1.0, eps, cudnn_enabled);
     // With n = 1 the kernel normalises correctly (every value is the mean: the output is the

@@ -69,6 +69,11 @@ class Collector {
 
  private:
   Layer* FindOrAddLayer(const at::Tensor& running_mean, const at::Tensor& running_var);
+  // Normalises a float32 or float64 `input` of a recalibrated layer by its batch statistics
+  // and records them.
+  at::Tensor Measure(Layer* layer, const at::Tensor& input, const c10::optional<at::Tensor>& weight,
+                     const c10::optional<at::Tensor>& bias, const at::Tensor& running_mean, double eps,
+                     bool cudnn_enabled);
   void LocateNonFinite(const Layer& layer, const at::Tensor& input);
 
   std::unordered_map<const void*, std::string> buffer_names_;

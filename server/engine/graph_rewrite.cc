@@ -4,6 +4,7 @@
 #include <set>
 
 #include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/passes/dead_code_elimination.h>
 #include <torch/csrc/jit/passes/inliner.h>
 
 #include "absl/strings/str_cat.h"
@@ -33,7 +34,7 @@ bool IsDropoutLike(const Node* node) {
   return kinds.count(node->kind().toQualString()) > 0;
 }
 
-void ReplaceBatchNorm(Graph& graph, Node* node, int64_t collector) {
+torch::jit::Value* ReplaceBatchNorm(Graph& graph, Node* node, int64_t collector) {
   torch::jit::WithInsertPoint guard(node);
   std::vector<torch::jit::NamedValue> args(node->inputs().begin(), node->inputs().end());
   args.emplace_back(c10::IValue(collector));
@@ -42,12 +43,44 @@ void ReplaceBatchNorm(Graph& graph, Node* node, int64_t collector) {
   observed->setType(node->output()->type());
   node->output()->replaceAllUsesWith(observed);
   node->destroy();
+  return observed;
+}
+
+int CountNodes(Block* block) {
+  int count = 0;
+  ForEachNode(block, [&](Node*) { ++count; });
+  return count;
+}
+
+// The node of the graph's top block that is or holds `node`.
+Node* TopLevelNodeOf(Graph& graph, Node* node) {
+  while (node->owningBlock() != graph.block()) node = node->owningBlock()->owningNode();
+  return node;
+}
+
+// Makes forward return None as soon as the last observed BatchNorm has run; dead-code
+// elimination then drops what only the old output needed. It keeps every node with side
+// effects (the observed operator is registered CONSERVATIVE, so it counts as one) and every
+// write to something that may alias module state, so the statistics of this batch and
+// the state the next batch starts from are those of the whole forward.
+int EndAtLastBatchNorm(Graph& graph, const std::vector<torch::jit::Value*>& observed) {
+  Node* last = nullptr;
+  for (torch::jit::Value* value : observed) {
+    Node* top = TopLevelNodeOf(graph, value->node());
+    if (last == nullptr || top->isAfter(last)) last = top;
+  }
+  torch::jit::WithInsertPoint guard(last->next());
+  torch::jit::Value* none = graph.insertConstant(c10::IValue());
+  const int before = CountNodes(graph.block());
+  for (size_t i = 0; i < graph.outputs().size(); ++i) graph.return_node()->replaceInput(i, none);
+  torch::jit::EliminateDeadCode(graph.block());
+  return before - CountNodes(graph.block());
 }
 
 }  // namespace
 
 absl::StatusOr<RewriteCounts> InstrumentForward(torch::jit::Module& module, int64_t collector,
-                                                v1::ModuleMode mode) {
+                                                v1::ModuleMode mode, bool end_at_last_batch_norm) {
   if (!module.find_method("forward")) {
     return absl::InvalidArgumentError("the model has no forward method");
   }
@@ -83,8 +116,10 @@ absl::StatusOr<RewriteCounts> InstrumentForward(torch::jit::Module& module, int6
         "the model's BatchNorm statistics are constants, not buffers (a frozen model, "
         "torch.jit.freeze): they cannot be written back; export the model before freezing");
   }
-  for (Node* node : batch_norms) ReplaceBatchNorm(*graph, node, collector);
+  std::vector<torch::jit::Value*> observed;
+  for (Node* node : batch_norms) observed.push_back(ReplaceBatchNorm(*graph, node, collector));
   counts.batch_norms = static_cast<int>(batch_norms.size());
+  if (end_at_last_batch_norm) counts.nodes_cut = EndAtLastBatchNorm(*graph, observed);
   return counts;
 }
 

@@ -13,6 +13,7 @@ namespace recal::engine {
 struct RewriteCounts {
   int batch_norms = 0;  // aten::batch_norm nodes now calling recal::observed_batch_norm
   int dropouts = 0;     // dropout-like nodes whose `train` argument was fixed by the mode
+  int nodes_cut = 0;    // nodes (nested ones included) the forward no longer runs
 };
 
 // Inlines `forward` and replaces each aten::batch_norm with recal::observed_batch_norm bound
@@ -20,8 +21,13 @@ struct RewriteCounts {
 // (traced models bake the mode in as a constant). Must run before the first forward: an
 // executor built earlier would never see the rewrite. Fails if there is no BatchNorm, or if
 // its statistics are constants (a frozen model).
+// With `end_at_last_batch_norm`, forward then returns None right after the last top-level
+// node that holds an observed BatchNorm, and what fed only the rest (a classifier head, a
+// loss, a decoder without BatchNorm) is removed: no statistic depends on it. Nodes with
+// side effects (attribute writes, in-place writes to module state, prints, raises) stay.
+// The rewritten module is for observing only; it is never saved.
 absl::StatusOr<RewriteCounts> InstrumentForward(torch::jit::Module& module, int64_t collector,
-                                                v1::ModuleMode mode);
+                                                v1::ModuleMode mode, bool end_at_last_batch_norm);
 
 // Names of Recal operators anywhere in the module's methods and their callees; a model to be
 // saved must have none.

@@ -21,6 +21,15 @@ enum class MemoryFormat { kAuto, kContiguous, kChannelsLast };
 absl::StatusOr<MemoryFormat> ParseMemoryFormat(absl::string_view name);  // auto|contiguous|channels_last
 const char* MemoryFormatName(MemoryFormat format);
 
+// The precision the forward computes in. float32: the model as it is (exact, the default).
+// bfloat16 / float16: under autocast (CPU: bfloat16 only; CUDA: both), so convolutions and
+// matrix products run in that type, as in a model deployed that way; every BatchNorm's
+// statistics are still accumulated in float64 from the activations it actually sees.
+enum class ComputeDtype { kFloat32, kBFloat16, kFloat16 };
+
+absl::StatusOr<ComputeDtype> ParseComputeDtype(absl::string_view name);  // float32|bfloat16|float16
+const char* ComputeDtypeName(ComputeDtype dtype);
+
 struct Options {
   v1::Estimator estimator = v1::POPULATION;
   v1::ModuleMode modules = v1::EVAL;
@@ -41,9 +50,13 @@ struct Options {
   int threads = 0;             // intra-op threads; 0 = LibTorch's default
   GraphPolicy graph_policy;    // what the model's graphs may do (server/engine/graph_validation.h)
   MemoryFormat memory_format = MemoryFormat::kAuto;
+  ComputeDtype compute_dtype = ComputeDtype::kFloat32;
   // false: the forward runs under at::NoGradGuard instead of c10::InferenceMode, only so
   // that bench/forward_levers can measure what inference mode gains.
   bool inference_mode = true;
+  // true: the forward ends at the last observed BatchNorm (InstrumentForward); false only
+  // so that bench/forward_levers and the tests can compare with the whole forward.
+  bool end_at_last_batch_norm = true;
 };
 
 // fvcore's default number of batches for precise BN.

@@ -10,6 +10,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
 #include <c10/core/InferenceMode.h>
 #include <caffe2/serialize/read_adapter_interface.h>
 #include <sys/stat.h>
@@ -181,6 +182,46 @@ void LayOutWeights(torch::jit::Module& model, at::MemoryFormat format) {
   }
 }
 
+// Autocast to `dtype` on `device` for one forward: thread-local state, restored after, and
+// the casts of weights it caches dropped with it (LibTorch's own scope does the same).
+class AutocastScope {
+ public:
+  AutocastScope(const c10::Device& device, ComputeDtype dtype) : cuda_(device.is_cuda()) {
+    if (dtype == ComputeDtype::kFloat32) return;
+    active_ = true;
+    const at::ScalarType type = dtype == ComputeDtype::kBFloat16 ? at::kBFloat16 : at::kHalf;
+    was_enabled_ = cuda_ ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
+    was_type_ = cuda_ ? at::autocast::get_autocast_gpu_dtype() : at::autocast::get_autocast_cpu_dtype();
+    if (cuda_) {
+      at::autocast::set_autocast_gpu_dtype(type);
+      at::autocast::set_enabled(true);
+    } else {
+      at::autocast::set_autocast_cpu_dtype(type);
+      at::autocast::set_cpu_enabled(true);
+    }
+    at::autocast::increment_nesting();
+  }
+  ~AutocastScope() {
+    if (!active_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    if (cuda_) {
+      at::autocast::set_enabled(was_enabled_);
+      at::autocast::set_autocast_gpu_dtype(was_type_);
+    } else {
+      at::autocast::set_cpu_enabled(was_enabled_);
+      at::autocast::set_autocast_cpu_dtype(was_type_);
+    }
+  }
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  const bool cuda_;
+  bool active_ = false;
+  bool was_enabled_ = false;
+  at::ScalarType was_type_ = at::kFloat;
+};
+
 double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
 }
@@ -210,6 +251,10 @@ absl::StatusOr<std::unique_ptr<Recalibration>> Recalibration::Create(const std::
   }
   if (options.target_rel_error < 0) {
     return absl::InvalidArgumentError("target_rel_error must not be negative");
+  }
+  if (options.compute_dtype == ComputeDtype::kFloat16 && !device->is_cuda()) {
+    // LibTorch 1.13's CPU autocast runs bfloat16 only.
+    return absl::InvalidArgumentError("compute dtype float16 needs a CUDA device; on the CPU use bfloat16");
   }
   if (options.threads > 0) at::set_num_threads(options.threads);
 
@@ -242,8 +287,9 @@ absl::StatusOr<std::unique_ptr<Recalibration>> Recalibration::Create(const std::
   if (options.memory_format != MemoryFormat::kAuto) run->SetMemoryFormat(options.memory_format);
   try {
     auto counts = InstrumentForward(observed, reinterpret_cast<int64_t>(run->collector_.get()),
-                                    options.modules);
+                                    options.modules, options.end_at_last_batch_norm);
     if (!counts.ok()) return counts.status();
+    run->forward_nodes_cut_ = counts->nodes_cut;
   } catch (const std::exception& e) {
     return TorchErrorStatus("cannot instrument the model's BatchNorm layers", e);
   }
@@ -317,6 +363,7 @@ absl::Status Recalibration::Forward(const std::vector<c10::IValue>& args) {
     // for every tensor the forward makes; the accumulators stay ordinary tensors (Moments).
     c10::InferenceMode inference(options_.inference_mode);
     at::NoGradGuard no_grad;
+    AutocastScope autocast(device_, options_.compute_dtype);
     observed_->forward(args);
   } catch (const std::exception& e) {
     return TorchErrorStatus(absl::StrCat("forward failed on batch ", batches_), e);
@@ -547,6 +594,8 @@ v1::RunReport Recalibration::Report() const {
   report.set_stopped_early(stopped_early_);
   report.set_seconds(seconds_);
   report.set_samples_per_second(seconds_ > 0 ? samples_ / seconds_ : 0);
+  report.set_memory_format(MemoryFormatName(memory_format_));
+  report.set_compute_dtype(ComputeDtypeName(options_.compute_dtype));
   for (const auto& layer : collector_->layers()) {
     auto old_mean = BufferAt(*observed_, layer->mean_key);
     auto old_var = BufferAt(*observed_, layer->var_key);

@@ -97,6 +97,8 @@ class Recalibration {
 
   int64_t batches() const { return batches_; }
   int64_t samples() const { return samples_; }
+  // Graph nodes the forward no longer runs (Options::end_at_last_batch_norm).
+  int forward_nodes_cut() const { return forward_nodes_cut_; }
 
  private:
   Recalibration(std::string model_path, Options options);
@@ -123,6 +125,7 @@ class Recalibration {
   int64_t samples_ = 0;
   double seconds_ = 0;
   bool stopped_early_ = false;
+  int forward_nodes_cut_ = 0;
 };
 
 }  // namespace recal::engine

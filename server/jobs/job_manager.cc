@@ -63,6 +63,18 @@ absl::Status JobManager::ValidateSpec(const std::string& tenant, const v1::JobSp
   }
   if (spec.options().max_batches() < 0) return absl::InvalidArgumentError("options.max_batches < 0");
   if (spec.options().target_rel_error() < 0) return absl::InvalidArgumentError("options.target_rel_error < 0");
+  // The engine parses these again in the worker; refused here so that a typo fails the
+  // submit, not the job.
+  if (const std::string& d = spec.options().compute_dtype();
+      !d.empty() && d != "float32" && d != "bfloat16" && d != "float16") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options.compute_dtype '", d, "': use float32, bfloat16 or float16"));
+  }
+  if (const std::string& f = spec.options().memory_format();
+      !f.empty() && f != "auto" && f != "contiguous" && f != "channels_last") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options.memory_format '", f, "': use auto, contiguous or channels_last"));
+  }
   if (spec.timeout_seconds() < 0) return absl::InvalidArgumentError("spec.timeout_seconds < 0");
   if (spec.shards() < 0 || spec.shards() > options_.max_shards) {
     return absl::InvalidArgumentError(

@@ -516,7 +516,7 @@ absl::StatusOr<ObjectMeta> S3Client::HeadObject(absl::string_view bucket, absl::
 }
 
 absl::StatusOr<size_t> S3Client::ReadRange(absl::string_view bucket, absl::string_view key, int64_t offset,
-                                           absl::Span<char> out) {
+                                           absl::Span<char> out, absl::string_view if_match) {
   RECAL_RETURN_IF_ERROR(CheckNames(bucket, key));
   if (offset < 0) return absl::InvalidArgumentError(absl::StrCat("ReadRange: negative offset ", offset));
   if (out.empty()) return 0;
@@ -530,6 +530,7 @@ absl::StatusOr<size_t> S3Client::ReadRange(absl::string_view bucket, absl::strin
                            r.bucket = std::string(bucket);
                            r.key = std::string(key);
                            r.headers.emplace_back("Range", absl::StrCat("bytes=", offset, "-", last));
+                           if (!if_match.empty()) r.headers.emplace_back("If-Match", absl::StrCat("\"", if_match, "\""));
                            // Checked before a byte lands in out: the bytes must be exactly those asked
                            // for, short only where the object ends.
                            r.on_headers = [&, name](int http, const std::map<std::string, std::string>& h)

@@ -96,9 +96,11 @@ class S3Client {
   // Up to out.size() bytes from offset into out; returns the count, less than out.size()
   // only where the object ends. offset == size returns 0; offset > size is OUT_OF_RANGE.
   // The response's Content-Range must describe exactly the bytes asked for (DATA_LOSS
-  // otherwise), so a server that ignores Range cannot pass off the wrong bytes.
+  // otherwise), so a server that ignores Range cannot pass off the wrong bytes. A non-empty
+  // if_match (an ETag from HeadObject) makes a replaced object FAILED_PRECONDITION, so that
+  // reads of one object by ranges never mix two versions.
   absl::StatusOr<size_t> ReadRange(absl::string_view bucket, absl::string_view key, int64_t offset,
-                                   absl::Span<char> out);
+                                   absl::Span<char> out, absl::string_view if_match = {});
   absl::StatusOr<std::string> GetObjectRange(absl::string_view bucket, absl::string_view key, int64_t offset,
                                              int64_t length);
 

@@ -12,6 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "server/data/batch_source.h"
 #include "server/data/normalization.h"
 #include "server/engine/recalibration.h"
@@ -23,7 +24,7 @@ namespace {
 
 namespace api = ::recal::v1;
 
-engine::Options EngineOptionsOf(const v1::Task& task) {
+absl::StatusOr<engine::Options> EngineOptionsOf(const v1::Task& task) {
   const v1::Recalibrate& job = task.recalibrate();
   const api::EngineOptions& o = job.spec().options();
   engine::Options options;
@@ -36,6 +37,16 @@ engine::Options EngineOptionsOf(const v1::Task& task) {
   options.target_rel_error = o.target_rel_error();
   options.device = job.device().empty() ? "cpu" : job.device();
   options.threads = job.threads();
+  if (!o.compute_dtype().empty()) {
+    auto dtype = engine::ParseComputeDtype(o.compute_dtype());
+    if (!dtype.ok()) return dtype.status();
+    options.compute_dtype = *dtype;
+  }
+  if (!o.memory_format().empty()) {
+    auto format = engine::ParseMemoryFormat(o.memory_format());
+    if (!format.ok()) return format.status();
+    options.memory_format = *format;
+  }
   return options;
 }
 
@@ -103,7 +114,7 @@ absl::Status WriteResults(const engine::Recalibration& run, const api::RunReport
 // The merge of a sharded job: the shards' statistics into one result.
 absl::Status Merge(const v1::Task& task, const TaskContext& context, const EventSink& send) {
   const v1::Recalibrate& job = task.recalibrate();
-  engine::Options options = EngineOptionsOf(task);
+  RECAL_ASSIGN_OR_RETURN(engine::Options options, EngineOptionsOf(task));
   options.graph_policy = GraphPolicyOf(task);
   auto run = engine::Recalibration::Create(context.model, options);
   if (!run.ok()) return run.status();
@@ -129,7 +140,7 @@ absl::Status Recalibrate(const v1::Task& task, const TaskContext& context, const
   const v1::Recalibrate& job = task.recalibrate();
   if (job.merge_size() > 0) return Merge(task, context, send);
   const bool shard = job.shard_count() > 1;
-  engine::Options options = EngineOptionsOf(task);
+  RECAL_ASSIGN_OR_RETURN(engine::Options options, EngineOptionsOf(task));
   options.graph_policy = GraphPolicyOf(task);
   auto data = OpenData(job, context, options);
   if (!data.ok()) return data.status();
@@ -199,7 +210,12 @@ void Attempt(v1::ProbeResult* result, const std::string& what, bool refused, con
 std::string Outcome(int rc) { return rc < 0 ? std::strerror(errno) : "succeeded"; }
 
 absl::Status Probe(const v1::SandboxProbe& probe, const TaskContext& context, const EventSink& send) {
-  if (probe.crash()) ::raise(SIGSEGV);
+  if (probe.crash()) {
+    // Killed by the signal, as a crash is: not caught by a sanitizer's handler (which would
+    // report it and exit 1 in an ASan build), nor by any other.
+    ::signal(SIGSEGV, SIG_DFL);
+    ::raise(SIGSEGV);
+  }
   v1::Event event;
   v1::ProbeResult* result = event.mutable_probe();
   {

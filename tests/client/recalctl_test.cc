@@ -275,6 +275,32 @@ TEST_F(RecalctlTest, SubmitsImageFolders) {
   EXPECT_TRUE(outside.out.empty());
 }
 
+TEST_F(RecalctlTest, ComputeDtypeAndMemoryFormatReachTheWorkerAndTheReport) {
+  const std::string report = tmp_.File("report.json"), bn = tmp_.File("bn.safetensors");
+  const Result run = Ctl({"run", kModel, "--data", "npy:data/resnet18.npy", "-o", tmp_.File("out.pt"), "--bn_out",
+                          bn, "--report", report, "--batch_size", "8", "--compute_dtype", "bfloat16",
+                          "--memory_format", "channels_last", "--output=json"});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_EQ(Parse<v1::Job>(run).spec().options().compute_dtype(), "bfloat16");
+  EXPECT_THAT(ReadBytes(report), HasSubstr("\"compute_dtype\": \"bfloat16\""));
+  EXPECT_THAT(ReadBytes(report), HasSubstr("\"memory_format\": \"channels_last\""));
+  // The statistics of a bfloat16 forward: near the float64 reference of the float32 model,
+  // not at its 1e-5.
+  const double error = WorstBnError(bn);
+  EXPECT_GT(error, 1e-5);
+  EXPECT_LT(error, 0.1);
+
+  // Names outside the lists are refused at submit (1), float16 on a CPU worker fails the job (5).
+  const Result typo = Ctl({"submit", "--model", "sha256:" + *Sha256OfFile(kModel), "--data",
+                           "npy:data/resnet18.npy", "--compute_dtype", "bf16"});
+  EXPECT_EQ(typo.exit_code, 1) << typo.err;
+  EXPECT_THAT(typo.err, HasSubstr("compute_dtype 'bf16'"));
+  const Result half = Ctl({"run", kModel, "--data", "npy:data/resnet18.npy", "-o", tmp_.File("half.pt"),
+                           "--batch_size", "8", "--compute_dtype", "float16"});
+  EXPECT_EQ(half.exit_code, 5) << half.err;
+  EXPECT_THAT(half.err, HasSubstr("float16 needs a CUDA device"));
+}
+
 TEST_F(RecalctlTest, FailedAndCancelledJobsHaveTheirExitCodes) {
   const Result failed = Ctl({"run", kModel, "--data", "npy:data/bn1d_2d.npy", "-o", tmp_.File("out.pt"),
                              "--batch_size", "8", "--output=json"});

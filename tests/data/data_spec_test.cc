@@ -42,6 +42,30 @@ TEST(DataSpec, TrailingColonAllowsColonsInSafetensorsPath) {
   EXPECT_EQ(DataSpecToString(*s), "safetensors:/d/a:b.safetensors:");
 }
 
+TEST(DataSpec, S3UrlColonIsNotTheKeySeparator) {
+  absl::StatusOr<DataSpec> s = ParseDataSpec("safetensors:s3://bucket/d/x.safetensors");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->path, "s3://bucket/d/x.safetensors");
+  EXPECT_TRUE(s->keys.empty());
+  EXPECT_EQ(DataSpecToString(*s), "safetensors:s3://bucket/d/x.safetensors");
+  s = ParseDataSpec("safetensors:s3://bucket/x.st:images,labels?scale=255");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->path, "s3://bucket/x.st");
+  EXPECT_EQ(s->keys, (std::vector<std::string>{"images", "labels"}));
+  EXPECT_EQ(DataSpecToString(*s), "safetensors:s3://bucket/x.st:images,labels?scale=255");
+  // A key with ':' in the object's name: a trailing ':' as for local paths.
+  s = ParseDataSpec("safetensors:s3://bucket/a:b.st:");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->path, "s3://bucket/a:b.st");
+  EXPECT_EQ(DataSpecToString(*s), "safetensors:s3://bucket/a:b.st:");
+  s = ParseDataSpec("npy:s3://bucket/x.npy?mean=1&std=2");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->path, "s3://bucket/x.npy");
+  s = ParseDataSpec("images:s3://bucket/imgs/?resize=8&crop=4&mean=0,0,0&std=1,1,1");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->path, "s3://bucket/imgs/");
+}
+
 TEST(DataSpec, ParsesTensorFileNormalization) {
   absl::StatusOr<DataSpec> s = ParseDataSpec("safetensors:/d/x.st:images?scale=255&mean=0.5,0.25&std=0.2,0.1");
   ASSERT_TRUE(s.ok()) << s.status();

@@ -40,7 +40,8 @@ def forward(self, x):
 }
 
 // A 3x3 convolution (dense, or depthwise with `depthwise`) into `bn`; with
-// `flatten_by_view` the output is flattened with view(), which channels-last cannot do.
+// `flatten_by_view` its output is flattened with view(), which channels-last cannot do, and
+// unflattened into `bn` again (before a BatchNorm: the forward does not end before it).
 torch::jit::Module MakeConvNet(int64_t channels, bool depthwise, bool flatten_by_view = false) {
   torch::jit::Module net("ConvNet");
   net.register_attribute("training", c10::BoolType::get(), true);
@@ -50,7 +51,8 @@ torch::jit::Module MakeConvNet(int64_t channels, bool depthwise, bool flatten_by
   net.define(std::string(R"(
 def forward(self, x):
     y = self.bn.forward(torch.conv2d(x, self.weight, None, [1, 1], [1, 1], [1, 1], self.groups))
-)") + (flatten_by_view ? "    return y.view(y.size(0), -1)\n" : "    return y\n"));
+)") + (flatten_by_view ? "    return self.bn.forward(y.view(y.size(0), -1).view(y.size()))\n"
+                                         : "    return y\n"));
   return net;
 }
 
@@ -454,7 +456,7 @@ TEST(Recalibration, AutoFallsBackToContiguousForModelsThatViewActivations) {
   ASSERT_TRUE(direct.ok()) << direct.status();
   // The failed channels-last attempt left nothing behind: same calls, same statistics.
   v1::RunReport a = (*fallen_back)->Report(), b = (*direct)->Report();
-  EXPECT_EQ(a.layers(0).calls_per_forward(), 1.0);
+  EXPECT_EQ(a.layers(0).calls_per_forward(), 2.0);
   EXPECT_EQ(a.layers(0).samples(), b.layers(0).samples());
   ASSERT_TRUE((*fallen_back)->WriteBatchNormBuffers(tmp.File("a.safetensors")).ok());
   ASSERT_TRUE((*direct)->WriteBatchNormBuffers(tmp.File("b.safetensors")).ok());
@@ -490,6 +492,52 @@ TEST(Recalibration, ShardsFedInInferenceModeMergeAndSave) {
   ASSERT_TRUE((*whole)->WriteBatchNormBuffers(tmp.File("w.safetensors")).ok());
   auto merged = ReadSafetensors(tmp.File("a.safetensors")), unsharded = ReadSafetensors(tmp.File("w.safetensors"));
   ExpectRelClose(merged["bn.running_var"], unsharded["bn.running_var"], 1e-12);
+}
+
+TEST(Recalibration, BFloat16ForwardMeasuresTheActivationsItComputes) {
+  // Under bfloat16 autocast the convolution runs in bfloat16; the BatchNorm's statistics
+  // are those of that bfloat16 output, accumulated in float64.
+  recal::testing::TempDir tmp;
+  at::manual_seed(12);
+  torch::jit::Module net = MakeConvNet(8, /*depthwise=*/false);
+  const at::Tensor weight = net.attr("weight").toTensor();
+  const std::string model = SaveModule(net, tmp.File("conv.pt"));
+  std::vector<at::Tensor> batches = {at::randn({8, 8, 12, 12}) + 0.5, at::randn({5, 8, 12, 12}) * 2.0};
+  std::vector<at::Tensor> seen;
+  for (const at::Tensor& b : batches) {
+    seen.push_back(at::conv2d(b.to(at::kBFloat16), weight.to(at::kBFloat16), {}, 1, 1).to(at::kDouble));
+  }
+  Options options;
+  options.memory_format = MemoryFormat::kContiguous;
+  options.compute_dtype = ComputeDtype::kBFloat16;
+  auto run = RunOn(model, batches, options);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ((*run)->Report().compute_dtype(), "bfloat16");
+  ASSERT_TRUE((*run)->WriteBatchNormBuffers(tmp.File("bf16.safetensors")).ok());
+  auto bf16 = ReadSafetensors(tmp.File("bf16.safetensors"));
+  ExpectStatsClose(bf16, "bn.", Float64Stats(seen), 1e-6);
+
+  // And close to the float32 forward's: bfloat16 keeps 8 significant bits (2^-9 relative
+  // rounding of each input and product; sums accumulate in float32).
+  auto exact = RunOn(model, batches, {});
+  ASSERT_TRUE(exact.ok()) << exact.status();
+  EXPECT_EQ((*exact)->Report().compute_dtype(), "float32");
+  ASSERT_TRUE((*exact)->WriteBatchNormBuffers(tmp.File("f32.safetensors")).ok());
+  auto f32 = ReadSafetensors(tmp.File("f32.safetensors"));
+  const at::Tensor f32_mean = f32["bn.running_mean"].to(at::kDouble), f32_var = f32["bn.running_var"].to(at::kDouble);
+  ExpectStatsClose(bf16, "bn.", {f32_mean, f32_var}, 1e-2);
+  EXPECT_FALSE(bf16["bn.running_var"].equal(f32["bn.running_var"]));  // it did run in bfloat16
+}
+
+TEST(Recalibration, Float16ForwardNeedsCuda) {
+  recal::testing::TempDir tmp;
+  const std::string model = SaveModule(MakeNet(3), tmp.File("net.pt"));
+  Options options;
+  options.compute_dtype = ComputeDtype::kFloat16;
+  auto run = Recalibration::Create(model, options);
+  ASSERT_FALSE(run.ok());
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(run.status().message(), HasSubstr("float16 needs a CUDA device"));
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 #include "absl/time/clock.h"
 #include "common/sha256.h"
 #include "gtest/gtest.h"
+#include "tests/s3/moto_server.h"
 #include "tests/s3/test_http_server.h"
 #include "tests/test_util.h"
 
@@ -33,125 +34,11 @@ namespace {
 
 using recal::testing::TempDir;
 using recal::testing::WriteBytes;
+using testing::FindOnPath;
 using testing::HttpReply;
+using testing::MotoServer;
 using testing::ScriptedHttpServer;
 using testing::ScriptedReply;
-
-std::string FindOnPath(const std::string& name) {
-  const char* path = std::getenv("PATH");
-  if (path == nullptr) return "";
-  for (absl::string_view dir : absl::StrSplit(path, ':')) {
-    if (dir.empty()) continue;
-    std::string candidate = absl::StrCat(dir, "/", name);
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return "";
-}
-
-size_t Append(char* data, size_t size, size_t n, void* out) {
-  static_cast<std::string*>(out)->append(data, size * n);
-  return size * n;
-}
-
-// A plain HTTP request for the test's own setup (moto's IAM and control API). `service`
-// non-empty: signed for that service with placeholder keys (moto routes on the credential
-// scope; authentication is still off while the setup runs).
-absl::StatusOr<std::string> HttpPost(const std::string& endpoint, const std::string& path, const std::string& body,
-                                     const std::string& service) {
-  CURL* curl = curl_easy_init();
-  std::string out;
-  curl_slist* headers = nullptr;
-  if (!service.empty()) {
-    auto e = ParseEndpoint(endpoint);
-    SigningRequest r{"POST", path, {}, {{"Host", e->HostHeader()}, {"Content-Type", "application/x-www-form-urlencoded"}},
-                     Sha256Hex(body), false};
-    auto s = SignV4(r, {{"AKIAIOSFODNN7EXAMPLE", "setup", ""}, "us-east-1", service, absl::Now()});
-    if (!s.ok()) return s.status();
-    headers = curl_slist_append(headers, "Content-Type: application/x-www-form-urlencoded");
-    for (const auto& [k, v] : s->headers_to_add) headers = curl_slist_append(headers, absl::StrCat(k, ": ", v).c_str());
-  } else {
-    // moto's control API reads the raw body, which a form content type would hide.
-    headers = curl_slist_append(headers, "Content-Type: text/plain");
-  }
-  const std::string url = endpoint + path;
-  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(curl, CURLOPT_POSTFIELDS, body.c_str());
-  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
-  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, Append);
-  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &out);
-  curl_easy_setopt(curl, CURLOPT_TIMEOUT, 20L);
-  const CURLcode rc = curl_easy_perform(curl);
-  long http = 0;
-  curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &http);
-  curl_slist_free_all(headers);
-  curl_easy_cleanup(curl);
-  if (rc != CURLE_OK) return absl::UnavailableError(curl_easy_strerror(rc));
-  if (http != 200) return absl::InternalError(absl::StrCat("HTTP ", http, ": ", out));
-  return out;
-}
-
-std::string Between(const std::string& s, const std::string& open, const std::string& close) {
-  const size_t a = s.find(open);
-  if (a == std::string::npos) return "";
-  const size_t b = s.find(close, a + open.size());
-  return b == std::string::npos ? "" : s.substr(a + open.size(), b - a - open.size());
-}
-
-std::string FormEncode(absl::string_view s) { return UriEncode(s, false); }
-
-// moto_server on 127.0.0.1, a free port, in its own process group; stopped (the group,
-// by its id) on destruction.
-class MotoServer {
- public:
-  // Forks moto_server; Ready() waits for it to answer.
-  static std::unique_ptr<MotoServer> Launch(const std::string& binary, const std::string& log) {
-    auto m = std::unique_ptr<MotoServer>(new MotoServer);
-    m->port_ = testing::UnusedPort();
-    m->pid_ = ::fork();
-    if (m->pid_ == 0) {
-      ::setpgid(0, 0);
-      FILE* f = std::freopen(log.c_str(), "w", stdout);
-      (void)f;
-      ::dup2(STDOUT_FILENO, STDERR_FILENO);
-      const std::string port = std::to_string(m->port_);
-      ::execl(binary.c_str(), binary.c_str(), "-H", "127.0.0.1", "-p", port.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    ::setpgid(m->pid_, m->pid_);
-    return m;
-  }
-  bool Ready() {
-    const absl::Time deadline = absl::Now() + absl::Seconds(30);
-    while (absl::Now() < deadline) {
-      if (HttpPost(endpoint(), "/moto-api/reset-auth", "inf", "").ok()) return true;
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return false;
-      }
-      absl::SleepFor(absl::Milliseconds(100));
-    }
-    return false;
-  }
-  static std::unique_ptr<MotoServer> Start(const std::string& binary, const std::string& log) {
-    auto m = Launch(binary, log);
-    return m->Ready() ? std::move(m) : nullptr;
-  }
-  ~MotoServer() { Stop(); }
-  void Stop() {
-    if (pid_ <= 0) return;
-    ::kill(-pid_, SIGTERM);
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-    pid_ = -1;
-  }
-  std::string endpoint() const { return absl::StrCat("http://127.0.0.1:", port_); }
-
- private:
-  MotoServer() = default;
-  pid_t pid_ = -1;
-  int port_ = 0;
-};
 
 S3ClientOptions FastOptions(const std::string& endpoint, Credentials creds) {
   S3ClientOptions o;
@@ -196,23 +83,12 @@ class S3ClientMoto : public ::testing::Test {
     }
     moto_ = plain.release();
     moto_auth_ = auth.release();
-    const std::string ep = moto_auth_->endpoint();
-    const std::string v = "&Version=2010-05-08";
-    auto user = HttpPost(ep, "/", "Action=CreateUser&UserName=recal" + v, "iam");
-    auto key = HttpPost(ep, "/", "Action=CreateAccessKey&UserName=recal" + v, "iam");
-    const std::string policy =
-        R"({"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"s3:*","Resource":"*"}]})";
-    auto put_policy = HttpPost(
-        ep, "/", "Action=PutUserPolicy&UserName=recal&PolicyName=s3&PolicyDocument=" + FormEncode(policy) + v, "iam");
-    if (!user.ok() || !key.ok() || !put_policy.ok()) {
-      setup_error_ = new std::string(absl::StrCat("moto IAM setup failed: ", user.status().ToString(), " ",
-                                                  key.status().ToString(), " ", put_policy.status().ToString()));
+    absl::StatusOr<Credentials> creds = testing::EnableAuth(moto_auth_->endpoint());
+    if (!creds.ok()) {
+      setup_error_ = new std::string(creds.status().ToString());
       return;
     }
-    creds_ = new Credentials{Between(*key, "<AccessKeyId>", "</AccessKeyId>"),
-                             Between(*key, "<SecretAccessKey>", "</SecretAccessKey>"), ""};
-    auto auth_on = HttpPost(ep, "/moto-api/reset-auth", "0", "");
-    if (!auth_on.ok()) setup_error_ = new std::string("moto reset-auth failed: " + auth_on.status().ToString());
+    creds_ = new Credentials(*std::move(creds));
   }
 
   static void TearDownTestSuite() {

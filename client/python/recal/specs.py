@@ -225,14 +225,16 @@ def _enum(enum, value, names, what):
 _ESTIMATORS = {"population": report_pb2.POPULATION, "batch_average": report_pb2.BATCH_AVERAGE}
 _MODULES = {"eval": report_pb2.EVAL, "train": report_pb2.TRAIN, "as_saved": report_pb2.AS_SAVED}
 ENGINE_OPTIONS = ("estimator", "modules", "include", "exclude", "max_batches", "allow_short_data",
-                  "target_rel_error")
+                  "target_rel_error", "compute_dtype", "memory_format")
 
 
 def engine_options(**options):
     """EngineOptions from keyword arguments (None: the server's default):
     estimator "population" | "batch_average", modules "eval" | "train" | "as_saved",
     include / exclude (regular expressions searched in layer names), max_batches,
-    allow_short_data, target_rel_error."""
+    allow_short_data, target_rel_error, compute_dtype "float32" | "bfloat16" | "float16"
+    (the forward's precision, under autocast; statistics stay float64), memory_format
+    "auto" | "contiguous" | "channels_last"."""
     unknown = sorted(set(options) - set(ENGINE_OPTIONS))
     if unknown:
         raise TypeError("unknown engine option(s) %s; expected %s"
