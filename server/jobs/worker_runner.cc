@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
@@ -22,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/sanitizers.h"
 #include "server/worker/channel.h"
 
 extern char** environ;
@@ -149,8 +151,17 @@ absl::StatusOr<wire::Event> WorkerRunner::Run(const wire::Task& task, const std:
   for (std::string& arg : args) argv.push_back(arg.data());
   argv.push_back(nullptr);
   // Nothing of the server's environment (credentials, tokens) reaches the model.
-  std::string path_env = "PATH=/usr/bin:/bin", lang_env = "LANG=C.UTF-8";
-  char* envp[] = {path_env.data(), lang_env.data(), nullptr};
+  std::vector<std::string> env = {"PATH=/usr/bin:/bin", "LANG=C.UTF-8"};
+  // A sanitizer build (tests only) passes the runtime's own options on (suppressions, leak
+  // checks, halt on error): the worker is checked as the server is.
+  if (kSanitizer != nullptr) {
+    for (const char* name : {"ASAN_OPTIONS", "LSAN_OPTIONS", "UBSAN_OPTIONS", "TSAN_OPTIONS"}) {
+      if (const char* value = std::getenv(name)) env.push_back(absl::StrCat(name, "=", value));
+    }
+  }
+  std::vector<char*> envp;
+  for (std::string& entry : env) envp.push_back(entry.data());
+  envp.push_back(nullptr);
 
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
@@ -174,7 +185,7 @@ absl::StatusOr<wire::Event> WorkerRunner::Run(const wire::Task& task, const std:
   posix_spawnattr_setsigdefault(&attributes, &defaults);
   posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
   pid_t pid = -1;
-  const int spawned = ::posix_spawn(&pid, options_.binary.c_str(), &actions, &attributes, argv.data(), envp);
+  const int spawned = ::posix_spawn(&pid, options_.binary.c_str(), &actions, &attributes, argv.data(), envp.data());
   if (spawned != 0) {
     return absl::InternalError(absl::StrCat("cannot start ", options_.binary, ": ", std::strerror(spawned)));
   }

@@ -192,6 +192,68 @@ TEST_F(ServerTest, UploadsAreContentAddressedVerifiedAndResumable) {
   EXPECT_THAT(oversize.error_message(), HasSubstr("max_model_bytes"));
 }
 
+// Four clients upload the same bytes at once into the one partial upload their tenant has:
+// a chunk at an offset another client has just filled is refused (FAILED_PRECONDITION), and
+// the client resumes from the committed size, as a real client does. All end with the same
+// model, stored once and whole.
+TEST_F(ServerTest, ConcurrentUploadsOfTheSameBytesEndInOneModel) {
+  const std::string bytes = ReadBytes(kModel);
+  const std::string hex = Sha256Hex(bytes);
+  constexpr int kClients = 4;
+  std::vector<std::string> ids(kClients), errors(kClients);
+  std::vector<int> attempts(kClients, 0);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.emplace_back([&, i] {
+      auto stub = server_->Stub();
+      while (++attempts[i] <= 100) {
+        grpc::ClientContext context;
+        v1::GetUploadStatusRequest request;
+        request.set_sha256(hex);
+        v1::UploadStatus upload;
+        grpc::Status status = stub->GetUploadStatus(&context, request, &upload);
+        if (!status.ok()) {
+          errors[i] = "GetUploadStatus: " + status.error_message();
+          return;
+        }
+        v1::Model model;
+        status = Upload(*stub, bytes, &model, upload.committed_size(), -1, "", false, 256 << 10);
+        if (status.ok()) {
+          ids[i] = model.id();
+          return;
+        }
+        if (status.error_code() != grpc::StatusCode::FAILED_PRECONDITION) {
+          errors[i] = "UploadModel: " + status.error_message();
+          return;
+        }
+      }
+      errors[i] = "not uploaded after 100 attempts";
+    });
+  }
+  for (std::thread& client : clients) client.join();
+  for (int i = 0; i < kClients; ++i) {
+    EXPECT_EQ(errors[i], "") << "client " << i;
+    EXPECT_EQ(ids[i], ids[0]) << "client " << i;
+  }
+  ASSERT_FALSE(ids[0].empty());
+  grpc::ClientContext context;
+  v1::ListModelsRequest request;
+  v1::ListModelsResponse models;
+  ASSERT_TRUE(stub_->ListModels(&context, request, &models).ok());
+  ASSERT_EQ(models.models_size(), 1);
+  EXPECT_EQ(models.models(0).id(), ids[0]);
+  EXPECT_EQ(models.models(0).size(), static_cast<int64_t>(bytes.size()));
+  EXPECT_EQ(models.models(0).layers_size(), 20);
+  // Nothing is left half-uploaded, and the stored model runs.
+  grpc::ClientContext status_context;
+  v1::GetUploadStatusRequest status_request;
+  status_request.set_sha256(hex);
+  v1::UploadStatus upload;
+  ASSERT_TRUE(stub_->GetUploadStatus(&status_context, status_request, &upload).ok());
+  EXPECT_EQ(upload.model_id(), ids[0]);
+  WaitForState(*stub_, Submit(NpyJob(ids[0], "data/resnet18.npy", 8)).id(), v1::SUCCEEDED);
+}
+
 TEST_F(ServerTest, BadSpecsAndPathsOutsideTheDataRootsAreRefused) {
   const std::string model_id = UploadModel();
   fs::create_symlink("/etc/passwd", own_root() + "/escape_link.npy");
