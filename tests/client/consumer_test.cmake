@@ -1,7 +1,7 @@
 # Installs the client library into a fresh prefix, then configures, builds and runs
 # client/example_consumer against it: what another project does with find_package.
 # -D BUILD_DIR=<this build tree> -D SOURCE_DIR=<client/example_consumer> -D WORK_DIR=<scratch>
-#    -D LAUNCHER=<compiler launcher or empty>
+#    -D LAUNCHER=<compiler launcher or empty> -D SANITIZE=<RECAL_SANITIZE or empty>
 file(REMOVE_RECURSE ${WORK_DIR})
 set(prefix ${WORK_DIR}/prefix)
 
@@ -20,8 +20,13 @@ foreach(installed include/recal/client.h include/recal/data.h include/recal/v1/r
     message(FATAL_ERROR "not installed: ${installed}")
   endif()
 endforeach()
+# A sanitizer build's library needs the sanitizer's runtime in the program that links it.
+set(sanitize_flags "")
+if(SANITIZE)
+  set(sanitize_flags "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=${SANITIZE}")
+endif()
 run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/build -G Ninja -DCMAKE_BUILD_TYPE=Release
-    -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_CXX_COMPILER_LAUNCHER=${LAUNCHER})
+    -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_CXX_COMPILER_LAUNCHER=${LAUNCHER} ${sanitize_flags})
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run(${WORK_DIR}/build/recal_example)
 if(NOT last_output MATCHES "data source: safetensors:calib/images.safetensors:pixels")

@@ -44,6 +44,8 @@ METRICS = {
 }
 SHUTDOWN_TIMEOUT_S = 20  # recal-server --shutdown_timeout_seconds default
 OWN_LIBS = {"librecal_engine.so"}
+# A sanitizer build (scripts/sanitize.sh) links GCC's sanitizer runtimes, which no image ships.
+SANITIZER_RUNTIMES = re.compile(r"^lib(asan|ubsan|tsan|lsan)\.so")
 # Packages only the tests and benchmarks need: never in the image's build stage.
 TEST_ONLY_PKGS = {"libgtest-dev", "libgmock-dev", "libbenchmark-dev", "python3-torch",
                   "python3-torchvision", "postgresql"}
@@ -863,7 +865,7 @@ def owners(paths):
     return {p: set().union(*(by_file.get(v, set()) for v in vs)) for p, vs in variants.items()}
 
 
-def check_runtime_deps(binaries, runtime_pkgs):
+def check_runtime_deps(binaries, runtime_pkgs, sanitizer_build=False):
     print("(d) runtime libraries")
     if not shutil.which("dpkg-query") or not shutil.which("ldd"):
         check(False, "dpkg-query and ldd are needed")
@@ -877,6 +879,11 @@ def check_runtime_deps(binaries, runtime_pkgs):
     for b in binaries:
         found, missing = ldd(b)
         check(not missing, f"{os.path.basename(b)}: every library found ({missing})")
+        if sanitizer_build:
+            runtimes = sorted(k for k in found if SANITIZER_RUNTIMES.match(k))
+            if runtimes:
+                print(f"  note {os.path.basename(b)}: left out, a sanitizer build's runtimes: {runtimes}")
+            found = {k: v for k, v in found.items() if not SANITIZER_RUNTIMES.match(k)}
         libs.update({k: v for k, v in found.items() if k not in OWN_LIBS})
         print(f"  note {os.path.basename(b)}: {len(found)} libraries")
     own = owners(sorted(set(libs.values())))
@@ -1232,6 +1239,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--source", default=os.path.join(os.path.dirname(__file__), "..", ".."))
     ap.add_argument("--server", help="recal-server, whose --helpfull lists the flags command lines may use")
+    ap.add_argument("--sanitizer-build", action="store_true",
+                    help="the binaries are a sanitizer build's: leave its runtimes (libasan, libtsan...) out")
     ap.add_argument("binaries", nargs="*", help="recal-server, recal-worker, recalctl, librecal_engine.so")
     a = ap.parse_args()
     source = os.path.abspath(a.source)
@@ -1258,7 +1267,7 @@ def main():
     check_dockerfile(source, runtime_pkgs, image, shared)
     check_entrypoint_script(source)
     if a.binaries:
-        check_runtime_deps(a.binaries, runtime_pkgs)
+        check_runtime_deps(a.binaries, runtime_pkgs, a.sanitizer_build)
     else:
         check(False, "(d) no binaries given")
     check_k8s(deploy, image)
