@@ -54,6 +54,21 @@ struct S3Client::Response {
 
 namespace {
 
+// A request for an object (or, with an empty key, its bucket), the rest defaulted.
+S3Client::Request NewRequest(const char* what, const char* method, absl::string_view bucket,
+                             absl::string_view key) {
+  S3Client::Request r;
+  r.what = what;
+  r.method = method;
+  r.bucket = std::string(bucket);
+  r.key = std::string(key);
+  return r;
+}
+
+}  // namespace
+
+namespace {
+
 constexpr size_t kMaxErrorBody = 64 << 10;
 constexpr int64_t kMinPartSize = 5 << 20;
 constexpr int kMaxParts = 10000;
@@ -485,22 +500,15 @@ absl::Status CheckNames(absl::string_view bucket, absl::string_view key) {
 absl::StatusOr<ObjectMeta> S3Client::HeadObject(absl::string_view bucket, absl::string_view key) {
   RECAL_RETURN_IF_ERROR(CheckNames(bucket, key));
   RECAL_ASSIGN_OR_RETURN(Response resp, Execute([&] {
-                           Request r;
-                           r.what = "HeadObject";
-                           r.method = "HEAD";
+                           Request r = NewRequest("HeadObject", "HEAD", bucket, key);
                            r.head = true;
-                           r.bucket = std::string(bucket);
-                           r.key = std::string(key);
                            return r;
                          }));
   if (resp.http == 404) {
     // A HEAD answer has no body to say whether the key or the bucket is missing: ask.
     RECAL_ASSIGN_OR_RETURN(Response b, Execute([&] {
-                             Request r;
-                             r.what = "HeadBucket";
-                             r.method = "HEAD";
+                             Request r = NewRequest("HeadBucket", "HEAD", bucket, "");
                              r.head = true;
-                             r.bucket = std::string(bucket);
                              return r;
                            }));
     if (b.http == 404) b.error.code = "NoSuchBucket";
@@ -525,10 +533,7 @@ absl::StatusOr<size_t> S3Client::ReadRange(absl::string_view bucket, absl::strin
   size_t filled = 0;
   RECAL_ASSIGN_OR_RETURN(Response resp, Execute([&] {
                            filled = 0;  // a retry starts over
-                           Request r;
-                           r.what = "GetObject";
-                           r.bucket = std::string(bucket);
-                           r.key = std::string(key);
+                           Request r = NewRequest("GetObject", "GET", bucket, key);
                            r.headers.emplace_back("Range", absl::StrCat("bytes=", offset, "-", last));
                            if (!if_match.empty()) r.headers.emplace_back("If-Match", absl::StrCat("\"", if_match, "\""));
                            // Checked before a byte lands in out: the bytes must be exactly those asked
@@ -606,10 +611,7 @@ absl::Status S3Client::GetObject(absl::string_view bucket, absl::string_view key
   int64_t total = -1;
   std::string etag;
   RECAL_ASSIGN_OR_RETURN(Response resp, Execute([&] {
-                           Request r;
-                           r.what = "GetObject";
-                           r.bucket = std::string(bucket);
-                           r.key = std::string(key);
+                           Request r = NewRequest("GetObject", "GET", bucket, key);
                            const int64_t resume_at = delivered;
                            if (resume_at > 0) {
                              // Resume where the broken transfer stopped, from the same version.
@@ -664,11 +666,7 @@ absl::StatusOr<std::string> S3Client::PutObject(absl::string_view bucket, absl::
 absl::StatusOr<std::string> S3Client::PutObject(absl::string_view bucket, absl::string_view key, const Body& body) {
   RECAL_RETURN_IF_ERROR(CheckNames(bucket, key));
   RECAL_ASSIGN_OR_RETURN(Response resp, Execute([&] {
-                           Request r;
-                           r.what = "PutObject";
-                           r.method = "PUT";
-                           r.bucket = std::string(bucket);
-                           r.key = std::string(key);
+                           Request r = NewRequest("PutObject", "PUT", bucket, key);
                            r.body = &body;
                            return r;
                          }));
@@ -679,11 +677,7 @@ absl::StatusOr<std::string> S3Client::PutObject(absl::string_view bucket, absl::
 absl::StatusOr<std::string> S3Client::CreateMultipartUpload(absl::string_view bucket, absl::string_view key) {
   RECAL_RETURN_IF_ERROR(CheckNames(bucket, key));
   RECAL_ASSIGN_OR_RETURN(Response resp, Execute([&] {
-                           Request r;
-                           r.what = "CreateMultipartUpload";
-                           r.method = "POST";
-                           r.bucket = std::string(bucket);
-                           r.key = std::string(key);
+                           Request r = NewRequest("CreateMultipartUpload", "POST", bucket, key);
                            r.query = {{"uploads", ""}};
                            return r;
                          }));
@@ -698,11 +692,8 @@ absl::StatusOr<std::string> S3Client::UploadPart(absl::string_view bucket, absl:
     return absl::InvalidArgumentError(absl::StrCat("UploadPart: part number ", part_number, " outside 1..", kMaxParts));
   }
   RECAL_ASSIGN_OR_RETURN(Response resp, Execute([&] {
-                           Request r;
+                           Request r = NewRequest("", "PUT", bucket, key);
                            r.what = absl::StrCat("UploadPart ", part_number, " of");
-                           r.method = "PUT";
-                           r.bucket = std::string(bucket);
-                           r.key = std::string(key);
                            r.query = {{"partNumber", absl::StrCat(part_number)}, {"uploadId", std::string(upload_id)}};
                            r.body = &body;
                            return r;
@@ -725,11 +716,7 @@ absl::StatusOr<std::string> S3Client::CompleteMultipartUpload(absl::string_view 
   xml += "</CompleteMultipartUpload>";
   const Body body = BodyFromBytes(xml);
   RECAL_ASSIGN_OR_RETURN(Response resp, Execute([&] {
-                           Request r;
-                           r.what = "CompleteMultipartUpload";
-                           r.method = "POST";
-                           r.bucket = std::string(bucket);
-                           r.key = std::string(key);
+                           Request r = NewRequest("CompleteMultipartUpload", "POST", bucket, key);
                            r.query = {{"uploadId", std::string(upload_id)}};
                            r.headers = {{"Content-Type", "application/xml"}};
                            r.body = &body;
@@ -745,11 +732,7 @@ absl::Status S3Client::AbortMultipartUpload(absl::string_view bucket, absl::stri
                                             absl::string_view upload_id) {
   RECAL_RETURN_IF_ERROR(CheckNames(bucket, key));
   RECAL_ASSIGN_OR_RETURN(Response resp, Execute([&] {
-                           Request r;
-                           r.what = "AbortMultipartUpload";
-                           r.method = "DELETE";
-                           r.bucket = std::string(bucket);
-                           r.key = std::string(key);
+                           Request r = NewRequest("AbortMultipartUpload", "DELETE", bucket, key);
                            r.query = {{"uploadId", std::string(upload_id)}};
                            return r;
                          }));
@@ -799,9 +782,7 @@ absl::StatusOr<ListPage> S3Client::ListObjectsPage(absl::string_view bucket, abs
     return absl::InvalidArgumentError(absl::StrCat("ListObjects: max_keys ", max_keys, " outside 1..1000"));
   }
   RECAL_ASSIGN_OR_RETURN(Response resp, Execute([&] {
-                           Request r;
-                           r.what = "ListObjectsV2";
-                           r.bucket = std::string(bucket);
+                           Request r = NewRequest("ListObjectsV2", "GET", bucket, "");
                            r.query = {{"list-type", "2"}, {"max-keys", absl::StrCat(max_keys)}};
                            if (!prefix.empty()) r.query.emplace_back("prefix", std::string(prefix));
                            if (!continuation_token.empty()) {
@@ -839,11 +820,7 @@ absl::StatusOr<std::vector<ObjectInfo>> S3Client::ListObjects(absl::string_view 
 absl::Status S3Client::DeleteObject(absl::string_view bucket, absl::string_view key) {
   RECAL_RETURN_IF_ERROR(CheckNames(bucket, key));
   RECAL_ASSIGN_OR_RETURN(Response resp, Execute([&] {
-                           Request r;
-                           r.what = "DeleteObject";
-                           r.method = "DELETE";
-                           r.bucket = std::string(bucket);
-                           r.key = std::string(key);
+                           Request r = NewRequest("DeleteObject", "DELETE", bucket, key);
                            return r;
                          }));
   return CheckOk(resp, "DeleteObject", bucket, key);
@@ -859,10 +836,7 @@ absl::Status S3Client::CreateBucket(absl::string_view bucket) {
                          "</LocationConstraint></CreateBucketConfiguration>");
   const Body body = BodyFromBytes(xml);
   RECAL_ASSIGN_OR_RETURN(Response resp, Execute([&] {
-                           Request r;
-                           r.what = "CreateBucket";
-                           r.method = "PUT";
-                           r.bucket = std::string(bucket);
+                           Request r = NewRequest("CreateBucket", "PUT", bucket, "");
                            if (!xml.empty()) r.body = &body;
                            return r;
                          }));
