@@ -21,6 +21,7 @@
 #include <vector>
 
 #include <ATen/Parallel.h>
+#include <torch/csrc/jit/serialization/export.h>
 #include <torch/script.h>
 #include <unistd.h>
 
@@ -31,6 +32,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "bench/median.h"
+#include "common/atomic_file.h"
 #include "server/engine/recalibration.h"
 
 ABSL_FLAG(std::vector<std::string>, models, {}, "NAME=PATH,... TorchScript models");
@@ -165,7 +167,7 @@ void Measure(const std::string& name, const std::string& path, const std::vector
 // pays once per job besides its batches (process start is timed by bench/fvcore_compare.py).
 void MeasureFixedCosts(const std::string& name, const std::string& path, const at::Tensor& batch,
                        const std::string& scratch) {
-  std::vector<double> create, first, next, write_model, write_buffers, load, save, reload;
+  std::vector<double> create, first, next, write_model, write_buffers, load, save, reload, write_file;
   recal::engine::Options options;
   options.threads = absl::GetFlag(FLAGS_threads);
   for (int rep = 0; rep < std::max(3, absl::GetFlag(FLAGS_reps) / 2); ++rep) {
@@ -175,15 +177,22 @@ void MeasureFixedCosts(const std::string& name, const std::string& path, const a
     next.push_back(TimeIt([&] { (void)run->Feed({batch}); }));
     write_model.push_back(TimeIt([&] { (void)run->WriteModel(scratch + "/model.pt"); }));
     write_buffers.push_back(TimeIt([&] { (void)run->WriteBatchNormBuffers(scratch + "/bn.safetensors"); }));
-    // The parts of WriteModel: the second, never rewritten copy; save; the reload check.
+    // What WriteModel does, one part at a time: the never rewritten copy (loaded beside
+    // create and the first batches), save, and the reload check beside the file's write.
     torch::jit::Module copy;
     load.push_back(TimeIt([&] { copy = torch::jit::load(path); }));
-    std::ostringstream bytes;
-    save.push_back(TimeIt([&] { copy.save(bytes); }));
+    std::string bytes;
+    save.push_back(TimeIt([&] {
+      torch::jit::ExportModule(copy, [&bytes](const void* data, size_t n) {
+        bytes.append(static_cast<const char*>(data), n);
+        return n;
+      });
+    }));
     reload.push_back(TimeIt([&] {
-      std::istringstream in(bytes.str());
+      std::istringstream in(bytes);
       torch::jit::load(in);
     }));
+    write_file.push_back(TimeIt([&] { (void)recal::WriteFileAtomically(scratch + "/copy.pt", bytes); }));
   }
   std::printf("\n%s fixed costs (ms, median of %zu; batch %s)\n", name.c_str(), create.size(),
               absl::StrJoin(batch.sizes(), "x").c_str());
@@ -192,9 +201,10 @@ void MeasureFixedCosts(const std::string& name, const std::string& path, const a
       {"first batch (executor specialises)", &first},
       {"a later batch", &next},
       {"write model", &write_model},
-      {"  of which: load the original again", &load},
-      {"  of which: save", &save},
-      {"  of which: reload check", &reload},
+      {"  load of the copy written (beside create)", &load},
+      {"  save", &save},
+      {"  reload check (beside the file's write)", &reload},
+      {"  write the file (fsync, rename)", &write_file},
       {"write BatchNorm buffers", &write_buffers},
   };
   for (const auto& [what, v] : rows) std::printf("  %-40s %9.1f\n", what, Median(*v) * 1e3);

@@ -181,7 +181,9 @@ ShardRun RunShard(const std::string& model, const std::string& data, int64_t bat
     return out;
   }
   out.data_description = shard->source->Describe();
-  auto run = recal::engine::Recalibration::Create(model, recal::engine::ShardOptions(options, shards, shard->range.count));
+  Options shard_options = recal::engine::ShardOptions(options, shards, shard->range.count);
+  shard_options.preload_output_copy = index == 0;  // shard 0 merges the others and writes the model
+  auto run = recal::engine::Recalibration::Create(model, shard_options);
   if (!run.ok()) {
     out.status = run.status();
     return out;

@@ -57,6 +57,11 @@ struct Options {
   // true: the forward ends at the last observed BatchNorm (InstrumentForward); false only
   // so that bench/forward_levers and the tests can compare with the whole forward.
   bool end_at_last_batch_norm = true;
+  // true: the copy of the archive that WriteModel writes is loaded on a thread of its own
+  // while this run instruments and feeds the observed copy, so the load is off the critical
+  // path; false for a run that never writes the model (inspection, shards that hand over
+  // their statistics), which then does not pay for it.
+  bool preload_output_copy = true;
 };
 
 // fvcore's default number of batches for precise BN.

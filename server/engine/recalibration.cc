@@ -4,8 +4,9 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <future>
 #include <regex>
-#include <sstream>
+#include <system_error>
 #include <unordered_map>
 
 #include <ATen/ATen.h>
@@ -14,10 +15,12 @@
 #include <c10/core/InferenceMode.h>
 #include <caffe2/serialize/read_adapter_interface.h>
 #include <sys/stat.h>
+#include <torch/csrc/jit/serialization/export.h>
 #include <torch/script.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -87,6 +90,23 @@ class FdReadAdapter : public caffe2::serialize::ReadAdapterInterface {
   const size_t size_;
 };
 
+// An archive held in memory, read in place (the reload check reads the bytes it is about to
+// write without copying them into a stream first).
+class BytesReadAdapter : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  explicit BytesReadAdapter(absl::string_view bytes) : bytes_(bytes) {}
+  size_t size() const override { return bytes_.size(); }
+  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
+    if (pos >= bytes_.size()) return 0;
+    n = std::min<size_t>(n, bytes_.size() - pos);
+    std::memcpy(buf, bytes_.data() + pos, n);
+    return n;
+  }
+
+ private:
+  const absl::string_view bytes_;
+};
+
 absl::StatusOr<torch::jit::Module> LoadArchive(const std::string& path, const c10::Device& device) {
   // Loading compiles the archive's code and, by LibTorch's default, inlines every call in
   // it: a few kB of hostile archive (f_k calls f_{k-1} twice) would make that exponential.
@@ -116,6 +136,28 @@ absl::StatusOr<torch::jit::Module> LoadArchive(const std::string& path, const c1
   }
 }
 
+// The size of the archive at `path` (or "fd:N"); 0 when unknown.
+size_t ArchiveSize(const std::string& path) {
+  struct stat info;
+  int fd = -1;
+  if (absl::StartsWith(path, kModelFdPrefix) && absl::SimpleAtoi(path.substr(kModelFdPrefix.size()), &fd)) {
+    return ::fstat(fd, &info) == 0 ? static_cast<size_t>(info.st_size) : 0;
+  }
+  return ::stat(path.c_str(), &info) == 0 ? static_cast<size_t>(info.st_size) : 0;
+}
+
+// Runs `work` on a thread of its own, or here when no thread can be started.
+template <typename Work>
+auto RunAside(Work work) -> std::future<decltype(work())> {
+  try {
+    return std::async(std::launch::async, std::move(work));
+  } catch (const std::system_error&) {
+    std::promise<decltype(work())> done;
+    done.set_value(work());
+    return done.get_future();
+  }
+}
+
 // The tensor attribute at a state_dict key ("layer1.0.bn1.running_mean") of `module`.
 absl::StatusOr<at::Tensor> BufferAt(const torch::jit::Module& module, const std::string& key) {
   std::vector<std::string> parts = absl::StrSplit(key, '.');
@@ -130,6 +172,22 @@ absl::StatusOr<at::Tensor> BufferAt(const torch::jit::Module& module, const std:
     return absl::InternalError(absl::StrCat("no tensor ", key, " in the model"));
   }
   return owner.attr(parts.back()).toTensor();
+}
+
+// The reload check of a saved archive: `bytes` load, and hold `buffers`.
+absl::Status CheckReloads(absl::string_view bytes, const std::vector<std::pair<std::string, at::Tensor>>& buffers) {
+  try {
+    torch::jit::Module reloaded = torch::jit::load(std::make_shared<BytesReadAdapter>(bytes));
+    for (const auto& [key, value] : buffers) {
+      auto buffer = BufferAt(reloaded, key);
+      if (!buffer.ok() || !buffer->equal(value)) {
+        return absl::InternalError(absl::StrCat("the saved model does not hold the new ", key));
+      }
+    }
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("the recalibrated model does not reload: ", TorchErrorLine(e)));
+  }
+  return absl::OkStatus();
 }
 
 // The model's 2-d convolutions (4-d weights), which a channels-last layout speeds up:
@@ -238,6 +296,10 @@ Options ShardOptions(Options options, int shards, int64_t batches) {
 Recalibration::Recalibration(std::string model_path, Options options)
     : model_path_(std::move(model_path)), options_(std::move(options)) {}
 
+struct Recalibration::OutputCopy {
+  std::shared_future<absl::StatusOr<torch::jit::Module>> module;
+};
+
 Recalibration::~Recalibration() = default;
 
 absl::StatusOr<std::unique_ptr<Recalibration>> Recalibration::Create(const std::string& model_path,
@@ -267,6 +329,11 @@ absl::StatusOr<std::unique_ptr<Recalibration>> Recalibration::Create(const std::
 
   if (absl::Status valid = ValidateGraphs(observed, options.graph_policy); !valid.ok()) {
     return valid;
+  }
+  if (options.preload_output_copy) {
+    run->output_copy_ = std::make_unique<OutputCopy>();
+    run->output_copy_->module =
+        RunAside([model_path] { return LoadArchive(model_path, c10::Device(c10::kCPU)); }).share();
   }
   if (options.modules == v1::EVAL) observed.eval();
   if (options.modules == v1::TRAIN) observed.train(true);
@@ -513,40 +580,48 @@ std::vector<std::pair<std::string, at::Tensor>> Recalibration::FinalBuffers() co
 }
 
 absl::Status Recalibration::WriteModel(const std::string& path) const {
-  // A second, never rewritten copy: the observed one calls recal:: operators that nobody
-  // else can load, and clone() would share its compilation unit.
-  auto target = LoadArchive(model_path_, c10::Device(c10::kCPU));
-  if (!target.ok()) return target.status();
+  // A never rewritten copy: the observed one calls recal:: operators that nobody else can
+  // load, and clone() would share its compilation unit. Usually loaded beside the run.
+  absl::StatusOr<torch::jit::Module> loaded_now;
+  const absl::StatusOr<torch::jit::Module>* target = &loaded_now;
+  if (output_copy_) {
+    target = &output_copy_->module.get();
+  } else {
+    loaded_now = LoadArchive(model_path_, c10::Device(c10::kCPU));
+  }
+  if (!target->ok()) return target->status();
   const std::vector<std::pair<std::string, at::Tensor>> buffers = FinalBuffers();
   {
     at::NoGradGuard no_grad;
     for (const auto& [key, value] : buffers) {
-      auto buffer = BufferAt(*target, key);
+      auto buffer = BufferAt(**target, key);
       if (!buffer.ok()) return buffer.status();
       buffer->copy_(value);
     }
   }
-  std::vector<std::string> recal_ops = RecalOpsIn(*target);
+  std::vector<std::string> recal_ops = RecalOpsIn(**target);
   if (!recal_ops.empty()) {
     return absl::InternalError(absl::StrCat("refusing to save a model that calls ",
                                             absl::StrJoin(recal_ops, ", ")));
   }
-  std::ostringstream bytes;
+  std::string bytes;
+  bytes.reserve(ArchiveSize(model_path_));
   try {
-    target->save(bytes);
-    std::istringstream reread(bytes.str());
-    torch::jit::Module reloaded = torch::jit::load(reread);
-    for (const auto& [key, value] : buffers) {
-      auto buffer = BufferAt(reloaded, key);
-      if (!buffer.ok() || !buffer->equal(value)) {
-        return absl::InternalError(absl::StrCat("the saved model does not hold the new ", key));
-      }
-    }
+    torch::jit::ExportModule(**target, [&bytes](const void* data, size_t n) {
+      bytes.append(static_cast<const char*>(data), n);
+      return n;
+    });
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("the recalibrated model does not save and reload: ",
-                                            TorchErrorLine(e)));
+    return absl::InternalError(absl::StrCat("the recalibrated model does not save: ", TorchErrorLine(e)));
   }
-  return WriteFileAtomically(path, bytes.str());
+  // The reload check runs beside the write of the temporary file; the file takes its final
+  // name only after both, and only if the check passed.
+  std::future<absl::Status> reloaded = RunAside([&bytes, &buffers] { return CheckReloads(bytes, buffers); });
+  auto writer = AtomicFileWriter::Open(path);
+  const absl::Status appended = writer.ok() ? writer->Append(bytes) : writer.status();
+  if (absl::Status check = reloaded.get(); !check.ok()) return check;
+  if (!appended.ok()) return appended;
+  return writer->Commit();
 }
 
 absl::Status Recalibration::WriteBatchNormBuffers(const std::string& path) const {
@@ -578,6 +653,7 @@ absl::StatusOr<std::vector<DeclaredLayer>> InspectModel(const std::string& path,
                                                         const GraphPolicy& policy) {
   Options options;
   options.graph_policy = policy;
+  options.preload_output_copy = false;
   auto run = Recalibration::Create(path, options);
   if (!run.ok()) return run.status();
   return (*run)->Layers();

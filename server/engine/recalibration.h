@@ -121,6 +121,10 @@ class Recalibration {
   MemoryFormat memory_format_ = MemoryFormat::kAuto;
   std::unique_ptr<Collector> collector_;
   std::unique_ptr<torch::jit::Module> observed_;
+  // The archive loaded once more and never rewritten, for WriteModel
+  // (Options::preload_output_copy); its destruction waits for the load.
+  struct OutputCopy;
+  std::unique_ptr<OutputCopy> output_copy_;
   int64_t batches_ = 0;
   int64_t samples_ = 0;
   double seconds_ = 0;

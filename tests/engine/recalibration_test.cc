@@ -175,6 +175,27 @@ TEST(Recalibration, WrittenModelLoadsAndCallsNoRecalOperator) {
   EXPECT_EQ(out.forward({at::randn({6, 2, 3})}).toTensor().sizes(), at::IntArrayRef({6, 2, 3}));
 }
 
+TEST(Recalibration, ModelWrittenIsTheSameWhetherItsCopyWasLoadedBesideTheRunOrAfterIt) {
+  recal::testing::TempDir tmp;
+  const std::string dir = tmp.path();
+  const std::string model = SaveModule(MakeNet(3), dir + "/net.pt");
+  const std::vector<at::Tensor> batches = {at::randn({8, 3}), at::randn({8, 3})};
+  std::vector<std::string> written;
+  for (bool preload : {true, false}) {
+    Options options;
+    options.preload_output_copy = preload;
+    auto run = RunOn(model, batches, options);
+    ASSERT_TRUE(run.ok()) << run.status();
+    const std::string out = absl::StrCat(dir, "/out_", preload, ".pt");
+    ASSERT_TRUE((*run)->WriteModel(out).ok());
+    written.push_back(recal::testing::ReadBytes(out));
+  }
+  EXPECT_FALSE(written[0].empty());
+  EXPECT_EQ(written[0], written[1]);
+  // The file was written beside the reload check; nothing but the models is left behind.
+  EXPECT_THAT(tmp.List(), ::testing::ElementsAre("net.pt", "out_0.pt", "out_1.pt"));
+}
+
 TEST(Recalibration, NonFiniteActivationsNameTheLayerAndBatch) {
   recal::testing::TempDir tmp;
   const std::string dir = tmp.path();
