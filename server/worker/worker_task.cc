@@ -147,6 +147,7 @@ absl::Status Recalibrate(const v1::Task& task, const TaskContext& context, const
   if (shard) {
     options = engine::ShardOptions(options, job.shard_count(),
                                    data->batches.value_or(options.max_batches.value_or(engine::kDefaultMaxBatches)));
+    options.preload_output_copy = false;  // a shard hands over its statistics; the merge writes the model
   }
   auto run = engine::Recalibration::Create(context.model, options);
   if (!run.ok()) return run.status();
