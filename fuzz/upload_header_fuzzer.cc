@@ -22,7 +22,7 @@
 #include "recal/v1/recal.pb.h"
 #include "server/jobs/job_runner.h"
 #include "server/jobs/model_registry.h"
-#include "server/store/blob_store.h"
+#include "server/store/local_blob_store.h"
 #include "server/store/sqlite_metadata_store.h"
 
 namespace {
@@ -54,7 +54,7 @@ Server& TheServer() {
     auto* s = new Server;
     const std::string dir = recal::fuzz::ScratchDir();
     auto metadata = recal::store::SqliteMetadataStore::Open(dir + "/recal.db");
-    auto blobs = recal::store::BlobStore::Open(dir + "/store");
+    auto blobs = recal::store::LocalBlobStore::Open(dir + "/store");
     FUZZ_CHECK(metadata.ok() && blobs.ok(), "cannot open the stores in ", dir);
     s->metadata = *std::move(metadata);
     s->blobs = *std::move(blobs);

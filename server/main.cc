@@ -32,14 +32,20 @@
 #include "server/api/listen_security.h"
 #include "server/api/recal_service.h"
 #include "server/auth/authenticator.h"
+#include "server/data/s3_sources.h"
 #include "server/engine/devices.h"
 #include "server/jobs/job_manager.h"
 #include "server/jobs/model_registry.h"
 #include "server/jobs/worker_runner.h"
 #include "server/log/log.h"
 #include "server/metrics/metrics.h"
+#include "server/relay/internal_endpoint.h"
+#include "server/relay/relay_client.h"
+#include "server/relay/relay_service.h"
+#include "server/s3/s3_flags.h"
 #include "server/store/blob_store.h"
 #include "server/store/metadata_store.h"
+#include "server/store/open_blob_store.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "address to serve gRPC on (port 0: any free port); beyond loopback it needs --auth_file "
@@ -61,9 +67,28 @@ ABSL_FLAG(std::string, store, "",
 ABSL_FLAG(std::string, role, "all",
           "all: API and workers in one process (the default); api: the API only (stateless, any number of "
           "replicas); worker: runs jobs only (serves health). api and worker share --store and --blobs");
+ABSL_FLAG(std::string, internal_token_file, "",
+          "cluster mode: the shared secret (a file, at least 32 characters) that admits api replicas to the "
+          "workers' internal endpoints; with it api replicas take client-stream jobs and relay their pushed "
+          "batches to the worker process running the job. Same file on every api and worker process");
+ABSL_FLAG(std::string, internal_listen, "0.0.0.0:50052",
+          "role=worker with --internal_token_file: where relayed pushed batches are taken (port 0: any free port)");
+ABSL_FLAG(std::string, advertise_address, "",
+          "role=worker: HOST[:PORT] api replicas reach --internal_listen at, recorded in the store (default: the "
+          "host listened on, or this host's name for a wildcard; the port listened on)");
+ABSL_FLAG(std::string, internal_tls_ca, "",
+          "role=api: PEM roots that signed the workers' certificates: relay over TLS (workers serve their "
+          "internal endpoint with --tls_cert/--tls_key; the api presents its own to workers with --tls_client_ca)");
+ABSL_FLAG(double, relay_wait_seconds, 60,
+          "role=api: how long a push to a client-stream job waits for a worker to take the job up before "
+          "UNAVAILABLE (push again)");
 ABSL_FLAG(double, lease_seconds, 30,
           "a worker's hold on a running job; a worker that stops renewing it loses the job to another after this");
-ABSL_FLAG(std::string, blobs, "", "where models and results live: file:DIR (default: DATA_DIR)");
+ABSL_FLAG(std::string, blobs, "",
+          "where models and results live: file:DIR (default: DATA_DIR) or s3://BUCKET/PREFIX (object storage "
+          "configured by the --s3_* flags; staged uploads and a cache of models stay under DATA_DIR/s3-blobs)");
+ABSL_FLAG(int64_t, blob_part_bytes, int64_t{64} << 20,
+          "--blobs=s3://: blobs larger than this are sent as multipart uploads of parts this size (at least 5 MiB)");
 ABSL_FLAG(std::vector<std::string>, data_root, {},
           "directories jobs may read data from (comma-separated, and the flag may repeat): PATH for every "
           "tenant, TENANT=PATH for one; nothing else is readable");
@@ -175,16 +200,17 @@ int main(int argc, char** argv) {
   std::error_code error;
   std::filesystem::create_directories(data_dir, error);
   if (error) return Fail(absl::InternalError(absl::StrCat("cannot create ", data_dir, ": ", error.message())));
-  std::string blob_root = data_dir;
-  if (const std::string blobs_flag = absl::GetFlag(FLAGS_blobs); !blobs_flag.empty()) {
-    absl::string_view dir = blobs_flag;
-    if (!absl::ConsumePrefix(&dir, "file:") || dir.empty()) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat("--blobs=", blobs_flag, " is not file:DIR")));
-    }
-    blob_root = std::string(dir);
+  auto opened_blobs = recal::store::OpenBlobStore(
+      {.spec = absl::GetFlag(FLAGS_blobs),
+       .data_dir = data_dir,
+       .object_storage = [] { return recal::data::ObjectStorageOptions(recal::s3::S3SettingsFromFlags()); },
+       .part_bytes = absl::GetFlag(FLAGS_blob_part_bytes)});
+  if (!opened_blobs.ok()) return Fail(opened_blobs.status());
+  // The endpoint may come up after the server: jobs fail UNAVAILABLE until it does.
+  if (!opened_blobs->reachable.ok()) {
+    recal::log::Warning(absl::StrCat("recal-server: blob store not reachable yet: ", opened_blobs->reachable.message()));
   }
-  auto blobs = recal::store::BlobStore::Open(blob_root);
-  if (!blobs.ok()) return Fail(blobs.status());
+  recal::store::BlobStore* blobs = opened_blobs->store.get();
   const std::string store_spec =
       absl::GetFlag(FLAGS_store).empty() ? "sqlite:" + data_dir + "/recal.db" : absl::GetFlag(FLAGS_store);
   auto metadata = recal::store::OpenMetadataStore(store_spec);
@@ -207,7 +233,7 @@ int main(int argc, char** argv) {
     std::error_code error;
     worker.binary = (std::filesystem::read_symlink("/proc/self/exe", error).parent_path() / "recal-worker").string();
   }
-  worker.scratch_root = blobs->get()->scratch_dir();
+  worker.scratch_root = blobs->scratch_dir();
   worker.data_roots = data_roots.All();
   worker.memory_bytes = absl::GetFlag(FLAGS_job_memory_bytes);
   worker.file_bytes = absl::GetFlag(FLAGS_job_file_bytes) > 0 ? absl::GetFlag(FLAGS_job_file_bytes)
@@ -233,15 +259,52 @@ int main(int argc, char** argv) {
     return recal::jobs::TenantLimits{quotas.max_active_jobs, quotas.max_stored_bytes,
                                      quotas.max_submissions_per_minute};
   };
-  recal::jobs::ModelRegistry models(metadata->get(), blobs->get(), absl::GetFlag(FLAGS_max_model_bytes), &runner,
+  recal::jobs::ModelRegistry models(metadata->get(), blobs, absl::GetFlag(FLAGS_max_model_bytes), &runner,
                                     limits);
+  // Cluster mode's client streams (see README, "Cluster mode"): a worker process takes relayed
+  // pushes on an internal endpoint of its own, an api replica relays them there; both only
+  // with the cluster secret.
+  std::unique_ptr<recal::relay::RelayService> relay_service;
+  recal::relay::InternalEndpoint internal;
+  std::unique_ptr<recal::relay::RelayClient> relay_client;
+  if (role != "all" && !absl::GetFlag(FLAGS_internal_token_file).empty()) {
+    auto secret = recal::relay::RelaySecret::FromFile(absl::GetFlag(FLAGS_internal_token_file));
+    if (!secret.ok()) return Fail(secret.status());
+    if (role == "worker") {
+      relay_service = std::make_unique<recal::relay::RelayService>(*std::move(secret));
+      auto served = recal::relay::ServeInternal(absl::GetFlag(FLAGS_internal_listen),
+                                                absl::GetFlag(FLAGS_advertise_address), *credentials,
+                                                relay_service.get(), absl::GetFlag(FLAGS_max_message_bytes));
+      if (!served.ok()) return Fail(served.status());
+      internal = *std::move(served);
+      recal::log::Info("recal-server: internal endpoint for relayed pushes",
+                       {{"listen", absl::GetFlag(FLAGS_internal_listen)}, {"advertised", internal.advertised}});
+    } else {
+      recal::relay::RelayClientOptions relay;
+      relay.tls_ca = absl::GetFlag(FLAGS_internal_tls_ca);
+      relay.tls_cert = tls.cert;
+      relay.tls_key = tls.key;
+      relay.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+      auto made = recal::relay::RelayClient::Make(*std::move(secret), relay);
+      if (!made.ok()) return Fail(made.status());
+      relay_client = *std::move(made);
+    }
+  } else if (role == "worker") {
+    recal::log::Warning("recal-server: no --internal_token_file: client-stream jobs this worker takes fail");
+  }
   recal::jobs::JobManagerOptions options;
   // An api process runs no jobs; a process alone on an SQLite file (role all) may take back
   // every job left running at start, any other only those whose lease has run out.
   options.scheduler.devices = role == "api" ? std::vector<std::string>() : *devices;
   options.scheduler.lease = absl::Seconds(absl::GetFlag(FLAGS_lease_seconds));
   options.scheduler.recover_all_at_start = role == "all" && absl::StartsWith(store_spec, "sqlite:");
-  options.client_streams = role == "all";
+  options.client_streams = role == "all" || relay_client != nullptr;
+  options.relay = relay_client.get();
+  options.relay_wait = absl::Seconds(absl::GetFlag(FLAGS_relay_wait_seconds));
+  if (role != "all") {
+    options.scheduler.pushes = recal::jobs::SchedulerOptions::Pushes::kRelayed;
+    options.scheduler.relay_endpoint = internal.advertised;
+  }
   options.scheduler.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_jobs);
   options.scheduler.data_roots = data_roots;
   options.scheduler.default_timeout_seconds = absl::GetFlag(FLAGS_job_timeout_seconds);
@@ -250,19 +313,22 @@ int main(int argc, char** argv) {
   options.scheduler.metrics = metrics.get();
   options.scheduler.max_attempts = std::max(1, absl::GetFlag(FLAGS_max_attempts));
   options.limits = limits;
-  recal::jobs::JobManager jobs(metadata->get(), blobs->get(), &models, &runner, options);
+  recal::jobs::JobManager jobs(metadata->get(), blobs, &models, &runner, options);
+  if (relay_service) relay_service->Bind(&jobs);
   if (absl::Status started = jobs.Start(); !started.ok()) return Fail(started);
 
   // Declared after `jobs`: it stops serving (its gauges read the jobs) before they go.
   std::unique_ptr<prometheus::Exposer> exposer;
   if (metrics) {
-    const std::string blob_dir = blob_root + "/blobs";
-    auto served = recal::metrics::Serve(
-        metrics_listen, metrics.get(),
-        {{"recal_jobs_queued", "Jobs waiting for a worker", [&jobs] { return double(jobs.queued()); }},
-         {"recal_jobs_running", "Jobs on a worker", [&jobs] { return double(jobs.running()); }},
-         {"recal_store_bytes", "Bytes of blobs (models, results) on disk",
-          [blob_dir] { return recal::metrics::DirectoryBytes(blob_dir); }}});
+    std::vector<recal::metrics::ScrapedGauge> gauges = {
+        {"recal_jobs_queued", "Jobs waiting for a worker", [&jobs] { return double(jobs.queued()); }},
+        {"recal_jobs_running", "Jobs on a worker", [&jobs] { return double(jobs.running()); }}};
+    // Blobs in a bucket are not counted: listing it at every scrape would cost more than it tells.
+    if (const std::string blob_dir = opened_blobs->local_blob_dir; !blob_dir.empty()) {
+      gauges.push_back({"recal_store_bytes", "Bytes of blobs (models, results) on disk",
+                        [blob_dir] { return recal::metrics::DirectoryBytes(blob_dir); }});
+    }
+    auto served = recal::metrics::Serve(metrics_listen, metrics.get(), std::move(gauges));
     if (!served.ok()) return Fail(served.status());
     exposer = *std::move(served);
     recal::log::Info(absl::StrCat("recal-server: metrics on port ", recal::metrics::PortOf(*exposer)),
@@ -292,6 +358,7 @@ int main(int argc, char** argv) {
                     {"tls", tls.cert.empty() ? "off" : tls.client_ca.empty() ? "on" : "mutual"},
                     {"data_dir", data_dir},
                     {"store", store_spec.substr(0, store_spec.find(':'))},  // never the URI: it may hold a password
+                    {"blobs", blobs->Describe()},
                     {"role", role},
                     {"workers", static_cast<int64_t>(role == "api" ? 0 : devices->size())},
                     {"version", recal::metrics::Version()}});
@@ -340,7 +407,8 @@ int main(int argc, char** argv) {
   store_health.join();
   const absl::Duration deadline = absl::Seconds(absl::GetFlag(FLAGS_shutdown_timeout_seconds));
   server->GetHealthCheckService()->SetServingStatus(false);
-  jobs.Shutdown(deadline);
+  jobs.Shutdown(deadline);  // closes the feeds: relayed streams end
+  if (internal.server) internal.server->Shutdown(std::chrono::system_clock::now() + absl::ToChronoSeconds(deadline));
   server->Shutdown(std::chrono::system_clock::now() + absl::ToChronoSeconds(deadline));
   exposer.reset();
   recal::log::Info("recal-server: stopped");

@@ -25,6 +25,7 @@
 #include "server/data/s3_sources.h"
 #include "server/engine/recalibration.h"
 #include "server/engine/report.h"
+#include "server/s3/s3_flags.h"
 
 ABSL_FLAG(std::string, model, "", "TorchScript archive to recalibrate (torch.jit.save)");
 ABSL_FLAG(std::string, data, "",
@@ -66,15 +67,6 @@ ABSL_FLAG(std::string, compute_dtype, "float32",
           "precision of the forward: float32 (exact, the default) | bfloat16 (CPU or CUDA) | float16 "
           "(CUDA): autocast, as a model deployed in that precision runs; statistics are still "
           "accumulated in float64 from what each BatchNorm sees");
-ABSL_FLAG(std::string, s3_endpoint, "",
-          "object storage for s3:// data (npy:s3://BUCKET/KEY, images:s3://BUCKET/PREFIX/...): "
-          "http(s)://HOST[:PORT] of an S3-compatible server (MinIO, Ceph RGW, ...); empty: AWS");
-ABSL_FLAG(std::string, s3_region, "", "empty: $AWS_REGION, $AWS_DEFAULT_REGION, else us-east-1");
-ABSL_FLAG(std::string, s3_addressing, "", "path | virtual; empty: path with --s3_endpoint, virtual for AWS");
-ABSL_FLAG(std::string, s3_credentials_dir, "",
-          "a directory with access_key_id, secret_access_key[, session_token]; empty: the AWS_* "
-          "environment variables, then the shared credentials file");
-ABSL_FLAG(std::string, s3_profile, "", "shared credentials profile; empty: $AWS_PROFILE, else default");
 ABSL_FLAG(int32_t, prefetch, 2, "batches prepared ahead on a background thread (0: none)");
 ABSL_FLAG(int32_t, decode_threads, 0, "images: decoding threads (0: the cores, at most 8)");
 
@@ -220,10 +212,7 @@ absl::Status RunMain() {
   // Object storage only for data in a bucket: credentials are looked up only then.
   std::optional<recal::s3::S3ClientOptions> object_storage;
   if (auto parsed = recal::data::ParseDataSpec(data); parsed.ok() && recal::data::ReadsObjectStorage(*parsed)) {
-    auto storage = recal::data::ObjectStorageOptions(
-        {.endpoint = absl::GetFlag(FLAGS_s3_endpoint), .region = absl::GetFlag(FLAGS_s3_region),
-         .addressing = absl::GetFlag(FLAGS_s3_addressing), .credentials_dir = absl::GetFlag(FLAGS_s3_credentials_dir),
-         .profile = absl::GetFlag(FLAGS_s3_profile)});
+    auto storage = recal::data::ObjectStorageOptions(recal::s3::S3SettingsFromFlags());
     if (!storage.ok()) return storage.status();
     object_storage = *std::move(storage);
   }

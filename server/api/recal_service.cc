@@ -229,19 +229,31 @@ grpc::Status RecalService::PushBatches(grpc::ServerContext* context,
   if (!who.ok()) return ToGrpcStatus(who.status());
   v1::PushBatchesRequest message;
   std::string job_id;
-  int shard = 0;
+  // Opened at the first message, which names the job: into this process's feed, or relayed
+  // to the worker process that runs the job (cluster mode).
+  std::unique_ptr<jobs::PushStream> stream;
   grpc::Status outcome;
   while (outcome.ok() && reader->Read(&message)) {
-    if (job_id.empty()) {
+    if (!stream) {
       job_id = message.job_id();
-      shard = message.shard();
+      if (job_id.empty()) {
+        outcome = ToGrpcStatus(absl::InvalidArgumentError("the first message names the job"));
+        break;
+      }
+      auto opened = jobs_->OpenPush(CallerOf(*who), job_id, message.shard(), [context] { return context->IsCancelled(); });
+      if (!opened.ok()) {
+        outcome = ToGrpcStatus(opened.status());
+        break;
+      }
+      stream = *std::move(opened);
     }
-    if (job_id.empty()) {
-      outcome = ToGrpcStatus(absl::InvalidArgumentError("the first message names the job"));
-      break;
-    }
-    outcome = ToGrpcStatus(jobs_->PushBatch(CallerOf(*who), job_id, shard, message.inputs(), message.last()));
-    if (outcome.ok() && !message.inputs().empty()) response->set_batches_received(response->batches_received() + 1);
+    const bool batch = !message.inputs().empty();
+    outcome = ToGrpcStatus(stream->Push(message));
+    if (outcome.ok() && batch) response->set_batches_received(response->batches_received() + 1);
+  }
+  if (stream) {
+    const absl::Status finished = stream->Finish();
+    if (outcome.ok()) outcome = ToGrpcStatus(finished);
   }
   Audit(*who, "PushBatches", absl::StrCat(job_id, " (", response->batches_received(), " batches)"), outcome);
   return outcome;

@@ -49,6 +49,7 @@ void JobManager::Shutdown(absl::Duration deadline) {
   if (stopping_.exchange(true)) return;
   change_watch_.reset();
   feeds_.CloseAll(absl::UnavailableError("the server is shutting down"));
+  if (options_.relay != nullptr) options_.relay->CloseAll();
   events_.Publish();  // watchers see stopping_
   scheduler_.Shutdown(deadline);
 }
@@ -82,8 +83,8 @@ absl::Status JobManager::ValidateSpec(const std::string& tenant, const v1::JobSp
   }
   if (spec.data().has_client_stream() && !options_.client_streams) {
     return absl::UnimplementedError(
-        "client_stream jobs need a server running with --role=all: pushed batches are not relayed from api "
-        "replicas to workers yet");
+        "client_stream jobs need a server running with --role=all, or api replicas and workers started with "
+        "--internal_token_file (the cluster secret), which relay pushed batches to the worker running the job");
   }
   return DataSpecFor(spec.data(), options_.scheduler.data_roots.For(tenant)).status();
 }
@@ -178,8 +179,8 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const Caller& caller, const std::stri
   return job;
 }
 
-absl::Status JobManager::PushBatch(const Caller& caller, const std::string& id, int shard,
-                                   const google::protobuf::RepeatedPtrField<v1::Tensor>& inputs, bool last) {
+absl::StatusOr<JobManager::PushTarget> JobManager::FindPushTarget(const Caller& caller, const std::string& id,
+                                                                  int shard) {
   auto job = Visible(caller, id);
   if (!job.ok()) return job.status();
   if (!job->spec().data().has_client_stream()) {
@@ -190,9 +191,16 @@ absl::Status JobManager::PushBatch(const Caller& caller, const std::string& id, 
     return absl::InvalidArgumentError(absl::StrCat("job ", id, " has ", shards, " shard", shards > 1 ? "s" : "",
                                                    "; there is no shard ", shard));
   }
-  std::string feed_id = id;
-  if (shards > 1) {
-    feed_id = ShardJobId(id, shard);
+  return PushTarget{*std::move(job), shards > 1 ? ShardJobId(id, shard) : id};
+}
+
+absl::Status JobManager::PushBatch(const Caller& caller, const std::string& id, int shard,
+                                   const google::protobuf::RepeatedPtrField<v1::Tensor>& inputs, bool last) {
+  auto target = FindPushTarget(caller, id, shard);
+  if (!target.ok()) return target.status();
+  const v1::Job* job = &target->job;
+  const std::string& feed_id = target->feed_id;
+  if (feed_id != id) {
     auto child = repository_.Get(feed_id);
     if (!child.ok()) return child.status();
     if (IsTerminal(child->state()) || child->state() == v1::CANCELLING) {
@@ -207,6 +215,74 @@ absl::Status JobManager::PushBatch(const Caller& caller, const std::string& id, 
   return feed->Push(inputs, last);  // may block (back-pressure)
 }
 
+namespace {
+
+// Role all: every message through JobManager::PushBatch, as it always went.
+class LocalPush final : public PushStream {
+ public:
+  using PushFn = std::function<absl::Status(const google::protobuf::RepeatedPtrField<v1::Tensor>&, bool)>;
+  explicit LocalPush(PushFn push) : push_(std::move(push)) {}
+  absl::Status Push(v1::PushBatchesRequest& message) override { return push_(message.inputs(), message.last()); }
+  absl::Status Finish() override { return absl::OkStatus(); }
+
+ private:
+  const PushFn push_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PushStream>> JobManager::OpenPush(const Caller& caller, const std::string& id,
+                                                                 int shard, const std::function<bool()>& stopped) {
+  if (options_.relay == nullptr) {
+    return std::make_unique<LocalPush>(
+        [this, caller, id, shard](const google::protobuf::RepeatedPtrField<v1::Tensor>& inputs, bool last) {
+          return PushBatch(caller, id, shard, inputs, last);
+        });
+  }
+  auto target = FindPushTarget(caller, id, shard);
+  if (!target.ok()) return target.status();
+  auto address = RelayTarget(id, target->feed_id, stopped);
+  if (!address.ok()) return address.status();
+  return options_.relay->Open(*address, target->feed_id);
+}
+
+absl::StatusOr<std::string> JobManager::RelayTarget(const std::string& id, const std::string& feed_id,
+                                                    const std::function<bool()>& stopped) {
+  const absl::Time deadline = absl::Now() + options_.relay_wait;
+  while (true) {
+    const int64_t version = events_.version();
+    auto stored = repository_.Read(feed_id);
+    if (!stored.ok()) return stored.status();
+    const v1::JobState state = stored->job.state();
+    if (IsTerminal(state) || state == v1::CANCELLING) {
+      return absl::FailedPreconditionError(absl::StrCat("job ", feed_id, " is ", v1::JobState_Name(state)));
+    }
+    absl::Duration poll = absl::Milliseconds(500);
+    if (state == v1::RUNNING && !stored->lease_owner.empty()) {
+      // The address is the one the worker process holding the lease recorded: a client names
+      // a job, never where to connect.
+      auto address = repository_.WorkerEndpoint(stored->lease_owner);
+      if (address.ok()) return address;
+      if (!absl::IsNotFound(address.status())) return address.status();
+      poll = absl::Milliseconds(100);  // claimed a moment ago: its endpoint is being recorded
+    }
+    if (stopping_) return absl::UnavailableError("the server is shutting down; push again");
+    if (stopped && stopped()) return absl::CancelledError("the client went away");
+    if (absl::Now() >= deadline) {
+      return absl::UnavailableError(absl::StrCat(
+          "job ", id, " has not been taken up by a worker within ", absl::FormatDuration(options_.relay_wait),
+          " (it is ", v1::JobState_Name(state), "); nothing was consumed: push again, from the first batch"));
+    }
+    events_.WaitForChange(version, std::min(poll, deadline - absl::Now()));
+  }
+}
+
+absl::StatusOr<std::shared_ptr<StreamFeed>> JobManager::RelayedFeed(const std::string& feed_id, absl::Duration wait) {
+  std::shared_ptr<StreamFeed> feed = feeds_.Await(feed_id, absl::ToChronoMilliseconds(wait));
+  if (!feed) return absl::FailedPreconditionError(absl::StrCat("job ", feed_id, " does not run on this worker"));
+  return feed;
+}
+
 absl::Status JobManager::Watch(const Caller& caller, const std::string& id, int64_t after_seq,
                                const std::function<bool(const v1::JobEvent&)>& deliver,
                                const std::function<bool()>& stopped) {
@@ -218,6 +294,7 @@ absl::Status JobManager::Watch(const Caller& caller, const std::string& id, int6
   *snapshot.mutable_snapshot() = *job;
   if (!deliver(snapshot)) return absl::CancelledError("the watcher went away");
   int64_t last = after_seq;
+  bool ended = false;  // seen ended: the events read after that are all it will ever have
   while (true) {
     const int64_t version = events_.version();
     auto events = repository_.EventsAfter(id, last, 256);
@@ -229,9 +306,14 @@ absl::Status JobManager::Watch(const Caller& caller, const std::string& id, int6
     }
     if (!events->empty()) continue;
     // Nothing new: a job that ended before after_seq has nothing more to say.
+    if (ended) return absl::OkStatus();
     auto now = repository_.Get(id);
     if (!now.ok()) return now.status();
-    if (IsTerminal(now->state())) return absl::OkStatus();
+    if (IsTerminal(now->state())) {
+      // It may have ended after the read above: its last events are read once more first.
+      ended = true;
+      continue;
+    }
     if (stopping_) return absl::UnavailableError("the server is shutting down; watch again");
     if (stopped && stopped()) return absl::CancelledError("the watcher went away");
     events_.WaitForChange(version, absl::Milliseconds(500));

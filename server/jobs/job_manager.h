@@ -20,6 +20,7 @@
 #include "server/jobs/job_repository.h"
 #include "server/jobs/job_runner.h"
 #include "server/jobs/model_registry.h"
+#include "server/jobs/push_stream.h"
 #include "server/jobs/scheduler.h"
 #include "server/jobs/stream_feed.h"
 #include "server/store/blob_store.h"
@@ -33,9 +34,13 @@ struct JobManagerOptions {
   int max_shards = 64;
   int64_t max_batch_bytes = int64_t{256} << 20;  // one pushed tensor, client_stream
   TenantLimitsFn limits;                         // none: no quotas
-  // Pushed batches reach only the process they are pushed to, so client_stream jobs need
-  // the process that takes them to run them (role all); elsewhere they are refused.
+  // Whether client_stream jobs are taken: in the process that runs them (role all), or
+  // where `relay` carries their batches to the worker process that runs them (role api).
   bool client_streams = true;
+  // Set (role api): pushes are relayed to the worker process holding the job's lease,
+  // waiting up to `relay_wait` for a worker to claim a job still QUEUED.
+  PushRelay* relay = nullptr;
+  absl::Duration relay_wait = absl::Seconds(60);
 };
 
 // Whom a call acts for. A job of another tenant answers exactly as a job that does not
@@ -73,6 +78,18 @@ class JobManager {
   absl::Status PushBatch(const Caller& caller, const std::string& id, int shard,
                          const google::protobuf::RepeatedPtrField<v1::Tensor>& inputs, bool last);
 
+  // The stream of a client's PushBatches call, opened at its first message, which names the
+  // job (and shard). Role all: every message goes through PushBatch. With a relay: the job's
+  // (or shard's) run must be claimed by a worker process first, waited for up to relay_wait
+  // (UNAVAILABLE after it: nothing was consumed, push again; CANCELLED once `stopped`), and
+  // the stream goes to that process's internal endpoint as the store records it.
+  absl::StatusOr<std::unique_ptr<PushStream>> OpenPush(const Caller& caller, const std::string& id, int shard,
+                                                       const std::function<bool()>& stopped);
+  // A worker process's side of a relayed stream: the feed of the job or shard `feed_id` it
+  // runs, waiting up to `wait` for its claim to open it; FAILED_PRECONDITION if it does not
+  // run here.
+  absl::StatusOr<std::shared_ptr<StreamFeed>> RelayedFeed(const std::string& feed_id, absl::Duration wait);
+
   // Delivers a snapshot of the job (its seq is after_seq: it does not advance), then every
   // event with seq > after_seq, until the terminal state has been delivered (OK), `deliver`
   // returns false or `stopped()` becomes true (CANCELLED), or the server shuts down
@@ -98,6 +115,16 @@ class JobManager {
   absl::StatusOr<v1::Job> Visible(const Caller& caller, const std::string& id);
   // Active jobs and submissions per minute (caller holds submit_mu_).
   absl::Status CheckQuotasLocked(const std::string& tenant);
+  // The job a client pushes to (a message naming `id` and `shard`) if it is visible, takes a
+  // client stream and has that shard, and the id of the feed (the job's or the shard's).
+  struct PushTarget {
+    v1::Job job;
+    std::string feed_id;
+  };
+  absl::StatusOr<PushTarget> FindPushTarget(const Caller& caller, const std::string& id, int shard);
+  // The internal endpoint of the worker process that runs `feed_id`, once one does.
+  absl::StatusOr<std::string> RelayTarget(const std::string& id, const std::string& feed_id,
+                                          const std::function<bool()>& stopped);
 
   store::BlobStore* blobs_;
   ModelRegistry* models_;

@@ -94,6 +94,16 @@ absl::StatusOr<store::ResultRef> JobRepository::Result(const std::string& id, v1
   return metadata_->GetResult(id, artifact);
 }
 
+absl::StatusOr<store::StoredJob> JobRepository::Read(const std::string& id) { return metadata_->ReadJob(id); }
+
+absl::StatusOr<std::string> JobRepository::WorkerEndpoint(const std::string& owner) {
+  return metadata_->WorkerEndpoint(owner);
+}
+
+absl::Status JobRepository::RecordWorkerEndpoint(const std::string& owner, const std::string& address) {
+  return metadata_->PutWorkerEndpoint(owner, address, absl::ToUnixMillis(absl::Now()));
+}
+
 namespace {
 
 // Adds the state event of a change of state (and the end time of an end).
@@ -292,29 +302,40 @@ absl::StatusOr<std::vector<v1::Job>> JobRepository::RecoverInterrupted(int max_a
     if (!stored.ok()) return stored.status();
     interrupted.push_back(*std::move(stored));
   }
-  return Recover(interrupted, max_attempts);
+  return Recover(interrupted, max_attempts, /*fail_client_streams=*/false);
 }
 
 absl::StatusOr<std::vector<v1::Job>> JobRepository::RecoverExpired(int64_t now_ms, int max_attempts) {
   auto expired = metadata_->JobsWithExpiredLeases(now_ms);
   if (!expired.ok()) return expired.status();
-  return Recover(*expired, max_attempts);
+  return Recover(*expired, max_attempts, /*fail_client_streams=*/true);
 }
 
 absl::StatusOr<std::vector<v1::Job>> JobRepository::Recover(const std::vector<store::StoredJob>& interrupted,
-                                                            int max_attempts) {
+                                                            int max_attempts, bool fail_client_streams) {
   std::vector<v1::Job> changed;
   for (const store::StoredJob& found : interrupted) {
     // Only as found: a worker that renewed its lease meanwhile, or another process that
     // recovered the job first, wins (ABORTED: left alone).
     auto job = Transition(
         found.job.id(),
-        [&](v1::Job& job, std::vector<v1::JobEvent>&) {
+        [&](v1::Job& job, std::vector<v1::JobEvent>& events) {
           if (!Runs(job.state())) return absl::OkStatus();
           job.clear_progress();
           if (job.state() == v1::CANCELLING) {
             job.set_state(v1::CANCELLED);
             *job.mutable_error() = ErrorOf(absl::CancelledError("cancelled"));
+          } else if (fail_client_streams && job.spec().data().has_client_stream() && !store::IsCoordinated(job)) {
+            job.set_state(v1::FAILED);
+            *job.mutable_error() = ErrorOf(absl::AbortedError(absl::StrCat(
+                "the worker running this client-stream job stopped renewing its lease (it died or lost the "
+                "store) after ",
+                job.attempts(), job.attempts() == 1 ? " attempt" : " attempts",
+                "; the batches pushed to it are not kept, so it cannot run again: submit the job again and "
+                "push from the first batch")));
+            v1::JobEvent failure;
+            *failure.mutable_failure() = job.error();
+            events.push_back(std::move(failure));
           } else if (job.attempts() >= max_attempts) {
             // A job that keeps taking its worker down must not do so forever.
             job.set_state(v1::FAILED);

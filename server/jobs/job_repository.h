@@ -54,6 +54,12 @@ class JobRepository {
   absl::StatusOr<std::vector<v1::Job>> InStates(const std::vector<v1::JobState>& states);
   absl::StatusOr<std::vector<v1::JobEvent>> EventsAfter(const std::string& id, int64_t after_seq, int limit);
   absl::StatusOr<store::ResultRef> Result(const std::string& id, v1::Artifact artifact);
+  // The job with its lease (who runs it).
+  absl::StatusOr<store::StoredJob> Read(const std::string& id);
+  // Where the worker process whose leases carry `owner` takes relayed pushes (NOT_FOUND:
+  // none recorded), and the recording of it, by that process.
+  absl::StatusOr<std::string> WorkerEndpoint(const std::string& owner);
+  absl::Status RecordWorkerEndpoint(const std::string& owner, const std::string& address);
 
   // QUEUED → RUNNING on `device`, one attempt more. FAILED_PRECONDITION in any other state
   // (cancelled while it waited).
@@ -91,6 +97,10 @@ class JobRepository {
   // times; CANCELLING ones end CANCELLED. RecoverInterrupted takes every running job (the
   // embedded server at start-up: no other process can be running them); RecoverExpired
   // those whose lease ended before `now_ms` (any process, any time). Returns the jobs changed.
+  // A client-stream job (or shard) whose lease expired is FAILED (ABORTED) instead of queued:
+  // the batches pushed into the lost run are gone, and a new run would wait for pushes its
+  // client may have finished long ago. (At start-up the embedded server queues it again: its
+  // clients push again to the restarted server.)
   absl::StatusOr<std::vector<v1::Job>> RecoverInterrupted(int max_attempts);
   absl::StatusOr<std::vector<v1::Job>> RecoverExpired(int64_t now_ms, int max_attempts);
   absl::StatusOr<int64_t> CountInStates(const std::vector<v1::JobState>& states);
@@ -107,7 +117,8 @@ class JobRepository {
   absl::StatusOr<v1::Job> TransitionRetried(const std::string& id, const Change& change,
                                             const std::map<v1::Artifact, store::ResultRef>& results = {},
                                             const std::string& owner = "");
-  absl::StatusOr<std::vector<v1::Job>> Recover(const std::vector<store::StoredJob>& interrupted, int max_attempts);
+  absl::StatusOr<std::vector<v1::Job>> Recover(const std::vector<store::StoredJob>& interrupted, int max_attempts,
+                                               bool fail_client_streams);
 
   store::MetadataStore* metadata_;
   EventHub* events_;

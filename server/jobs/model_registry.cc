@@ -128,12 +128,12 @@ absl::Status ModelRegistry::Delete(const std::string& tenant, const std::string&
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ModelRegistry::PathOf(const std::string& tenant, const std::string& id) {
+absl::StatusOr<std::string> ModelRegistry::DigestOf(const std::string& tenant, const std::string& id) {
   auto digest = DigestOfModelId(id);
   if (!digest.ok()) return digest.status();
   auto model = metadata_->GetModel(tenant, id);
   if (!model.ok()) return model.status();
-  return blobs_->PathOf(*digest);
+  return digest;
 }
 
 }  // namespace recal::jobs

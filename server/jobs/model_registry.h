@@ -54,8 +54,9 @@ class ModelRegistry {
   // once no tenant's model or result needs them.
   absl::Status Delete(const std::string& tenant, const std::string& id);
 
-  // The archive of a stored model.
-  absl::StatusOr<std::string> PathOf(const std::string& tenant, const std::string& id);
+  // The digest of a stored model (NOT_FOUND as Get; UNAVAILABLE while the metadata store is
+  // away). Its archive is BlobStore::LocalPath of it.
+  absl::StatusOr<std::string> DigestOf(const std::string& tenant, const std::string& id);
 
  private:
   absl::Status CheckStorage(const std::string& tenant, int64_t more_bytes);

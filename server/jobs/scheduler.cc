@@ -94,7 +94,10 @@ absl::Status Scheduler::Start() {
   auto waiting = jobs_->InStates({v1::QUEUED});
   if (!waiting.ok()) return waiting.status();
   for (const v1::Job& job : *waiting) {
-    if (job.spec().data().has_client_stream() && !store::IsCoordinated(job)) feeds_->Open(job);
+    if (options_.pushes == SchedulerOptions::Pushes::kThisProcess && job.spec().data().has_client_stream() &&
+        !store::IsCoordinated(job)) {
+      feeds_->Open(job);
+    }
   }
   for (const std::string& device : options_.devices) {
     workers_.emplace_back([this, device] { WorkerLoop(device, store::ClaimKind::kRun); });
@@ -145,7 +148,8 @@ absl::Status Scheduler::CheckCapacity() const {
 }
 
 void Scheduler::Enqueue(const v1::Job& job) {
-  if (job.spec().data().has_client_stream()) {
+  // Relayed pushes go to the feed the claiming worker process opens, wherever it runs.
+  if (options_.pushes == SchedulerOptions::Pushes::kThisProcess && job.spec().data().has_client_stream()) {
     if (!store::IsCoordinated(job)) {
       feeds_->Open(job);
     } else {
@@ -332,6 +336,15 @@ void Scheduler::RunJob(const v1::Job& job, const std::string& device, const std:
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
       ended = jobs_->Succeed(id, outputs->results, outputs->report, owner);
     }
+  } else if (running->cancel && !running->by_user && options_.pushes == SchedulerOptions::Pushes::kRelayed &&
+             job.spec().data().has_client_stream()) {
+    // Shutdown of a worker process: the batches relayed to it are gone with it, so the job
+    // cannot run again (as when its lease expires, JobRepository::RecoverExpired).
+    ended = jobs_->Fail(id,
+                        absl::AbortedError("the worker process running this client-stream job shut down; the "
+                                           "batches pushed to it are not kept, so it cannot run again: submit the "
+                                           "job again and push from the first batch"),
+                        owner);
   } else if (running->cancel && !running->by_user) {
     // Shutdown: the job runs again, from the start, on the next worker that claims it.
     ended = jobs_->Requeue(id, owner);
@@ -375,13 +388,17 @@ void JobFinished(const v1::Job& job, metrics::Metrics* metrics) {
 absl::StatusOr<Scheduler::Outputs> Scheduler::Execute(const v1::Job& job, const std::string& device,
                                                       Running& running) {
   const v1::JobSpec& spec = job.spec();
-  auto model_path = models_->PathOf(job.tenant(), spec.model_id());
+  auto model = models_->DigestOf(job.tenant(), spec.model_id());
   // The store is away: the job is not at fault, so wait (the lease keeper holds the job) rather
   // than fail it with the store's error; a lease lost meanwhile sets `cancel`.
-  while (absl::IsUnavailable(model_path.status()) && !running.cancel) {
+  while (absl::IsUnavailable(model.status()) && !running.cancel) {
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    model_path = models_->PathOf(job.tenant(), spec.model_id());
+    model = models_->DigestOf(job.tenant(), spec.model_id());
   }
+  if (!model.ok()) return model.status();
+  // Blobs in a bucket: the model is fetched here, and an endpoint still away after the client's
+  // bounded retries fails the job (UNAVAILABLE) instead of holding the worker.
+  auto model_path = blobs_->LocalPath(*model);
   if (!model_path.ok()) return model_path.status();
   const std::vector<std::string> data_roots = options_.data_roots.For(job.tenant());
   auto data_spec = DataSpecFor(spec.data(), data_roots);
@@ -392,7 +409,14 @@ absl::StatusOr<Scheduler::Outputs> Scheduler::Execute(const v1::Job& job, const 
   hooks.cancel = &running.cancel;
   hooks.deadline = absl::Now() + absl::Seconds(timeout);
   if (spec.data().has_client_stream()) {
-    std::shared_ptr<StreamFeed> feed = feeds_->Find(job.id());
+    std::shared_ptr<StreamFeed> feed;
+    if (options_.pushes == SchedulerOptions::Pushes::kThisProcess) {
+      feed = feeds_->Find(job.id());
+    } else {
+      auto opened = OpenRelayedFeed(job, running);
+      if (!opened.ok()) return opened.status();
+      feed = *std::move(opened);
+    }
     if (!feed) return absl::CancelledError("the job's stream was closed before it started");
     feed->set_deadline(std::chrono::steady_clock::now() +
                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -469,6 +493,22 @@ absl::StatusOr<Scheduler::Outputs> Scheduler::Execute(const v1::Job& job, const 
   if (!results.ok()) return results.status();
   outputs.results = *std::move(results);
   return outputs;
+}
+
+absl::StatusOr<std::shared_ptr<StreamFeed>> Scheduler::OpenRelayedFeed(const v1::Job& job, Running& running) {
+  if (options_.relay_endpoint.empty()) {
+    return absl::FailedPreconditionError(
+        "this client-stream job was taken by a worker process that serves no internal endpoint, so pushed "
+        "batches cannot reach it: start workers with --internal_token_file (see README, 'Cluster mode')");
+  }
+  // Recorded (again) before the feed opens: an api replica relays here once it reads it.
+  absl::Status recorded = jobs_->RecordWorkerEndpoint(options_.owner, options_.relay_endpoint);
+  while (absl::IsUnavailable(recorded) && !running.cancel) {  // the store is away: wait, as Execute does
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    recorded = jobs_->RecordWorkerEndpoint(options_.owner, options_.relay_endpoint);
+  }
+  if (!recorded.ok()) return recorded;
+  return feeds_->Open(job);
 }
 
 absl::StatusOr<std::map<v1::Artifact, store::ResultRef>> Scheduler::AdoptResults(
@@ -573,7 +613,9 @@ absl::StatusOr<Scheduler::Outputs> Scheduler::Coordinate(const v1::Job& job, Run
     WaitForWork(seen, std::min(options_.poll_interval, absl::Milliseconds(250)));
   }
 
-  auto model_path = models_->PathOf(job.tenant(), spec.model_id());
+  auto model = models_->DigestOf(job.tenant(), spec.model_id());
+  if (!model.ok()) return model.status();
+  auto model_path = blobs_->LocalPath(*model);
   if (!model_path.ok()) return model_path.status();
   auto made = Scratch::Make(std::filesystem::path(blobs_->scratch_dir()) / job.id());
   if (!made.ok()) return made.status();

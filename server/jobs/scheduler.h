@@ -58,6 +58,14 @@ struct SchedulerOptions {
   // At start, every job left RUNNING goes back to the queue (true: this is the only process
   // on the store, e.g. SQLite) or only those whose lease has ended (false).
   bool recover_all_at_start = true;
+  // Where a client_stream job's pushed batches come from. kThisProcess (role all): this
+  // process's API, into a feed opened when the job is queued. kRelayed (cluster roles): an
+  // api replica relays them to the worker process that claimed the job, into a feed opened
+  // at the claim; `relay_endpoint` is the address this process takes them on, recorded in
+  // the store under `owner` (empty: it takes none, and fails such jobs when it claims one).
+  enum class Pushes { kThisProcess, kRelayed };
+  Pushes pushes = Pushes::kThisProcess;
+  std::string relay_endpoint;
 };
 
 // Logs and counts (when `metrics`) a job that has just reached a terminal state.
@@ -114,6 +122,9 @@ class Scheduler {
   absl::StatusOr<Outputs> Execute(const v1::Job& job, const std::string& device, Running& running);
   // A sharded job's run: waits for its shards (their progress becomes the job's), then merges.
   absl::StatusOr<Outputs> Coordinate(const v1::Job& job, Running& running);
+  // A claimed client-stream job's feed in a worker process (Pushes::kRelayed), after
+  // recording where api replicas relay to.
+  absl::StatusOr<std::shared_ptr<StreamFeed>> OpenRelayedFeed(const v1::Job& job, Running& running);
   // The runner's files in `scratch` (named by artifact) into the blob store.
   absl::StatusOr<std::map<v1::Artifact, store::ResultRef>> AdoptResults(
       const std::string& scratch, const std::vector<std::pair<v1::Artifact, std::string>>& files);

@@ -103,10 +103,26 @@ absl::StatusOr<std::optional<worker::v1::PushedBatch>> StreamFeed::Next() {
 }
 
 std::shared_ptr<StreamFeed> StreamFeeds::Open(const v1::Job& job) {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::shared_ptr<StreamFeed>& feed = feeds_[job.id()];
-  if (!feed) feed = std::make_shared<StreamFeed>(job.spec().data().client_stream(), max_batch_bytes_);
-  return feed;
+  std::shared_ptr<StreamFeed> opened;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::shared_ptr<StreamFeed>& feed = feeds_[job.id()];
+    if (!feed) feed = std::make_shared<StreamFeed>(job.spec().data().client_stream(), max_batch_bytes_);
+    opened = feed;
+  }
+  opened_.notify_all();
+  return opened;
+}
+
+std::shared_ptr<StreamFeed> StreamFeeds::Await(const std::string& job_id, std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  std::shared_ptr<StreamFeed> found;
+  opened_.wait_for(lock, timeout, [&] {
+    auto feed = feeds_.find(job_id);
+    if (feed != feeds_.end()) found = feed->second;
+    return found != nullptr;
+  });
+  return found;
 }
 
 std::shared_ptr<StreamFeed> StreamFeeds::Find(const std::string& job_id) const {

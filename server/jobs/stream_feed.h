@@ -64,6 +64,9 @@ class StreamFeeds {
   std::shared_ptr<StreamFeed> Open(const v1::Job& job);
   // nullptr once closed (or never opened).
   std::shared_ptr<StreamFeed> Find(const std::string& job_id) const;
+  // The job's feed once it is opened, waiting up to `timeout` for that (a relayed stream
+  // may reach a worker process just before its claim of the job has opened the feed).
+  std::shared_ptr<StreamFeed> Await(const std::string& job_id, std::chrono::milliseconds timeout) const;
   // Ends the feed (both sides see `reason`) and forgets it.
   void Close(const std::string& job_id, const absl::Status& reason);
   void CloseAll(const absl::Status& reason);
@@ -71,6 +74,7 @@ class StreamFeeds {
  private:
   const int64_t max_batch_bytes_;
   mutable std::mutex mu_;
+  mutable std::condition_variable opened_;
   std::map<std::string, std::shared_ptr<StreamFeed>> feeds_;
 };
 

@@ -14,6 +14,7 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -220,7 +221,10 @@ absl::Status StatusFromHttp(int http, const ErrorBody& error, absl::string_view 
   const std::string detail = Detail(http, error);
   if (http == 404) {
     if (error.code == "NoSuchBucket") {
-      return absl::NotFoundError(absl::StrCat(what, ": S3 bucket '", bucket, "' does not exist (", detail, ")"));
+      absl::Status status =
+          absl::NotFoundError(absl::StrCat(what, ": S3 bucket '", bucket, "' does not exist (", detail, ")"));
+      status.SetPayload(kNoSuchBucketPayload, absl::Cord(bucket));
+      return status;
     }
     if (error.code == "NoSuchUpload") {
       return absl::NotFoundError(absl::StrCat(what, ": no such multipart upload of ", name, " (", detail, ")"));
@@ -241,6 +245,10 @@ absl::Status StatusFromHttp(int http, const ErrorBody& error, absl::string_view 
   if (http == 429 || http >= 500) return absl::UnavailableError(absl::StrCat(what, " ", name, ": ", detail));
   if (http >= 400) return absl::InvalidArgumentError(absl::StrCat(what, " ", name, ": ", detail));
   return absl::UnknownError(absl::StrCat(what, " ", name, ": unexpected ", detail));
+}
+
+bool IsNoSuchBucket(const absl::Status& status) {
+  return absl::IsNotFound(status) && status.GetPayload(kNoSuchBucketPayload).has_value();
 }
 
 Body BodyFromBytes(absl::string_view bytes) {

@@ -173,4 +173,9 @@ class S3Client {
 absl::Status StatusFromHttp(int http_status, const ErrorBody& error, absl::string_view what,
                             absl::string_view bucket, absl::string_view key);
 
+// Whether a status says the bucket itself is missing (S3's NoSuchBucket), as opposed to a key
+// in it: StatusFromHttp marks it with this payload (the bucket's name).
+inline constexpr absl::string_view kNoSuchBucketPayload = "recal.s3/NoSuchBucket";
+bool IsNoSuchBucket(const absl::Status& status);
+
 }  // namespace recal::s3

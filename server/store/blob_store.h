@@ -1,7 +1,11 @@
-// Content-addressed blobs on local disk, and uploads in progress. Every write is atomic
-// (temp file, fsync, rename): a blob is either whole under its digest or absent.
-//   <dir>/blobs/sha256/<hex[0:2]>/<hex>
-//   <dir>/uploads/<owner>/<hex>.partial  bytes committed so far of an upload of digest <hex>
+// Content-addressed blobs (models, results), and uploads in progress: the interface the job
+// and API layers use. Two implementations, chosen by --blobs:
+//   LocalBlobStore (local_blob_store.h)  file:DIR, a local or shared file system;
+//   S3BlobStore (s3_blob_store.h)        s3://BUCKET/PREFIX, S3-compatible object storage.
+// Both keep the same contract (tests/store/blob_store_conformance_test.cc runs one suite
+// against each): a blob is either whole under its digest or absent, never half-written; an
+// upload is verified against its digest before it becomes a blob; digests (64 lowercase hex
+// characters) and owners (tenant names) are checked before they name anything.
 #pragma once
 
 #include <cstdint>
@@ -14,63 +18,63 @@
 
 namespace recal::store {
 
-// One blob's bytes, read at any offset (downloads resume mid-blob). The blob stays
-// readable while the reader is open, even if it is removed meanwhile.
+// One blob's bytes, read at any offset (downloads resume mid-blob).
 class BlobReader {
  public:
-  ~BlobReader();
-  BlobReader(const BlobReader&) = delete;
-  BlobReader& operator=(const BlobReader&) = delete;
-
-  int64_t size() const { return size_; }
+  virtual ~BlobReader() = default;
+  virtual int64_t size() const = 0;
   // Up to `max_bytes` from `offset` into `out` (fewer only at the end; none past it).
-  absl::Status ReadAt(int64_t offset, int64_t max_bytes, std::string* out) const;
-
- private:
-  friend class BlobStore;
-  BlobReader(int fd, int64_t size, std::string name) : fd_(fd), size_(size), name_(std::move(name)) {}
-  const int fd_;
-  const int64_t size_;
-  const std::string name_;
+  // Thread-compatible: one reader serves one download.
+  virtual absl::Status ReadAt(int64_t offset, int64_t max_bytes, std::string* out) const = 0;
 };
 
 class BlobStore {
  public:
-  static absl::StatusOr<std::unique_ptr<BlobStore>> Open(const std::string& dir);
+  virtual ~BlobStore() = default;
 
-  // Where the blob with this hex digest lives (whether or not it exists).
-  std::string PathOf(const std::string& sha256_hex) const;
-  bool Has(const std::string& sha256_hex) const;
-  absl::StatusOr<int64_t> SizeOf(const std::string& sha256_hex) const;  // NOT_FOUND
-  absl::StatusOr<std::unique_ptr<BlobReader>> OpenReader(const std::string& sha256_hex) const;  // NOT_FOUND
+  // Whether the blob is known to be there (false also when the store cannot tell, e.g. an
+  // endpoint that does not answer: callers only use it to skip a write that would be redundant).
+  virtual bool Has(const std::string& sha256_hex) const = 0;
+  virtual absl::StatusOr<int64_t> SizeOf(const std::string& sha256_hex) const = 0;  // NOT_FOUND
+  virtual absl::StatusOr<std::unique_ptr<BlobReader>> OpenReader(const std::string& sha256_hex) const = 0;  // NOT_FOUND
+  // A file on this host's disk holding the blob's bytes, for what must read a local file
+  // (the sandboxed worker opens the model by path). For object storage the blob is fetched
+  // into a local cache first (verified by its digest). NOT_FOUND when absent.
+  virtual absl::StatusOr<std::string> LocalPath(const std::string& sha256_hex) = 0;
 
   // Stores `bytes` and returns their hex digest.
-  absl::StatusOr<std::string> Put(absl::string_view bytes);
-  // Moves a complete file (e.g. one the engine wrote next to the store) into the store
-  // under its digest, computed here; returns the digest.
-  absl::StatusOr<std::string> AdoptFile(const std::string& path);
-  absl::Status Remove(const std::string& sha256_hex);  // OK if absent
+  virtual absl::StatusOr<std::string> Put(absl::string_view bytes) = 0;
+  // Takes a complete file (one the engine wrote under scratch_dir()) into the store under its
+  // digest, computed here, and removes it; returns the digest. Refuses anything but a plain
+  // file with one link (FAILED_PRECONDITION): a worker could otherwise make a blob of a file
+  // it cannot read.
+  virtual absl::StatusOr<std::string> AdoptFile(const std::string& path) = 0;
+  virtual absl::Status Remove(const std::string& sha256_hex) = 0;  // OK if absent
 
   // Uploads, each kept apart under its `owner` (a tenant name: [A-Za-z0-9][A-Za-z0-9_.-]*,
-  // at most 64). Appends are durable (fsync) before they return, so committed size survives
-  // a crash. AppendUpload refuses an offset other than the committed size
+  // at most 64). Appends are durable (fsync) before they return, so the committed size
+  // survives a crash. AppendUpload refuses an offset other than the committed size
   // (FAILED_PRECONDITION, naming the committed size) and growth past `expected_size`
   // (INVALID_ARGUMENT).
-  absl::StatusOr<int64_t> UploadedSize(const std::string& owner, const std::string& sha256_hex) const;  // 0 if none
-  absl::Status AppendUpload(const std::string& owner, const std::string& sha256_hex, int64_t offset,
-                            absl::string_view data, int64_t expected_size);
+  virtual absl::StatusOr<int64_t> UploadedSize(const std::string& owner, const std::string& sha256_hex) const = 0;  // 0 if none
+  virtual absl::Status AppendUpload(const std::string& owner, const std::string& sha256_hex, int64_t offset,
+                                    absl::string_view data, int64_t expected_size) = 0;
   // Verifies the digest of the complete upload (INVALID_ARGUMENT on mismatch, and the
-  // partial file is discarded) and moves it into the store. Returns the blob's path.
-  absl::StatusOr<std::string> CommitUpload(const std::string& owner, const std::string& sha256_hex);
-  absl::Status DiscardUpload(const std::string& owner, const std::string& sha256_hex);
+  // partial upload is discarded) and stores it as a blob. Returns LocalPath() of the blob
+  // (the registry inspects the model there). A repeated commit of a stored blob succeeds;
+  // NOT_FOUND when neither an upload nor the blob exists.
+  virtual absl::StatusOr<std::string> CommitUpload(const std::string& owner, const std::string& sha256_hex) = 0;
+  virtual absl::Status DiscardUpload(const std::string& owner, const std::string& sha256_hex) = 0;
 
-  // A directory on the same file system for temporary files that AdoptFile will take.
-  const std::string& scratch_dir() const { return scratch_dir_; }
-
- private:
-  explicit BlobStore(std::string dir);
-  std::string dir_;
-  std::string scratch_dir_;
+  // A local directory for temporary files that AdoptFile will take (job scratch dirs).
+  virtual const std::string& scratch_dir() const = 0;
+  // Where the blobs live, for logs: "file:DIR", "s3://BUCKET/PREFIX/" (never a credential).
+  virtual std::string Describe() const = 0;
 };
+
+// INVALID_ARGUMENT unless `hex` is a SHA-256 digest as Sha256 prints it. Digests come from
+// clients and become file names and object keys, so this check is also what keeps a request
+// from naming a path outside the store ("../x", "/etc/passwd", ...).
+absl::Status ValidateDigest(const std::string& hex);
 
 }  // namespace recal::store

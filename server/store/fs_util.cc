@@ -32,6 +32,36 @@ absl::Status FsyncDirectory(const std::string& dir) {
   return status;
 }
 
+absl::Status FsyncFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot open '", path, "' to fsync it"));
+  absl::Status status;
+  if (::fsync(fd) != 0) {
+    status = absl::ErrnoToStatus(errno, absl::StrCat("cannot fsync '", path, "'"));
+  }
+  ::close(fd);
+  return status;
+}
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+absl::Status UnlinkIfPresent(const std::string& path) {
+  if (::unlink(path.c_str()) == 0 || errno == ENOENT) return absl::OkStatus();
+  return absl::ErrnoToStatus(errno, absl::StrCat("cannot remove '", path, "'"));
+}
+
+absl::Status CheckAdoptable(const std::string& path) {
+  struct stat info;
+  if (::lstat(path.c_str(), &info) != 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot adopt '", path, "'"));
+  if (!S_ISREG(info.st_mode) || info.st_nlink != 1) {
+    return absl::FailedPreconditionError(absl::StrCat("refusing to adopt '", path, "': not a plain file"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status EnsureDirectory(const std::string& dir) {
   if (::mkdir(dir.c_str(), 0777) == 0) return FsyncDirectory(DirectoryOf(dir));
   if (errno != EEXIST) {

@@ -20,6 +20,16 @@ absl::Status EnsureDirectory(const std::string& dir);
 // fsync of a directory, so renames and unlinks in it survive a crash.
 absl::Status FsyncDirectory(const std::string& dir);
 
+// fsync of a file by path (its writer may not have made it durable).
+absl::Status FsyncFile(const std::string& path);
+
+bool Exists(const std::string& path);
+absl::Status UnlinkIfPresent(const std::string& path);
+
+// OK for a plain file with one link; FAILED_PRECONDITION otherwise. Files a worker made are
+// taken into the store only so: a link would make a blob of a file the worker could not read.
+absl::Status CheckAdoptable(const std::string& path);
+
 // An open file descriptor holding flock(LOCK_EX), released and closed on destruction.
 // The lock is advisory: it serialises the store's own operations on one upload, across
 // threads and processes.

@@ -38,6 +38,9 @@ struct TenantUsage {
 // from before tenants had.
 inline constexpr char kDefaultTenant[] = "default";
 
+// How long a worker endpoint nobody refreshed, whose owner holds no lease, is kept.
+inline constexpr int64_t kForgetWorkerEndpointAfterMs = int64_t{7} * 24 * 3600 * 1000;
+
 // A job as the store holds it: the message, the version every write bumps (for
 // compare-and-set across processes) and the lease of the worker running it, if any.
 struct StoredJob {
@@ -158,6 +161,14 @@ class MetadataStore {
   virtual absl::StatusOr<ResultRef> GetResult(const std::string& job_id, v1::Artifact artifact) = 0;  // NOT_FOUND
   // Whether any job's results reference the blob (so it must not be removed).
   virtual absl::StatusOr<bool> BlobReferenced(const std::string& sha256) = 0;
+
+  // Worker processes' internal endpoints (cluster mode: where an api replica relays a
+  // client's pushed batches), keyed by the owner name the process's leases carry. Written
+  // by the worker process itself (its --advertise_address), never from a client's request:
+  // an api replica connects only where a worker said it listens. Putting also forgets
+  // endpoints not refreshed for a week whose owner holds no lease (processes long gone).
+  virtual absl::Status PutWorkerEndpoint(const std::string& owner, const std::string& address, int64_t now_ms) = 0;
+  virtual absl::StatusOr<std::string> WorkerEndpoint(const std::string& owner) = 0;  // NOT_FOUND
 
 };
 

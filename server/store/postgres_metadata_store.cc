@@ -25,7 +25,7 @@ using namespace internal::rows;  // NOLINT: the rows helpers are this file's voc
 
 // The row of schema_version. 2 is SQLite's version 2, table for table (PostgreSQL stores
 // began there). Bump it, and add a step in MigrateSchema, whenever a table changes.
-constexpr int64_t kSchemaVersion = 4;
+constexpr int64_t kSchemaVersion = 5;
 
 // The advisory lock that whoever creates or migrates the schema holds: "recal" and a 1.
 constexpr int64_t kSchemaLockKey = 0x726563616c000001;
@@ -94,6 +94,15 @@ ALTER TABLE jobs ADD COLUMN parent_id TEXT,
 DROP INDEX jobs_to_claim;
 CREATE INDEX jobs_to_claim ON jobs(state, coordinated, priority, create_seq);
 CREATE INDEX jobs_by_parent ON jobs(parent_id, create_seq);
+)sql";
+
+// Version 5: worker processes' internal endpoints, as in SQLite's version 5.
+constexpr char kWorkerEndpointsV5[] = R"sql(
+CREATE TABLE worker_endpoints (
+  owner TEXT PRIMARY KEY,
+  address TEXT NOT NULL,
+  updated_ms BIGINT NOT NULL
+);
 )sql";
 
 // "($3,$4,$5)" for a state filter whose parameters start at $first.
@@ -183,7 +192,7 @@ absl::Status PostgresMetadataStore::Impl::MigrateSchema() {
     }
   }
   if (version == kSchemaVersion) return absl::OkStatus();  // rolls back the empty transaction
-  if (version != 0 && version != 2 && version != 3) {
+  if (version != 0 && version != 2 && version != 3 && version != 4) {
     return absl::FailedPreconditionError(absl::StrCat(
         "database ", conn.where(), " has schema version ", version, " but this recal-server knows only ",
         kSchemaVersion, "; run a matching server or point --store elsewhere"));
@@ -202,7 +211,8 @@ absl::Status PostgresMetadataStore::Impl::MigrateSchema() {
     }
   }
   // Every existing job stays top-level and uncoordinated: the columns' defaults.
-  RECAL_RETURN_IF_ERROR(conn.ExecScript(kJobsV4));
+  if (version < 4) RECAL_RETURN_IF_ERROR(conn.ExecScript(kJobsV4));
+  RECAL_RETURN_IF_ERROR(conn.ExecScript(kWorkerEndpointsV5));
   RECAL_RETURN_IF_ERROR(Exec("DELETE FROM schema_version").status());
   RECAL_RETURN_IF_ERROR(
       Exec("INSERT INTO schema_version(version) VALUES($1)", Params().Int64(kSchemaVersion)).status());
@@ -765,6 +775,34 @@ class PostgresChangeWatch final : public ChangeWatch {
 
 std::unique_ptr<ChangeWatch> PostgresMetadataStore::WatchChanges(std::function<void()> on_change) {
   return std::make_unique<PostgresChangeWatch>(impl_->uri, std::move(on_change));
+}
+
+// ------------------------------------------------------------------ worker endpoints
+
+absl::Status PostgresMetadataStore::PutWorkerEndpoint(const std::string& owner, const std::string& address,
+                                                      int64_t now_ms) {
+  return impl_->Run([&]() -> absl::Status {
+    RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn));
+    RECAL_RETURN_IF_ERROR(impl_->Exec("INSERT INTO worker_endpoints(owner, address, updated_ms) VALUES($1, $2, $3) "
+                                      "ON CONFLICT(owner) DO UPDATE SET address = EXCLUDED.address, "
+                                      "updated_ms = EXCLUDED.updated_ms",
+                                      Params().Text(owner).Text(address).Int64(now_ms))
+                              .status());
+    RECAL_RETURN_IF_ERROR(impl_->Exec("DELETE FROM worker_endpoints WHERE updated_ms < $1 AND owner NOT IN "
+                                      "(SELECT lease_owner FROM jobs WHERE lease_owner IS NOT NULL)",
+                                      Params().Int64(now_ms - kForgetWorkerEndpointAfterMs))
+                              .status());
+    return txn.Commit();
+  });
+}
+
+absl::StatusOr<std::string> PostgresMetadataStore::WorkerEndpoint(const std::string& owner) {
+  return impl_->Run([&]() -> absl::StatusOr<std::string> {
+    RECAL_ASSIGN_OR_RETURN(Result r,
+                           impl_->Exec("SELECT address FROM worker_endpoints WHERE owner = $1", Params().Text(owner)));
+    if (r.rows() == 0) return absl::NotFoundError(absl::StrCat("no internal endpoint recorded for worker ", owner));
+    return r.Bytes(0, 0);
+  });
 }
 
 }  // namespace recal::store

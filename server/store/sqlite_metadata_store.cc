@@ -25,7 +25,7 @@ using namespace internal::rows;  // NOLINT: the rows helpers are this file's voc
 
 // PRAGMA user_version of the schema below. Bump it (and add a migration step in
 // MigrateSchema) whenever a table changes.
-constexpr int64_t kSchemaVersion = 4;
+constexpr int64_t kSchemaVersion = 5;
 
 // create_seq is a per-table counter, so "newest first" and page tokens do not depend on
 // clock resolution or clock steps. Every model and job belongs to one tenant: a model's
@@ -79,6 +79,15 @@ DROP INDEX jobs_to_claim;
 CREATE INDEX jobs_to_claim ON jobs(state, coordinated, priority, create_seq);
 CREATE INDEX jobs_by_parent ON jobs(parent_id, create_seq);
 )sql";
+// Version 5: worker processes' internal endpoints, where api replicas relay pushed batches
+// (cluster mode). The same step for a new database and an old one.
+constexpr char kWorkerEndpointsV5[] = R"sql(
+CREATE TABLE worker_endpoints (
+  owner TEXT PRIMARY KEY,           -- the lease owner name of a worker process
+  address TEXT NOT NULL,            -- host:port of its internal endpoint
+  updated_ms INTEGER NOT NULL
+) WITHOUT ROWID;
+)sql";
 constexpr char kEventsAndResults[] = R"sql(
 CREATE TABLE events (
   job_id TEXT NOT NULL,
@@ -121,6 +130,7 @@ struct SqliteMetadataStore::Impl {
   absl::Status MigrateV1ToV2();
   absl::Status MigrateV2ToV3();
   absl::Status MigrateV3ToV4();
+  absl::Status MigrateV4ToV5();
   absl::Status InsertModel(const v1::Model& model);
   absl::Status InsertJob(const v1::Job& job);
   // Inserts a new job and its events (seq and time assigned). ALREADY_EXISTS if the id is
@@ -160,9 +170,10 @@ absl::Status SqliteMetadataStore::Impl::MigrateSchema() {
   } else if (version == 2) {
     RECAL_RETURN_IF_ERROR(MigrateV2ToV3());
     RECAL_RETURN_IF_ERROR(MigrateV3ToV4());
-  } else {
+  } else if (version == 3) {
     RECAL_RETURN_IF_ERROR(MigrateV3ToV4());
   }
+  RECAL_RETURN_IF_ERROR(MigrateV4ToV5());
   RECAL_RETURN_IF_ERROR(db.Exec(absl::StrCat("PRAGMA user_version = ", kSchemaVersion)));
   return txn.Commit();
 }
@@ -212,6 +223,8 @@ absl::Status SqliteMetadataStore::Impl::MigrateV2ToV3() {
 
 // Every existing job stays top-level and uncoordinated: the columns' defaults.
 absl::Status SqliteMetadataStore::Impl::MigrateV3ToV4() { return db.Exec(kJobsV4); }
+
+absl::Status SqliteMetadataStore::Impl::MigrateV4ToV5() { return db.Exec(kWorkerEndpointsV5); }
 
 absl::Status SqliteMetadataStore::Impl::InsertModel(const v1::Model& model) {
   RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("INSERT OR IGNORE INTO models(tenant, id, create_seq, size, proto) "
@@ -753,6 +766,35 @@ absl::StatusOr<int64_t> SqliteMetadataStore::CountJobsInStates(const std::vector
   BindStates(q, 1, *states);
   RECAL_ASSIGN_OR_RETURN(const bool row, q.Step());
   return row ? q.Int64(0) : 0;
+}
+
+// ------------------------------------------------------------------ worker endpoints
+
+absl::Status SqliteMetadataStore::PutWorkerEndpoint(const std::string& owner, const std::string& address,
+                                                    int64_t now_ms) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Db& db = impl_->db;
+  RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
+  {
+    RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("INSERT INTO worker_endpoints(owner, address, updated_ms) "
+                                               "VALUES(?1, ?2, ?3) ON CONFLICT(owner) DO UPDATE SET "
+                                               "address = excluded.address, updated_ms = excluded.updated_ms"));
+    RECAL_RETURN_IF_ERROR(q.Bind(1, owner).Bind(2, address).Bind(3, now_ms).Run());
+  }
+  {
+    RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("DELETE FROM worker_endpoints WHERE updated_ms < ?1 AND owner NOT IN "
+                                               "(SELECT lease_owner FROM jobs WHERE lease_owner IS NOT NULL)"));
+    RECAL_RETURN_IF_ERROR(q.Bind(1, now_ms - kForgetWorkerEndpointAfterMs).Run());
+  }
+  return txn.Commit();
+}
+
+absl::StatusOr<std::string> SqliteMetadataStore::WorkerEndpoint(const std::string& owner) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("SELECT address FROM worker_endpoints WHERE owner = ?1"));
+  RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, owner).Step());
+  if (!row) return absl::NotFoundError(absl::StrCat("no internal endpoint recorded for worker ", owner));
+  return q.Text(0);
 }
 
 }  // namespace recal::store

@@ -47,6 +47,8 @@ class SqliteMetadataStore final : public MetadataStore {
   absl::Status PutResult(const std::string& job_id, v1::Artifact artifact, const ResultRef& ref) override;
   absl::StatusOr<ResultRef> GetResult(const std::string& job_id, v1::Artifact artifact) override;
   absl::StatusOr<bool> BlobReferenced(const std::string& sha256) override;
+  absl::Status PutWorkerEndpoint(const std::string& owner, const std::string& address, int64_t now_ms) override;
+  absl::StatusOr<std::string> WorkerEndpoint(const std::string& owner) override;
 
  private:
   struct Impl;

@@ -37,18 +37,7 @@ using ::testing::HasSubstr;
 constexpr char kBucket[] = "recal-data";
 
 s3::S3ClientOptions FastOptions(const std::string& endpoint, s3::Credentials creds = {"AKIAEXAMPLE", "unchecked", ""}) {
-  s3::S3ClientOptions o;
-  o.config.endpoint = *s3::ParseEndpoint(endpoint);
-  o.config.addressing = s3::Addressing::kPath;
-  o.config.credentials = std::move(creds);
-  o.retry.max_attempts = 3;
-  o.retry.initial_backoff = absl::Milliseconds(20);
-  o.retry.max_backoff = absl::Milliseconds(200);
-  o.retry.max_total = absl::Seconds(10);
-  o.connect_timeout = absl::Seconds(2);
-  o.low_speed_bytes = 1;
-  o.low_speed_time = absl::Seconds(10);
-  return o;
+  return s3::testing::FastClientOptions(endpoint, std::move(creds));
 }
 
 std::vector<Batch> ReadAll(BatchSource& source) {

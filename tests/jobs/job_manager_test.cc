@@ -9,6 +9,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "server/store/local_blob_store.h"
 #include "tests/jobs/fake_runner.h"
 
 namespace recal::jobs {
@@ -21,7 +22,7 @@ class JobManagerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     metadata_ = *store::OpenMetadataStore(tmp_.File("recal.db"));
-    blobs_ = *store::BlobStore::Open(tmp_.File("blobs"));
+    blobs_ = *store::LocalBlobStore::Open(tmp_.File("blobs"));
     models_ = std::make_unique<ModelRegistry>(metadata_.get(), blobs_.get(), 1 << 20, &runner_);
     JobManagerOptions options;
     options.scheduler.progress_interval = absl::ZeroDuration();
@@ -55,7 +56,7 @@ class JobManagerTest : public ::testing::Test {
   testing::TempDir tmp_;
   FakeRunner runner_;
   std::unique_ptr<store::MetadataStore> metadata_;
-  std::unique_ptr<store::BlobStore> blobs_;
+  std::unique_ptr<store::LocalBlobStore> blobs_;
   std::unique_ptr<ModelRegistry> models_;
   std::unique_ptr<JobManager> jobs_;
   std::string model_id_;

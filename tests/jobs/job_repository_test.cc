@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/time/clock.h"
 #include "tests/test_util.h"
 
 namespace recal::jobs {
@@ -163,6 +164,34 @@ TEST_F(JobRepositoryTest, RecoveryRequeuesInterruptedRunsUntilMaxAttemptsThenFai
   EXPECT_THAT(jobs_->Get("a")->error().message(), HasSubstr("3 times (--max_attempts=3)"));
   EXPECT_EQ(StateOf("b"), v1::CANCELLED);
   EXPECT_TRUE(jobs_->RecoverInterrupted(3)->empty());  // nothing left running
+}
+
+TEST_F(JobRepositoryTest, AClientStreamJobWhoseLeaseExpiredFailsInsteadOfWaitingForPushesAgain) {
+  v1::Job stream;
+  stream.set_id("stream");
+  stream.set_tenant("t");
+  stream.mutable_spec()->set_model_id("sha256:00");
+  stream.mutable_spec()->mutable_data()->mutable_client_stream();
+  bool created = false;
+  ASSERT_TRUE(jobs_->Create(stream, &created).ok());
+  Create("files");
+  const int64_t now = absl::ToUnixMillis(absl::Now());
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(jobs_->Claim("cpu", "worker-1", now - 1000)->has_value());
+  auto recovered = jobs_->RecoverExpired(now, /*max_attempts=*/3);
+  ASSERT_TRUE(recovered.ok()) << recovered.status();
+  EXPECT_EQ(StateOf("files"), v1::QUEUED);  // its data can be read again
+  const v1::Job failed = *jobs_->Get("stream");
+  EXPECT_EQ(failed.state(), v1::FAILED);
+  EXPECT_EQ(failed.error().code(), static_cast<int>(absl::StatusCode::kAborted));
+  EXPECT_THAT(failed.error().message(), HasSubstr("push from the first batch"));
+  EXPECT_THAT(Events("stream"), ::testing::Contains(HasSubstr("failure:the worker running this client-stream job")));
+  // At start-up of the embedded server (no other process: its clients push again) it is
+  // queued again, as it always was.
+  stream.set_id("stream-2");
+  ASSERT_TRUE(jobs_->Create(stream, &created).ok());
+  ASSERT_TRUE(jobs_->Start("stream-2", "cpu").ok());
+  ASSERT_TRUE(jobs_->RecoverInterrupted(3).ok());
+  EXPECT_EQ(StateOf("stream-2"), v1::QUEUED);
 }
 
 TEST_F(JobRepositoryTest, WatchersAreToldOfStoredChangesOnly) {

@@ -10,6 +10,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "server/store/local_blob_store.h"
 #include "tests/jobs/fake_runner.h"
 
 namespace recal::jobs {
@@ -45,7 +46,7 @@ class SchedulerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     metadata_ = *store::OpenMetadataStore(tmp_.File("recal.db"));
-    blobs_ = *store::BlobStore::Open(tmp_.File("blobs"));
+    blobs_ = *store::LocalBlobStore::Open(tmp_.File("blobs"));
     models_ = std::make_unique<ModelRegistry>(metadata_.get(), blobs_.get(), 1 << 20, &runner_);
     jobs_ = std::make_unique<JobRepository>(metadata_.get(), &events_);
     model_id_ = UploadAnyModel(*models_);
@@ -103,7 +104,7 @@ class SchedulerTest : public ::testing::Test {
   EventHub events_;
   StreamFeeds feeds_{1 << 20};
   std::unique_ptr<store::MetadataStore> metadata_;
-  std::unique_ptr<store::BlobStore> blobs_;
+  std::unique_ptr<store::LocalBlobStore> blobs_;
   std::unique_ptr<ModelRegistry> models_;
   std::unique_ptr<JobRepository> jobs_;
   std::unique_ptr<Scheduler> scheduler_;

@@ -147,6 +147,21 @@ absl::StatusOr<Credentials> EnableAuth(const std::string& ep) {
   return creds;
 }
 
+S3ClientOptions FastClientOptions(const std::string& endpoint, Credentials credentials) {
+  S3ClientOptions o;
+  o.config.endpoint = *ParseEndpoint(endpoint);
+  o.config.addressing = Addressing::kPath;
+  o.config.credentials = std::move(credentials);
+  o.retry.max_attempts = 3;
+  o.retry.initial_backoff = absl::Milliseconds(20);
+  o.retry.max_backoff = absl::Milliseconds(200);
+  o.retry.max_total = absl::Seconds(10);
+  o.connect_timeout = absl::Seconds(2);
+  o.low_speed_bytes = 1;
+  o.low_speed_time = absl::Seconds(10);
+  return o;
+}
+
 int CountRequests(const std::string& log, const std::string& method, const std::string& target) {
   // werkzeug: 127.0.0.1 - - [date] "GET /bucket/key HTTP/1.1" 206 -
   const std::string needle = absl::StrCat("\"", method, " ", target);

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "server/s3/s3_client.h"
 #include "server/s3/sigv4.h"
 
 namespace recal::s3::testing {
@@ -47,6 +48,11 @@ class MotoServer {
 // Creates an IAM user with s3:* and an access key on the moto at `endpoint`, then switches
 // its authentication on. Returns the key.
 absl::StatusOr<Credentials> EnableAuth(const std::string& endpoint);
+
+// Options for a client of a test's server: path-style, three attempts with short backoffs
+// (10 s at most), a 2 s connect timeout and a 10 s stall limit, so that a test of a stopped or
+// hung endpoint ends within seconds.
+S3ClientOptions FastClientOptions(const std::string& endpoint, Credentials credentials);
 
 // Lines of moto's log for requests with this method whose target starts with `target`
 // ("/bucket/key"), e.g. the GETs of one object.

@@ -40,21 +40,6 @@ using testing::MotoServer;
 using testing::ScriptedHttpServer;
 using testing::ScriptedReply;
 
-S3ClientOptions FastOptions(const std::string& endpoint, Credentials creds) {
-  S3ClientOptions o;
-  o.config.endpoint = *ParseEndpoint(endpoint);
-  o.config.addressing = Addressing::kPath;
-  o.config.credentials = std::move(creds);
-  o.retry.max_attempts = 3;
-  o.retry.initial_backoff = absl::Milliseconds(20);
-  o.retry.max_backoff = absl::Milliseconds(200);
-  o.retry.max_total = absl::Seconds(10);
-  o.connect_timeout = absl::Seconds(2);
-  o.low_speed_bytes = 1;
-  o.low_speed_time = absl::Seconds(10);
-  return o;
-}
-
 std::string Pattern(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::string s(n, '\0');
@@ -104,11 +89,11 @@ class S3ClientMoto : public ::testing::Test {
     if (binary_->empty()) GTEST_SKIP() << "moto_server not installed: S3 tests skipped";
     ASSERT_EQ(setup_error_, nullptr) << *setup_error_;
     ASSERT_FALSE(creds_->access_key_id.empty());
-    auto c = S3Client::Create(FastOptions(moto_->endpoint(), {"AKIAEXAMPLE", "unchecked", ""}));
+    auto c = S3Client::Create(testing::FastClientOptions(moto_->endpoint(), {"AKIAEXAMPLE", "unchecked", ""}));
     ASSERT_TRUE(c.ok()) << c.status();
     client_ = *std::move(c);
     ASSERT_TRUE(client_->CreateBucket(kBucket).ok());
-    c = S3Client::Create(FastOptions(moto_auth_->endpoint(), *creds_));
+    c = S3Client::Create(testing::FastClientOptions(moto_auth_->endpoint(), *creds_));
     ASSERT_TRUE(c.ok()) << c.status();
     auth_client_ = *std::move(c);
     absl::Status created = auth_client_->CreateBucket(kBucket);
@@ -313,14 +298,14 @@ TEST_F(S3ClientMoto, BadCredentialsArePermissionDenied) {
   ASSERT_TRUE(auth_client_->PutObject(kBucket, "secret", "x").ok());
   Credentials wrong = *creds_;
   wrong.secret_access_key += "x";
-  auto c = S3Client::Create(FastOptions(moto_auth_->endpoint(), wrong));
+  auto c = S3Client::Create(testing::FastClientOptions(moto_auth_->endpoint(), wrong));
   ASSERT_TRUE(c.ok());
   auto got = (*c)->GetObjectRange(kBucket, "secret", 0, 1);
   EXPECT_EQ(got.status().code(), absl::StatusCode::kPermissionDenied) << got.status();
   EXPECT_TRUE(absl::StrContains(got.status().message(), "SignatureDoesNotMatch")) << got.status();
 
   Credentials unknown{"AKIAUNKNOWNKEY000000", "whatever", ""};
-  c = S3Client::Create(FastOptions(moto_auth_->endpoint(), unknown));
+  c = S3Client::Create(testing::FastClientOptions(moto_auth_->endpoint(), unknown));
   ASSERT_TRUE(c.ok());
   auto put = (*c)->PutObject(kBucket, "secret", "y");
   EXPECT_EQ(put.status().code(), absl::StatusCode::kPermissionDenied) << put.status();
@@ -332,7 +317,7 @@ TEST_F(S3ClientMoto, StoppedEndpointIsUnavailableWithinBoundedTime) {
   // Its own moto (authentication off): this test stops it.
   auto moto = MotoServer::Start(*binary_, tmp_->File("moto2.log"));
   ASSERT_NE(moto, nullptr);
-  auto c = S3Client::Create(FastOptions(moto->endpoint(), {"AKIAEXAMPLE", "secret", ""}));
+  auto c = S3Client::Create(testing::FastClientOptions(moto->endpoint(), {"AKIAEXAMPLE", "secret", ""}));
   ASSERT_TRUE(c.ok());
   ASSERT_TRUE((*c)->CreateBucket(kBucket).ok());
   ASSERT_TRUE((*c)->PutObject(kBucket, "k", "v").ok());
@@ -350,7 +335,7 @@ TEST_F(S3ClientMoto, StoppedEndpointIsUnavailableWithinBoundedTime) {
 class S3ClientFault : public ::testing::Test {
  protected:
   std::unique_ptr<S3Client> Client(const std::string& endpoint, int max_attempts = 3) {
-    S3ClientOptions o = FastOptions(endpoint, {"AKIDEXAMPLE", "secret", ""});
+    S3ClientOptions o = testing::FastClientOptions(endpoint, {"AKIDEXAMPLE", "secret", ""});
     o.retry.max_attempts = max_attempts;
     auto c = S3Client::Create(o);
     EXPECT_TRUE(c.ok());
@@ -466,7 +451,7 @@ TEST_F(S3ClientFault, CompleteMultipartErrorInsideA200IsRetried) {
 }
 
 TEST_F(S3ClientFault, HungEndpointTimesOut) {
-  S3ClientOptions o = FastOptions(server_.endpoint(), {"AKIDEXAMPLE", "secret", ""});
+  S3ClientOptions o = testing::FastClientOptions(server_.endpoint(), {"AKIDEXAMPLE", "secret", ""});
   o.retry.max_attempts = 2;
   o.low_speed_time = absl::Seconds(1);
   auto c = S3Client::Create(o);
@@ -493,7 +478,7 @@ TEST_F(S3ClientFault, VirtualHostAddressing) {
   // "localhost": libcurl resolves every *.localhost name to loopback (RFC 6761), so
   // bkt.localhost reaches this server without DNS.
   S3ClientOptions o =
-      FastOptions(absl::StrCat("http://localhost:", server_.port()), {"AKIDEXAMPLE", "secret", "tok"});
+      testing::FastClientOptions(absl::StrCat("http://localhost:", server_.port()), {"AKIDEXAMPLE", "secret", "tok"});
   o.config.addressing = Addressing::kVirtualHost;
   auto c = S3Client::Create(o);
   ASSERT_TRUE(c.ok());
@@ -521,6 +506,10 @@ TEST(S3ClientStatus, Mapping) {
   EXPECT_EQ(StatusFromHttp(429, {}, "x", "b", "k").code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(StatusFromHttp(307, {}, "x", "b", "k").code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(absl::StrContains(StatusFromHttp(404, {"NoSuchBucket", "gone"}, "x", "b", "k").message(), "bucket 'b'"));
+  // A missing bucket is told from a missing key without reading the message.
+  EXPECT_TRUE(IsNoSuchBucket(StatusFromHttp(404, {"NoSuchBucket", "gone"}, "x", "b", "k")));
+  EXPECT_FALSE(IsNoSuchBucket(StatusFromHttp(404, {"NoSuchKey"}, "GetObject", "b", "k")));
+  EXPECT_FALSE(IsNoSuchBucket(StatusFromHttp(404, {}, "HeadObject", "b", "k")));
   const absl::Status upload = StatusFromHttp(404, {"NoSuchUpload", "gone"}, "UploadPart", "b", "k");
   EXPECT_EQ(upload.code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(absl::StrContains(upload.message(), "multipart upload of s3://b/k")) << upload;

@@ -37,6 +37,26 @@ grpc::Status Upload(v1::Recal::Stub& stub, const std::string& bytes, v1::Model* 
   return writer->Finish();
 }
 
+grpc::Status PushAll(v1::Recal::Stub& stub, const std::string& id, int shard, const std::vector<v1::Tensor>& batches) {
+  grpc::ClientContext context;
+  v1::PushBatchesResponse pushed;
+  auto writer = stub.PushBatches(&context, &pushed);
+  for (const v1::Tensor& batch : batches) {
+    v1::PushBatchesRequest message;
+    message.set_job_id(id);
+    message.set_shard(shard);
+    *message.add_inputs() = batch;
+    if (!writer->Write(message)) break;
+  }
+  v1::PushBatchesRequest last;
+  last.set_job_id(id);
+  last.set_shard(shard);
+  last.set_last(true);
+  writer->Write(last);
+  writer->WritesDone();
+  return writer->Finish();
+}
+
 v1::SubmitJobRequest NpyJob(const std::string& model_id, const std::string& path, int batch_size) {
   v1::SubmitJobRequest request;
   request.mutable_spec()->set_model_id(model_id);

@@ -16,6 +16,10 @@ namespace recal::testing {
 grpc::Status Upload(v1::Recal::Stub& stub, const std::string& bytes, v1::Model* model, int64_t from = 0,
                     int64_t to = -1, std::string digest = "", bool break_off = false, int64_t chunk = 1 << 20);
 
+// Pushes `batches` (one input each) into shard `shard` of the client-stream job `id`, then
+// the message marked last; the call's status.
+grpc::Status PushAll(v1::Recal::Stub& stub, const std::string& id, int shard, const std::vector<v1::Tensor>& batches);
+
 v1::SubmitJobRequest NpyJob(const std::string& model_id, const std::string& path, int batch_size);
 
 // A job that runs for a while: 200 synthetic batches of 32x3x96x96.

@@ -4,9 +4,14 @@
 // a worker killed with SIGKILL mid-job loses the job to the other worker once its lease runs
 // out: it completes there as attempt 2. The database cut off, and PostgreSQL itself crashed
 // (SIGKILL) and started again mid-run: every job succeeds once, and no process is restarted.
+// Client-stream jobs (ClusterStreamTest): pushes through either replica are relayed to the
+// worker process running the job; its internal endpoint refuses callers without the cluster
+// secret; a worker killed mid-stream fails the job (pushed batches are not replayable).
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <regex>
@@ -18,7 +23,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "recal/internal/v1/relay.grpc.pb.h"
+#include "server/data/batch_source.h"
 #include "tests/engine/test_util.h"
 #include "tests/server/calls.h"
 #include "tests/server/server_process.h"
@@ -72,15 +80,18 @@ class ClusterTest : public ::testing::Test {
     ASSERT_TRUE(uri.ok()) << uri.status();
     uri_ = *uri;
     token_ = NewToken();
-    std::ofstream(tmp_.File("auth.txt")) << AuthLine(token_, "default", "admin");
+    std::ofstream(tmp_.File("auth.txt")) << AuthLine(token_, "default", "admin") << extra_auth_;
     shared_ = {"--store=" + *uri, "--blobs=file:" + tmp_.File("shared-blobs"), "--data_root=" + kFixtures,
                "--auth_file=" + tmp_.File("auth.txt"), "--lease_seconds=" + std::to_string(lease_seconds_)};
+    shared_.insert(shared_.end(), extra_flags_.begin(), extra_flags_.end());
     for (const char* name : {"api-a", "api-b"}) apis_.push_back(Start(name, "api"));
     for (const char* name : {"worker-1", "worker-2"}) workers_.push_back(Start(name, "worker"));
   }
   std::unique_ptr<ServerProcess> Start(const std::string& name, const std::string& role) {
     std::vector<std::string> flags = shared_;
     flags.push_back("--role=" + role);
+    const std::vector<std::string>& own = role == "worker" ? worker_flags_ : api_flags_;
+    flags.insert(flags.end(), own.begin(), own.end());
     auto process = std::make_unique<ServerProcess>(tmp_.File(name), flags, ServerProcess::Auth::kOpen);
     EXPECT_TRUE(process->ok()) << name << ": " << process->log();
     return process;
@@ -124,6 +135,9 @@ class ClusterTest : public ::testing::Test {
   }
 
   int lease_seconds_ = 3;
+  std::vector<std::string> extra_flags_;  // for every process, set before SetUp
+  std::vector<std::string> worker_flags_, api_flags_;  // for the workers, the api replicas
+  std::string extra_auth_;                // auth-file lines beside the admin's
   TempDir tmp_;
   std::string uri_;
   std::string token_;
@@ -396,6 +410,278 @@ TEST_F(ClusterRestartTest, PostgresCrashedAndRestartedMidRunLosesNoJobAndRunsNon
   std::cout << "PostgreSQL down " << outage << " s; all four processes SERVING " << recovered_in
             << " s after it was back; " << stored_late << " runs ended during the outage and were stored after it; "
             << retried << " of " << ids.size() << " small jobs ran again\n";
+}
+
+// The cluster with the secret that lets api replicas relay pushed batches to workers.
+class ClusterStreamTest : public ClusterTest {
+ protected:
+  ClusterStreamTest() {
+    lease_seconds_ = 5;  // outlasts the worker stopped for 2 s below
+    std::ofstream(tmp_.File("cluster-secret")) << NewToken() << "\n";
+    extra_flags_ = {"--internal_token_file=" + tmp_.File("cluster-secret"), "--internal_listen=127.0.0.1:0"};
+    other_token_ = NewToken();
+    extra_auth_ = AuthLine(other_token_, "vision", "submit");
+  }
+
+  // Every batch of a tensor file at batch size 8, as a client would push them.
+  static std::vector<v1::Tensor> Batches(const std::string& spec) {
+    std::vector<v1::Tensor> batches;
+    auto source = data::OpenBatchSource(spec, 8);
+    EXPECT_TRUE(source.ok()) << source.status();
+    if (!source.ok()) return batches;
+    while (true) {
+      auto batch = (*source)->Next();
+      EXPECT_TRUE(batch.ok()) << batch.status();
+      if (!batch.ok() || !*batch) break;
+      batches.push_back(engine::testing::ToProto((**batch)[0]));
+    }
+    return batches;
+  }
+
+  v1::Job SubmitStream(int api, const std::string& model_id, int shards = 0, int max_batches = 0) {
+    v1::SubmitJobRequest request;
+    request.mutable_spec()->set_model_id(model_id);
+    request.mutable_spec()->set_batch_size(8);
+    request.mutable_spec()->set_shards(shards);
+    request.mutable_spec()->mutable_options()->set_max_batches(max_batches);
+    request.mutable_spec()->mutable_data()->mutable_client_stream();
+    grpc::ClientContext context;
+    v1::Job job;
+    const grpc::Status submitted = Api(api)->SubmitJob(&context, request, &job);
+    EXPECT_TRUE(submitted.ok()) << submitted.error_message();
+    return job;
+  }
+
+  double ErrorAgainstReference(const std::string& id) {
+    const std::string path = tmp_.File(id + ".safetensors");
+    std::ofstream(path, std::ios::binary) << Download(*Api(0), id, v1::BN_BUFFERS);
+    return engine::testing::WorstRelativeError(
+        engine::testing::ReadSafetensors(path),
+        engine::testing::ReadSafetensors(kFixtures + "/ref/resnet18.population.safetensors"));
+  }
+
+  // The pid of worker `i`'s recal-server (found by its data dir), 0 if none.
+  pid_t WorkerPid(int i) {
+    const std::string data_dir = std::string("--data_dir=") + tmp_.File(i == 0 ? "worker-1" : "worker-2");
+    for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+      const std::string name = entry.path().filename();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::ifstream file(entry.path() / "cmdline", std::ios::binary);
+      std::vector<std::string> args;
+      for (std::string arg; std::getline(file, arg, '\0');) args.push_back(arg);
+      if (!args.empty() && absl::EndsWith(args[0], "recal-server") &&
+          std::find(args.begin(), args.end(), data_dir) != args.end()) {
+        return static_cast<pid_t>(std::stoi(name));
+      }
+    }
+    return 0;
+  }
+
+  // The internal endpoint worker `i` advertised (from its log).
+  std::string InternalAddress(int i) {
+    std::smatch match;
+    const std::string log = workers_[i]->log();
+    if (!std::regex_search(log, match, std::regex("advertised=(\\S+)"))) return "";
+    return match[1];
+  }
+
+  std::string other_token_;
+};
+
+TEST_F(ClusterStreamTest, PushesThroughEitherReplicaReachTheWorkerRunningTheJob) {
+  v1::Model resnet;
+  ASSERT_TRUE(Upload(*Api(0), ReadBytes(kFixtures + "/models/resnet18.traced_eval.pt"), &resnet).ok());
+  const std::vector<v1::Tensor> batches = Batches("npy:" + kFixtures + "/data/resnet18.npy");
+  ASSERT_EQ(batches.size(), 3u);
+
+  // Submitted on replica A, pushed through replica B (at once: the push waits for a worker to
+  // take the job up), run on a worker: the float64 reference, as under --role=all.
+  const v1::Job job = SubmitStream(0, resnet.id());
+  const grpc::Status pushed = PushAll(*Api(1), job.id(), 0, batches);
+  ASSERT_TRUE(pushed.ok()) << pushed.error_message();
+  const v1::Job done = WaitForState(*Api(0), job.id(), v1::SUCCEEDED, 60);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.error().message();
+  EXPECT_EQ(done.progress().batches_done(), 3);
+  EXPECT_GE(WorkerThatStarted(job.id(), 1), 0);
+  EXPECT_LE(ErrorAgainstReference(job.id()), 1e-5);
+
+  // A sharded one: each shard's pusher on its own replica, each relayed to its shard's worker.
+  const v1::Job sharded = SubmitStream(1, resnet.id(), 2);
+  grpc::Status shard_status[2];
+  std::thread shard1([&] { shard_status[1] = PushAll(*Api(1), sharded.id(), 1, {batches[2]}); });
+  shard_status[0] = PushAll(*Api(0), sharded.id(), 0, {batches[0], batches[1]});
+  shard1.join();
+  EXPECT_TRUE(shard_status[0].ok()) << shard_status[0].error_message();
+  EXPECT_TRUE(shard_status[1].ok()) << shard_status[1].error_message();
+  const v1::Job merged = WaitForState(*Api(1), sharded.id(), v1::SUCCEEDED, 60);
+  ASSERT_EQ(merged.state(), v1::SUCCEEDED) << merged.error().message();
+  EXPECT_LE(ErrorAgainstReference(sharded.id()), 1e-5);
+
+  // Back-pressure across both hops: while the worker takes nothing (stopped with SIGSTOP,
+  // for less than a lease), the pusher's writes stop after a bounded number of batches (the
+  // feed's 4 and what the flow-control windows hold), and go on once it runs again.
+  const int total = 160;
+  const v1::Job held = SubmitStream(1, resnet.id(), 0, total);
+  std::atomic<int> written{0};
+  grpc::Status held_status;
+  std::thread pusher([&] {
+    grpc::ClientContext context;
+    v1::PushBatchesResponse response;
+    auto writer = Api(0)->PushBatches(&context, &response);
+    for (int i = 0; i < total; ++i) {
+      v1::PushBatchesRequest message;
+      message.set_job_id(held.id());
+      *message.add_inputs() = batches[0];
+      if (!writer->Write(message)) break;
+      ++written;
+    }
+    v1::PushBatchesRequest last;
+    last.set_job_id(held.id());
+    last.set_last(true);
+    writer->Write(last);
+    writer->WritesDone();
+    held_status = writer->Finish();
+  });
+  int held_on = -1;
+  for (int i = 0; i < 600 && (held_on < 0 || written < 8); ++i) {
+    held_on = WorkerThatStarted(held.id(), 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GE(held_on, 0);
+  const pid_t held_pid = WorkerPid(held_on);
+  ASSERT_GT(held_pid, 0);
+  ASSERT_EQ(::kill(held_pid, SIGSTOP), 0);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const int after_one_second = written;
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const int after_two_seconds = written;
+  ASSERT_EQ(::kill(held_pid, SIGCONT), 0);
+  pusher.join();
+  std::cout << "a stopped worker held the pusher at " << after_two_seconds << " of " << total << " batches ("
+            << after_two_seconds * batches[0].data().size() / 1e6 << " MB)\n";
+  EXPECT_EQ(after_two_seconds, after_one_second) << "the pusher went on while the worker took nothing";
+  EXPECT_LT(after_two_seconds, total / 2);
+  EXPECT_TRUE(held_status.ok()) << held_status.error_message();
+  const v1::Job held_done = WaitForState(*Api(0), held.id(), v1::SUCCEEDED, 60);
+  EXPECT_EQ(held_done.progress().batches_done(), total) << held_done.error().message();
+  EXPECT_EQ(held_done.attempts(), 1);
+
+  // Another tenant pushing to this tenant's job is refused at the api, as a job that does not
+  // exist, before anything is relayed.
+  const v1::Job waiting = SubmitStream(0, resnet.id());
+  const grpc::Status foreign = PushAll(*apis_[1]->Stub(other_token_), waiting.id(), 0, {batches[0]});
+  EXPECT_EQ(foreign.error_code(), grpc::StatusCode::NOT_FOUND) << foreign.error_message();
+
+  // The internal endpoint serves only the cluster's own processes: no secret, or a wrong one,
+  // is UNAUTHENTICATED, and nothing reaches the job's feed.
+  const std::string internal = InternalAddress(0);
+  ASSERT_FALSE(internal.empty()) << workers_[0]->log();
+  auto relay = internal::v1::BatchRelay::NewStub(grpc::CreateChannel(internal, grpc::InsecureChannelCredentials()));
+  for (const std::string& secret : {std::string(), NewToken(), token_}) {
+    grpc::ClientContext context;
+    if (!secret.empty()) context.AddMetadata("x-recal-cluster-secret", secret);
+    v1::PushBatchesResponse response;
+    auto writer = relay->PushBatches(&context, &response);
+    v1::PushBatchesRequest message;
+    message.set_job_id(waiting.id());
+    *message.add_inputs() = batches[0];
+    writer->Write(message);
+    writer->WritesDone();
+    EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED) << "secret: '" << secret << "'";
+  }
+  EXPECT_THAT(workers_[0]->log(), ::testing::HasSubstr("internal call refused"));
+  // The job is whole: its own pushes still make it.
+  ASSERT_TRUE(PushAll(*Api(0), waiting.id(), 0, batches).ok());
+  EXPECT_EQ(WaitForState(*Api(1), waiting.id(), v1::SUCCEEDED, 60).progress().batches_done(), 3);
+}
+
+TEST_F(ClusterStreamTest, AWorkerKilledMidStreamFailsTheJobAndTellsThePusher) {
+  v1::Model resnet;
+  ASSERT_TRUE(Upload(*Api(0), ReadBytes(kFixtures + "/models/resnet18.traced_eval.pt"), &resnet).ok());
+  const std::vector<v1::Tensor> batches = Batches("npy:" + kFixtures + "/data/resnet18.npy");
+  ASSERT_FALSE(batches.empty());
+  const v1::Job job = SubmitStream(0, resnet.id());
+
+  // A client pushing slowly through replica B; its worker dies after a few batches.
+  grpc::ClientContext context;
+  v1::PushBatchesResponse response;
+  auto writer = Api(1)->PushBatches(&context, &response);
+  int running_on = -1;
+  bool write_failed = false;
+  for (int i = 0; i < 600 && !write_failed; ++i) {
+    v1::PushBatchesRequest message;
+    message.set_job_id(job.id());
+    *message.add_inputs() = batches[0];
+    write_failed = !writer->Write(message);
+    if (running_on < 0 && i >= 4) {
+      running_on = WorkerThatStarted(job.id(), 1);
+      if (running_on >= 0) workers_[running_on]->Kill();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_GE(running_on, 0);
+  EXPECT_TRUE(write_failed) << "the pusher learns that its stream is broken";
+  writer->WritesDone();
+  const grpc::Status broken = writer->Finish();
+  EXPECT_EQ(broken.error_code(), grpc::StatusCode::ABORTED) << broken.error_message();
+  EXPECT_THAT(broken.error_message(), ::testing::HasSubstr("push from the first batch"));
+
+  // The lease runs out (3 s) and the job fails, saying why; it is not run again elsewhere.
+  const auto killed_at = std::chrono::steady_clock::now();
+  const v1::Job failed = WaitForState(*Api(0), job.id(), v1::FAILED, 30);
+  EXPECT_EQ(failed.state(), v1::FAILED);
+  EXPECT_LT(SecondsSince(killed_at), 15);
+  EXPECT_EQ(failed.error().code(), static_cast<int>(grpc::StatusCode::ABORTED));
+  EXPECT_THAT(failed.error().message(), ::testing::HasSubstr("not kept"));
+  EXPECT_EQ(failed.attempts(), 1);
+  EXPECT_EQ(WorkerThatStarted(job.id(), 2), -1);
+
+  // The other worker takes the next stream job.
+  const v1::Job next = SubmitStream(1, resnet.id());
+  ASSERT_TRUE(PushAll(*Api(0), next.id(), 0, batches).ok());
+  const v1::Job done = WaitForState(*Api(1), next.id(), v1::SUCCEEDED, 60);
+  EXPECT_EQ(done.state(), v1::SUCCEEDED) << done.error().message();
+  EXPECT_EQ(WorkerThatStarted(next.id(), 1), 1 - running_on);
+  EXPECT_LE(ErrorAgainstReference(next.id()), 1e-5);
+}
+
+// The relay over TLS: workers serve their internal endpoint with a certificate of the test CA,
+// api replicas verify it with --internal_tls_ca.
+class ClusterStreamTlsTest : public ClusterStreamTest {
+ protected:
+  ClusterStreamTlsTest() {
+    certs_ = tmp_.File("certs");
+    made_certs_ = std::system(("bash " RECAL_SOURCE_DIR "/tests/certs/make_test_certs.sh " + certs_).c_str()) == 0;
+    worker_flags_ = {"--tls_cert=" + certs_ + "/server.pem", "--tls_key=" + certs_ + "/server.key"};
+    api_flags_ = {"--internal_tls_ca=" + certs_ + "/ca.pem"};
+  }
+  std::string certs_;
+  bool made_certs_ = false;
+};
+
+TEST_F(ClusterStreamTlsTest, PushesAreRelayedOverTlsAndPlaintextIsRefused) {
+  ASSERT_TRUE(made_certs_);
+  v1::Model resnet;
+  ASSERT_TRUE(Upload(*Api(0), ReadBytes(kFixtures + "/models/resnet18.traced_eval.pt"), &resnet).ok());
+  const std::vector<v1::Tensor> batches = Batches("npy:" + kFixtures + "/data/resnet18.npy");
+  const v1::Job job = SubmitStream(1, resnet.id());
+  const grpc::Status pushed = PushAll(*Api(0), job.id(), 0, batches);
+  ASSERT_TRUE(pushed.ok()) << pushed.error_message();
+  const v1::Job done = WaitForState(*Api(1), job.id(), v1::SUCCEEDED, 60);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.error().message();
+  EXPECT_LE(ErrorAgainstReference(job.id()), 1e-5);
+
+  // Plaintext, even with the right secret, gets no further than the handshake.
+  const std::string internal = InternalAddress(0);
+  ASSERT_FALSE(internal.empty());
+  auto relay = internal::v1::BatchRelay::NewStub(grpc::CreateChannel(internal, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  context.AddMetadata("x-recal-cluster-secret", ReadBytes(tmp_.File("cluster-secret")).substr(0, 70));
+  v1::PushBatchesResponse response;
+  auto writer = relay->PushBatches(&context, &response);
+  writer->WritesDone();
+  EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
 }
 
 }  // namespace

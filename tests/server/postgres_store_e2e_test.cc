@@ -6,7 +6,6 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "grpc/health/v1/health.grpc.pb.h"
 #include "tests/server/calls.h"
 #include "tests/server/server_process.h"
 #include "tests/store/postgres_server.h"
@@ -57,16 +56,6 @@ TEST(PostgresStoreServerTest, RunsAJobAndKeepsItAcrossARestartOnAnotherDataDir) 
   EXPECT_GT(bn.size(), 0u);
 }
 
-grpc::health::v1::HealthCheckResponse::ServingStatus Health(const ServerProcess& server) {
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  grpc::health::v1::HealthCheckResponse response;
-  grpc::health::v1::Health::NewStub(server.Channel(""))
-      ->Check(&context, grpc::health::v1::HealthCheckRequest(), &response)
-      .IgnoreError();
-  return response.status();
-}
-
 TEST(PostgresStoreServerTest, HealthFollowsTheStore) {
   auto postgres = PostgresServer::Shared();
   if (absl::IsNotFound(postgres.status())) GTEST_SKIP() << postgres.status().message();
@@ -78,17 +67,17 @@ TEST(PostgresStoreServerTest, HealthFollowsTheStore) {
   TempDir tmp;
   ServerProcess worker(tmp.File("worker"), {"--store=" + *uri, "--role=worker"});
   ASSERT_TRUE(worker.ok()) << worker.log();
-  EXPECT_EQ(Health(worker), grpc::health::v1::HealthCheckResponse::SERVING);
+  EXPECT_EQ(worker.Health(), grpc::health::v1::HealthCheckResponse::SERVING);
 
   // The database goes away (no new connections, the open ones cut): NOT_SERVING.
   ASSERT_TRUE(PostgresServer::Execute(maintenance, "ALTER DATABASE \"" + database + "\" ALLOW_CONNECTIONS false; "
                                                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                                                    "WHERE datname = '" + database + "'")
                   .ok());
-  auto status = Health(worker);
+  auto status = worker.Health();
   for (int i = 0; i < 100 && status != grpc::health::v1::HealthCheckResponse::NOT_SERVING; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    status = Health(worker);
+    status = worker.Health();
   }
   EXPECT_EQ(status, grpc::health::v1::HealthCheckResponse::NOT_SERVING) << worker.log();
 
@@ -96,7 +85,7 @@ TEST(PostgresStoreServerTest, HealthFollowsTheStore) {
   ASSERT_TRUE(PostgresServer::Execute(maintenance, "ALTER DATABASE \"" + database + "\" ALLOW_CONNECTIONS true").ok());
   for (int i = 0; i < 100 && status != grpc::health::v1::HealthCheckResponse::SERVING; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    status = Health(worker);
+    status = worker.Health();
   }
   EXPECT_EQ(status, grpc::health::v1::HealthCheckResponse::SERVING) << worker.log();
 }

@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/sha256.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 
 namespace recal::testing {
 namespace {
@@ -133,6 +134,16 @@ std::unique_ptr<v1::Recal::Stub> ServerProcess::Stub(const std::string& token) c
 
 void ServerProcess::Hangup() const {
   if (pid_ > 0) kill(pid_, SIGHUP);
+}
+
+grpc::health::v1::HealthCheckResponse::ServingStatus ServerProcess::Health() const {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::health::v1::HealthCheckResponse response;
+  grpc::health::v1::Health::NewStub(Channel(""))
+      ->Check(&context, grpc::health::v1::HealthCheckRequest(), &response)
+      .IgnoreError();
+  return response.status();
 }
 
 void ServerProcess::Kill() {

@@ -10,6 +10,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "grpc/health/v1/health.pb.h"
 #include "recal/v1/recal.grpc.pb.h"
 
 namespace recal::testing {
@@ -43,6 +44,8 @@ class ServerProcess {
   std::shared_ptr<grpc::Channel> Channel(const std::string& token) const;
   // SIGHUP (the server reads its auth file again).
   void Hangup() const;
+  // What its standard health service says (UNKNOWN when it does not answer within 5 s).
+  grpc::health::v1::HealthCheckResponse::ServingStatus Health() const;
 
   void Kill();  // SIGKILL, and wait
   // SIGTERM; returns the exit status (or -1 if it did not exit within `seconds`).

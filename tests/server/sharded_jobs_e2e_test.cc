@@ -71,23 +71,9 @@ class ShardedJobsTest : public ::testing::Test {
   // Pushes `batches` [from, to) to shard `shard` of `id`, then `last`.
   grpc::Status Push(const std::string& id, int shard, const std::vector<data::Batch>& batches, size_t from,
                     size_t to) {
-    grpc::ClientContext context;
-    v1::PushBatchesResponse pushed;
-    auto writer = stub_->PushBatches(&context, &pushed);
-    for (size_t i = from; i < to; ++i) {
-      v1::PushBatchesRequest message;
-      message.set_job_id(id);
-      message.set_shard(shard);
-      *message.add_inputs() = engine::testing::ToProto(batches[i][0]);
-      if (!writer->Write(message)) break;
-    }
-    v1::PushBatchesRequest last;
-    last.set_job_id(id);
-    last.set_shard(shard);
-    last.set_last(true);
-    writer->Write(last);
-    writer->WritesDone();
-    return writer->Finish();
+    std::vector<v1::Tensor> tensors;
+    for (size_t i = from; i < to; ++i) tensors.push_back(engine::testing::ToProto(batches[i][0]));
+    return PushAll(*stub_, id, shard, tensors);
   }
 
   TempDir tmp_;

@@ -530,6 +530,36 @@ TEST_P(MetadataStoreTest, LeasesAreRenewedByTheirOwnerOnlyAndExpire) {
   EXPECT_TRUE(db_->JobsWithExpiredLeases(now + 100000)->empty());
 }
 
+TEST_P(MetadataStoreTest, WorkerEndpointsAreKeptByOwnerAndForgottenOnlyWhenStaleAndLeaseless) {
+  const int64_t now = absl::ToUnixMillis(absl::Now());
+  EXPECT_TRUE(absl::IsNotFound(db_->WorkerEndpoint("w1").status()));
+  ASSERT_TRUE(db_->PutWorkerEndpoint("w1", "10.0.0.1:50052", now).ok());
+  EXPECT_EQ(*db_->WorkerEndpoint("w1"), "10.0.0.1:50052");
+  ASSERT_TRUE(db_->PutWorkerEndpoint("w1", "10.0.0.9:50052", now).ok());  // a worker that moved
+  EXPECT_EQ(*db_->WorkerEndpoint("w1"), "10.0.0.9:50052");
+  // Another store on the database (an api replica) reads what the worker wrote.
+  std::unique_ptr<MetadataStore> other = OpenDb(spec_);
+  ASSERT_NE(other, nullptr);
+  EXPECT_EQ(*other->WorkerEndpoint("w1"), "10.0.0.9:50052");
+
+  // Long unrefreshed: forgotten at the next put, unless the worker still holds a lease.
+  bool created = false;
+  ASSERT_TRUE(db_->CreateJob(MakeJob("j", v1::QUEUED), &created).ok());
+  ASSERT_TRUE((*db_->ClaimJob("w-old-busy", now + 60000, ToRunning("cpu"))).has_value());
+  const int64_t long_ago = now - kForgetWorkerEndpointAfterMs - 1000;
+  ASSERT_TRUE(db_->PutWorkerEndpoint("w-old-idle", "10.0.0.2:1", long_ago).ok());
+  ASSERT_TRUE(db_->PutWorkerEndpoint("w-old-busy", "10.0.0.3:1", long_ago).ok());
+  ASSERT_TRUE(db_->PutWorkerEndpoint("w2", "10.0.0.4:1", now).ok());
+  EXPECT_TRUE(absl::IsNotFound(db_->WorkerEndpoint("w-old-idle").status()));
+  EXPECT_EQ(*db_->WorkerEndpoint("w-old-busy"), "10.0.0.3:1");
+  EXPECT_EQ(*db_->WorkerEndpoint("w1"), "10.0.0.9:50052");
+  // It survives a reopen (it is in the schema, not in memory).
+  db_.reset();
+  db_ = OpenDb(spec_);
+  ASSERT_NE(db_, nullptr);
+  EXPECT_EQ(*db_->WorkerEndpoint("w2"), "10.0.0.4:1");
+}
+
 TEST_P(MetadataStoreTest, AWriteAgainstAVersionAnotherWriterChangedIsRefused) {
   bool created = false;
   ASSERT_TRUE(db_->CreateJob(MakeJob("j", v1::QUEUED), &created).ok());

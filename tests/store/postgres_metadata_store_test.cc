@@ -130,9 +130,11 @@ TEST_F(PostgresMetadataStoreTest, ADatabaseFromBeforeShardedJobsKeepsItsJobsTopL
     ASSERT_TRUE(claimed->has_value());
     EXPECT_EQ((*claimed)->id(), "queued");
   }
-  // Version 4's columns and indexes, the old rows at their defaults; the version is 4.
+  // Version 4's columns and indexes, the old rows at their defaults, version 5's table of
+  // worker endpoints; the version is 5.
   const std::string checks[] = {
-      "DO $$ BEGIN IF (SELECT MAX(version) FROM schema_version) <> 4 THEN RAISE 'version'; END IF; END $$",
+      "DO $$ BEGIN IF (SELECT MAX(version) FROM schema_version) <> 5 THEN RAISE 'version'; END IF; END $$",
+      "DO $$ BEGIN IF to_regclass('worker_endpoints') IS NULL THEN RAISE 'worker_endpoints'; END IF; END $$",
       "DO $$ BEGIN IF EXISTS (SELECT 1 FROM jobs WHERE parent_id IS NOT NULL OR coordinated) "
       "THEN RAISE 'old rows'; END IF; END $$",
       "DO $$ BEGIN IF (SELECT indexdef FROM pg_indexes WHERE indexname = 'jobs_to_claim') NOT LIKE "

@@ -132,7 +132,8 @@ TEST(SqliteMetadataStoreTest, ADatabaseFromBeforeShardedJobsKeepsItsJobsTopLevel
     ASSERT_TRUE(claimed->has_value());
     EXPECT_EQ((*claimed)->id(), "queued");
   }
-  // The schema is version 4's: its columns and indexes, and the old rows at their defaults.
+  // The schema is version 5's: version 4's columns and indexes, the old rows at their defaults, and
+  // version 5's table of worker endpoints.
   sqlite3* raw = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
   const auto query = [&](const std::string& sql) {
@@ -146,7 +147,9 @@ TEST(SqliteMetadataStoreTest, ADatabaseFromBeforeShardedJobsKeepsItsJobsTopLevel
     sqlite3_finalize(stmt);
     return rows;
   };
-  EXPECT_EQ(query("PRAGMA user_version"), std::vector<std::string>{"4"});
+  EXPECT_EQ(query("PRAGMA user_version"), std::vector<std::string>{"5"});
+  EXPECT_EQ(query("SELECT name FROM sqlite_master WHERE name = 'worker_endpoints'"),
+            std::vector<std::string>{"worker_endpoints"});
   EXPECT_EQ(query("SELECT id || ':' || COALESCE(parent_id, 'NULL') || ':' || coordinated FROM jobs ORDER BY create_seq"),
             (std::vector<std::string>{"queued:NULL:0", "done:NULL:0"}));
   EXPECT_EQ(query("SELECT sql FROM sqlite_master WHERE name = 'jobs_to_claim'"),

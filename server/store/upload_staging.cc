@@ -1,0 +1,136 @@
+#include "server/store/upload_staging.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/sha256.h"
+#include "common/status_macros.h"
+#include "common/tenant_name.h"
+#include "server/store/blob_store.h"
+#include "server/store/fs_util.h"
+
+namespace recal::store {
+namespace {
+
+using internal::DirectoryOf;
+using internal::EnsureDirectory;
+using internal::FsyncDirectory;
+using internal::LockedFile;
+using internal::UnlinkIfPresent;
+
+absl::Status WriteAll(int fd, absl::string_view data, int64_t offset, const std::string& path) {
+  while (!data.empty()) {
+    const ssize_t n = ::pwrite(fd, data.data(), data.size(), static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return absl::ErrnoToStatus(errno, absl::StrCat("cannot write to '", path, "'"));
+    }
+    data.remove_prefix(static_cast<size_t>(n));
+    offset += n;
+  }
+  return absl::OkStatus();
+}
+
+// Uploads in progress are kept apart per owner (tenant): one tenant neither sees nor
+// disturbs another's progress on the same bytes.
+absl::Status ValidateOwner(const std::string& owner) {
+  if (!IsTenantName(owner)) return absl::InvalidArgumentError(absl::StrCat("'", owner, "' cannot own an upload"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string UploadStaging::PartialPath(const std::string& owner, const std::string& hex) const {
+  return absl::StrCat(dir_, "/", owner, "/", hex, ".partial");
+}
+
+absl::StatusOr<int64_t> UploadStaging::UploadedSize(const std::string& owner, const std::string& sha256_hex) const {
+  RECAL_RETURN_IF_ERROR(ValidateDigest(sha256_hex));
+  RECAL_RETURN_IF_ERROR(ValidateOwner(owner));
+  const std::string path = PartialPath(owner, sha256_hex);
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return 0;
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot stat upload '", path, "'"));
+  }
+  return static_cast<int64_t>(st.st_size);
+}
+
+absl::Status UploadStaging::Append(const std::string& owner, const std::string& sha256_hex, int64_t offset,
+                                   absl::string_view data, int64_t expected_size) {
+  RECAL_RETURN_IF_ERROR(ValidateDigest(sha256_hex));
+  if (offset < 0 || expected_size < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("upload of sha256:", sha256_hex, ": offset (", offset,
+                                                   ") and size (", expected_size, ") must be >= 0"));
+  }
+  RECAL_RETURN_IF_ERROR(ValidateOwner(owner));
+  const std::string path = PartialPath(owner, sha256_hex);
+  if (offset == 0) RECAL_RETURN_IF_ERROR(EnsureDirectory(DirectoryOf(path)));
+  RECAL_ASSIGN_OR_RETURN(LockedFile file, LockedFile::Open(path, /*create=*/true));
+  RECAL_ASSIGN_OR_RETURN(const int64_t committed, file.Size());
+  if (offset != committed) {
+    return absl::FailedPreconditionError(absl::StrCat("upload of sha256:", sha256_hex, " has ", committed,
+                                                      " bytes committed; resume at offset ", committed,
+                                                      ", not ", offset));
+  }
+  if (static_cast<int64_t>(data.size()) > expected_size - committed) {
+    return absl::InvalidArgumentError(absl::StrCat("upload of sha256:", sha256_hex, " would grow to ",
+                                                   committed + static_cast<int64_t>(data.size()),
+                                                   " bytes, past its declared size of ", expected_size));
+  }
+  if (absl::Status s = WriteAll(file.fd(), data, committed, path); !s.ok()) {
+    // Keep the committed size meaningful: drop whatever part of this chunk landed.
+    (void)::ftruncate(file.fd(), static_cast<off_t>(committed));
+    return s;
+  }
+  // fdatasync covers the new size too (it is needed to read the data back).
+  if (::fdatasync(file.fd()) != 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot fsync upload '", path, "'"));
+  }
+  // The first append created the file; make its directory entry durable too.
+  if (committed == 0) RECAL_RETURN_IF_ERROR(FsyncDirectory(DirectoryOf(path)));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> UploadStaging::Commit(const std::string& owner, const std::string& sha256_hex,
+                                           const std::function<absl::Status(const std::string&)>& take) {
+  RECAL_RETURN_IF_ERROR(ValidateDigest(sha256_hex));
+  RECAL_RETURN_IF_ERROR(ValidateOwner(owner));
+  const std::string path = PartialPath(owner, sha256_hex);
+  absl::StatusOr<LockedFile> file = LockedFile::Open(path, /*create=*/false);
+  if (absl::IsNotFound(file.status())) return false;
+  if (!file.ok()) return file.status();
+  // An empty partial file under a non-empty digest is not this upload: a racing AppendUpload at
+  // offset 0 created it (LockedFile opens, then locks) after this upload was committed by
+  // another call. Calling it corrupt would discard that new upload and fail this commit.
+  RECAL_ASSIGN_OR_RETURN(const int64_t staged, file->Size());
+  if (staged == 0 && sha256_hex != Sha256Hex("")) return false;
+  RECAL_ASSIGN_OR_RETURN(const std::string actual, Sha256OfFile(path));
+  if (actual != sha256_hex) {
+    RECAL_RETURN_IF_ERROR(UnlinkIfPresent(path));
+    return absl::InvalidArgumentError(
+        absl::StrCat("upload of sha256:", sha256_hex, " is corrupt: its ", staged, " bytes hash to ", actual,
+                     "; the partial upload was discarded, upload again from offset 0"));
+  }
+  RECAL_RETURN_IF_ERROR(take(path));
+  RECAL_RETURN_IF_ERROR(FsyncDirectory(DirectoryOf(path)));
+  return true;
+}
+
+absl::Status UploadStaging::Discard(const std::string& owner, const std::string& sha256_hex) {
+  RECAL_RETURN_IF_ERROR(ValidateDigest(sha256_hex));
+  RECAL_RETURN_IF_ERROR(ValidateOwner(owner));
+  const std::string path = PartialPath(owner, sha256_hex);
+  absl::StatusOr<LockedFile> file = LockedFile::Open(path, /*create=*/false);
+  if (absl::IsNotFound(file.status())) return absl::OkStatus();
+  if (!file.ok()) return file.status();
+  RECAL_RETURN_IF_ERROR(UnlinkIfPresent(path));
+  return FsyncDirectory(DirectoryOf(path));
+}
+
+}  // namespace recal::store

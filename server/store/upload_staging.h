@@ -1,0 +1,46 @@
+// Uploads in progress, on a file system: <dir>/<owner>/<hex>.partial holds the bytes
+// committed so far of an upload of digest <hex>. Both blob stores stage uploads here (the
+// local one under its blob directory, so that replicas sharing it resume each other's
+// uploads; the object-storage one on the local disk, see s3_blob_store.h) and differ only in
+// where a verified upload goes on commit.
+//
+// Appends to one upload (and its commit or discard) are serialised with flock on the partial
+// file, across threads and processes, so that "offset equals the committed size" is checked
+// and acted on atomically.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace recal::store {
+
+class UploadStaging {
+ public:
+  // `dir` must exist.
+  explicit UploadStaging(std::string dir) : dir_(std::move(dir)) {}
+
+  // Owners, digests, offsets and sizes are checked here (INVALID_ARGUMENT); the contract is
+  // BlobStore's (blob_store.h).
+  absl::StatusOr<int64_t> UploadedSize(const std::string& owner, const std::string& sha256_hex) const;
+  absl::Status Append(const std::string& owner, const std::string& sha256_hex, int64_t offset,
+                      absl::string_view data, int64_t expected_size);
+  // With the upload locked: verifies its digest (a mismatch discards it and is
+  // INVALID_ARGUMENT), then calls `take` with the partial file's path; `take` moves or
+  // removes the file (it is the verified blob) and its status is returned. false, with
+  // nothing called, when no upload of this digest is in progress (or only an empty one, just
+  // begun by another call).
+  absl::StatusOr<bool> Commit(const std::string& owner, const std::string& sha256_hex,
+                              const std::function<absl::Status(const std::string& verified_path)>& take);
+  absl::Status Discard(const std::string& owner, const std::string& sha256_hex);
+
+ private:
+  std::string PartialPath(const std::string& owner, const std::string& sha256_hex) const;
+  const std::string dir_;
+};
+
+}  // namespace recal::store

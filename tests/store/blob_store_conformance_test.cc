@@ -1,0 +1,330 @@
+// The BlobStore contract (server/store/blob_store.h), one suite run against every backend:
+// LocalBlobStore on a temporary directory and S3BlobStore on moto_server (shared_moto.h; the
+// S3 cases skip, saying so, where moto_server is not installed). What one backend does, the
+// other must do too: the job and API layers cannot tell them apart.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/sha256.h"
+#include "gtest/gtest.h"
+#include "server/store/blob_store.h"
+#include "server/store/local_blob_store.h"
+#include "server/store/s3_blob_store.h"
+#include "tests/store/shared_moto.h"
+#include "tests/test_util.h"
+
+namespace recal::store {
+namespace {
+
+using ::recal::testing::ReadBytes;
+using ::recal::testing::TempDir;
+using ::recal::testing::WriteBytes;
+
+constexpr int64_t kPartBytes = int64_t{5} << 20;  // S3's smallest part: multipart from 5 MiB up
+
+bool FileExists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+std::string RandomBytes(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::string s(n, '\0');
+  for (char& c : s) c = static_cast<char>(rng());
+  return s;
+}
+
+enum class Backend { kLocal, kS3 };
+
+class BlobStoreConformance : public ::testing::TestWithParam<Backend> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Backend::kLocal) {
+      auto opened = LocalBlobStore::Open(dir_.File("blobs"));
+      ASSERT_TRUE(opened.ok()) << opened.status();
+      store_ = *std::move(opened);
+      return;
+    }
+    absl::StatusOr<const testing::SharedMoto*> moto = testing::Moto();
+    if (absl::IsNotFound(moto.status())) GTEST_SKIP() << moto.status().message();
+    ASSERT_TRUE(moto.ok()) << moto.status();
+    auto client = s3::S3Client::Create(s3::testing::FastClientOptions((*moto)->server->endpoint(), (*moto)->credentials));
+    ASSERT_TRUE(client.ok()) << client.status();
+    absl::StatusOr<std::string> bucket = testing::NewBucket(**client);
+    ASSERT_TRUE(bucket.ok()) << bucket.status();
+    S3BlobStoreOptions options;
+    options.location = {*bucket, "some/prefix/"};
+    options.local_dir = dir_.File("local");
+    options.part_bytes = kPartBytes;
+    options.read_ahead_bytes = 1 << 20;
+    auto opened = S3BlobStore::Open(*std::move(client), options);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    ASSERT_TRUE((*opened)->Probe().ok()) << (*opened)->Probe();
+    store_ = *std::move(opened);
+  }
+
+  std::string ReadAll(const std::string& hex) {
+    auto reader = store_->OpenReader(hex);
+    EXPECT_TRUE(reader.ok()) << reader.status();
+    if (!reader.ok()) return "";
+    std::string bytes;
+    EXPECT_TRUE((*reader)->ReadAt(0, (*reader)->size(), &bytes).ok());
+    return bytes;
+  }
+
+  TempDir dir_;
+  std::unique_ptr<BlobStore> store_;
+};
+
+TEST_P(BlobStoreConformance, PutHasSizeReadRemove) {
+  const std::string hex = *store_->Put("hello");
+  EXPECT_EQ(hex, Sha256Hex("hello"));
+  EXPECT_TRUE(store_->Has(hex));
+  EXPECT_EQ(*store_->SizeOf(hex), 5);
+  EXPECT_EQ(ReadAll(hex), "hello");
+  absl::StatusOr<std::string> local = store_->LocalPath(hex);
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_EQ(ReadBytes(*local), "hello");
+  EXPECT_EQ(*store_->Put("hello"), hex);  // same bytes, same blob
+
+  ASSERT_TRUE(store_->Remove(hex).ok());
+  EXPECT_FALSE(store_->Has(hex));
+  for (const absl::Status& s :
+       {store_->SizeOf(hex).status(), store_->OpenReader(hex).status(), store_->LocalPath(hex).status()}) {
+    EXPECT_TRUE(absl::IsNotFound(s)) << s;
+    EXPECT_NE(s.message().find(hex), absl::string_view::npos) << s;  // names the blob
+  }
+  EXPECT_TRUE(store_->Remove(hex).ok());  // absent is fine
+}
+
+TEST_P(BlobStoreConformance, AReaderReadsAnyRange) {
+  // Larger than a read-ahead window, so that reads cross windows both ways.
+  const std::string bytes = RandomBytes((3 << 20) + 12345, 1);
+  const std::string hex = *store_->Put(bytes);
+  auto reader = store_->OpenReader(hex);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ((*reader)->size(), static_cast<int64_t>(bytes.size()));
+  std::string got;
+  std::mt19937 rng(2);
+  for (int i = 0; i < 40; ++i) {
+    const int64_t offset = static_cast<int64_t>(rng() % bytes.size());
+    const int64_t length = static_cast<int64_t>(rng() % (2 << 20));
+    ASSERT_TRUE((*reader)->ReadAt(offset, length, &got).ok());
+    ASSERT_EQ(got, bytes.substr(offset, length)) << "at " << offset << " for " << length;
+  }
+  ASSERT_TRUE((*reader)->ReadAt(static_cast<int64_t>(bytes.size()) - 2, 100, &got).ok());
+  EXPECT_EQ(got, bytes.substr(bytes.size() - 2));
+  ASSERT_TRUE((*reader)->ReadAt(static_cast<int64_t>(bytes.size()), 5, &got).ok());
+  EXPECT_EQ(got, "");
+  ASSERT_TRUE((*reader)->ReadAt(static_cast<int64_t>(bytes.size()) + 7, 5, &got).ok());
+  EXPECT_EQ(got, "");
+  EXPECT_TRUE(absl::IsInvalidArgument((*reader)->ReadAt(-1, 5, &got)));
+}
+
+TEST_P(BlobStoreConformance, RejectsDigestsThatAreNotLowercaseHex) {
+  const std::string good = Sha256Hex("x");
+  std::string upper = good;
+  upper[3] = 'A';
+  for (const std::string& bad :
+       {std::string("../x"), std::string("../../etc/passwd"), std::string(""), good.substr(0, 63), good + "0",
+        upper, std::string(62, 'a') + "/.", std::string(64, 'g'), "?list-type=2&" + good.substr(13)}) {
+    EXPECT_FALSE(store_->Has(bad)) << bad;
+    for (const absl::Status& s :
+         {store_->SizeOf(bad).status(), store_->OpenReader(bad).status(), store_->LocalPath(bad).status(),
+          store_->Remove(bad), store_->UploadedSize("t", bad).status(), store_->AppendUpload("t", bad, 0, "x", 1),
+          store_->CommitUpload("t", bad).status(), store_->DiscardUpload("t", bad)}) {
+      EXPECT_TRUE(absl::IsInvalidArgument(s)) << bad << ": " << s;
+    }
+  }
+  EXPECT_FALSE(FileExists(dir_.File("x")));
+}
+
+TEST_P(BlobStoreConformance, UploadsOfTheSameBytesByTwoOwnersAreApartAndOwnersMustBeNames) {
+  const std::string bytes = "twelve bytes";
+  const std::string hex = Sha256Hex(bytes);
+  ASSERT_TRUE(store_->AppendUpload("a", hex, 0, bytes.substr(0, 5), bytes.size()).ok());
+  EXPECT_EQ(*store_->UploadedSize("a", hex), 5);
+  EXPECT_EQ(*store_->UploadedSize("b", hex), 0);  // b sees nothing of a's progress
+  ASSERT_TRUE(store_->AppendUpload("b", hex, 0, bytes, bytes.size()).ok());
+  ASSERT_TRUE(store_->CommitUpload("b", hex).ok());
+  EXPECT_EQ(*store_->UploadedSize("a", hex), 5);  // nor does b's commit take a's partial
+  for (const std::string& owner : std::vector<std::string>{"", "..", ".", "../x", "a/b", std::string(65, 'a')}) {
+    EXPECT_TRUE(absl::IsInvalidArgument(store_->UploadedSize(owner, hex).status())) << owner;
+    EXPECT_TRUE(absl::IsInvalidArgument(store_->AppendUpload(owner, hex, 0, bytes, bytes.size()))) << owner;
+  }
+}
+
+TEST_P(BlobStoreConformance, UploadInChunksThenCommit) {
+  const std::string data = "the quick brown fox";
+  const std::string hex = Sha256Hex(data);
+  const int64_t n = static_cast<int64_t>(data.size());
+  EXPECT_EQ(*store_->UploadedSize("t", hex), 0);
+  ASSERT_TRUE(store_->AppendUpload("t", hex, 0, data.substr(0, 4), n).ok());
+  ASSERT_TRUE(store_->AppendUpload("t", hex, 4, data.substr(4, 6), n).ok());
+  EXPECT_EQ(*store_->UploadedSize("t", hex), 10);
+  EXPECT_FALSE(store_->Has(hex));  // nothing of an upload is a blob before its commit
+
+  absl::Status wrong = store_->AppendUpload("t", hex, 4, "xx", n);
+  EXPECT_TRUE(absl::IsFailedPrecondition(wrong)) << wrong;
+  EXPECT_NE(wrong.message().find("10"), absl::string_view::npos) << wrong;  // names the committed size
+
+  absl::Status overflow = store_->AppendUpload("t", hex, 10, data.substr(10) + "!", n);
+  EXPECT_TRUE(absl::IsInvalidArgument(overflow)) << overflow;
+  EXPECT_EQ(*store_->UploadedSize("t", hex), 10);  // refused chunks leave nothing behind
+
+  ASSERT_TRUE(store_->AppendUpload("t", hex, 10, data.substr(10), n).ok());
+  absl::StatusOr<std::string> path = store_->CommitUpload("t", hex);
+  ASSERT_TRUE(path.ok()) << path.status();
+  EXPECT_EQ(*path, *store_->LocalPath(hex));
+  EXPECT_EQ(ReadBytes(*path), data);
+  EXPECT_EQ(ReadAll(hex), data);
+  EXPECT_EQ(*store_->UploadedSize("t", hex), 0);
+  // Committing again (say, after a crash before the reply) still succeeds.
+  absl::StatusOr<std::string> again = store_->CommitUpload("t", hex);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(ReadBytes(*again), data);
+}
+
+TEST_P(BlobStoreConformance, ACommitRacingANewUploadOfStoredBytesSucceedsAndLeavesItAlone) {
+  // One client's commit stored the blob; another's first append just created its (still
+  // empty) partial file when a third client, whose upload was that first one, commits.
+  const std::string data = "stored already";
+  const std::string hex = Sha256Hex(data);
+  ASSERT_TRUE(store_->AppendUpload("t", hex, 0, data, static_cast<int64_t>(data.size())).ok());
+  ASSERT_TRUE(store_->CommitUpload("t", hex).ok());
+  ASSERT_TRUE(store_->AppendUpload("t", hex, 0, "", static_cast<int64_t>(data.size())).ok());
+  absl::StatusOr<std::string> again = store_->CommitUpload("t", hex);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(ReadBytes(*again), data);
+  // The new upload goes on where it was.
+  ASSERT_TRUE(store_->AppendUpload("t", hex, 0, data, static_cast<int64_t>(data.size())).ok());
+  EXPECT_TRUE(store_->CommitUpload("t", hex).ok());
+}
+
+TEST_P(BlobStoreConformance, EmptyUploadCommits) {
+  const std::string hex = Sha256Hex("");
+  ASSERT_TRUE(store_->AppendUpload("t", hex, 0, "", 0).ok());
+  ASSERT_TRUE(store_->CommitUpload("t", hex).ok());
+  EXPECT_EQ(*store_->SizeOf(hex), 0);
+  EXPECT_EQ(ReadAll(hex), "");
+}
+
+TEST_P(BlobStoreConformance, CommitWithWrongDigestDiscardsThePartial) {
+  const std::string claimed = Sha256Hex("what the client said");
+  ASSERT_TRUE(store_->AppendUpload("t", claimed, 0, "what it sent", 100).ok());
+  absl::StatusOr<std::string> r = store_->CommitUpload("t", claimed);
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  EXPECT_NE(r.status().message().find(Sha256Hex("what it sent")), absl::string_view::npos);
+  EXPECT_EQ(*store_->UploadedSize("t", claimed), 0);
+  EXPECT_FALSE(store_->Has(claimed));
+  EXPECT_TRUE(absl::IsNotFound(store_->CommitUpload("t", claimed).status()));
+}
+
+TEST_P(BlobStoreConformance, DiscardUpload) {
+  const std::string hex = Sha256Hex("abc");
+  ASSERT_TRUE(store_->AppendUpload("t", hex, 0, "ab", 3).ok());
+  ASSERT_TRUE(store_->DiscardUpload("t", hex).ok());
+  EXPECT_EQ(*store_->UploadedSize("t", hex), 0);
+  EXPECT_TRUE(store_->DiscardUpload("t", hex).ok());
+  ASSERT_TRUE(store_->AppendUpload("t", hex, 0, "abc", 3).ok());  // starts over from 0
+}
+
+TEST_P(BlobStoreConformance, RacingAppendsAtTheSameOffsetCommitOnce) {
+  const std::string chunk(64 * 1024, 'z');
+  const std::string hex = Sha256Hex(chunk);
+  std::atomic<int> ok{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      if (store_->AppendUpload("t", hex, 0, chunk, static_cast<int64_t>(chunk.size())).ok()) ++ok;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 1);
+  EXPECT_EQ(*store_->UploadedSize("t", hex), static_cast<int64_t>(chunk.size()));
+  EXPECT_TRUE(store_->CommitUpload("t", hex).ok());
+}
+
+TEST_P(BlobStoreConformance, AdoptFileTakesTheFileOrDropsADuplicate) {
+  const std::string src = store_->scratch_dir() + "/result.bin";
+  WriteBytes(src, "engine output");
+  absl::StatusOr<std::string> hex = store_->AdoptFile(src);
+  ASSERT_TRUE(hex.ok()) << hex.status();
+  EXPECT_EQ(*hex, Sha256Hex("engine output"));
+  EXPECT_FALSE(FileExists(src));
+  EXPECT_EQ(ReadAll(*hex), "engine output");
+
+  WriteBytes(src, "engine output");  // the same result again
+  EXPECT_EQ(*store_->AdoptFile(src), *hex);
+  EXPECT_FALSE(FileExists(src));
+  EXPECT_EQ(ReadAll(*hex), "engine output");
+
+  absl::StatusOr<std::string> missing = store_->AdoptFile(store_->scratch_dir() + "/missing");
+  EXPECT_TRUE(absl::IsNotFound(missing.status())) << missing.status();
+  EXPECT_NE(missing.status().message().find("missing"), absl::string_view::npos);
+}
+
+TEST_P(BlobStoreConformance, AdoptFileRefusesLinks) {
+  const std::string secret = dir_.File("secret");
+  WriteBytes(secret, "not the worker's to give");
+  const std::string symlink = store_->scratch_dir() + "/symlink";
+  const std::string hardlink = store_->scratch_dir() + "/hardlink";
+  ASSERT_EQ(::symlink(secret.c_str(), symlink.c_str()), 0);
+  ASSERT_EQ(::link(secret.c_str(), hardlink.c_str()), 0);
+  for (const std::string& path : {symlink, hardlink}) {
+    absl::StatusOr<std::string> adopted = store_->AdoptFile(path);
+    EXPECT_TRUE(absl::IsFailedPrecondition(adopted.status())) << path << ": " << adopted.status();
+  }
+  EXPECT_FALSE(store_->Has(Sha256Hex("not the worker's to give")));
+}
+
+TEST_P(BlobStoreConformance, ABlobLargerThanAMultipartPartRoundTrips) {
+  // Two full parts and a short last one in a bucket; one file either way.
+  const std::string bytes = RandomBytes(2 * kPartBytes + 4321, 3);
+  const std::string src = store_->scratch_dir() + "/model.pt";
+  WriteBytes(src, bytes);
+  absl::StatusOr<std::string> hex = store_->AdoptFile(src);
+  ASSERT_TRUE(hex.ok()) << hex.status();
+  EXPECT_EQ(*hex, Sha256Hex(bytes));
+  EXPECT_EQ(*store_->SizeOf(*hex), static_cast<int64_t>(bytes.size()));
+  absl::StatusOr<std::string> local = store_->LocalPath(*hex);
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_EQ(*Sha256OfFile(*local), *hex);
+  EXPECT_EQ(ReadAll(*hex), bytes);
+}
+
+TEST_P(BlobStoreConformance, ALargeUploadCommitsWhole) {
+  const std::string bytes = RandomBytes(kPartBytes + 1000, 4);
+  const std::string hex = Sha256Hex(bytes);
+  const int64_t n = static_cast<int64_t>(bytes.size());
+  for (int64_t offset = 0; offset < n; offset += 1 << 20) {
+    ASSERT_TRUE(store_->AppendUpload("t", hex, offset, bytes.substr(offset, 1 << 20), n).ok());
+  }
+  absl::StatusOr<std::string> path = store_->CommitUpload("t", hex);
+  ASSERT_TRUE(path.ok()) << path.status();
+  EXPECT_EQ(*Sha256OfFile(*path), hex);
+  EXPECT_EQ(*store_->SizeOf(hex), n);
+}
+
+TEST_P(BlobStoreConformance, ScratchDirIsLocalAndWritable) {
+  const std::string file = store_->scratch_dir() + "/probe";
+  WriteBytes(file, "x");
+  EXPECT_EQ(ReadBytes(file), "x");
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, BlobStoreConformance, ::testing::Values(Backend::kLocal, Backend::kS3),
+                         [](const ::testing::TestParamInfo<Backend>& info) {
+                           return info.param == Backend::kLocal ? std::string("local") : std::string("s3");
+                         });
+
+}  // namespace
+}  // namespace recal::store
