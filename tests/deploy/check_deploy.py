@@ -344,7 +344,7 @@ def check_cluster_compose(deploy, image):
     recal = {n: s for n, s in services.items() if str(s.get("image", "")).startswith("recal-server")}
     check(len(recal) == 4, f"four recal services ({sorted(recal)})")
     roles, stores, blobs, targets = {}, set(), set(), {}
-    blob_volumes = set()
+    blob_volumes, relay_secrets = set(), set()
     for name, svc in sorted(recal.items()):
         dockerfile = compose_dockerfile(deploy, svc)
         check(dockerfile is not None and os.path.isfile(dockerfile)
@@ -379,6 +379,12 @@ def check_cluster_compose(deploy, image):
         secrets, env = compose_secrets(svc), compose_env(svc)
         check(secrets.get(last(flags, "auth_file")) in top_secrets,
               f"{name}: --auth_file={last(flags, 'auth_file')} is a secret it gets")
+        # Client streams in cluster mode: api replicas relay pushed batches to the worker
+        # running the job, admitted by the cluster secret (README, "Cluster mode").
+        relay_secret = secrets.get(last(flags, "internal_token_file"))
+        check(relay_secret in top_secrets and relay_secret not in (pg_password_secret, secrets.get(last(flags, "auth_file"))),
+              f"{name}: --internal_token_file={last(flags, 'internal_token_file')} is a secret of its own it gets")
+        relay_secrets.add(relay_secret)
         check(secrets.get(env.get("RECAL_PGPASSWORD_FILE")) == pg_password_secret and pg_password_secret,
               f"{name}: RECAL_PGPASSWORD_FILE={env.get('RECAL_PGPASSWORD_FILE')} is postgres's password "
               f"secret {pg_password_secret}")
@@ -398,9 +404,19 @@ def check_cluster_compose(deploy, image):
         if roles[name] == "api":
             check(published and all(t == str(listen) for _, t in published),
                   f"{name}: publishes its --listen port {listen} ({published})")
+        else:
+            internal = last(flags, "internal_listen", "0.0.0.0:50052")
+            port = port_of(internal)
+            advertised = last(flags, "advertise_address", "")
+            check(port and port not in (listen, metrics) and not internal.startswith("127."),
+                  f"{name}: --internal_listen={internal} beyond loopback, a port of its own")
+            check(advertised == f"{name}:{port}",
+                  f"{name}: --advertise_address={advertised} is its service name and --internal_listen port")
+            check(not published, f"{name}: publishes nothing, its internal endpoint included ({published})")
         targets[name] = metrics
     check(sorted(roles.values()) == ["api", "api", "worker", "worker"], f"roles: two api, two worker ({roles})")
     check(len(stores) == 1, f"one --store for all ({sorted(map(str, stores))})")
+    check(len(relay_secrets) == 1, f"one cluster secret for all ({sorted(map(str, relay_secrets))})")
     check(len(blobs) == 1 and len(blob_volumes) == 1, f"one --blobs on one volume for all ({sorted(map(str, blobs))})")
     api_ports = sorted(p for n in recal if roles[n] == "api" for p, _ in compose_ports(recal[n]))
     check(api_ports == ["50051", "50052"], f"api replicas published on 50051 and 50052 ({api_ports})")
@@ -946,6 +962,10 @@ def json_pointer_add(doc, path, value):
     return True
 
 
+# What the downward API gives a variable (env valueFrom.fieldRef), as a stand-in value.
+POD_FIELDS = {"status.podIP": "10.244.0.7"}
+
+
 def k8s_argv(container, image, configmaps, where):
     """command + args as the kubelet runs them: $(VAR) replaced from the container's env."""
     env, secret_vars = {}, set()
@@ -960,6 +980,10 @@ def k8s_argv(container, image, configmaps, where):
             env[name] = str(value)
         elif "secretKeyRef" in ref:
             secret_vars.add(name)
+        elif "fieldRef" in ref:
+            path = (ref["fieldRef"] or {}).get("fieldPath")
+            check(path in POD_FIELDS, f"{where}: env {name} from the downward API's {path}, one recal may use")
+            env[name] = POD_FIELDS.get(path, "")
     # command replaces the image's ENTRYPOINT, args its CMD (the image has none).
     words = list(container.get("command") or image["entrypoint"]) + list(container.get("args") or [])
     used_secrets = set()
@@ -1074,6 +1098,7 @@ def check_pod(dep, image, docs, where, expect_role):
         check(secret in secrets and key in keys and m.get("readOnly") is True,
               f"{where}: {what} {path} is key {key} of the Secret {secret}, mounted read-only")
     secret_file(last(flags, "auth_file"), "--auth_file")
+    secret_file(last(flags, "internal_token_file"), "--internal_token_file")
     secret_file(env.get("RECAL_PGPASSWORD_FILE"), "RECAL_PGPASSWORD_FILE")
     literal = [e.get("name") for e in c.get("env") or []
                if "PASSWORD" in str(e.get("name")) and not str(e.get("name")).endswith("_FILE")
@@ -1085,6 +1110,48 @@ def check_pod(dep, image, docs, where, expect_role):
 
 def selects(selector, labels):
     return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def check_relay(docs, api, worker):
+    """Client streams: api pods relay pushed batches to the worker pod running the job, at the
+    address it advertises (its pod IP), with the same cluster secret; only api pods reach it."""
+    check(last(api["flags"], "internal_token_file") == last(worker["flags"], "internal_token_file"),
+          f"api and worker share --internal_token_file ({last(api['flags'], 'internal_token_file')})")
+    internal = last(worker["flags"], "internal_listen", "0.0.0.0:50052")
+    port = port_of(internal)
+    cports = {p.get("name"): p.get("containerPort") for p in worker["container"].get("ports") or []}
+    check(port and port not in (worker["listen"], worker["metrics"]) and not internal.startswith("127.")
+          and cports.get("internal") == port,
+          f"recal-worker: --internal_listen={internal} beyond loopback, containerPort internal={cports.get('internal')}")
+    advertised = last(worker["flags"], "advertise_address", "")
+    check(advertised == f"{POD_FIELDS['status.podIP']}:{port}",
+          f"recal-worker: --advertise_address is $(POD_IP) from status.podIP and the --internal_listen port ({advertised})")
+    policies = [d for (k, _), d in docs.items() if k == "NetworkPolicy"
+                and selects(((d.get("spec") or {}).get("podSelector") or {}).get("matchLabels"), worker["labels"])]
+    if not check(len(policies) == 1, f"one NetworkPolicy selects the worker pods ({len(policies)})"):
+        return
+    spec = policies[0].get("spec") or {}
+    rules = spec.get("ingress") or []
+
+    def ports_of(rule):
+        return {p.get("port") for p in rule.get("ports") or []}
+
+    def admits(labels, p):  # whether a pod with these labels may reach port p
+        for rule in rules:
+            if rule.get("ports") and p not in ports_of(rule):
+                continue
+            sources = rule.get("from")
+            if not sources:
+                return True
+            if any(selects((s.get("podSelector") or {}).get("matchLabels"), labels) for s in sources):
+                return True
+        return False
+    other = {"app.kubernetes.io/name": "someone-else"}
+    check("Ingress" in (spec.get("policyTypes") or ["Ingress"])
+          and admits(api["labels"], port) and not admits(worker["labels"], port) and not admits(other, port),
+          f"NetworkPolicy: only api pods reach the workers' internal port {port}")
+    check(admits(other, worker["listen"]) and admits(other, worker["metrics"]),
+          f"NetworkPolicy: health ({worker['listen']}) and metrics ({worker['metrics']}) stay reachable")
 
 
 def check_k8s(deploy, image):
@@ -1106,7 +1173,7 @@ def check_k8s(deploy, image):
     check_store_uri(cm.get("RECAL_STORE"), "ConfigMap RECAL_STORE")
     secret = docs.get(("Secret", "recal-secrets")) or {}
     values = {**(secret.get("data") or {}), **(secret.get("stringData") or {})}
-    check({"recal_auth", "recal_pg_password"} <= set(values)
+    check({"recal_auth", "recal_pg_password", "recal_internal_token"} <= set(values)
           and all("REPLACE" in str(v) for v in values.values()),
           f"Secret recal-secrets: a template, every value a REPLACE-ME placeholder ({sorted(values)})")
 
@@ -1148,6 +1215,7 @@ def check_k8s(deploy, image):
         target = grpc.get("targetPort", grpc.get("port"))
         check(cports.get(target, target) == api["listen"],
               f"Service recal-api port grpc reaches the --listen port {api['listen']} ({target})")
+        check_relay(docs, api, worker)
         cpu = str(((worker["container"].get("resources") or {}).get("limits") or {}).get("cpu", "0"))
         cpu = float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
         threads = int(last(worker["flags"], "threads_per_worker", "0")) * int(last(worker["flags"], "cpu_workers", "1"))
