@@ -488,6 +488,7 @@ ShardStatistics Recalibration::Statistics() const {
   statistics.samples = samples_;
   statistics.seconds = seconds_;
   statistics.stopped_early = stopped_early_;
+  statistics.memory_format = memory_format_;
   for (const auto& layer : collector_->layers()) {
     statistics.layers.push_back({layer->mean_key, layer->var_key, layer->calls, layer->refined_calls, layer->stats});
   }
@@ -515,6 +516,11 @@ absl::Status Recalibration::Merge(const ShardStatistics& shard) {
     target->calls += tally.calls;
     target->refined_calls += tally.refined_calls;
     target->stats.Merge(tally.stats);
+  }
+  // The report names the layout the batches ran in: the shards' where they agree, "auto"
+  // where auto chose differently in them (say, shards on different devices).
+  if (shard.batches > 0) {
+    memory_format_ = batches_ == 0 || memory_format_ == shard.memory_format ? shard.memory_format : MemoryFormat::kAuto;
   }
   batches_ += shard.batches;
   samples_ += shard.samples;

@@ -87,6 +87,11 @@ absl::StatusOr<ShardStatistics> Parse(absl::string_view file) {
   }
   auto stopped = metadata.find("stopped_early");
   statistics.stopped_early = stopped != metadata.end() && stopped->second == "1";
+  if (auto format = metadata.find("memory_format"); format != metadata.end()) {
+    auto parsed = ParseMemoryFormat(format->second);
+    if (!parsed.ok()) return parsed.status();
+    statistics.memory_format = *parsed;
+  }
   for (int64_t i = 0; i < *layers; ++i) {
     LayerTally layer;
     auto mean_key = metadata.find(Key(i, "mean_key"));
@@ -130,6 +135,7 @@ absl::Status WriteShardStatistics(const std::string& path, const ShardStatistics
       {"samples", absl::StrCat(statistics.samples)},
       {"seconds", absl::StrCat(statistics.seconds)},
       {"stopped_early", statistics.stopped_early ? "1" : "0"},
+      {"memory_format", MemoryFormatName(statistics.memory_format)},
       {"layers", absl::StrCat(statistics.layers.size())},
   };
   Entries entries;

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "server/engine/layer_stats.h"
+#include "server/engine/options.h"
 
 namespace recal::engine {
 
@@ -26,6 +27,8 @@ struct ShardStatistics {
   int64_t samples = 0;
   double seconds = 0;
   bool stopped_early = false;
+  // The layout the shard's forward ran in (what kAuto chose there): the merged report's.
+  MemoryFormat memory_format = MemoryFormat::kAuto;
   std::vector<LayerTally> layers;  // every layer the shard knew, excluded and unused ones too
 };
 

@@ -515,6 +515,33 @@ TEST(Recalibration, ShardsFedInInferenceModeMergeAndSave) {
   ExpectRelClose(merged["bn.running_var"], unsharded["bn.running_var"], 1e-12);
 }
 
+TEST(Recalibration, MergedReportNamesTheLayoutTheShardsRanIn) {
+  // The merging run feeds no batch itself: its report takes the shards' layout.
+  recal::testing::TempDir tmp;
+  const std::string model = SaveModule(MakeConvNet(4, /*depthwise=*/false), tmp.File("conv.pt"));
+  at::manual_seed(9);
+  auto shard = [&](MemoryFormat format) {
+    Options options;
+    options.memory_format = format;
+    auto run = Recalibration::Create(model, options);
+    EXPECT_TRUE(run.ok()) << run.status();
+    EXPECT_TRUE((*run)->RunShard(FeedFrom({at::randn({8, 4, 6, 6})})).ok());
+    return (*run)->Statistics();
+  };
+  const ShardStatistics last1 = shard(MemoryFormat::kChannelsLast), last2 = shard(MemoryFormat::kChannelsLast),
+                        plain = shard(MemoryFormat::kContiguous);
+  auto merged = [&](const std::vector<const ShardStatistics*>& shards) {
+    auto run = Recalibration::Create(model, {});  // kAuto, as the merge task's
+    EXPECT_TRUE(run.ok()) << run.status();
+    for (const ShardStatistics* s : shards) EXPECT_TRUE((*run)->Merge(*s).ok());
+    EXPECT_TRUE((*run)->Finish().ok());
+    return (*run)->Report().memory_format();
+  };
+  EXPECT_EQ(merged({&last1, &last2}), "channels_last");
+  EXPECT_EQ(merged({&plain}), "contiguous");
+  EXPECT_EQ(merged({&last1, &plain, &last2}), "auto") << "auto chose differently in the shards";
+}
+
 TEST(Recalibration, BFloat16ForwardMeasuresTheActivationsItComputes) {
   // Under bfloat16 autocast the convolution runs in bfloat16; the BatchNorm's statistics
   // are those of that bfloat16 output, accumulated in float64.

@@ -34,6 +34,7 @@ ShardStatistics Example() {
   s.samples = 53;
   s.seconds = 1.25;
   s.stopped_early = true;
+  s.memory_format = MemoryFormat::kChannelsLast;
   s.layers.push_back({"bn1.running_mean", "bn1.running_var", 7, 2, Accumulated(7, 4, 1)});
   s.layers.push_back({"stat_mean", "stat_var", 14, 0, Accumulated(14, 3, 2)});
   s.layers.push_back({"unused.running_mean", "unused.running_var", 0, 0, LayerStats()});
@@ -57,6 +58,7 @@ TEST(ShardStatistics, RoundTripsBitForBit) {
   EXPECT_EQ(read->samples, 53);
   EXPECT_DOUBLE_EQ(read->seconds, 1.25);
   EXPECT_TRUE(read->stopped_early);
+  EXPECT_EQ(read->memory_format, MemoryFormat::kChannelsLast);
   ASSERT_EQ(read->layers.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
     const LayerTally& a = written.layers[i];
