@@ -33,17 +33,19 @@ absl::Status CheckNumbers(const google::protobuf::RepeatedField<float>& values, 
   return absl::OkStatus();
 }
 
-// The scale/mean/std of a tensor file (the same rules as ClientStreamSource's).
-absl::Status CheckNormalization(const v1::TensorFileSource& file) {
-  if (!std::isfinite(file.scale()) || file.scale() < 0) {
-    return Invalid(absl::StrCat("tensor_file.scale is ", file.scale(), "; it must be >= 0 (0 means 1)"));
+// The scale/mean/std of a tensor file or a client stream (`source` names which): a std of 0
+// would turn every pushed or read sample into infinities, found only when the job runs.
+template <typename Source>
+absl::Status CheckNormalization(const Source& source, absl::string_view name) {
+  if (!std::isfinite(source.scale()) || source.scale() < 0) {
+    return Invalid(absl::StrCat(name, ".scale is ", source.scale(), "; it must be >= 0 (0 means 1)"));
   }
-  if (file.mean_size() != file.std_size()) {
-    return Invalid(absl::StrCat("tensor_file.mean has ", file.mean_size(), " values and tensor_file.std ",
-                                file.std_size(), "; give both, one value per channel, or neither"));
+  if (source.mean_size() != source.std_size()) {
+    return Invalid(absl::StrCat(name, ".mean has ", source.mean_size(), " values and ", name, ".std ",
+                                source.std_size(), "; give both, one value per channel, or neither"));
   }
-  if (absl::Status s = CheckNumbers(file.mean(), "tensor_file.mean", false); !s.ok()) return s;
-  return CheckNumbers(file.std(), "tensor_file.std", true);
+  if (absl::Status s = CheckNumbers(source.mean(), absl::StrCat(name, ".mean"), false); !s.ok()) return s;
+  return CheckNumbers(source.std(), absl::StrCat(name, ".std"), true);
 }
 
 // Each Check* refuses what no data layer could serve, naming the field, then resolves the
@@ -67,7 +69,7 @@ absl::StatusOr<std::string> CheckTensorFile(const v1::TensorFileSource& file,
                                   "' cannot be served (a key must be non-empty, without ',' or ':')"));
     }
   }
-  if (absl::Status s = CheckNormalization(file); !s.ok()) return s;
+  if (absl::Status s = CheckNormalization(file, "tensor_file"); !s.ok()) return s;
   return data::ResolveUnderRoots(data_roots, file.path());
 }
 
@@ -126,6 +128,7 @@ absl::StatusOr<std::string> DataSpecFor(const v1::DataSource& source,
       if (absl::Status s = CheckSynthetic(source.synthetic()); !s.ok()) return s;
       break;
     case v1::DataSource::kClientStream:
+      if (absl::Status s = CheckNormalization(source.client_stream(), "client_stream"); !s.ok()) return s;
       return std::string(kClientStreamSpec);
     default:
       return Invalid("the job spec names no data source");

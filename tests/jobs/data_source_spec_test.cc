@@ -303,6 +303,36 @@ TEST_F(DataSpecForTest, SyntheticClientStreamAndNothing) {
   EXPECT_EQ(Error(v1::DataSource()).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A client stream's normalisation is refused at submit, as a tensor file's is: not after the
+// client has pushed its first batch into a job that can only divide by zero.
+TEST_F(DataSpecForTest, BadClientStreamNormalisationIsRefusedAtSubmit) {
+  struct Case {
+    const char* what;
+    std::function<void(v1::ClientStreamSource&)> change;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {"zero std", [](auto& c) { c.add_mean(0.5f); c.add_std(0); }, "client_stream.std[0] is 0"},
+      {"negative std", [](auto& c) { c.add_mean(0.5f); c.add_std(-1); }, "client_stream.std[0] is -1"},
+      {"infinite mean", [](auto& c) { c.add_mean(std::numeric_limits<float>::infinity()); c.add_std(1); },
+       "client_stream.mean[0]"},
+      {"std without mean", [](auto& c) { c.add_std(1); }, "client_stream.mean has 0 values and client_stream.std 1"},
+      {"negative scale", [](auto& c) { c.set_scale(-255); }, "client_stream.scale is -255"},
+      {"NaN scale", [](auto& c) { c.set_scale(std::nanf("")); }, "client_stream.scale"},
+  };
+  for (const Case& c : cases) {
+    v1::DataSource source;
+    c.change(*source.mutable_client_stream());
+    const absl::Status status = Error(source);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.what << ": " << status;
+    EXPECT_THAT(status.message(), HasSubstr(c.message)) << c.what;
+  }
+  v1::DataSource good;
+  for (float v : {0.485f, 0.456f, 0.406f}) good.mutable_client_stream()->add_mean(v);
+  for (float v : {0.229f, 0.224f, 0.225f}) good.mutable_client_stream()->add_std(v);
+  EXPECT_EQ(*DataSpecFor(good, {root_}), kClientStreamSpec);
+}
+
 TEST(DataRootsTest, SharedRootsAreEveryTenantsAndTenantRootsOnlyTheirOwn) {
   DataRoots roots;
   roots.Add("/shared,/more");
