@@ -32,6 +32,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "bench/median.h"
+#include "bench/timing.h"
 #include "common/atomic_file.h"
 #include "server/engine/recalibration.h"
 
@@ -45,6 +46,7 @@ ABSL_FLAG(int32_t, threads, 2, "intra-op threads");
 namespace {
 
 using recal::bench::Median;
+using recal::bench::TimeIt;
 using recal::engine::MemoryFormat;
 
 struct Config {
@@ -52,12 +54,6 @@ struct Config {
   std::function<void(const at::Tensor&)> forward;
   std::vector<double> seconds;  // per repetition
 };
-
-double TimeIt(const std::function<void()>& fn) {
-  const auto start = std::chrono::steady_clock::now();
-  fn();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 // The engine as recal-run drives it, with one lever set.
 Config Engine(const std::string& path, bool inference_mode, MemoryFormat format, bool end_at_last = true) {
@@ -219,15 +215,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   at::set_num_threads(absl::GetFlag(FLAGS_threads));
-  std::vector<int64_t> shape = {absl::GetFlag(FLAGS_batch_size)};
-  for (absl::string_view d : absl::StrSplit(absl::GetFlag(FLAGS_shape), 'x')) {
-    int64_t v = 0;
-    if (!absl::SimpleAtoi(d, &v)) return 2;
-    shape.push_back(v);
-  }
-  at::manual_seed(0);
-  std::vector<at::Tensor> batches;
-  for (int i = 0; i < absl::GetFlag(FLAGS_batches); ++i) batches.push_back(at::randn(shape));
+  const std::vector<at::Tensor> batches = recal::bench::RandomBatches(
+      absl::GetFlag(FLAGS_batch_size), absl::GetFlag(FLAGS_shape), absl::GetFlag(FLAGS_batches));
   const std::string scratch = std::filesystem::temp_directory_path() / absl::StrCat("forward_levers.", getpid());
   std::filesystem::create_directories(scratch);
   std::printf("forward levers: medians of per-rep ratios, configurations interleaved in rotating order\n");

@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "bench/median.h"
+#include "bench/timing.h"
 #include "server/engine/recalibration.h"
 
 ABSL_FLAG(std::string, model, "", "TorchScript model (bench/run_benchmarks.sh makes resnet18)");
@@ -27,17 +28,8 @@ ABSL_FLAG(int32_t, batches, 10, "batches per repetition");
 ABSL_FLAG(int32_t, reps, 7, "interleaved repetitions (>= 5)");
 ABSL_FLAG(int32_t, threads, 2, "intra-op threads");
 
-namespace {
-
 using recal::bench::Median;
-
-double TimeIt(const std::function<void()>& fn) {
-  const auto start = std::chrono::steady_clock::now();
-  fn();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-}  // namespace
+using recal::bench::TimeIt;
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
@@ -47,15 +39,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   at::set_num_threads(absl::GetFlag(FLAGS_threads));
-  std::vector<int64_t> shape = {absl::GetFlag(FLAGS_batch_size)};
-  for (absl::string_view d : absl::StrSplit(absl::GetFlag(FLAGS_shape), 'x')) {
-    int64_t v = 0;
-    if (!absl::SimpleAtoi(d, &v)) return 2;
-    shape.push_back(v);
-  }
-  at::manual_seed(0);
-  std::vector<at::Tensor> batches;
-  for (int i = 0; i < absl::GetFlag(FLAGS_batches); ++i) batches.push_back(at::randn(shape));
+  const std::vector<at::Tensor> batches = recal::bench::RandomBatches(
+      absl::GetFlag(FLAGS_batch_size), absl::GetFlag(FLAGS_shape), absl::GetFlag(FLAGS_batches));
 
   torch::jit::Module plain = torch::jit::load(model_path);
   plain.train();
@@ -82,7 +67,7 @@ int main(int argc, char** argv) {
   }
   std::printf("recalibration overhead: %s, %d batches of %s per rep, %d threads\n",
               model_path.c_str(), absl::GetFlag(FLAGS_batches),
-              absl::StrJoin(shape, "x").c_str(), absl::GetFlag(FLAGS_threads));
+              absl::StrJoin(batches[0].sizes(), "x").c_str(), absl::GetFlag(FLAGS_threads));
   std::printf("%4s %12s %12s %8s\n", "rep", "forward_s", "recal_s", "ratio");
   std::vector<double> ratios;
   for (int rep = 0; rep < absl::GetFlag(FLAGS_reps); ++rep) {
