@@ -32,6 +32,8 @@
 #include "server/api/listen_security.h"
 #include "server/api/recal_service.h"
 #include "server/auth/authenticator.h"
+#include "server/data/object_storage.h"
+#include "server/data/s3_paths.h"
 #include "server/data/s3_sources.h"
 #include "server/engine/devices.h"
 #include "server/jobs/job_manager.h"
@@ -91,7 +93,8 @@ ABSL_FLAG(int64_t, blob_part_bytes, int64_t{64} << 20,
           "--blobs=s3://: blobs larger than this are sent as multipart uploads of parts this size (at least 5 MiB)");
 ABSL_FLAG(std::vector<std::string>, data_root, {},
           "directories jobs may read data from (comma-separated, and the flag may repeat): PATH for every "
-          "tenant, TENANT=PATH for one; nothing else is readable");
+          "tenant, TENANT=PATH for one; nothing else is readable. s3://BUCKET/PREFIX: objects in a bucket, read "
+          "with the --s3_* configuration by the server for its sandboxed workers");
 ABSL_FLAG(std::string, devices, "cpu", "cpu | auto | cuda:0,cuda:1 (one worker per device)");
 ABSL_FLAG(int32_t, cpu_workers, 1, "workers when --devices=cpu (or auto without CUDA)");
 ABSL_FLAG(int32_t, threads_per_worker, 0, "intra-op threads of each worker (0: LibTorch's default)");
@@ -235,6 +238,16 @@ int main(int argc, char** argv) {
   }
   worker.scratch_root = blobs->scratch_dir();
   worker.data_roots = data_roots.All();
+  // Data in a bucket: only where a data root names one, so that a server without any needs
+  // no object-storage configuration. Read by this process for its sandboxed workers.
+  if (std::any_of(worker.data_roots.begin(), worker.data_roots.end(),
+                  [](const std::string& root) { return recal::data::IsS3Path(root); })) {
+    auto settings = recal::data::ObjectStorageOptions(recal::s3::S3SettingsFromFlags());
+    if (!settings.ok()) return Fail(settings.status());
+    auto bucket = recal::data::ConnectBucket(*settings);
+    if (!bucket.ok()) return Fail(bucket.status());
+    worker.object_storage = *std::move(bucket);
+  }
   worker.memory_bytes = absl::GetFlag(FLAGS_job_memory_bytes);
   worker.file_bytes = absl::GetFlag(FLAGS_job_file_bytes) > 0 ? absl::GetFlag(FLAGS_job_file_bytes)
                                                               : 2 * absl::GetFlag(FLAGS_max_model_bytes);

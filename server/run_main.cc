@@ -22,6 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "server/data/batch_source.h"
+#include "server/data/object_storage.h"
 #include "server/data/s3_sources.h"
 #include "server/engine/recalibration.h"
 #include "server/engine/report.h"
@@ -210,9 +211,11 @@ absl::Status RunMain() {
   if (shards > 1) options->threads = std::max(1, threads / shards);
 
   // Object storage only for data in a bucket: credentials are looked up only then.
-  std::optional<recal::s3::S3ClientOptions> object_storage;
+  std::shared_ptr<recal::data::ObjectStorage> object_storage;
   if (auto parsed = recal::data::ParseDataSpec(data); parsed.ok() && recal::data::ReadsObjectStorage(*parsed)) {
-    auto storage = recal::data::ObjectStorageOptions(recal::s3::S3SettingsFromFlags());
+    auto settings = recal::data::ObjectStorageOptions(recal::s3::S3SettingsFromFlags());
+    if (!settings.ok()) return settings.status();
+    auto storage = recal::data::ConnectBucket(*settings);
     if (!storage.ok()) return storage.status();
     object_storage = *std::move(storage);
   }

@@ -11,9 +11,10 @@
 #include <ATen/core/Tensor.h>
 
 #include "absl/status/statusor.h"
-#include "server/s3/s3_client.h"
 
 namespace recal::data {
+
+class ObjectStorage;
 
 using Batch = std::vector<at::Tensor>;
 
@@ -49,10 +50,10 @@ struct InputOptions {
   // and s3:// specs must lie under one of its s3://BUCKET/PREFIX entries (s3_paths.h).
   // Empty: no confinement (recal-run, whose operator names the data).
   std::vector<std::string> data_roots;
-  // Where s3:// specs are read: the endpoint, credentials and retries of the server's (or
-  // recal-run's) own configuration, never the spec's (s3_sources.h). Unset: s3:// specs
-  // fail with FAILED_PRECONDITION.
-  std::optional<s3::S3ClientOptions> object_storage;
+  // Where s3:// specs are read (object_storage.h): the endpoint and credentials are the
+  // server's (or recal-run's) own configuration, never the spec's (s3_sources.h). Null:
+  // s3:// specs fail with FAILED_PRECONDITION.
+  std::shared_ptr<ObjectStorage> object_storage;
 };
 
 // Opens a data spec (common/data_spec.h) as the whole input pipeline: the source

@@ -4,39 +4,13 @@
 //  - A local file is memory-mapped (common/mapped_file.h), as it always was: mapped() is the
 //    whole file, the parsers read the header in place and batches are narrowed straight out
 //    of the mapping (no read() calls, no extra copy; only the pages a batch touches are read).
-//  - An object in a bucket (s3_object_file.h) has no mapping: the header is read with one
-//    ranged GET (two when it is longer than the first guess), then each batch's rows with a
-//    ranged GET of exactly those rows (sliced_source.h, MakeRangedSource). The pipeline's
-//    prefetcher (prefetcher.h) runs Next() ahead on its own thread, so the GET of batch k+1
-//    overlaps the forward pass of batch k; nothing here reads ahead on its own.
-//
-// The server path (not built yet; the design the next stage implements). A job's forward
-// pass runs in recal-worker under the sandbox (server/sandbox/sandbox.cc): its own network
-// namespace, seccomp refusing every socket but AF_UNIX, Landlock on the data roots. Giving
-// it an allowlisted route to the endpoint would put the S3 credentials inside the process
-// that runs the uploaded, hostile model, and turn "no network" into a per-host firewall to
-// keep right (DNS, redirects, IPv6). So the worker never talks to the endpoint: the
-// parent, the trusted runner (server/jobs/worker_runner.cc), which already holds the
-// configuration, fetches the bytes and serves them over the pipes it already has with the
-// child (stdin: the Task, then pushed batches, written by the feeder thread; the events
-// pipe: progress and the result, read by the runner's loop; server/worker/channel.h):
-//   1. The runner resolves the spec (s3:// parsed strictly, roots checked) and, for a tensor
-//      file, HEADs the object; the size and ETag go into the Task, the credentials do not.
-//   2. In the child, RemoteFile implements this interface: ReadAt sends an Event
-//      read_request {id, offset, length} up the events pipe and waits for the Input
-//      read_reply {id, bytes | status} on stdin. The runner answers each request on a small
-//      pool with one S3Client::ReadRange(..., if_match = ETag), checking it against the one
-//      object it HEADed (offset + length <= size, length <= the channel's message limit):
-//      the child can ask for ranges of that object, never name another. Replies and pushed
-//      batches share stdin under one writer mutex (they never occur in one job together).
-//   3. An image folder: the runner lists the prefix (the selection and order of
-//      s3_sources.cc), sends the relative names in the Task, and serves whole objects by
-//      index the same way; the child's decode window bounds the requests in flight.
-//   4. Failures cross as statuses (NOT_FOUND, PERMISSION_DENIED, UNAVAILABLE after the
-//      runner's bounded retries) and fail the job; the worker pool stays up.
-// One process holds the credentials and the network; the sandbox keeps no network at all;
-// the bytes cross one more pipe (GB/s, far above what a bucket serves); and the child runs
-// the same sources as recal-run, over this interface.
+//  - An object in a bucket (object_storage.h: ObjectFile) has no mapping: the header is read
+//    with one ranged read (two when it is longer than the first guess), then each batch's
+//    rows with a ranged read of exactly those rows (sliced_source.h, MakeRangedSource). The
+//    pipeline's prefetcher (prefetcher.h) runs Next() ahead on its own thread, so the read
+//    of batch k+1 overlaps the forward pass of batch k; nothing here reads ahead on its own.
+//    In the server's sandboxed worker those reads go through the runner that started it
+//    (server/worker/remote_objects.h), which alone holds the network and the credentials.
 #pragma once
 
 #include <algorithm>

@@ -10,6 +10,7 @@
 #include "common/data_spec.h"
 #include "common/tenant_name.h"
 #include "server/data/data_roots.h"
+#include "server/data/s3_paths.h"
 
 namespace recal::jobs {
 namespace {
@@ -70,6 +71,10 @@ absl::StatusOr<std::string> CheckTensorFile(const v1::TensorFileSource& file,
     }
   }
   if (absl::Status s = CheckNormalization(file, "tensor_file"); !s.ok()) return s;
+  if (file.format() == v1::TensorFileSource::TORCH && data::IsS3Path(file.path())) {
+    return Invalid("tensor_file.path: TORCH files are read from local paths only (they are unpickled whole); use NPY "
+                   "or SAFETENSORS in a bucket");
+  }
   return data::ResolveUnderRoots(data_roots, file.path());
 }
 
@@ -97,6 +102,9 @@ absl::StatusOr<std::string> CheckImageFolder(const v1::ImageFolderSource& folder
   }
   absl::StatusOr<std::string> path = data::ResolveUnderRoots(data_roots, folder.path());
   if (!path.ok()) return path.status();
+  // A prefix in a bucket is listed by the worker's runner when the job runs (NOT_FOUND then
+  // if it holds no images): the api asks nothing of the endpoint.
+  if (data::IsS3Path(*path)) return path;
   std::error_code error;
   if (!std::filesystem::is_directory(*path, error)) {
     return Invalid(absl::StrCat("image_folder.path ", folder.path(), " is not a directory"));

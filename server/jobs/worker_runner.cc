@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "absl/cleanup/cleanup.h"
@@ -23,7 +24,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "google/protobuf/message_lite.h"
 #include "common/sanitizers.h"
+#include "common/data_spec.h"
+#include "server/data/s3_paths.h"
+#include "server/jobs/remote_reads.h"
 #include "server/worker/channel.h"
 
 extern char** environ;
@@ -122,7 +127,7 @@ wire::Task WorkerRunner::NewTask() const {
 
 absl::StatusOr<wire::Event> WorkerRunner::Run(const wire::Task& task, const std::string& model_path,
                                              const std::string& scratch, const RunHooks& hooks,
-                                             wire::Sandboxed* sandboxed) {
+                                             wire::Sandboxed* sandboxed, const data::LocatedObjects* remote) {
   Fd task_read, task_write, events_read, events_write, err_read, err_write, model;
   if (absl::Status s = Pipe(task_read, task_write); !s.ok()) return s;
   if (absl::Status s = Pipe(events_read, events_write); !s.ok()) return s;
@@ -137,11 +142,14 @@ absl::StatusOr<wire::Event> WorkerRunner::Run(const wire::Task& task, const std:
 
   std::vector<std::string> args = {options_.binary, "--scratch=" + scratch};
   // A job's worker reads its tenant's roots only; other tasks (inspection, probes) the
-  // server's configured ones.
-  const std::vector<std::string> read_paths =
-      task.has_recalibrate() ? std::vector<std::string>(task.recalibrate().data_roots().begin(),
-                                                        task.recalibrate().data_roots().end())
-                             : options_.data_roots;
+  // server's configured ones. Roots in a bucket are read through the runner, not opened.
+  std::vector<std::string> read_paths;
+  for (const std::string& root : task.has_recalibrate() ? std::vector<std::string>(
+                                                              task.recalibrate().data_roots().begin(),
+                                                              task.recalibrate().data_roots().end())
+                                                        : options_.data_roots) {
+    if (!data::IsS3Path(root)) read_paths.push_back(root);
+  }
   if (!read_paths.empty()) args.push_back("--read_path=" + absl::StrJoin(read_paths, ","));
   if (options_.memory_bytes > 0) args.push_back(absl::StrCat("--memory_bytes=", options_.memory_bytes));
   if (options_.file_bytes > 0) args.push_back(absl::StrCat("--file_bytes=", options_.file_bytes));
@@ -231,17 +239,34 @@ absl::StatusOr<wire::Event> WorkerRunner::Run(const wire::Task& task, const std:
       if (err_tail.size() > 2 * kStderrTail) err_tail.erase(0, err_tail.size() - kStderrTail);
     }
   });
-  std::thread feeder([&, write_fd = task_write.release()] {
-    Fd input(write_fd);
-    if (!worker::WriteMessage(input.get(), task).ok()) return;
-    if (!hooks.next_pushed) return;  // closing stdin: nothing more comes
+  // The worker's stdin: the task, then pushed batches (written by the feeder) or replies to
+  // its reads (by the RemoteReads threads), one message at a time.
+  std::mutex input_mu;
+  Fd input(task_write.release());
+  const auto write_input = [&](const google::protobuf::MessageLite& message) {
+    std::lock_guard<std::mutex> lock(input_mu);
+    if (input.get() < 0) return absl::FailedPreconditionError("the worker's input is closed");
+    return worker::WriteMessage(input.get(), message);
+  };
+  std::thread feeder([&] {
+    absl::Cleanup close_input = [&] {
+      // Closing stdin says nothing more comes, unless replies to reads still may.
+      std::lock_guard<std::mutex> lock(input_mu);
+      if (remote == nullptr) input.reset();
+    };
+    if (!write_input(task).ok()) return;
+    if (!hooks.next_pushed) return;
     while (true) {
       auto batch = hooks.next_pushed();
       if (!batch.ok() || !batch->has_value()) return;
-      if (!worker::WriteMessage(input.get(), **batch).ok()) return;
+      if (!write_input(**batch).ok()) return;
       if ((*batch)->last()) return;
     }
   });
+  std::optional<RemoteReads> reads;
+  if (remote != nullptr) {
+    reads.emplace(options_.object_storage, *remote, [&](const wire::ReadReply& reply) { return write_input(reply); });
+  }
 
   std::optional<wire::Event> last;
   absl::Status protocol;
@@ -262,9 +287,17 @@ absl::StatusOr<wire::Event> WorkerRunner::Run(const wire::Task& task, const std:
         case wire::Event::kProgress:
           if (hooks.on_progress && !last) hooks.on_progress(event.progress());
           break;
+        case wire::Event::kReadRequest:
+          if (!reads) {
+            protocol = absl::InvalidArgumentError("it asked to read data in a bucket that its task does not have");
+            break;
+          }
+          reads->Serve(event.read_request());
+          break;
         default:
           if (!last) last = std::move(event);
       }
+      if (!protocol.ok()) break;
     }
   }
   if (!protocol.ok()) signal_worker(SIGKILL);
@@ -272,6 +305,7 @@ absl::StatusOr<wire::Event> WorkerRunner::Run(const wire::Task& task, const std:
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   finished = true;
+  if (reads) reads->Stop();
   watchdog.join();
   err_reader.join();
   // A feeder blocked in next_pushed() is released by the job's end (its feed is closed).
@@ -341,8 +375,32 @@ absl::StatusOr<v1::RunReport> WorkerRunner::Recalibrate(const RecalibrationTask&
   job->set_shard_index(task.shard_index);
   job->set_shard_count(task.shard_count);
   for (const std::string& name : task.merge_statistics) job->add_merge(name);
+  // Data in a bucket: found here, where the network and the credentials are, before the
+  // worker starts; the worker is told what there is and asks for ranges of it.
+  std::optional<data::LocatedObjects> remote;
+  if (auto parsed = data::ParseDataSpec(task.data_spec);
+      task.merge_statistics.empty() && parsed.ok() && data::ReadsObjectStorage(*parsed)) {
+    // No roots would mean no confinement to the data layer (recal-run's case), never here.
+    if (task.data_roots.empty()) {
+      return absl::PermissionDeniedError(absl::StrCat(task.data_spec, ": the tenant has no data roots"));
+    }
+    data::InputOptions where;
+    where.data_roots = task.data_roots;
+    where.object_storage = options_.object_storage;
+    auto located = data::LocateObjects(*parsed, where);
+    if (!located.ok()) return located.status();
+    remote = *std::move(located);
+    wire::RemoteObjects* objects = job->mutable_remote_objects();
+    objects->set_bucket(remote->bucket);
+    for (const s3::ObjectInfo& object : remote->objects) {
+      wire::RemoteObject* out = objects->add_objects();
+      out->set_key(object.key);
+      out->set_size(object.size);
+    }
+  }
   if (absl::Status owned = GiveToWorkerUser(task.scratch_dir); !owned.ok()) return owned;
-  auto event = Expect(Run(request, task.model_path, task.scratch_dir, hooks), wire::Event::kReport);
+  auto event = Expect(Run(request, task.model_path, task.scratch_dir, hooks, nullptr, remote ? &*remote : nullptr),
+                      wire::Event::kReport);
   if (!event.ok()) return event.status();
   return event->report();
 }

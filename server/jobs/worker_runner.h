@@ -6,10 +6,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/time/time.h"
+#include "server/data/object_storage.h"
+#include "server/data/s3_sources.h"
 #include "server/jobs/job_runner.h"
 
 namespace recal::jobs {
@@ -18,6 +21,9 @@ struct WorkerRunnerOptions {
   std::string binary;                   // recal-worker
   std::string scratch_root;             // inspections get a directory here
   std::vector<std::string> data_roots;  // readable by jobs
+  // Data in a bucket (s3:// data roots): read by the runner for its workers, which have no
+  // network (remote_reads.h). Null: s3:// specs fail with FAILED_PRECONDITION.
+  std::shared_ptr<data::ObjectStorage> object_storage;
   int64_t memory_bytes = 0;             // RLIMIT_AS per worker; 0: none
   int64_t file_bytes = 0;               // RLIMIT_FSIZE per worker; 0: none
   std::string user;                     // run workers as this user; empty: the server's, without capabilities
@@ -44,10 +50,12 @@ class WorkerRunner : public JobRunner {
 
  private:
   // Starts a worker for `task`, feeds it, watches it and returns its last event (or why
-  // there is none). `sandboxed` receives its first event.
+  // there is none). `sandboxed` receives its first event. `remote`: the objects of the
+  // task's data in a bucket, whose reads the worker asks for.
   absl::StatusOr<worker::v1::Event> Run(const worker::v1::Task& task, const std::string& model_path,
                                         const std::string& scratch, const RunHooks& hooks,
-                                        worker::v1::Sandboxed* sandboxed = nullptr);
+                                        worker::v1::Sandboxed* sandboxed = nullptr,
+                                        const data::LocatedObjects* remote = nullptr);
   absl::StatusOr<worker::v1::Event> RunInScratch(const worker::v1::Task& task, const std::string& model_path,
                                                  const RunHooks& hooks, worker::v1::Sandboxed* sandboxed = nullptr);
   worker::v1::Task NewTask() const;

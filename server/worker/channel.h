@@ -18,6 +18,11 @@ class FileInputStream;
 
 namespace recal::worker {
 
+// The largest range one ReadRequest asks for (data in a bucket, read through the server):
+// a larger read is split (a batch of 32 images of 3x224x224 float32 is 19 MB), and the
+// server refuses more. Keeps each reply far below the channel's message limits.
+inline constexpr int64_t kMaxReadRequestBytes = int64_t{8} << 20;
+
 class MessageReader {
  public:
   MessageReader(int fd, int64_t max_message_bytes);

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -18,6 +19,7 @@
 #include "server/engine/recalibration.h"
 #include "server/engine/report.h"
 #include "server/worker/pushed_batches.h"
+#include "server/worker/remote_objects.h"
 
 namespace recal::worker {
 namespace {
@@ -72,7 +74,7 @@ struct OpenedData {
 };
 
 absl::StatusOr<OpenedData> OpenData(const v1::Recalibrate& job, const TaskContext& context,
-                                    const engine::Options& options) {
+                                    const engine::Options& options, const EventSink& send) {
   if (job.spec().data().has_client_stream()) {
     const api::ClientStreamSource& stream = job.spec().data().client_stream();
     if (context.input == nullptr) return absl::InternalError("no channel for pushed batches");
@@ -86,6 +88,10 @@ absl::StatusOr<OpenedData> OpenData(const v1::Recalibrate& job, const TaskContex
   input.decode_threads = job.decode_threads();
   input.pin_memory = absl::StartsWith(job.device(), "cuda");
   input.data_roots.assign(job.data_roots().begin(), job.data_roots().end());
+  if (job.has_remote_objects()) {
+    if (context.input == nullptr) return absl::InternalError("no channel for reads of the job's data");
+    input.object_storage = RemoteObjects(job.remote_objects(), context.input, send);
+  }
   if (job.shard_count() > 1) {
     auto shard = data::OpenBatchSourceShard(
         job.data_spec(), job.spec().batch_size(), input,
@@ -142,7 +148,7 @@ absl::Status Recalibrate(const v1::Task& task, const TaskContext& context, const
   const bool shard = job.shard_count() > 1;
   RECAL_ASSIGN_OR_RETURN(engine::Options options, EngineOptionsOf(task));
   options.graph_policy = GraphPolicyOf(task);
-  auto data = OpenData(job, context, options);
+  auto data = OpenData(job, context, options, send);
   if (!data.ok()) return data.status();
   if (shard) {
     options = engine::ShardOptions(options, job.shard_count(),
@@ -280,7 +286,11 @@ absl::Status Probe(const v1::SandboxProbe& probe, const TaskContext& context, co
 
 absl::Status RunTask(const v1::Task& task, const TaskContext& context, const EventSink& send) {
   absl::Status send_failed;
+  // Progress comes from the engine's thread, reads of data in a bucket from the decoding and
+  // prefetching threads: one message at a time on the events pipe.
+  std::mutex send_mu;
   const EventSink tracked = [&](const v1::Event& event) {
+    std::lock_guard<std::mutex> lock(send_mu);
     absl::Status sent = send(event);
     if (!sent.ok() && send_failed.ok()) send_failed = sent;
     return sent;

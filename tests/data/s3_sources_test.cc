@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/data/batch_source.h"
+#include "server/data/object_storage.h"
 #include "server/data/s3_sources.h"
 #include "tests/s3/moto_server.h"
 #include "tests/s3/test_http_server.h"
@@ -130,7 +131,7 @@ class S3SourcesMoto : public ::testing::Test {
   InputOptions Options(int prefetch = 2) const {
     InputOptions o;
     o.prefetch_depth = prefetch;
-    o.object_storage = FastOptions(moto_->endpoint());
+    o.object_storage = *ConnectBucket(FastOptions(moto_->endpoint()));
     return o;
   }
 
@@ -345,11 +346,11 @@ TEST_F(S3SourcesMoto, RefusedCredentialsArePermissionDenied) {
                                                         BytesOf(Floats(2, 6))))
                   .ok());
   InputOptions o;
-  o.object_storage = FastOptions(moto_auth_->endpoint(), *creds_);
+  o.object_storage = *ConnectBucket(FastOptions(moto_auth_->endpoint(), *creds_));
   auto allowed = OpenBatchSource("npy:s3://recal-data/x.npy", 2, o);
   ASSERT_TRUE(allowed.ok()) << allowed.status();
   EXPECT_EQ(ReadAll(**allowed).size(), 1u);
-  o.object_storage = FastOptions(moto_auth_->endpoint(), {creds_->access_key_id, "not-the-secret", ""});
+  o.object_storage = *ConnectBucket(FastOptions(moto_auth_->endpoint(), {creds_->access_key_id, "not-the-secret", ""}));
   auto denied = OpenBatchSource("npy:s3://recal-data/x.npy", 2, o);
   EXPECT_EQ(denied.status().code(), absl::StatusCode::kPermissionDenied) << denied.status();
 }
@@ -376,7 +377,7 @@ TEST_F(S3SourcesMoto, EndpointStoppedMidReadIsUnavailableWithinBoundedTime) {
                                                         BytesOf(Floats(256, 9))))
                   .ok());
   InputOptions o;
-  o.object_storage = FastOptions(moto->endpoint());
+  o.object_storage = *ConnectBucket(FastOptions(moto->endpoint()));
   // Without read-ahead, and with it (the prefetcher hands the status on).
   std::vector<std::unique_ptr<BatchSource>> sources;
   for (int prefetch : {0, 2}) {
@@ -404,7 +405,7 @@ TEST_F(S3SourcesMoto, EndpointStoppedMidReadIsUnavailableWithinBoundedTime) {
 TEST(S3Sources, HostileSpecsAreRefusedBeforeAnyRequest) {
   s3::testing::ScriptedHttpServer server;  // answers nothing useful; must hear nothing
   InputOptions o;
-  o.object_storage = FastOptions(server.endpoint());
+  o.object_storage = *ConnectBucket(FastOptions(server.endpoint()));
   for (const std::string spec : {
            "npy:s3://recal-data/../x.npy", "npy:s3://recal-data/a/../../x.npy", "npy:s3://user:pw@recal-data/x.npy",
            "npy:s3://user@recal-data/x.npy", "npy:s3://recal-data:9000/x.npy", "npy:s3://127.0.0.1/x.npy",

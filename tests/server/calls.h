@@ -22,6 +22,10 @@ grpc::Status PushAll(v1::Recal::Stub& stub, const std::string& id, int shard, co
 
 v1::SubmitJobRequest NpyJob(const std::string& model_id, const std::string& path, int batch_size);
 
+// 32x32 center crops (resize 36) of an image folder with ImageNet's mean and std, 3 images a batch.
+v1::SubmitJobRequest ImageJob(const std::string& model_id, const std::string& path,
+                              v1::ImageFolderSource::OnBad on_bad = v1::ImageFolderSource::ON_BAD_UNSPECIFIED);
+
 // A job that runs for a while: 200 synthetic batches of 32x3x96x96.
 v1::SubmitJobRequest LongJob(const std::string& model_id);
 

@@ -4,8 +4,6 @@
 // blobs byte for byte, downloads resume at an offset, a server killed -9 in the middle of a
 // result's multipart upload leaves nothing half-written in the bucket, and an endpoint that stops
 // mid-job fails that job with UNAVAILABLE while the server stays up.
-#include <sys/stat.h>
-
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -44,29 +42,14 @@ std::string ReadFile(const std::string& path) {
 // The server's object-storage flags: endpoint, and credentials from a mounted-secret directory.
 std::vector<std::string> BucketFlags(const std::string& endpoint, const s3::Credentials& credentials,
                                      const std::string& bucket, const std::string& secret_dir) {
-  ::mkdir(secret_dir.c_str(), 0700);
-  WriteBytes(secret_dir + "/access_key_id", credentials.access_key_id + "\n");
-  WriteBytes(secret_dir + "/secret_access_key", credentials.secret_access_key + "\n");
-  return {absl::StrCat("--blobs=s3://", bucket, "/", kPrefix), "--s3_endpoint=" + endpoint,
-          "--s3_credentials_dir=" + secret_dir, absl::StrCat("--blob_part_bytes=", kPartBytes),
-          "--data_root=" + kFixtures};
+  std::vector<std::string> flags = store::testing::ServerS3Flags(endpoint, credentials, secret_dir);
+  flags.insert(flags.end(), {absl::StrCat("--blobs=s3://", bucket, "/", kPrefix),
+                             absl::StrCat("--blob_part_bytes=", kPartBytes), "--data_root=" + kFixtures});
+  return flags;
 }
 
-class S3BlobsServerTest : public ::testing::Test {
+class S3BlobsServerTest : public store::testing::SharedMotoTest {
  protected:
-  void SetUp() override {
-    absl::StatusOr<const store::testing::SharedMoto*> moto = store::testing::Moto();
-    if (absl::IsNotFound(moto.status())) GTEST_SKIP() << moto.status().message();
-    ASSERT_TRUE(moto.ok()) << moto.status();
-    moto_ = *moto;
-    auto client = s3::S3Client::Create(s3::testing::FastClientOptions(endpoint(), moto_->credentials));
-    ASSERT_TRUE(client.ok()) << client.status();
-    client_ = *std::move(client);
-    absl::StatusOr<std::string> bucket = store::testing::NewBucket(*client_);
-    ASSERT_TRUE(bucket.ok()) << bucket.status();
-    bucket_ = *bucket;
-  }
-  std::string endpoint() const { return moto_->server->endpoint(); }
   std::vector<std::string> Flags() {
     return BucketFlags(endpoint(), moto_->credentials, bucket_, tmp_.File("secret"));
   }
@@ -93,9 +76,6 @@ class S3BlobsServerTest : public ::testing::Test {
     return digests;
   }
 
-  const store::testing::SharedMoto* moto_ = nullptr;
-  std::unique_ptr<s3::S3Client> client_;
-  std::string bucket_;
   TempDir tmp_;
 };
 

@@ -439,22 +439,6 @@ TEST_F(ServerTest, ClientStreamedBatchesAreRecalibratedLikeFiles) {
 }
 
 
-// ResNet-18 on 32x32 center crops of an image folder, 3 images a batch.
-v1::SubmitJobRequest ImageJob(const std::string& model_id, const std::string& path,
-                              v1::ImageFolderSource::OnBad on_bad = v1::ImageFolderSource::ON_BAD_UNSPECIFIED) {
-  v1::SubmitJobRequest request;
-  request.mutable_spec()->set_model_id(model_id);
-  request.mutable_spec()->set_batch_size(3);
-  v1::ImageFolderSource* folder = request.mutable_spec()->mutable_data()->mutable_image_folder();
-  folder->set_path(path);
-  folder->set_resize(36);
-  folder->set_crop(32);
-  for (float m : {0.485f, 0.456f, 0.406f}) folder->add_mean(m);
-  for (float s : {0.229f, 0.224f, 0.225f}) folder->add_std(s);
-  folder->set_on_bad(on_bad);
-  return request;
-}
-
 // The final summary of a job that ended (from its events).
 v1::RunReport Summary(v1::Recal::Stub& stub, const std::string& id) {
   for (const v1::JobEvent& event : Watch(stub, id)) {

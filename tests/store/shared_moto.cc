@@ -1,5 +1,7 @@
 #include "tests/store/shared_moto.h"
 
+#include <sys/stat.h>
+
 #include <atomic>
 #include <memory>
 
@@ -35,6 +37,27 @@ absl::StatusOr<std::string> NewBucket(s3::S3Client& client) {
   std::string bucket = absl::StrCat("recal-blobs-", next++);
   if (absl::Status made = client.CreateBucket(bucket); !made.ok()) return made;
   return bucket;
+}
+
+void SharedMotoTest::SetUp() {
+  absl::StatusOr<const SharedMoto*> moto = Moto();
+  if (absl::IsNotFound(moto.status())) GTEST_SKIP() << moto.status().message();
+  ASSERT_TRUE(moto.ok()) << moto.status();
+  moto_ = *moto;
+  auto client = s3::S3Client::Create(s3::testing::FastClientOptions(endpoint(), moto_->credentials));
+  ASSERT_TRUE(client.ok()) << client.status();
+  client_ = *std::move(client);
+  absl::StatusOr<std::string> bucket = NewBucket(*client_);
+  ASSERT_TRUE(bucket.ok()) << bucket.status();
+  bucket_ = *bucket;
+}
+
+std::vector<std::string> ServerS3Flags(const std::string& endpoint, const s3::Credentials& credentials,
+                                       const std::string& secret_dir) {
+  ::mkdir(secret_dir.c_str(), 0700);
+  recal::testing::WriteBytes(secret_dir + "/access_key_id", credentials.access_key_id + "\n");
+  recal::testing::WriteBytes(secret_dir + "/secret_access_key", credentials.secret_access_key + "\n");
+  return {"--s3_endpoint=" + endpoint, "--s3_credentials_dir=" + secret_dir};
 }
 
 }  // namespace recal::store::testing

@@ -1,0 +1,46 @@
+// Where s3:// data specs are read (s3_sources.h): what the sources need of a bucket, three
+// calls, behind one interface so that the same sources run wherever the network is.
+//
+//  - ConnectBucket: this process talks to the endpoint itself with its own configuration
+//    (recal-run; the server's trusted worker runner).
+//  - A sandboxed recal-worker has no network and no credentials: its ObjectStorage
+//    (server/worker/remote_objects.h) asks the runner that started it for byte ranges of the
+//    objects the runner found for the job, over the pipes they share; the runner answers
+//    with a ConnectBucket storage (server/jobs/remote_reads.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "server/data/random_access_file.h"
+#include "server/s3/s3_client.h"
+
+namespace recal::data {
+
+class ObjectStorage {
+ public:
+  virtual ~ObjectStorage() = default;
+
+  // The object's size and version (a HEAD). NOT_FOUND naming the bucket or the key.
+  virtual absl::StatusOr<s3::ObjectInfo> Stat(const std::string& bucket, const std::string& key) = 0;
+  // Every object whose key starts with `prefix`, in key order.
+  virtual absl::StatusOr<std::vector<s3::ObjectInfo>> List(const std::string& bucket, const std::string& prefix) = 0;
+  // Exactly out.size() bytes of `object` from offset, of the version Stat or List saw
+  // (FAILED_PRECONDITION once it was replaced). Thread-safe.
+  virtual absl::Status Read(const std::string& bucket, const s3::ObjectInfo& object, int64_t offset,
+                            absl::Span<char> out) = 0;
+};
+
+// The bucket's endpoint under `options` (recal-run's or the server's own configuration).
+absl::StatusOr<std::shared_ptr<ObjectStorage>> ConnectBucket(const s3::S3ClientOptions& options);
+
+// An object as a file read by ranges (random_access_file.h), never whole; named
+// s3://BUCKET/KEY in messages.
+std::shared_ptr<const RandomAccessFile> ObjectFile(std::shared_ptr<ObjectStorage> storage, std::string bucket,
+                                                   s3::ObjectInfo object);
+
+}  // namespace recal::data
