@@ -95,34 +95,21 @@ absl::StatusOr<v1::Job> JobManager::Visible(const Caller& caller, const std::str
   return job;
 }
 
-absl::Status JobManager::CheckQuotasLocked(const std::string& tenant) {
-  if (!options_.limits) return absl::OkStatus();
+store::JobQuota JobManager::QuotaOf(const std::string& tenant) const {
+  store::JobQuota quota;
+  if (!options_.limits) return quota;
   const TenantLimits limits = options_.limits(tenant);
-  if (limits.max_active_jobs > 0) {
-    auto usage = repository_.Usage(tenant);
-    if (!usage.ok()) return usage.status();
-    if (usage->active_jobs >= limits.max_active_jobs) {
-      return absl::ResourceExhaustedError(absl::StrCat("tenant ", tenant, " has ", usage->active_jobs,
-                                                       " jobs queued or running, its quota max_active_jobs=",
-                                                       limits.max_active_jobs, "; retry when one has ended"));
-    }
-  }
-  std::deque<absl::Time>& recent = recent_submissions_[tenant];
-  const absl::Time now = absl::Now();
-  while (!recent.empty() && now - recent.front() >= absl::Minutes(1)) recent.pop_front();
-  if (limits.max_submissions_per_minute > 0 &&
-      static_cast<int64_t>(recent.size()) >= limits.max_submissions_per_minute) {
-    return absl::ResourceExhaustedError(absl::StrCat("tenant ", tenant, " submitted ", recent.size(),
-                                                     " jobs in the last minute, its quota max_submissions_per_minute=",
-                                                     limits.max_submissions_per_minute, "; retry later"));
-  }
-  return absl::OkStatus();
+  quota.max_active_jobs = limits.max_active_jobs;
+  quota.max_submissions_per_minute = limits.max_submissions_per_minute;
+  return quota;
 }
 
 absl::StatusOr<v1::Job> JobManager::Submit(const Caller& caller, const v1::SubmitJobRequest& request) {
   if (stopping_) return absl::UnavailableError("the server is shutting down");
   if (absl::Status valid = ValidateSpec(caller.tenant, request.spec()); !valid.ok()) return valid;
-  // One submission at a time past this point, so that the queue's bound and quotas hold.
+  // One submission at a time past this point, so that the queue's bound holds. The tenant's
+  // quotas are the store's to check, in the transaction that creates the job, so that they
+  // hold across api replicas too.
   std::lock_guard<std::mutex> lock(submit_mu_);
   v1::Job job;
   job.set_id(NewJobId());
@@ -130,17 +117,16 @@ absl::StatusOr<v1::Job> JobManager::Submit(const Caller& caller, const v1::Submi
   job.set_request_id(request.request_id());
   *job.mutable_spec() = request.spec();
   if (!request.request_id().empty()) {
-    // A retried submission is answered with its job, over quota or not.
+    // A retried submission is answered with its job, the queue full or not (and over quota
+    // or not: the store looks it up before it counts).
     auto existing = repository_.FindByRequestId(caller.tenant, request.request_id());
     if (existing.ok()) return existing;
     if (!absl::IsNotFound(existing.status())) return existing.status();
   }
   if (absl::Status room = scheduler_.CheckCapacity(); !room.ok()) return room;
-  if (absl::Status quota = CheckQuotasLocked(caller.tenant); !quota.ok()) return quota;
   bool created = false;
-  auto stored = repository_.Create(job, &created);
+  auto stored = repository_.Create(job, &created, QuotaOf(caller.tenant));
   if (!stored.ok() || !created) return stored;
-  recent_submissions_[caller.tenant].push_back(absl::Now());
   if (options_.scheduler.metrics) options_.scheduler.metrics->JobsSubmitted(stored->tenant()).Increment();
   log::Info("job submitted", {{"job_id", stored->id()},
                               {"tenant", stored->tenant()},

@@ -6,8 +6,6 @@
 
 #include <functional>
 #include <atomic>
-#include <deque>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -113,8 +111,8 @@ class JobManager {
   absl::Status ValidateSpec(const std::string& tenant, const v1::JobSpec& spec);
   // The job if the caller may see it; NOT_FOUND (worded as for a missing job) otherwise.
   absl::StatusOr<v1::Job> Visible(const Caller& caller, const std::string& id);
-  // Active jobs and submissions per minute (caller holds submit_mu_).
-  absl::Status CheckQuotasLocked(const std::string& tenant);
+  // The tenant's limits on active jobs and submissions per minute, for the store to check.
+  store::JobQuota QuotaOf(const std::string& tenant) const;
   // The job a client pushes to (a message naming `id` and `shard`) if it is visible, takes a
   // client stream and has that shard, and the id of the feed (the job's or the shard's).
   struct PushTarget {
@@ -135,7 +133,6 @@ class JobManager {
   Scheduler scheduler_;
   std::atomic<bool> stopping_{false};
   std::mutex submit_mu_;
-  std::map<std::string, std::deque<absl::Time>> recent_submissions_;  // per tenant, the last minute's
   // Other processes' changes (PostgreSQL's NOTIFY): watchers and idle workers look at once
   // instead of at their next poll. Last: it goes first, before what its callback touches.
   std::unique_ptr<store::ChangeWatch> change_watch_;

@@ -36,7 +36,7 @@ std::string ShardJobId(const std::string& parent_id, int index) { return absl::S
 JobRepository::JobRepository(store::MetadataStore* metadata, EventHub* events)
     : metadata_(metadata), events_(events) {}
 
-absl::StatusOr<v1::Job> JobRepository::Create(v1::Job job, bool* created) {
+absl::StatusOr<v1::Job> JobRepository::Create(v1::Job job, bool* created, store::JobQuota quota) {
   job.set_state(v1::QUEUED);
   job.set_attempts(0);
   job.clear_progress();
@@ -44,6 +44,7 @@ absl::StatusOr<v1::Job> JobRepository::Create(v1::Job job, bool* created) {
   job.clear_start_time();
   job.clear_end_time();
   *job.mutable_create_time() = NowTimestamp();
+  if (quota.now_ms == 0) quota.now_ms = TimeUtil::TimestampToMilliseconds(job.create_time());
   v1::JobEvent queued;
   queued.set_state(v1::QUEUED);
   std::vector<store::NewJob> children;
@@ -58,7 +59,7 @@ absl::StatusOr<v1::Job> JobRepository::Create(v1::Job job, bool* created) {
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
-  auto stored = metadata_->CreateJob(job, created, {queued}, std::move(children));
+  auto stored = metadata_->CreateJob(job, created, {queued}, std::move(children), quota);
   if (!stored.ok() || !*created) return stored;
   events_->Publish();
   return stored;
@@ -78,8 +79,6 @@ absl::StatusOr<store::JobPage> JobRepository::List(const std::string& tenant, co
                                                    int page_size, const std::string& page_token) {
   return metadata_->ListJobs(tenant, states, page_size, page_token);
 }
-
-absl::StatusOr<store::TenantUsage> JobRepository::Usage(const std::string& tenant) { return metadata_->Usage(tenant); }
 
 absl::StatusOr<std::vector<v1::Job>> JobRepository::InStates(const std::vector<v1::JobState>& states) {
   return metadata_->JobsInStates(states);

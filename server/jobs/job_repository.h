@@ -42,7 +42,9 @@ class JobRepository {
   // Stores `job` (its id, request_id and spec; state, times and counters are set here) as
   // QUEUED. A job with the same non-empty request_id is returned instead, `*created` false.
   // A sharded job (spec.shards > 1) is stored with its shards, QUEUED too, in one step.
-  absl::StatusOr<v1::Job> Create(v1::Job job, bool* created);
+  // Within the tenant's `quota`, counted by the store in that step (RESOURCE_EXHAUSTED over
+  // it); its now_ms, if 0, is the job's create_time.
+  absl::StatusOr<v1::Job> Create(v1::Job job, bool* created, store::JobQuota quota = {});
   // The shards of a sharded job, by index.
   absl::StatusOr<std::vector<v1::Job>> Children(const std::string& parent_id);
   absl::StatusOr<v1::Job> Get(const std::string& id);  // NOT_FOUND
@@ -50,7 +52,6 @@ class JobRepository {
   // `tenant` empty: every tenant's.
   absl::StatusOr<store::JobPage> List(const std::string& tenant, const std::vector<v1::JobState>& states,
                                       int page_size, const std::string& page_token);
-  absl::StatusOr<store::TenantUsage> Usage(const std::string& tenant);
   absl::StatusOr<std::vector<v1::Job>> InStates(const std::vector<v1::JobState>& states);
   absl::StatusOr<std::vector<v1::JobEvent>> EventsAfter(const std::string& id, int64_t after_seq, int limit);
   absl::StatusOr<store::ResultRef> Result(const std::string& id, v1::Artifact artifact);

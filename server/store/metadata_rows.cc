@@ -86,4 +86,22 @@ void SortByShard(std::vector<v1::Job>& children) {
                    [](const v1::Job& a, const v1::Job& b) { return a.shard() < b.shard(); });
 }
 
+int64_t CreatedMs(const JobQuota& quota) {
+  return quota.now_ms != 0 ? quota.now_ms : absl::ToUnixMillis(absl::Now());
+}
+
+absl::Status CheckQuota(const std::string& tenant, const JobQuota& quota, int64_t active, int64_t recent) {
+  if (quota.max_active_jobs > 0 && active >= quota.max_active_jobs) {
+    return absl::ResourceExhaustedError(absl::StrCat("tenant ", tenant, " has ", active,
+                                                     " jobs queued or running, its quota max_active_jobs=",
+                                                     quota.max_active_jobs, "; retry when one has ended"));
+  }
+  if (quota.max_submissions_per_minute > 0 && recent >= quota.max_submissions_per_minute) {
+    return absl::ResourceExhaustedError(absl::StrCat("tenant ", tenant, " submitted ", recent,
+                                                     " jobs in the last minute, its quota max_submissions_per_minute=",
+                                                     quota.max_submissions_per_minute, "; retry later"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace recal::store::internal::rows

@@ -37,6 +37,20 @@ void SetNow(google::protobuf::Timestamp* ts);
 // INVALID_ARGUMENT naming the first that is not.
 absl::Status CheckNewJobs(const v1::Job& job, const std::vector<NewJob>& children);
 
+// The creation time a new job is stored with: quota.now_ms, or the clock's now.
+int64_t CreatedMs(const JobQuota& quota);
+// Whether `quota` limits anything, i.e. whether CreateJob must count the tenant's jobs.
+inline bool Limits(const JobQuota& quota) {
+  return quota.max_active_jobs > 0 || quota.max_submissions_per_minute > 0;
+}
+// The submissions quota counts top-level jobs whose created_ms is after this, for a job
+// created at `now_ms`.
+inline int64_t MinuteBefore(int64_t now_ms) { return now_ms - 60 * 1000; }
+// RESOURCE_EXHAUSTED naming the first limit of `quota` that the tenant's `active` top-level
+// jobs (queued, running or cancelling) or its `recent` ones (created in the minute before)
+// have reached; OK when there is room for one more.
+absl::Status CheckQuota(const std::string& tenant, const JobQuota& quota, int64_t active, int64_t recent);
+
 // Sorts a sharded job's children, read in create_seq order, by shard index (stable: equal
 // indexes stay in create_seq order).
 void SortByShard(std::vector<v1::Job>& children);

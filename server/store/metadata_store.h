@@ -34,6 +34,17 @@ struct TenantUsage {
   int64_t stored_bytes = 0;  // its models and its jobs' results
 };
 
+// A tenant's submission quotas (0: no limit), which CreateJob checks in the transaction that
+// stores the job: counted in the store, they hold across every process on it (api replicas
+// behind a load balancer), not per process.
+struct JobQuota {
+  int64_t max_active_jobs = 0;             // top-level jobs QUEUED, RUNNING or CANCELLING
+  int64_t max_submissions_per_minute = 0;  // top-level jobs created in the minute before now_ms
+  // When the job is submitted (Unix ms): stored as its creation time, and the end of the
+  // minute counted. 0: the store's clock.
+  int64_t now_ms = 0;
+};
+
 // The tenant of everything made while authentication is off, and of all rows a database
 // from before tenants had.
 inline constexpr char kDefaultTenant[] = "default";
@@ -107,11 +118,16 @@ class MetadataStore {
   // `events` are stored with a new job, in the same transaction (a claimer in another
   // thread or process never sees the job without them), and so are `children` (the shards
   // of a sharded job: parent_id = job.id, no request_id) with their events.
-  // A job with a parent_id is a shard: ListJobs, Usage, CountJobsUsingModel and
-  // CountJobsInStates count top-level jobs only.
+  // A job with a parent_id is a shard: ListJobs, Usage, CountJobsUsingModel, CountJobsInStates
+  // and `quota` count top-level jobs only.
+  // Over a limit of `quota` (the tenant's jobs counted in the same transaction as the insert,
+  // so two processes creating at once cannot both pass): RESOURCE_EXHAUSTED naming it, and
+  // nothing stored. An existing request_id is looked up first: a retried submission is
+  // answered with its job, over quota or not.
   virtual absl::StatusOr<v1::Job> CreateJob(const v1::Job& job, bool* created,
                                             std::vector<v1::JobEvent> events = {},
-                                            std::vector<NewJob> children = {}) = 0;
+                                            std::vector<NewJob> children = {},
+                                            const JobQuota& quota = {}) = 0;
   // The shards of a sharded job, by shard index.
   virtual absl::StatusOr<std::vector<v1::Job>> ChildJobs(const std::string& parent_id) = 0;
   virtual absl::StatusOr<v1::Job> GetJob(const std::string& id) = 0;  // NOT_FOUND

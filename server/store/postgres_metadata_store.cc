@@ -25,10 +25,16 @@ using namespace internal::rows;  // NOLINT: the rows helpers are this file's voc
 
 // The row of schema_version. 2 is SQLite's version 2, table for table (PostgreSQL stores
 // began there). Bump it, and add a step in MigrateSchema, whenever a table changes.
-constexpr int64_t kSchemaVersion = 5;
+constexpr int64_t kSchemaVersion = 6;
 
 // The advisory lock that whoever creates or migrates the schema holds: "recal" and a 1.
 constexpr int64_t kSchemaLockKey = 0x726563616c000001;
+
+// The advisory locks CreateJob holds on a tenant while it counts the tenant's jobs for its
+// quotas and inserts the new one: the two-key form, this class ("rec1") and hashtext(tenant).
+// Two keys do not share the one-key space kSchemaLockKey is in; tenants whose names hash
+// alike only wait for each other.
+constexpr int32_t kTenantQuotaLockClass = 0x72656331;
 
 // As in SQLite's schema: create_seq orders "newest first" and page tokens without depending
 // on clocks; models are per tenant, request_ids unique within their tenant (NULL = none;
@@ -105,6 +111,14 @@ CREATE TABLE worker_endpoints (
 );
 )sql";
 
+// Version 6: when each job was created (Unix ms), as in SQLite's version 6: CreateJob counts
+// it for the per-minute submission quota. Rows from before have none (NULL) and no minute
+// counts them.
+constexpr char kJobsV6[] = R"sql(
+ALTER TABLE jobs ADD COLUMN created_ms BIGINT;
+CREATE INDEX jobs_created_by_tenant ON jobs(tenant, created_ms);
+)sql";
+
 // "($3,$4,$5)" for a state filter whose parameters start at $first.
 std::string Placeholders(int first, size_t n) {
   std::string s = "(";
@@ -155,9 +169,17 @@ struct PostgresMetadataStore::Impl {
   // Replaces the job's row (and so locks it).
   absl::Status WriteJob(const v1::Job& job, int64_t expected_version = -1);
   absl::Status InsertResult(const std::string& job_id, v1::Artifact artifact, const ResultRef& ref);
-  // Inserts a new job, unless its id, or its tenant and request_id, are taken (waiting for
-  // a concurrent writer of the same key): whether it was inserted.
-  absl::StatusOr<bool> InsertJob(const v1::Job& job);
+  // Inserts a new job created at `created_ms`, unless its id, or its tenant and request_id,
+  // are taken (waiting for a concurrent writer of the same key): whether it was inserted.
+  absl::StatusOr<bool> InsertJob(const v1::Job& job, int64_t created_ms);
+  // The tenant's job with `request_id`, if any.
+  absl::StatusOr<std::optional<v1::Job>> JobWithRequestId(const std::string& tenant, const std::string& request_id);
+  // Holds the tenant's quota lock until the caller's transaction ends, which must not have
+  // run a statement yet.
+  absl::Status LockTenantQuota(const std::string& tenant);
+  // CheckQuota on the tenant's jobs for a job created at `now_ms`; the caller holds the
+  // tenant's quota lock.
+  absl::Status CheckQuotaLocked(const std::string& tenant, const JobQuota& quota, int64_t now_ms);
 };
 
 template <typename Op>
@@ -192,7 +214,7 @@ absl::Status PostgresMetadataStore::Impl::MigrateSchema() {
     }
   }
   if (version == kSchemaVersion) return absl::OkStatus();  // rolls back the empty transaction
-  if (version != 0 && version != 2 && version != 3 && version != 4) {
+  if (version != 0 && version != 2 && version != 3 && version != 4 && version != 5) {
     return absl::FailedPreconditionError(absl::StrCat(
         "database ", conn.where(), " has schema version ", version, " but this recal-server knows only ",
         kSchemaVersion, "; run a matching server or point --store elsewhere"));
@@ -212,7 +234,8 @@ absl::Status PostgresMetadataStore::Impl::MigrateSchema() {
   }
   // Every existing job stays top-level and uncoordinated: the columns' defaults.
   if (version < 4) RECAL_RETURN_IF_ERROR(conn.ExecScript(kJobsV4));
-  RECAL_RETURN_IF_ERROR(conn.ExecScript(kWorkerEndpointsV5));
+  if (version < 5) RECAL_RETURN_IF_ERROR(conn.ExecScript(kWorkerEndpointsV5));
+  RECAL_RETURN_IF_ERROR(conn.ExecScript(kJobsV6));
   RECAL_RETURN_IF_ERROR(Exec("DELETE FROM schema_version").status());
   RECAL_RETURN_IF_ERROR(
       Exec("INSERT INTO schema_version(version) VALUES($1)", Params().Int64(kSchemaVersion)).status());
@@ -329,7 +352,7 @@ absl::StatusOr<bool> PostgresMetadataStore::Impl::LockJob(const std::string& id)
   return r.rows() > 0;
 }
 
-absl::StatusOr<bool> PostgresMetadataStore::Impl::InsertJob(const v1::Job& job) {
+absl::StatusOr<bool> PostgresMetadataStore::Impl::InsertJob(const v1::Job& job, int64_t created_ms) {
   Params insert;
   insert.Text(job.id()).Text(job.tenant());
   if (job.request_id().empty()) {
@@ -343,30 +366,84 @@ absl::StatusOr<bool> PostgresMetadataStore::Impl::InsertJob(const v1::Job& job) 
   } else {
     insert.Text(job.parent_id());
   }
-  insert.Int64(IsCoordinated(job) ? 1 : 0);
+  insert.Int64(IsCoordinated(job) ? 1 : 0).Int64(created_ms);
   RECAL_ASSIGN_OR_RETURN(Result inserted,
                          Exec("INSERT INTO jobs(id, tenant, request_id, state, model_id, proto, priority, parent_id, "
-                              "coordinated) VALUES($1, $2, $3, $4, $5, $6, $7, $8, $9 <> 0) ON CONFLICT DO NOTHING",
+                              "coordinated, created_ms) VALUES($1, $2, $3, $4, $5, $6, $7, $8, $9 <> 0, $10) "
+                              "ON CONFLICT DO NOTHING",
                               insert));
   return inserted.Affected() == 1;
 }
 
+absl::StatusOr<std::optional<v1::Job>> PostgresMetadataStore::Impl::JobWithRequestId(const std::string& tenant,
+                                                                                   const std::string& request_id) {
+  RECAL_ASSIGN_OR_RETURN(Result r, Exec("SELECT id, proto FROM jobs WHERE tenant = $1 AND request_id = $2",
+                                        Params().Text(tenant).Text(request_id)));
+  if (r.rows() == 0) return std::optional<v1::Job>();
+  RECAL_ASSIGN_OR_RETURN(v1::Job job, Parse<v1::Job>(r.Bytes(0, 1), "job", r.Bytes(0, 0)));
+  return std::optional<v1::Job>(std::move(job));
+}
+
+absl::Status PostgresMetadataStore::Impl::LockTenantQuota(const std::string& tenant) {
+  // Two processes (api replicas) creating jobs for one tenant at once would otherwise both
+  // count the same rows and both pass. The tenant's advisory lock, held until the
+  // transaction ends, makes them take turns; READ COMMITTED (set here, whatever the server's
+  // default) gives each statement a fresh snapshot, so a count made once the lock is held
+  // sees every job the previous holder committed. Not SERIALIZABLE with retries: that fails
+  // one of two concurrent creators where the lock just makes it wait, and it would also
+  // abort creations over unrelated writes to the rows the count reads (claims, state
+  // changes). Creations that check no limit take no lock: nothing bounds them.
+  RECAL_RETURN_IF_ERROR(Exec("SET TRANSACTION ISOLATION LEVEL READ COMMITTED").status());
+  return Exec(absl::StrCat("SELECT pg_advisory_xact_lock(", kTenantQuotaLockClass, ", hashtext($1))"),
+              Params().Text(tenant))
+      .status();
+}
+
+absl::Status PostgresMetadataStore::Impl::CheckQuotaLocked(const std::string& tenant, const JobQuota& quota,
+                                                           int64_t now_ms) {
+  RECAL_ASSIGN_OR_RETURN(
+      Result r, Exec("SELECT (SELECT COUNT(*) FROM jobs WHERE tenant = $1 AND state IN ($2, $3, $4) "
+                     "AND parent_id IS NULL), "
+                     "(SELECT COUNT(*) FROM jobs WHERE tenant = $1 AND created_ms > $5 AND parent_id IS NULL)",
+                     Params()
+                         .Text(tenant)
+                         .Int64(v1::QUEUED)
+                         .Int64(v1::RUNNING)
+                         .Int64(v1::CANCELLING)
+                         .Int64(MinuteBefore(now_ms))));
+  return CheckQuota(tenant, quota, r.Int64(0, 0), r.Int64(0, 1));
+}
+
 absl::StatusOr<v1::Job> PostgresMetadataStore::CreateJob(const v1::Job& job, bool* created,
                                                          std::vector<v1::JobEvent> events,
-                                                         std::vector<NewJob> children) {
+                                                         std::vector<NewJob> children, const JobQuota& quota) {
   RECAL_RETURN_IF_ERROR(CheckNewJobs(job, children));
+  const int64_t created_ms = CreatedMs(quota);
   return impl_->Run([&]() -> absl::StatusOr<v1::Job> {
     RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn));
+    if (Limits(quota)) {
+      RECAL_RETURN_IF_ERROR(impl_->LockTenantQuota(job.tenant()));
+      // A retried submission is answered with its job, over quota or not.
+      if (!job.request_id().empty()) {
+        RECAL_ASSIGN_OR_RETURN(std::optional<v1::Job> existing,
+                               impl_->JobWithRequestId(job.tenant(), job.request_id()));
+        if (existing) {
+          if (created != nullptr) *created = false;
+          return *std::move(existing);
+        }
+      }
+      RECAL_RETURN_IF_ERROR(impl_->CheckQuotaLocked(job.tenant(), quota, created_ms));
+    }
     // Whichever key collides (id or tenant + request_id), the insert waits for a concurrent
     // writer of the same key and then does nothing; the look-ups below tell which it was,
     // in SQLite's order: an existing request_id wins over an existing id.
-    RECAL_ASSIGN_OR_RETURN(const bool inserted, impl_->InsertJob(job));
+    RECAL_ASSIGN_OR_RETURN(const bool inserted, impl_->InsertJob(job, created_ms));
     if (inserted) {
       for (const v1::JobEvent& event : events) RECAL_RETURN_IF_ERROR(impl_->InsertEvent(job.id(), event).status());
       // The children in order; any id taken fails the whole creation (the transaction rolls
       // back). They have no request_id: only their id can collide.
       for (const NewJob& child : children) {
-        RECAL_ASSIGN_OR_RETURN(const bool child_inserted, impl_->InsertJob(child.job));
+        RECAL_ASSIGN_OR_RETURN(const bool child_inserted, impl_->InsertJob(child.job, created_ms));
         if (!child_inserted) {
           RECAL_ASSIGN_OR_RETURN(const bool exists, impl_->JobExists(child.job.id()));
           if (exists) {
@@ -385,11 +462,10 @@ absl::StatusOr<v1::Job> PostgresMetadataStore::CreateJob(const v1::Job& job, boo
       return job;
     }
     if (!job.request_id().empty()) {
-      RECAL_ASSIGN_OR_RETURN(Result r, impl_->Exec("SELECT id, proto FROM jobs WHERE tenant = $1 AND request_id = $2",
-                                                   Params().Text(job.tenant()).Text(job.request_id())));
-      if (r.rows() > 0) {
+      RECAL_ASSIGN_OR_RETURN(std::optional<v1::Job> existing, impl_->JobWithRequestId(job.tenant(), job.request_id()));
+      if (existing) {
         if (created != nullptr) *created = false;
-        return Parse<v1::Job>(r.Bytes(0, 1), "job", r.Bytes(0, 0));  // the transaction rolls back: nothing written
+        return *std::move(existing);  // the transaction rolls back: nothing written
       }
     }
     RECAL_ASSIGN_OR_RETURN(const bool exists, impl_->JobExists(job.id()));

@@ -25,7 +25,7 @@ using namespace internal::rows;  // NOLINT: the rows helpers are this file's voc
 
 // PRAGMA user_version of the schema below. Bump it (and add a migration step in
 // MigrateSchema) whenever a table changes.
-constexpr int64_t kSchemaVersion = 5;
+constexpr int64_t kSchemaVersion = 6;
 
 // create_seq is a per-table counter, so "newest first" and page tokens do not depend on
 // clock resolution or clock steps. Every model and job belongs to one tenant: a model's
@@ -88,6 +88,14 @@ CREATE TABLE worker_endpoints (
   updated_ms INTEGER NOT NULL
 ) WITHOUT ROWID;
 )sql";
+// Version 6: when each job was created (Unix ms), which CreateJob counts for the per-minute
+// submission quota in the transaction that stores the job. Rows from before have none
+// (NULL) and no minute counts them, as the per-process count this replaces began empty at
+// every start. The same step for a new database and an old one.
+constexpr char kJobsV6[] = R"sql(
+ALTER TABLE jobs ADD COLUMN created_ms INTEGER;
+CREATE INDEX jobs_created_by_tenant ON jobs(tenant, created_ms);
+)sql";
 constexpr char kEventsAndResults[] = R"sql(
 CREATE TABLE events (
   job_id TEXT NOT NULL,
@@ -131,11 +139,16 @@ struct SqliteMetadataStore::Impl {
   absl::Status MigrateV2ToV3();
   absl::Status MigrateV3ToV4();
   absl::Status MigrateV4ToV5();
+  absl::Status MigrateV5ToV6();
   absl::Status InsertModel(const v1::Model& model);
-  absl::Status InsertJob(const v1::Job& job);
+  // `created_ms` nullopt: a row from before version 6 (migrated), which has none.
+  absl::Status InsertJob(const v1::Job& job, std::optional<int64_t> created_ms);
   // Inserts a new job and its events (seq and time assigned). ALREADY_EXISTS if the id is
   // taken. Caller holds a transaction.
-  absl::Status InsertNewJob(const v1::Job& job, std::vector<v1::JobEvent> events);
+  absl::Status InsertNewJob(const v1::Job& job, std::vector<v1::JobEvent> events, int64_t created_ms);
+  // CheckQuota on the tenant's jobs as this transaction sees them, for a job created at
+  // `now_ms`. Caller holds a transaction.
+  absl::Status CheckQuotaLocked(const std::string& tenant, const JobQuota& quota, int64_t now_ms);
   absl::StatusOr<std::vector<v1::Job>> QueryJobs(Query& q);
   absl::StatusOr<bool> JobExists(const std::string& id);
   // Inserts the event with the next seq of the job and the current time. Caller holds a
@@ -166,14 +179,15 @@ absl::Status SqliteMetadataStore::Impl::MigrateSchema() {
     RECAL_RETURN_IF_ERROR(MigrateV2ToV3());
     RECAL_RETURN_IF_ERROR(MigrateV3ToV4());
   } else if (version == 1) {
-    RECAL_RETURN_IF_ERROR(MigrateV1ToV2());  // straight to version 4's columns
+    RECAL_RETURN_IF_ERROR(MigrateV1ToV2());  // straight to version 6's columns of jobs
   } else if (version == 2) {
     RECAL_RETURN_IF_ERROR(MigrateV2ToV3());
     RECAL_RETURN_IF_ERROR(MigrateV3ToV4());
   } else if (version == 3) {
     RECAL_RETURN_IF_ERROR(MigrateV3ToV4());
   }
-  RECAL_RETURN_IF_ERROR(MigrateV4ToV5());
+  if (version < 5) RECAL_RETURN_IF_ERROR(MigrateV4ToV5());
+  if (version != 1) RECAL_RETURN_IF_ERROR(MigrateV5ToV6());  // version 1 went straight to it
   RECAL_RETURN_IF_ERROR(db.Exec(absl::StrCat("PRAGMA user_version = ", kSchemaVersion)));
   return txn.Commit();
 }
@@ -184,6 +198,7 @@ absl::Status SqliteMetadataStore::Impl::MigrateV1ToV2() {
   RECAL_RETURN_IF_ERROR(db.Exec(kTablesV2));
   RECAL_RETURN_IF_ERROR(db.Exec(kJobsV3));
   RECAL_RETURN_IF_ERROR(db.Exec(kJobsV4));
+  RECAL_RETURN_IF_ERROR(db.Exec(kJobsV6));  // InsertJob writes created_ms
   {
     RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT id, proto FROM models_v1 ORDER BY create_seq"));
     while (true) {
@@ -201,7 +216,7 @@ absl::Status SqliteMetadataStore::Impl::MigrateV1ToV2() {
       if (!row) break;
       RECAL_ASSIGN_OR_RETURN(v1::Job job, Parse<v1::Job>(q.Blob(1), "job", q.Text(0)));
       job.set_tenant(kDefaultTenant);
-      RECAL_RETURN_IF_ERROR(InsertJob(job));
+      RECAL_RETURN_IF_ERROR(InsertJob(job, std::nullopt));
     }
   }
   RECAL_RETURN_IF_ERROR(db.Exec("DROP TABLE models_v1; DROP TABLE jobs_v1;"));
@@ -226,6 +241,8 @@ absl::Status SqliteMetadataStore::Impl::MigrateV3ToV4() { return db.Exec(kJobsV4
 
 absl::Status SqliteMetadataStore::Impl::MigrateV4ToV5() { return db.Exec(kWorkerEndpointsV5); }
 
+absl::Status SqliteMetadataStore::Impl::MigrateV5ToV6() { return db.Exec(kJobsV6); }
+
 absl::Status SqliteMetadataStore::Impl::InsertModel(const v1::Model& model) {
   RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("INSERT OR IGNORE INTO models(tenant, id, create_seq, size, proto) "
                                              "VALUES(?1, ?2, (SELECT COALESCE(MAX(create_seq), 0) + 1 FROM models), "
@@ -233,13 +250,18 @@ absl::Status SqliteMetadataStore::Impl::InsertModel(const v1::Model& model) {
   return q.Bind(1, model.tenant()).Bind(2, model.id()).Bind(3, model.size()).BindBlob(4, model.SerializeAsString()).Run();
 }
 
-absl::Status SqliteMetadataStore::Impl::InsertJob(const v1::Job& job) {
+absl::Status SqliteMetadataStore::Impl::InsertJob(const v1::Job& job, std::optional<int64_t> created_ms) {
   RECAL_ASSIGN_OR_RETURN(
       Query q, db.Prepare("INSERT INTO jobs(id, tenant, request_id, state, model_id, create_seq, proto, priority, "
-                          "parent_id, coordinated) "
+                          "parent_id, coordinated, created_ms) "
                           "VALUES(?1, ?2, ?3, ?4, ?5, (SELECT COALESCE(MAX(create_seq), 0) + 1 FROM jobs), ?6, ?7, "
-                          "?8, ?9)"));
+                          "?8, ?9, ?10)"));
   q.Bind(1, job.id()).Bind(2, job.tenant());
+  if (created_ms) {
+    q.Bind(10, *created_ms);
+  } else {
+    q.BindNull(10);
+  }
   if (job.request_id().empty()) {
     q.BindNull(3);
   } else {
@@ -258,10 +280,11 @@ absl::Status SqliteMetadataStore::Impl::InsertJob(const v1::Job& job) {
       .Run();
 }
 
-absl::Status SqliteMetadataStore::Impl::InsertNewJob(const v1::Job& job, std::vector<v1::JobEvent> events) {
+absl::Status SqliteMetadataStore::Impl::InsertNewJob(const v1::Job& job, std::vector<v1::JobEvent> events,
+                                                     int64_t created_ms) {
   RECAL_ASSIGN_OR_RETURN(const bool exists, JobExists(job.id()));
   if (exists) return absl::AlreadyExistsError(absl::StrCat("a job with id '", job.id(), "' already exists"));
-  RECAL_RETURN_IF_ERROR(InsertJob(job));
+  RECAL_RETURN_IF_ERROR(InsertJob(job, created_ms));
   for (v1::JobEvent& event : events) RECAL_RETURN_IF_ERROR(InsertEvent(job.id(), std::move(event)).status());
   return absl::OkStatus();
 }
@@ -402,10 +425,27 @@ absl::StatusOr<bool> SqliteMetadataStore::Impl::JobExists(const std::string& id)
   return q.Bind(1, id).Step();
 }
 
+absl::Status SqliteMetadataStore::Impl::CheckQuotaLocked(const std::string& tenant, const JobQuota& quota,
+                                                         int64_t now_ms) {
+  RECAL_ASSIGN_OR_RETURN(
+      Query q, db.Prepare("SELECT (SELECT COUNT(*) FROM jobs WHERE tenant = ?1 AND state IN (?2, ?3, ?4) "
+                          "AND parent_id IS NULL), "
+                          "(SELECT COUNT(*) FROM jobs WHERE tenant = ?1 AND created_ms > ?5 AND parent_id IS NULL)"));
+  RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, tenant)
+                                             .Bind(2, int64_t{v1::QUEUED})
+                                             .Bind(3, int64_t{v1::RUNNING})
+                                             .Bind(4, int64_t{v1::CANCELLING})
+                                             .Bind(5, MinuteBefore(now_ms))
+                                             .Step());
+  if (!row) return absl::InternalError("counting a tenant's jobs returned no row");
+  return CheckQuota(tenant, quota, q.Int64(0), q.Int64(1));
+}
+
 absl::StatusOr<v1::Job> SqliteMetadataStore::CreateJob(const v1::Job& job, bool* created,
                                                        std::vector<v1::JobEvent> events,
-                                                       std::vector<NewJob> children) {
+                                                       std::vector<NewJob> children, const JobQuota& quota) {
   RECAL_RETURN_IF_ERROR(CheckNewJobs(job, children));
+  const int64_t created_ms = CreatedMs(quota);
   std::lock_guard<std::mutex> lock(impl_->mu);
   Db& db = impl_->db;
   RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
@@ -417,10 +457,16 @@ absl::StatusOr<v1::Job> SqliteMetadataStore::CreateJob(const v1::Job& job, bool*
       return Parse<v1::Job>(q.Blob(1), "job", q.Text(0));  // the transaction rolls back: nothing written
     }
   }
+  // The write transaction (BEGIN IMMEDIATE) has held the database's write lock since it
+  // began: no other connection, in this process or another, stores a job between the count
+  // and the insert.
+  if (Limits(quota)) RECAL_RETURN_IF_ERROR(impl_->CheckQuotaLocked(job.tenant(), quota, created_ms));
   // The parent, then its children in order; any id taken fails the whole creation (the
   // transaction rolls back).
-  RECAL_RETURN_IF_ERROR(impl_->InsertNewJob(job, std::move(events)));
-  for (NewJob& child : children) RECAL_RETURN_IF_ERROR(impl_->InsertNewJob(child.job, std::move(child.events)));
+  RECAL_RETURN_IF_ERROR(impl_->InsertNewJob(job, std::move(events), created_ms));
+  for (NewJob& child : children) {
+    RECAL_RETURN_IF_ERROR(impl_->InsertNewJob(child.job, std::move(child.events), created_ms));
+  }
   RECAL_RETURN_IF_ERROR(txn.Commit());
   if (created != nullptr) *created = true;
   return job;

@@ -139,5 +139,72 @@ TEST_F(JobManagerTest, FilesAWorkerLinkedElsewhereAreNotAdopted) {
   EXPECT_EQ(testing::ReadBytes(secret), "the server's secret");
 }
 
+// Two api replicas (no workers: their jobs stay queued) on one store, each with a connection
+// of its own: a tenant's quotas are counted in the store, so they hold across both.
+TEST_F(JobManagerTest, QuotasHoldAcrossTwoApiReplicasOnOneStore) {
+  jobs_->Shutdown(absl::Seconds(10));  // runs nothing here
+  const std::string u_model = UploadAnyModel(*models_, "u");
+  ASSERT_FALSE(u_model.empty());
+  std::unique_ptr<store::MetadataStore> other_store = *store::OpenMetadataStore(tmp_.File("recal.db"));
+  ModelRegistry other_models(other_store.get(), blobs_.get(), 1 << 20, &runner_);
+  JobManagerOptions options;
+  options.scheduler.devices = {};
+  options.limits = [](const std::string& tenant) {
+    TenantLimits limits;
+    if (tenant == "t") limits.max_active_jobs = 3;
+    if (tenant == "u") limits.max_submissions_per_minute = 2;
+    return limits;
+  };
+  JobManager a(metadata_.get(), blobs_.get(), models_.get(), &runner_, options);
+  JobManager b(other_store.get(), blobs_.get(), &other_models, &runner_, options);
+  ASSERT_TRUE(a.Start().ok());
+  ASSERT_TRUE(b.Start().ok());
+  const auto request = [&](const std::string& request_id = "") {
+    v1::SubmitJobRequest r;
+    r.set_request_id(request_id);
+    r.mutable_spec()->set_model_id(model_id_);
+    r.mutable_spec()->set_batch_size(4);
+    r.mutable_spec()->mutable_data()->mutable_synthetic()->add_sample_shape(3);
+    return r;
+  };
+  JobManager* replicas[] = {&a, &b};
+
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    auto job = replicas[i % 2]->Submit(caller_, request(i == 0 ? "first" : ""));
+    ASSERT_TRUE(job.ok()) << job.status();
+    ids.push_back(job->id());
+  }
+  for (JobManager* replica : replicas) {
+    auto over = replica->Submit(caller_, request());
+    ASSERT_TRUE(absl::IsResourceExhausted(over.status())) << over.status();
+    EXPECT_THAT(over.status().message(), HasSubstr("has 3 jobs queued or running, its quota max_active_jobs=3"));
+  }
+  // A retry through the other replica is answered with its job, over quota or not.
+  auto retried = b.Submit(caller_, request("first"));
+  ASSERT_TRUE(retried.ok()) << retried.status();
+  EXPECT_EQ(retried->id(), ids[0]);
+  // One ends (cancelled through one replica): the other takes one more.
+  ASSERT_TRUE(a.Cancel(caller_, ids[1]).ok());
+  ASSERT_TRUE(b.Submit(caller_, request()).ok());
+  EXPECT_TRUE(absl::IsResourceExhausted(a.Submit(caller_, request()).status()));
+
+  const Caller u{"u"};
+  v1::SubmitJobRequest u_request = request();
+  u_request.mutable_spec()->set_model_id(u_model);
+  auto first = a.Submit(u, u_request);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(b.Submit(u, u_request).ok());
+  ASSERT_TRUE(a.Cancel(u, first->id()).ok());  // submissions, not active jobs
+  for (JobManager* replica : replicas) {
+    auto over = replica->Submit(u, u_request);
+    ASSERT_TRUE(absl::IsResourceExhausted(over.status())) << over.status();
+    EXPECT_THAT(over.status().message(),
+                HasSubstr("submitted 2 jobs in the last minute, its quota max_submissions_per_minute=2"));
+  }
+  a.Shutdown(absl::Seconds(10));
+  b.Shutdown(absl::Seconds(10));
+}
+
 }  // namespace
 }  // namespace recal::jobs

@@ -647,8 +647,9 @@ ShardedJob MakeSharded(const std::string& id, int shards, const std::string& req
   return sharded;
 }
 
-absl::StatusOr<v1::Job> Create(MetadataStore& db, ShardedJob sharded, bool* created = nullptr) {
-  return db.CreateJob(sharded.parent, created, std::move(sharded.events), std::move(sharded.children));
+absl::StatusOr<v1::Job> Create(MetadataStore& db, ShardedJob sharded, bool* created = nullptr,
+                               const JobQuota& quota = {}) {
+  return db.CreateJob(sharded.parent, created, std::move(sharded.events), std::move(sharded.children), quota);
 }
 
 TEST_P(MetadataStoreTest, AShardedJobIsStoredWithItsShardsInOneTransaction) {
@@ -877,6 +878,152 @@ TEST_P(MetadataStoreTest, ConcurrentRunAndCoordinateClaimersOnTwoStoresTakeEachJ
   EXPECT_EQ(std::set<std::string>(coordinated.begin(), coordinated.end()),
             (std::set<std::string>{"s0", "s1", "s2", "s3", "s4", "s5"}));
   EXPECT_EQ(coordinated.size(), 6u);
+}
+
+// ------------------------------------------------------------------------------ quotas
+
+JobQuota Quota(int64_t max_active_jobs, int64_t max_submissions_per_minute, int64_t now_ms) {
+  JobQuota quota;
+  quota.max_active_jobs = max_active_jobs;
+  quota.max_submissions_per_minute = max_submissions_per_minute;
+  quota.now_ms = now_ms;
+  return quota;
+}
+
+// A fixed clock for the minute window: the store takes the submission's time from the quota.
+constexpr int64_t kT0 = 1700000000000;
+
+absl::StatusOr<v1::Job> CreateWithin(MetadataStore& db, const std::string& id, const JobQuota& quota,
+                                     const std::string& request_id = "", const std::string& tenant = "t") {
+  bool created = false;
+  return db.CreateJob(MakeJob(id, v1::QUEUED, request_id, "sha256:m", tenant), &created, {StateEvent(v1::QUEUED)},
+                      {}, quota);
+}
+
+void SetState(MetadataStore& db, const std::string& id, v1::JobState state) {
+  v1::Job job = *db.GetJob(id);
+  job.set_state(state);
+  ASSERT_TRUE(db.UpdateJob(job, StateEvent(state)).ok());
+}
+
+TEST_P(MetadataStoreTest, CreateJobRefusesATenantAtItsActiveJobsQuota) {
+  const JobQuota quota = Quota(/*max_active_jobs=*/2, 0, kT0);
+  bool created = false;
+  // A sharded job is one active job: its three shards are not counted.
+  ASSERT_TRUE(Create(*db_, MakeSharded("p", 3), &created, quota).ok());
+  ASSERT_TRUE(CreateWithin(*db_, "a", quota, "key-a").ok());
+  absl::StatusOr<v1::Job> over = CreateWithin(*db_, "b", quota);
+  ASSERT_TRUE(absl::IsResourceExhausted(over.status())) << over.status();
+  EXPECT_EQ(over.status().message(),
+            "tenant t has 2 jobs queued or running, its quota max_active_jobs=2; retry when one has ended");
+  // Nothing of it was stored.
+  EXPECT_TRUE(absl::IsNotFound(db_->GetJob("b").status()));
+  EXPECT_TRUE(absl::IsNotFound(db_->EventsAfter("b", 0, 0).status()));
+  // A retry of a stored submission is answered with its job, over quota or not.
+  absl::StatusOr<v1::Job> retried =
+      db_->CreateJob(MakeJob("a-again", v1::QUEUED, "key-a"), &created, {StateEvent(v1::QUEUED)}, {}, quota);
+  ASSERT_TRUE(retried.ok()) << retried.status();
+  EXPECT_FALSE(created);
+  EXPECT_EQ(retried->id(), "a");
+  EXPECT_TRUE(absl::IsNotFound(db_->GetJob("a-again").status()));
+  // Another tenant's jobs are not counted.
+  ASSERT_TRUE(CreateWithin(*db_, "u1", quota, "key-a", "u").ok());
+  ASSERT_TRUE(CreateWithin(*db_, "u2", quota, "", "u").ok());
+  // Running and cancelling jobs are active; an ended one makes room.
+  SetState(*db_, "a", v1::RUNNING);
+  EXPECT_TRUE(absl::IsResourceExhausted(CreateWithin(*db_, "b", quota).status()));
+  SetState(*db_, "a", v1::CANCELLING);
+  EXPECT_TRUE(absl::IsResourceExhausted(CreateWithin(*db_, "b", quota).status()));
+  SetState(*db_, "a", v1::CANCELLED);
+  ASSERT_TRUE(CreateWithin(*db_, "b", quota).ok());
+  EXPECT_TRUE(absl::IsResourceExhausted(CreateWithin(*db_, "c", quota).status()));
+  // Shards that run or end change nothing: only the sharded job itself counts.
+  SetState(*db_, "p-0", v1::RUNNING);
+  SetState(*db_, "p-1", v1::SUCCEEDED);
+  EXPECT_TRUE(absl::IsResourceExhausted(CreateWithin(*db_, "c", quota).status()));
+  // No limit: the same store takes it.
+  ASSERT_TRUE(CreateWithin(*db_, "c", Quota(0, 0, kT0)).ok());
+
+  // Both limits reached: the active jobs' is named (it is checked first).
+  const JobQuota both = Quota(1, 1, kT0);
+  ASSERT_TRUE(CreateWithin(*db_, "w1", both, "", "w").ok());
+  absl::StatusOr<v1::Job> refused = CreateWithin(*db_, "w2", both, "", "w");
+  ASSERT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("max_active_jobs=1"), absl::string_view::npos) << refused.status();
+}
+
+TEST_P(MetadataStoreTest, CreateJobRefusesATenantAtItsSubmissionsPerMinuteAsTheMinuteSlides) {
+  const auto at = [](int64_t ms) { return Quota(0, /*max_submissions_per_minute=*/3, kT0 + ms); };
+  bool created = false;
+  // A sharded job is one submission: its three shards are not counted.
+  ASSERT_TRUE(Create(*db_, MakeSharded("p", 3), &created, at(0)).ok());
+  ASSERT_TRUE(CreateWithin(*db_, "a", at(1000), "key-a").ok());
+  ASSERT_TRUE(CreateWithin(*db_, "b", at(2000)).ok());
+  // Submissions, not active jobs: one that has ended still counts.
+  SetState(*db_, "a", v1::CANCELLED);
+  absl::StatusOr<v1::Job> over = CreateWithin(*db_, "c", at(59999));
+  ASSERT_TRUE(absl::IsResourceExhausted(over.status())) << over.status();
+  EXPECT_EQ(over.status().message(),
+            "tenant t submitted 3 jobs in the last minute, its quota max_submissions_per_minute=3; retry later");
+  EXPECT_TRUE(absl::IsNotFound(db_->GetJob("c").status()));
+  // A retry is answered with its job; another tenant has its own minute.
+  absl::StatusOr<v1::Job> retried =
+      db_->CreateJob(MakeJob("a-again", v1::QUEUED, "key-a"), &created, {}, {}, at(59999));
+  ASSERT_TRUE(retried.ok()) << retried.status();
+  EXPECT_FALSE(created);
+  EXPECT_EQ(retried->id(), "a");
+  ASSERT_TRUE(CreateWithin(*db_, "u1", at(59999), "", "u").ok());
+
+  // A minute after p, p is out of the window (and the refused c never was in it).
+  ASSERT_TRUE(CreateWithin(*db_, "c", at(60000)).ok());
+  EXPECT_TRUE(absl::IsResourceExhausted(CreateWithin(*db_, "d", at(60500)).status()));
+  // A minute after a and b, both are out: c and two more.
+  ASSERT_TRUE(CreateWithin(*db_, "d", at(62000)).ok());
+  ASSERT_TRUE(CreateWithin(*db_, "e", at(62000)).ok());
+  absl::StatusOr<v1::Job> again = CreateWithin(*db_, "f", at(62000));
+  ASSERT_TRUE(absl::IsResourceExhausted(again.status())) << again.status();
+  EXPECT_NE(again.status().message().find("submitted 3 jobs"), absl::string_view::npos) << again.status();
+  EXPECT_EQ(Ids(db_->ListJobs("t", {}, 0, "")->jobs), (std::vector<std::string>{"e", "d", "c", "b", "a", "p"}));
+}
+
+// Api replicas are processes with connections of their own: creators on two stores at once
+// never pass a quota between them.
+TEST_P(MetadataStoreTest, ConcurrentCreatorsOnTwoStoresNeverPassAQuota) {
+  std::unique_ptr<MetadataStore> other = OpenDb(spec_);  // another process, as far as the database knows
+  ASSERT_NE(other, nullptr);
+  constexpr int kThreads = 8;  // half on each store
+  constexpr int kAttempts = 3;
+  const int64_t now = absl::ToUnixMillis(absl::Now());
+  for (int round = 0; round < 5; ++round) {
+    for (const bool per_minute : {false, true}) {
+      const std::string tenant = absl::StrCat(per_minute ? "minute-" : "active-", round);
+      const JobQuota quota = per_minute ? Quota(0, 5, now) : Quota(3, 0, now);
+      const int limit = per_minute ? 5 : 3;
+      std::atomic<int> ready{0}, stored{0}, refused{0};
+      std::vector<std::thread> threads;
+      for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] {
+          MetadataStore& store = t % 2 == 0 ? *db_ : *other;
+          ++ready;
+          while (ready.load() < kThreads) std::this_thread::yield();  // all start at once
+          for (int i = 0; i < kAttempts; ++i) {
+            absl::StatusOr<v1::Job> job = CreateWithin(store, absl::StrCat(tenant, "-", t, "-", i), quota, "", tenant);
+            if (job.ok()) {
+              ++stored;
+            } else if (absl::IsResourceExhausted(job.status())) {
+              ++refused;
+            } else {
+              ADD_FAILURE() << job.status();
+            }
+          }
+        });
+      }
+      for (std::thread& thread : threads) thread.join();
+      EXPECT_EQ(stored.load(), limit) << tenant;
+      EXPECT_EQ(refused.load(), kThreads * kAttempts - limit) << tenant;
+      EXPECT_EQ(db_->ListJobs(tenant, {}, 0, "")->jobs.size(), static_cast<size_t>(limit)) << tenant;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, MetadataStoreTest, ::testing::Values("sqlite", "postgresql"),

@@ -9,6 +9,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "server/store/metadata_store.h"
 #include "tests/store/metadata_test_util.h"
@@ -23,6 +24,53 @@ using ::recal::store::test::MakeModel;
 using ::recal::store::test::OpenDb;
 using ::recal::store::test::StateEvent;
 using ::recal::testing::TempDir;
+
+// Schema version 3 as a release made it: version 2's tables and indexes, version 3's columns.
+constexpr char kSchemaV3[] =
+    "CREATE TABLE models (tenant TEXT NOT NULL, id TEXT NOT NULL, create_seq INTEGER NOT NULL UNIQUE, "
+    "size INTEGER NOT NULL, proto BLOB NOT NULL, PRIMARY KEY (tenant, id));"
+    "CREATE TABLE jobs (id TEXT PRIMARY KEY, tenant TEXT NOT NULL, request_id TEXT, state INTEGER NOT NULL, "
+    "model_id TEXT NOT NULL, create_seq INTEGER NOT NULL UNIQUE, proto BLOB NOT NULL, "
+    "UNIQUE (tenant, request_id));"
+    "CREATE INDEX models_by_id ON models(id);"
+    "CREATE INDEX jobs_by_state ON jobs(state, create_seq);"
+    "CREATE INDEX jobs_by_model ON jobs(model_id, state);"
+    "CREATE INDEX jobs_by_tenant ON jobs(tenant, create_seq);"
+    "CREATE TABLE events (job_id TEXT NOT NULL, seq INTEGER NOT NULL, proto BLOB NOT NULL, "
+    "PRIMARY KEY (job_id, seq)) WITHOUT ROWID;"
+    "CREATE TABLE results (job_id TEXT NOT NULL, artifact INTEGER NOT NULL, sha256 TEXT NOT NULL, "
+    "size INTEGER NOT NULL, PRIMARY KEY (job_id, artifact)) WITHOUT ROWID;"
+    "CREATE INDEX results_by_blob ON results(sha256);"
+    "ALTER TABLE jobs ADD COLUMN version INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE jobs ADD COLUMN priority INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE jobs ADD COLUMN started_ms INTEGER;"
+    "ALTER TABLE jobs ADD COLUMN lease_owner TEXT;"
+    "ALTER TABLE jobs ADD COLUMN lease_until_ms INTEGER;"
+    "CREATE INDEX jobs_to_claim ON jobs(state, priority, create_seq);"
+    "CREATE INDEX jobs_started_by_tenant ON jobs(tenant, started_ms);";
+
+// What version 4 (sharded jobs) and version 5 (worker endpoints) added to version 3.
+constexpr char kSchemaV4AndV5[] =
+    "ALTER TABLE jobs ADD COLUMN parent_id TEXT;"
+    "ALTER TABLE jobs ADD COLUMN coordinated INTEGER NOT NULL DEFAULT 0;"
+    "DROP INDEX jobs_to_claim;"
+    "CREATE INDEX jobs_to_claim ON jobs(state, coordinated, priority, create_seq);"
+    "CREATE INDEX jobs_by_parent ON jobs(parent_id, create_seq);"
+    "CREATE TABLE worker_endpoints (owner TEXT PRIMARY KEY, address TEXT NOT NULL, updated_ms INTEGER NOT NULL) "
+    "WITHOUT ROWID;";
+
+// The first column of every row of `sql`, as text ("NULL" for NULL).
+std::vector<std::string> QueryColumn(sqlite3* raw, const std::string& sql) {
+  std::vector<std::string> rows;
+  sqlite3_stmt* stmt = nullptr;
+  EXPECT_EQ(sqlite3_prepare_v2(raw, sql.c_str(), -1, &stmt, nullptr), SQLITE_OK) << sqlite3_errmsg(raw);
+  while (sqlite3_step(stmt) == SQLITE_ROW) {
+    const unsigned char* text = sqlite3_column_text(stmt, 0);
+    rows.push_back(text == nullptr ? "NULL" : reinterpret_cast<const char*>(text));
+  }
+  sqlite3_finalize(stmt);
+  return rows;
+}
 
 TEST(SqliteMetadataStoreTest, ADatabaseFromBeforeTenantsBecomesTheDefaultTenants) {
   TempDir dir;
@@ -77,28 +125,7 @@ TEST(SqliteMetadataStoreTest, ADatabaseFromBeforeShardedJobsKeepsItsJobsTopLevel
     v1::Job queued = MakeJob("queued", v1::QUEUED, "key");
     queued.mutable_spec()->set_priority(3);
     const v1::Job done = MakeJob("done", v1::SUCCEEDED);
-    std::string sql =
-        "CREATE TABLE models (tenant TEXT NOT NULL, id TEXT NOT NULL, create_seq INTEGER NOT NULL UNIQUE, "
-        "size INTEGER NOT NULL, proto BLOB NOT NULL, PRIMARY KEY (tenant, id));"
-        "CREATE TABLE jobs (id TEXT PRIMARY KEY, tenant TEXT NOT NULL, request_id TEXT, state INTEGER NOT NULL, "
-        "model_id TEXT NOT NULL, create_seq INTEGER NOT NULL UNIQUE, proto BLOB NOT NULL, "
-        "UNIQUE (tenant, request_id));"
-        "CREATE INDEX models_by_id ON models(id);"
-        "CREATE INDEX jobs_by_state ON jobs(state, create_seq);"
-        "CREATE INDEX jobs_by_model ON jobs(model_id, state);"
-        "CREATE INDEX jobs_by_tenant ON jobs(tenant, create_seq);"
-        "CREATE TABLE events (job_id TEXT NOT NULL, seq INTEGER NOT NULL, proto BLOB NOT NULL, "
-        "PRIMARY KEY (job_id, seq)) WITHOUT ROWID;"
-        "CREATE TABLE results (job_id TEXT NOT NULL, artifact INTEGER NOT NULL, sha256 TEXT NOT NULL, "
-        "size INTEGER NOT NULL, PRIMARY KEY (job_id, artifact)) WITHOUT ROWID;"
-        "CREATE INDEX results_by_blob ON results(sha256);"
-        "ALTER TABLE jobs ADD COLUMN version INTEGER NOT NULL DEFAULT 0;"
-        "ALTER TABLE jobs ADD COLUMN priority INTEGER NOT NULL DEFAULT 0;"
-        "ALTER TABLE jobs ADD COLUMN started_ms INTEGER;"
-        "ALTER TABLE jobs ADD COLUMN lease_owner TEXT;"
-        "ALTER TABLE jobs ADD COLUMN lease_until_ms INTEGER;"
-        "CREATE INDEX jobs_to_claim ON jobs(state, priority, create_seq);"
-        "CREATE INDEX jobs_started_by_tenant ON jobs(tenant, started_ms);";
+    std::string sql = kSchemaV3;
     absl::StrAppend(&sql, "INSERT INTO jobs(id, tenant, request_id, state, model_id, create_seq, proto, priority) "
                           "VALUES('queued', 't', 'key', ", int{v1::QUEUED}, ", 'sha256:m', 1, x'",
                     absl::BytesToHexString(queued.SerializeAsString()), "', 3);");
@@ -132,22 +159,14 @@ TEST(SqliteMetadataStoreTest, ADatabaseFromBeforeShardedJobsKeepsItsJobsTopLevel
     ASSERT_TRUE(claimed->has_value());
     EXPECT_EQ((*claimed)->id(), "queued");
   }
-  // The schema is version 5's: version 4's columns and indexes, the old rows at their defaults, and
-  // version 5's table of worker endpoints.
+  // The schema is version 6's: version 4's columns and indexes, the old rows at their defaults,
+  // version 5's table of worker endpoints and version 6's creation times (none for old rows).
   sqlite3* raw = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
-  const auto query = [&](const std::string& sql) {
-    std::vector<std::string> rows;
-    sqlite3_stmt* stmt = nullptr;
-    EXPECT_EQ(sqlite3_prepare_v2(raw, sql.c_str(), -1, &stmt, nullptr), SQLITE_OK) << sqlite3_errmsg(raw);
-    while (sqlite3_step(stmt) == SQLITE_ROW) {
-      const unsigned char* text = sqlite3_column_text(stmt, 0);
-      rows.push_back(text == nullptr ? "NULL" : reinterpret_cast<const char*>(text));
-    }
-    sqlite3_finalize(stmt);
-    return rows;
-  };
-  EXPECT_EQ(query("PRAGMA user_version"), std::vector<std::string>{"5"});
+  const auto query = [&](const std::string& sql) { return QueryColumn(raw, sql); };
+  EXPECT_EQ(query("PRAGMA user_version"), std::vector<std::string>{"6"});
+  EXPECT_EQ(query("SELECT COALESCE(created_ms, 'NULL') FROM jobs ORDER BY create_seq"),
+            (std::vector<std::string>{"NULL", "NULL"}));
   EXPECT_EQ(query("SELECT name FROM sqlite_master WHERE name = 'worker_endpoints'"),
             std::vector<std::string>{"worker_endpoints"});
   EXPECT_EQ(query("SELECT id || ':' || COALESCE(parent_id, 'NULL') || ':' || coordinated FROM jobs ORDER BY create_seq"),
@@ -156,6 +175,60 @@ TEST(SqliteMetadataStoreTest, ADatabaseFromBeforeShardedJobsKeepsItsJobsTopLevel
             std::vector<std::string>{"CREATE INDEX jobs_to_claim ON jobs(state, coordinated, priority, create_seq)"});
   EXPECT_EQ(query("SELECT name FROM sqlite_master WHERE name = 'jobs_by_parent'"),
             std::vector<std::string>{"jobs_by_parent"});
+  sqlite3_close(raw);
+}
+
+// Schema version 5 (before jobs had a creation time) as the previous release made it: its
+// jobs count as active for max_active_jobs, and in no minute for max_submissions_per_minute.
+TEST(SqliteMetadataStoreTest, ADatabaseFromBeforeCreationTimesCountsItsJobsAsActiveButInNoMinute) {
+  TempDir dir;
+  const std::string path = dir.File("meta.db");
+  {
+    sqlite3* raw = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
+    const v1::Job queued = MakeJob("queued", v1::QUEUED, "key");
+    const v1::Job done = MakeJob("done", v1::SUCCEEDED);
+    std::string sql = absl::StrCat(kSchemaV3, kSchemaV4AndV5);
+    absl::StrAppend(&sql, "INSERT INTO jobs(id, tenant, request_id, state, model_id, create_seq, proto) "
+                          "VALUES('queued', 't', 'key', ", int{v1::QUEUED}, ", 'sha256:m', 1, x'",
+                    absl::BytesToHexString(queued.SerializeAsString()), "');");
+    absl::StrAppend(&sql, "INSERT INTO jobs(id, tenant, request_id, state, model_id, create_seq, proto) "
+                          "VALUES('done', 't', NULL, ", int{v1::SUCCEEDED}, ", 'sha256:m', 2, x'",
+                    absl::BytesToHexString(done.SerializeAsString()), "');");
+    absl::StrAppend(&sql, "PRAGMA user_version = 5;");
+    ASSERT_EQ(sqlite3_exec(raw, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(raw);
+    sqlite3_close(raw);
+  }
+  {
+    auto db = OpenDb(path);
+    ASSERT_NE(db, nullptr);
+    EXPECT_EQ(db->FindJobByRequestId("t", "key")->id(), "queued");
+    const int64_t now = absl::ToUnixMillis(absl::Now());
+    JobQuota active;
+    active.max_active_jobs = 2;
+    active.now_ms = now;
+    bool created = false;
+    ASSERT_TRUE(db->CreateJob(MakeJob("new", v1::QUEUED), &created, {}, {}, active).ok());
+    absl::StatusOr<v1::Job> over = db->CreateJob(MakeJob("over", v1::QUEUED), &created, {}, {}, active);
+    EXPECT_TRUE(absl::IsResourceExhausted(over.status())) << over.status();  // "queued" and "new"
+    JobQuota minute;
+    minute.max_submissions_per_minute = 2;
+    minute.now_ms = now;
+    ASSERT_TRUE(db->CreateJob(MakeJob("second", v1::QUEUED), &created, {}, {}, minute).ok());
+    over = db->CreateJob(MakeJob("third", v1::QUEUED), &created, {}, {}, minute);
+    ASSERT_TRUE(absl::IsResourceExhausted(over.status())) << over.status();
+    EXPECT_NE(over.status().message().find("submitted 2 jobs"), absl::string_view::npos) << over.status();
+  }
+  sqlite3* raw = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
+  EXPECT_EQ(QueryColumn(raw, "PRAGMA user_version"), std::vector<std::string>{"6"});
+  EXPECT_EQ(QueryColumn(raw, "SELECT id || ':' || COALESCE(created_ms, 'NULL') FROM jobs WHERE created_ms IS NULL "
+                             "ORDER BY create_seq"),
+            (std::vector<std::string>{"queued:NULL", "done:NULL"}));
+  EXPECT_EQ(QueryColumn(raw, "SELECT id FROM jobs WHERE created_ms IS NOT NULL ORDER BY create_seq"),
+            (std::vector<std::string>{"new", "second"}));
+  EXPECT_EQ(QueryColumn(raw, "SELECT sql FROM sqlite_master WHERE name = 'jobs_created_by_tenant'"),
+            std::vector<std::string>{"CREATE INDEX jobs_created_by_tenant ON jobs(tenant, created_ms)"});
   sqlite3_close(raw);
 }
 
