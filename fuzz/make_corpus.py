@@ -395,6 +395,26 @@ def s3_xml_seeds():
     yield "truncated.xml", b"<ListBucketResult><Contents><Key>k"
 
 
+# ---------------------------------------------------------------- a worker's reads of data in a bucket
+
+
+def read_request(id_, obj, offset, length):
+    # worker.v1.Event{read_request = 7: ReadRequest{id, object, offset, length}}
+    return f_bytes(7, f_varint(1, id_) + f_varint(2, obj) + f_varint(3, offset) + f_varint(4, length))
+
+
+def read_request_seeds():
+    yield "whole_small.pb", read_request(1, 0, 0, 10)
+    yield "middle.pb", read_request(2, 2, 1000, 5000)
+    yield "empty_object.pb", read_request(3, 1, 0, 0)
+    yield "past_end.pb", read_request(4, 0, 5, 6)
+    yield "no_such_object.pb", read_request(5, 9, 0, 1)
+    yield "negative.pb", read_request(6, (1 << 64) - 1, (1 << 64) - 2, 4)
+    yield "too_long.pb", read_request(7, 2, 0, (8 << 20) + 1)
+    yield "overflow.pb", read_request(8, 2, 1 << 62, 1 << 62)
+    yield "progress.pb", f_bytes(2, f_varint(1, 3))  # another event: not a read
+
+
 TARGETS = {
     "npy": npy_seeds,
     "safetensors": safetensors_seeds,
@@ -405,6 +425,7 @@ TARGETS = {
     "auth_file": auth_file_seeds,
     "upload_header": upload_header_seeds,
     "s3_xml": s3_xml_seeds,
+    "read_request": read_request_seeds,
 }
 
 
