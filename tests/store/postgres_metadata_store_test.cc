@@ -17,6 +17,7 @@
 namespace recal::store {
 namespace {
 
+using ::recal::store::test::ExpectPreV6JobsCountAsActiveButInNoMinute;
 using ::recal::store::test::Ids;
 using ::recal::store::test::MakeJob;
 using ::recal::store::test::OpenDb;
@@ -179,22 +180,7 @@ TEST_F(PostgresMetadataStoreTest, ADatabaseFromBeforeCreationTimesCountsItsJobsA
   {
     auto db = OpenDb(uri_);
     ASSERT_NE(db, nullptr);
-    EXPECT_EQ(db->FindJobByRequestId("t", "key")->id(), "queued");
-    const int64_t now = absl::ToUnixMillis(absl::Now());
-    JobQuota active;
-    active.max_active_jobs = 2;
-    active.now_ms = now;
-    bool created = false;
-    ASSERT_TRUE(db->CreateJob(MakeJob("new", v1::QUEUED), &created, {}, {}, active).ok());
-    absl::StatusOr<v1::Job> over = db->CreateJob(MakeJob("over", v1::QUEUED), &created, {}, {}, active);
-    EXPECT_TRUE(absl::IsResourceExhausted(over.status())) << over.status();  // "queued" and "new"
-    JobQuota minute;
-    minute.max_submissions_per_minute = 2;
-    minute.now_ms = now;
-    ASSERT_TRUE(db->CreateJob(MakeJob("second", v1::QUEUED), &created, {}, {}, minute).ok());
-    over = db->CreateJob(MakeJob("third", v1::QUEUED), &created, {}, {}, minute);
-    ASSERT_TRUE(absl::IsResourceExhausted(over.status())) << over.status();
-    EXPECT_NE(over.status().message().find("submitted 2 jobs"), absl::string_view::npos) << over.status();
+    ExpectPreV6JobsCountAsActiveButInNoMinute(*db);
   }
   const std::string checks[] = {
       "DO $$ BEGIN IF (SELECT MAX(version) FROM schema_version) <> 6 THEN RAISE 'version'; END IF; END $$",
