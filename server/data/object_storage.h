@@ -35,6 +35,13 @@ class ObjectStorage {
                             absl::Span<char> out) = 0;
 };
 
+// What a data spec in a bucket reads (s3_sources.h, LocateObjects): a tensor file's one
+// object, or an image folder's image objects, in key order.
+struct LocatedObjects {
+  std::string bucket;
+  std::vector<s3::ObjectInfo> objects;
+};
+
 // The bucket's endpoint under `options` (recal-run's or the server's own configuration).
 absl::StatusOr<std::shared_ptr<ObjectStorage>> ConnectBucket(const s3::S3ClientOptions& options);
 

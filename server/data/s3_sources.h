@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "common/data_spec.h"
 #include "server/data/batch_source.h"
+#include "server/data/object_storage.h"
 #include "server/s3/s3_client.h"
 #include "server/s3/s3_config.h"
 
@@ -42,10 +43,7 @@ bool ReadsObjectStorage(const DataSpec& spec);
 // image folder's image objects (one listing, the folder's selection rules applied, in key
 // order), after the path and the roots are checked (no request is made for a path that
 // is refused). A sandboxed worker is given exactly these (server/jobs/worker_runner.cc).
-struct LocatedObjects {
-  std::string bucket;
-  std::vector<s3::ObjectInfo> objects;
-};
+// LocatedObjects: object_storage.h.
 absl::StatusOr<LocatedObjects> LocateObjects(const DataSpec& spec, const InputOptions& options);
 
 // The source for a spec with ReadsObjectStorage (before normalisation and prefetching,

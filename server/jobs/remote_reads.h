@@ -20,7 +20,6 @@
 #include "absl/status/status.h"
 #include "recal/worker/v1/worker.pb.h"
 #include "server/data/object_storage.h"
-#include "server/data/s3_sources.h"
 
 namespace recal::jobs {
 

@@ -28,6 +28,7 @@
 #include "common/sanitizers.h"
 #include "common/data_spec.h"
 #include "server/data/s3_paths.h"
+#include "server/data/s3_sources.h"
 #include "server/jobs/remote_reads.h"
 #include "server/worker/channel.h"
 

@@ -12,7 +12,6 @@
 
 #include "absl/time/time.h"
 #include "server/data/object_storage.h"
-#include "server/data/s3_sources.h"
 #include "server/jobs/job_runner.h"
 
 namespace recal::jobs {
