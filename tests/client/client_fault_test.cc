@@ -52,6 +52,15 @@ class FakeRecal final : public v1::Recal::Service {
   std::vector<int64_t> watch_after;  // after_seq of each WatchJob
   bool watch_always_fails = false;
 
+  // The test sets and reads the fields above between its calls, the handlers on gRPC's
+  // threads: both sides hold mu, since what orders them (a call's reply) is inside gRPC,
+  // where ThreadSanitizer cannot see it.
+  template <typename F>
+  auto Locked(F f) {
+    std::lock_guard<std::mutex> lock(mu);
+    return f();
+  }
+
   grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest* request, v1::Job* job) override {
     std::lock_guard<std::mutex> lock(mu);
     ++get_job_calls;
@@ -89,21 +98,24 @@ class FakeRecal final : public v1::Recal::Service {
   grpc::Status DownloadResult(grpc::ServerContext*, const v1::DownloadResultRequest* request,
                               grpc::ServerWriter<v1::DownloadResultChunk>* writer) override {
     bool break_now;
+    std::string served, digest;
     {
       std::lock_guard<std::mutex> lock(mu);
       download_offsets.push_back(request->offset());
       break_now = break_first_download;
       break_first_download = false;
+      served = artifact;
+      digest = announced_sha256;
     }
     constexpr int64_t kChunk = 1 << 20;
     bool first = true;
-    for (int64_t offset = request->offset(); offset < static_cast<int64_t>(artifact.size());
+    for (int64_t offset = request->offset(); offset < static_cast<int64_t>(served.size());
          offset += kChunk) {
       v1::DownloadResultChunk chunk;
       chunk.set_offset(offset);
-      chunk.set_data(artifact.substr(offset, kChunk));
-      chunk.set_total_size(artifact.size());
-      if (first) chunk.set_sha256(announced_sha256);
+      chunk.set_data(served.substr(offset, kChunk));
+      chunk.set_total_size(served.size());
+      if (first) chunk.set_sha256(digest);
       first = false;
       writer->Write(chunk);
       if (break_now) return Unavailable();
@@ -157,8 +169,8 @@ class FakeRecal final : public v1::Recal::Service {
     {
       std::lock_guard<std::mutex> lock(mu);
       watch_after.push_back(request->after_seq());
+      if (watch_always_fails) return Unavailable();
     }
-    if (watch_always_fails) return Unavailable();
     v1::JobEvent snapshot;
     snapshot.set_seq(request->after_seq());
     snapshot.mutable_snapshot()->set_id(request->id());
@@ -213,23 +225,23 @@ TEST_F(FaultTest, IdempotentCallsAreRetriedOnUnavailableOnly) {
   ClientOptions options;
   options.retry.max_attempts = 3;
   auto client = Connect(options);
-  fake_.get_job_failures = 2;
+  fake_.Locked([&] { fake_.get_job_failures = 2; });
   auto job = client->Get("j1");
   ASSERT_TRUE(job.ok()) << job.status();
-  EXPECT_EQ(fake_.get_job_calls, 3);
+  EXPECT_EQ(fake_.Locked([&] { return fake_.get_job_calls; }), 3);
 
-  fake_.get_job_failures = 5;
+  fake_.Locked([&] { fake_.get_job_failures = 5; });
   auto gave_up = client->Get("j1");
   EXPECT_EQ(gave_up.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(gave_up.status().message(), HasSubstr(target_));
-  EXPECT_EQ(fake_.get_job_calls, 6);
+  EXPECT_EQ(fake_.Locked([&] { return fake_.get_job_calls; }), 6);
 
   // The server's own answers are not retried, nor is a non-idempotent delete.
-  fake_.get_job_failures = 0;
+  fake_.Locked([&] { fake_.get_job_failures = 0; });
   EXPECT_EQ(client->Get("missing").status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(fake_.get_job_calls, 7);
+  EXPECT_EQ(fake_.Locked([&] { return fake_.get_job_calls; }), 7);
   EXPECT_EQ(client->DeleteModel("sha256:x").code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(fake_.delete_calls, 1);
+  EXPECT_EQ(fake_.Locked([&] { return fake_.delete_calls; }), 1);
 }
 
 TEST_F(FaultTest, ARetriedSubmitCarriesTheSameRequestIdAndTheToken) {
@@ -238,30 +250,33 @@ TEST_F(FaultTest, ARetriedSubmitCarriesTheSameRequestIdAndTheToken) {
   auto client = Connect(options);
   auto job = client->Submit(v1::JobSpec());
   ASSERT_TRUE(job.ok()) << job.status();
-  ASSERT_EQ(fake_.request_ids.size(), 2u);
-  EXPECT_EQ(fake_.request_ids[0], fake_.request_ids[1]);
-  EXPECT_EQ(fake_.request_ids[0].size(), 32u);
-  EXPECT_EQ(job->id(), "job-for-" + fake_.request_ids[0]);
-  EXPECT_THAT(fake_.authorization, ElementsAre("Bearer s3cret", "Bearer s3cret"));
+  const std::vector<std::string> ids = fake_.Locked([&] { return fake_.request_ids; });
+  ASSERT_EQ(ids.size(), 2u);
+  EXPECT_EQ(ids[0], ids[1]);
+  EXPECT_EQ(ids[0].size(), 32u);
+  EXPECT_EQ(job->id(), "job-for-" + ids[0]);
+  EXPECT_THAT(fake_.Locked([&] { return fake_.authorization; }), ElementsAre("Bearer s3cret", "Bearer s3cret"));
   EXPECT_NE(Client::NewRequestId(), Client::NewRequestId());
 }
 
 TEST_F(FaultTest, DownloadsResumeAfterABrokenStreamAndVerifyTheDigest) {
-  fake_.artifact = Pattern((3 << 20) + 12345);
-  fake_.announced_sha256 = Sha256Hex(fake_.artifact);
+  fake_.Locked([&] {
+    fake_.artifact = Pattern((3 << 20) + 12345);
+    fake_.announced_sha256 = Sha256Hex(fake_.artifact);
+  });
   auto client = Connect();
   const std::string path = tmp_.File("model.pt");
   auto downloaded = client->Download("j1", v1::MODEL, path);
   ASSERT_TRUE(downloaded.ok()) << downloaded.status();
   EXPECT_EQ(downloaded->resumes, 1);
-  EXPECT_THAT(fake_.download_offsets, ElementsAre(0, 1 << 20));
-  EXPECT_EQ(ReadBytes(path), fake_.artifact);
+  EXPECT_THAT(fake_.Locked([&] { return fake_.download_offsets; }), ElementsAre(0, 1 << 20));
+  EXPECT_EQ(ReadBytes(path), fake_.Locked([&] { return fake_.artifact; }));
 
   // A digest that does not match: DATA_LOSS, and the old file stays as it was.
-  fake_.announced_sha256 = std::string(64, 'a');
+  fake_.Locked([&] { fake_.announced_sha256 = std::string(64, 'a'); });
   auto corrupt = client->Download("j1", v1::MODEL, path);
   EXPECT_EQ(corrupt.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(ReadBytes(path), fake_.artifact);
+  EXPECT_EQ(ReadBytes(path), fake_.Locked([&] { return fake_.artifact; }));
   EXPECT_THAT(tmp_.List(), ElementsAre("model.pt"));
 }
 
@@ -276,8 +291,8 @@ TEST_F(FaultTest, UploadsResumeFromTheCommittedSize) {
   ASSERT_TRUE(uploaded.ok()) << uploaded.status();
   EXPECT_EQ(uploaded->model.id(), "sha256:" + Sha256Hex(bytes));
   EXPECT_EQ(uploaded->resumed_from, 64 << 10);
-  EXPECT_THAT(fake_.upload_starts, ElementsAre(0, 64 << 10));
-  EXPECT_EQ(fake_.uploaded, bytes);
+  EXPECT_THAT(fake_.Locked([&] { return fake_.upload_starts; }), ElementsAre(0, 64 << 10));
+  EXPECT_EQ(fake_.Locked([&] { return fake_.uploaded; }), bytes);
 }
 
 TEST_F(FaultTest, WatchResumesFromTheLastSeqAndGivesUpAfterTheTimeout) {
@@ -295,9 +310,9 @@ TEST_F(FaultTest, WatchResumesFromTheLastSeqAndGivesUpAfterTheTimeout) {
   EXPECT_EQ(job->state(), v1::SUCCEEDED);
   EXPECT_THAT(seqs, ElementsAre(1, 2, 3, 4));
   EXPECT_EQ(snapshots, 2);
-  EXPECT_THAT(fake_.watch_after, ElementsAre(0, 3));
+  EXPECT_THAT(fake_.Locked([&] { return fake_.watch_after; }), ElementsAre(0, 3));
 
-  fake_.watch_always_fails = true;
+  fake_.Locked([&] { fake_.watch_always_fails = true; });
   ClientOptions options;
   options.reconnect_timeout = absl::Milliseconds(300);
   auto impatient = Connect(options);

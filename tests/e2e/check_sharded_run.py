@@ -119,6 +119,8 @@ def main():
                                "--shards", str(shards), "--threads", "1", "--out", out["out"], "--bn_out", out["bn"],
                                "--report", out["report"]] + list(extra))
         out["rc"], out["err"] = rc, err.strip().splitlines()[-1] if err.strip() else ""
+        if "Sanitizer" in err:  # a sanitizer build's report: the last line alone says nothing
+            print(err, flush=True)
         if rc == 0:
             with open(out["report"]) as f:
                 out["rep"] = json.load(f)

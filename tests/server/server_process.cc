@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <iostream>
 #include <regex>
 #include <sstream>
 #include <random>
@@ -118,7 +119,17 @@ ServerProcess::ServerProcess(std::string data_dir, std::vector<std::string> flag
   }
 }
 
-ServerProcess::~ServerProcess() { Kill(); }
+ServerProcess::~ServerProcess() {
+  Kill();
+  // A failed test shows what its servers said: their errors, and a sanitizer's report, which
+  // ends the server (halt_on_error) and so is often why the test failed.
+  if (::testing::Test::HasFailure()) {
+    constexpr size_t kMaxShown = 64 << 10;
+    const std::string text = log();
+    std::cerr << "--- " << log_path_ << (text.size() > kMaxShown ? " (its end)" : "") << ":\n"
+              << text.substr(text.size() > kMaxShown ? text.size() - kMaxShown : 0) << "--- end of the server's log\n";
+  }
+}
 
 std::string ServerProcess::target() const { return "127.0.0.1:" + std::to_string(port_); }
 
