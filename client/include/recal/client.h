@@ -50,7 +50,9 @@ struct RetryOptions {
 struct ClientOptions {
   // TLS: the PEM root certificates, given inline or as a file (the file wins). Both empty
   // and `tls` false: a plaintext channel (unless one of the options below asks for TLS).
-  // `tls` alone: TLS with the system's roots.
+  // `tls` alone: TLS with the system's roots. A TLS client turns off OpenSSL's cleanup at
+  // exit (OPENSSL_INIT_NO_ATEXIT) unless the program initialised OpenSSL first: gRPC's
+  // threads may still be connecting as the program exits.
   std::string tls_root_certs;
   std::string tls_root_certs_file;
   bool tls = false;
