@@ -552,8 +552,8 @@ TEST_F(ClusterStreamTest, PushesThroughEitherReplicaReachTheWorkerRunningTheJob)
   ASSERT_GT(held_pid, 0);
   ASSERT_EQ(::kill(held_pid, SIGSTOP), 0);
   // What is already in flight still lands for a moment (longer on a slow machine or under a
-  // sanitizer): wait until a second passes without a write (3 s at most: the lease), then
-  // watch one more.
+  // sanitizer): wait until a second passes without a write (3 s at most, so that with the
+  // second below the stopped worker keeps its 8 s lease), then watch one more.
   int settled = written;
   for (int i = 0; i < 3; ++i) {
     std::this_thread::sleep_for(std::chrono::seconds(1));
