@@ -1,0 +1,46 @@
+# LibTorch from the PyPI torch wheel in RECAL_PYTHON's environment (scripts/venv.sh makes it;
+# scripts/python-requirements.txt pins it): the imported target recal_libtorch.
+#
+# Not the wheel's own TorchConfig.cmake: for a CUDA wheel it insists on a CUDA toolkit (and
+# would link the toolkit's runtime, not the wheel's), yet the wheel carries every library it
+# needs. So this finds the headers and libraries of the wheel itself, and the binaries run on
+# CPU anywhere and on a GPU where a driver is present.
+#
+# Sets RECAL_TORCH_VERSION, RECAL_TORCH_CUDA (the wheel's CUDA version, empty for a CPU
+# wheel) and RECAL_TORCH_LIB_DIR.
+execute_process(
+  COMMAND ${RECAL_PYTHON} -c
+    "import os, torch; print(os.path.dirname(torch.__file__)); print(torch.__version__); print(torch.version.cuda or ''); print(int(torch._C._GLIBCXX_USE_CXX11_ABI))"
+  OUTPUT_VARIABLE torch_facts OUTPUT_STRIP_TRAILING_WHITESPACE
+  ERROR_VARIABLE torch_error RESULT_VARIABLE torch_result)
+if(NOT torch_result EQUAL 0)
+  message(FATAL_ERROR "RECAL_PYTHON=${RECAL_PYTHON} cannot import torch (${torch_error}): "
+                      "run scripts/venv.sh, or pass -DRECAL_PYTHON=<a python with the torch wheel>")
+endif()
+string(REPLACE "\n" ";" torch_facts "${torch_facts}")
+list(GET torch_facts 0 torch_dir)
+list(GET torch_facts 1 RECAL_TORCH_VERSION)
+list(GET torch_facts 2 RECAL_TORCH_CUDA)
+list(GET torch_facts 3 torch_cxx11_abi)
+set(RECAL_TORCH_LIB_DIR ${torch_dir}/lib)
+
+add_library(recal_libtorch INTERFACE IMPORTED GLOBAL)
+target_include_directories(recal_libtorch SYSTEM INTERFACE
+  ${torch_dir}/include ${torch_dir}/include/torch/csrc/api/include)
+target_compile_definitions(recal_libtorch INTERFACE _GLIBCXX_USE_CXX11_ABI=${torch_cxx11_abi})
+# LibTorch 2.x's headers are C++20: what includes them is built as C++20, the rest of the
+# project stays C++17.
+target_compile_features(recal_libtorch INTERFACE cxx_std_20)
+set(torch_libraries ${RECAL_TORCH_LIB_DIR}/libtorch.so ${RECAL_TORCH_LIB_DIR}/libtorch_cpu.so
+                    ${RECAL_TORCH_LIB_DIR}/libc10.so)
+# A CUDA wheel registers its CUDA kernels and hooks from libtorch_cuda.so's static
+# initialisers: nothing of ours names a symbol in it, so --as-needed would drop it and
+# at::hasCUDA() would say false on a machine with a GPU.
+if(EXISTS ${RECAL_TORCH_LIB_DIR}/libtorch_cuda.so)
+  list(APPEND torch_libraries -Wl,--no-as-needed ${RECAL_TORCH_LIB_DIR}/libtorch_cuda.so
+                              ${RECAL_TORCH_LIB_DIR}/libc10_cuda.so -Wl,--as-needed)
+endif()
+target_link_libraries(recal_libtorch INTERFACE ${torch_libraries})
+# Found at run time from the build tree's RPATH; an installed binary (the image) is given
+# RECAL_TORCH_LIB_DIR's place by its install RPATH (server/CMakeLists.txt).
+message(STATUS "LibTorch ${RECAL_TORCH_VERSION} (CUDA ${RECAL_TORCH_CUDA}) from ${torch_dir}")
