@@ -7,7 +7,8 @@
 # CPU anywhere and on a GPU where a driver is present.
 #
 # Sets RECAL_TORCH_VERSION, RECAL_TORCH_CUDA (the wheel's CUDA version, empty for a CPU
-# wheel) and RECAL_TORCH_LIB_DIR.
+# wheel) and RECAL_TORCH_LIB_DIR; the imported targets recal_libtorch (CPU) and
+# recal_libtorch_cuda (the CUDA kernels besides, where the wheel has them).
 execute_process(
   COMMAND ${RECAL_PYTHON} -c
     "import os, torch; print(os.path.dirname(torch.__file__)); print(torch.__version__); print(torch.version.cuda or ''); print(int(torch._C._GLIBCXX_USE_CXX11_ABI))"
@@ -31,16 +32,20 @@ target_compile_definitions(recal_libtorch INTERFACE _GLIBCXX_USE_CXX11_ABI=${tor
 # LibTorch 2.x's headers are C++20: what includes them is built as C++20, the rest of the
 # project stays C++17.
 target_compile_features(recal_libtorch INTERFACE cxx_std_20)
-set(torch_libraries ${RECAL_TORCH_LIB_DIR}/libtorch.so ${RECAL_TORCH_LIB_DIR}/libtorch_cpu.so
-                    ${RECAL_TORCH_LIB_DIR}/libc10.so)
-# A CUDA wheel registers its CUDA kernels and hooks from libtorch_cuda.so's static
-# initialisers: nothing of ours names a symbol in it, so --as-needed would drop it and
-# at::hasCUDA() would say false on a machine with a GPU.
+# Not libtorch.so: in a CUDA wheel it is a shim that needs libtorch_cuda.so.
+target_link_libraries(recal_libtorch INTERFACE ${RECAL_TORCH_LIB_DIR}/libtorch_cpu.so ${RECAL_TORCH_LIB_DIR}/libc10.so)
+# recal_libtorch_cuda: the CUDA kernels, for the executables that run models on a device
+# (recal-worker, recal-run) and nothing else. A CUDA wheel registers its kernels and hooks
+# from libtorch_cuda.so's static initialisers: nothing of ours names a symbol in it, so
+# --as-needed would drop it and at::hasCUDA() would say false on a machine with a GPU. Only
+# there: cuBLASLt, which it loads, makes civetweb (the /metrics server) fail to start in the
+# same process, and tests that link the engine need no GPU.
+add_library(recal_libtorch_cuda INTERFACE IMPORTED GLOBAL)
+target_link_libraries(recal_libtorch_cuda INTERFACE recal_libtorch)
 if(EXISTS ${RECAL_TORCH_LIB_DIR}/libtorch_cuda.so)
-  list(APPEND torch_libraries -Wl,--no-as-needed ${RECAL_TORCH_LIB_DIR}/libtorch_cuda.so
-                              ${RECAL_TORCH_LIB_DIR}/libc10_cuda.so -Wl,--as-needed)
+  target_link_libraries(recal_libtorch_cuda INTERFACE -Wl,--no-as-needed ${RECAL_TORCH_LIB_DIR}/libtorch_cuda.so
+                        ${RECAL_TORCH_LIB_DIR}/libc10_cuda.so -Wl,--as-needed)
 endif()
-target_link_libraries(recal_libtorch INTERFACE ${torch_libraries})
 # Found at run time from the build tree's RPATH; an installed binary (the image) is given
 # RECAL_TORCH_LIB_DIR's place by its install RPATH (server/CMakeLists.txt).
 message(STATUS "LibTorch ${RECAL_TORCH_VERSION} (CUDA ${RECAL_TORCH_CUDA}) from ${torch_dir}")

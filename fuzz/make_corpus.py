@@ -1,8 +1,8 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Seed inputs for the fuzz targets (fuzz/*_fuzzer.cc), one folder per target.
 
-    /usr/bin/python3 fuzz/make_corpus.py OUT               # every seed, into OUT/<target>/
-    /usr/bin/python3 fuzz/make_corpus.py --max-bytes 512 fuzz/corpus   # the committed ones
+    .venv/bin/python fuzz/make_corpus.py OUT               # every seed, into OUT/<target>/
+    .venv/bin/python fuzz/make_corpus.py --max-bytes 512 fuzz/corpus   # the committed ones
 
 scripts/fuzz.sh writes the full set into build-fuzz/corpus/ (libFuzzer adds what it finds
 there); the small ones are committed under fuzz/corpus/ so that the default build's

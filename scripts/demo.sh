@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh
 out=demo-out
+python=.venv/bin/python  # the project venv (build.sh makes it: scripts/venv.sh)
 mkdir -p "$out"
 fixtures=build/fixtures
 build/bin/recal-run \
@@ -17,5 +18,5 @@ build/bin/recal-run \
   --out "$out/resnet18.recalibrated.pt" \
   --bn_out "$out/resnet18.bn.safetensors" \
   --report "$out/resnet18.report.json"
-/usr/bin/python3 scripts/demo_check.py "$out" "$fixtures"
-/usr/bin/python3 scripts/demo_server.py --server build/bin/recal-server --fixtures "$fixtures" --out "$out"
+"$python" scripts/demo_check.py "$out" "$fixtures"
+"$python" scripts/demo_server.py --server build/bin/recal-server --fixtures "$fixtures" --out "$out"

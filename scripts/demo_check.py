@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Shows what the demo produced: the report's headline numbers, and the recalibrated model
 loaded in Python and compared with the float64 reference."""
 import json

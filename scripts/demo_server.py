@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The main job through the service, the secure way: make a token (recalctl token new), start
 recal-server with the auth file that admits it, upload a real torchvision
 ResNet-18 (TorchScript), submit a job on data under the server's data root, follow its
@@ -6,7 +6,7 @@ events, download the recalibrated model, its BatchNorm buffers and the report, a
 them against the float64 reference. Python stubs are generated from proto/ with Debian's
 protoc and grpc_python_plugin (until the Python client package lands).
 
-    /usr/bin/python3 scripts/demo_server.py --server build/bin/recal-server \
+    .venv/bin/python scripts/demo_server.py --server build/bin/recal-server \
         --fixtures build/fixtures --out demo-out
 """
 import argparse

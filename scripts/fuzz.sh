@@ -44,10 +44,11 @@ cmake --preset fuzz >/dev/null
 cmake --build --preset fuzz -j "$(nproc)"
 
 out=build-fuzz
-if /usr/bin/python3 -c 'import numpy, PIL' 2>/dev/null; then
-  /usr/bin/python3 fuzz/make_corpus.py "$out/corpus" "${targets[@]}" >/dev/null
+python=.venv/bin/python  # scripts/venv.sh (build.sh makes it): numpy and PIL
+if "$python" -c 'import numpy, PIL' 2>/dev/null; then
+  "$python" fuzz/make_corpus.py "$out/corpus" "${targets[@]}" >/dev/null
 else
-  echo "fuzz.sh: no numpy/PIL for /usr/bin/python3: seeds from fuzz/corpus/ only"
+  echo "fuzz.sh: no numpy/PIL for $python: seeds from fuzz/corpus/ only"
 fi
 
 # Reports with file:line; leaks are findings too. UBSan stops at the first report (the

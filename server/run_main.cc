@@ -65,9 +65,9 @@ ABSL_FLAG(std::string, memory_format, "auto",
           "images through depthwise convolutions, or through dense ones from 112x112 up, where it "
           "was measured faster; else contiguous) | contiguous | channels_last");
 ABSL_FLAG(std::string, compute_dtype, "float32",
-          "precision of the forward: float32 (exact, the default) | bfloat16 (CPU or CUDA) | float16 "
-          "(CUDA): autocast, as a model deployed in that precision runs; statistics are still "
-          "accumulated in float64 from what each BatchNorm sees");
+          "precision of the forward: float32 (exact, the default) | bfloat16 | float16: autocast, "
+          "as a model deployed in that precision runs; statistics are still accumulated in float64 "
+          "from what each BatchNorm sees");
 ABSL_FLAG(int32_t, prefetch, 2, "batches prepared ahead on a background thread (0: none)");
 ABSL_FLAG(int32_t, decode_threads, 0, "images: decoding threads (0: the cores, at most 8)");
 

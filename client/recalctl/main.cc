@@ -51,8 +51,8 @@ Job flags (submit, run):
   --batch_size N (32)  --max_batches N  --estimator population|batch_average
   --modules eval|train|as_saved  --include RE  --exclude RE  --target_rel_error E
   --allow_short_data  --priority N  --timeout SECONDS  --label K=V
-  --compute_dtype float32|bfloat16|float16   the forward's precision (autocast; float16:
-                       CUDA workers only); statistics stay float64  --memory_format
+  --compute_dtype float32|bfloat16|float16   the forward's precision (autocast);
+                       statistics stay float64  --memory_format
                        auto|contiguous|channels_last
   --shards K           run as K shards on any workers, merged exactly; with --stream,
                        the local batches are pushed by K concurrent streams, one per shard

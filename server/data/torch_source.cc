@@ -15,6 +15,17 @@
 namespace recal::data {
 namespace {
 
+// What a Python user would call the value's type (LibTorch's tag names are its own: GenericDict).
+std::string PythonTypeOf(const c10::IValue& value) {
+  if (value.isGenericDict()) return "dict";
+  if (value.isInt()) return "int";
+  if (value.isDouble()) return "float";
+  if (value.isBool()) return "bool";
+  if (value.isString()) return "str";
+  if (value.isNone()) return "None";
+  return value.tagKind();
+}
+
 absl::StatusOr<std::vector<NamedInput>> InputsOf(const c10::IValue& value, const std::string& label) {
   std::vector<c10::IValue> items;
   if (value.isTensor()) {
@@ -24,13 +35,13 @@ absl::StatusOr<std::vector<NamedInput>> InputsOf(const c10::IValue& value, const
   } else if (value.isTuple()) {
     for (const c10::IValue& item : value.toTupleRef().elements()) items.push_back(item);
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(label, ": holds a ", value.tagKind(),
+    return absl::InvalidArgumentError(absl::StrCat(label, ": holds a value of type ", PythonTypeOf(value),
                                                    "; expected a tensor or a list/tuple of tensors"));
   }
   std::vector<NamedInput> inputs;
   for (size_t i = 0; i < items.size(); ++i) {
     if (!items[i].isTensor()) {
-      return absl::InvalidArgumentError(absl::StrCat(label, ": element ", i, " is a ", items[i].tagKind(),
+      return absl::InvalidArgumentError(absl::StrCat(label, ": element ", i, " is of type ", PythonTypeOf(items[i]),
                                                      "; expected a tensor or a list/tuple of tensors"));
     }
     // A saved nn.Parameter or a tensor that required grad must not drag autograd along.
@@ -65,17 +76,12 @@ absl::StatusOr<std::unique_ptr<BatchSource>> OpenTorchSource(const std::string& 
     if (!found.ok()) return found.status();
     inputs = *std::move(found);
   } catch (const std::exception& e) {
-    // LibTorch's unpickler knows tensors and containers, not arbitrary Python classes
-    // (nn.Parameter included), so point at what it does read. LibTorch 1.13 also lacks the
-    // APPEND opcode (0x61) that Python's pickle uses for a list of exactly one item.
-    const std::string message = ExceptionMessage(e);
-    const bool one_item_list = absl::StrContains(message, "Unknown opcode for unpickling at 0x61");
+    // LibTorch's unpickler knows tensors and containers, not arbitrary Python classes, so
+    // point at what it does read.
     return absl::InvalidArgumentError(absl::StrCat(
         label, ": cannot load with torch::pickle_load (it reads a torch.save'd tensor or "
-               "list/tuple of tensors; save parameters as p.detach()",
-        one_item_list ? "; a list of one tensor is not readable by LibTorch 1.13: save the "
-                        "tensor itself or a tuple (x,)" : "",
-        "): ", message));
+               "list/tuple of tensors): ",
+        ExceptionMessage(e)));
   }
   if (inputs.empty()) return absl::InvalidArgumentError(absl::StrCat(label, ": holds an empty list"));
   if (inputs.size() == 1) inputs[0].name = "the tensor";

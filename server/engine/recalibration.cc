@@ -244,37 +244,26 @@ void LayOutWeights(torch::jit::Module& model, at::MemoryFormat format) {
 // the casts of weights it caches dropped with it (LibTorch's own scope does the same).
 class AutocastScope {
  public:
-  AutocastScope(const c10::Device& device, ComputeDtype dtype) : cuda_(device.is_cuda()) {
+  AutocastScope(const c10::Device& device, ComputeDtype dtype) : device_type_(device.type()) {
     if (dtype == ComputeDtype::kFloat32) return;
     active_ = true;
-    const at::ScalarType type = dtype == ComputeDtype::kBFloat16 ? at::kBFloat16 : at::kHalf;
-    was_enabled_ = cuda_ ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
-    was_type_ = cuda_ ? at::autocast::get_autocast_gpu_dtype() : at::autocast::get_autocast_cpu_dtype();
-    if (cuda_) {
-      at::autocast::set_autocast_gpu_dtype(type);
-      at::autocast::set_enabled(true);
-    } else {
-      at::autocast::set_autocast_cpu_dtype(type);
-      at::autocast::set_cpu_enabled(true);
-    }
+    was_enabled_ = at::autocast::is_autocast_enabled(device_type_);
+    was_type_ = at::autocast::get_autocast_dtype(device_type_);
+    at::autocast::set_autocast_dtype(device_type_, dtype == ComputeDtype::kBFloat16 ? at::kBFloat16 : at::kHalf);
+    at::autocast::set_autocast_enabled(device_type_, true);
     at::autocast::increment_nesting();
   }
   ~AutocastScope() {
     if (!active_) return;
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    if (cuda_) {
-      at::autocast::set_enabled(was_enabled_);
-      at::autocast::set_autocast_gpu_dtype(was_type_);
-    } else {
-      at::autocast::set_cpu_enabled(was_enabled_);
-      at::autocast::set_autocast_cpu_dtype(was_type_);
-    }
+    at::autocast::set_autocast_enabled(device_type_, was_enabled_);
+    at::autocast::set_autocast_dtype(device_type_, was_type_);
   }
   AutocastScope(const AutocastScope&) = delete;
   AutocastScope& operator=(const AutocastScope&) = delete;
 
  private:
-  const bool cuda_;
+  const c10::DeviceType device_type_;
   bool active_ = false;
   bool was_enabled_ = false;
   at::ScalarType was_type_ = at::kFloat;
@@ -313,10 +302,6 @@ absl::StatusOr<std::unique_ptr<Recalibration>> Recalibration::Create(const std::
   }
   if (options.target_rel_error < 0) {
     return absl::InvalidArgumentError("target_rel_error must not be negative");
-  }
-  if (options.compute_dtype == ComputeDtype::kFloat16 && !device->is_cuda()) {
-    // LibTorch 1.13's CPU autocast runs bfloat16 only.
-    return absl::InvalidArgumentError("compute dtype float16 needs a CUDA device; on the CPU use bfloat16");
   }
   if (options.threads > 0) at::set_num_threads(options.threads);
 

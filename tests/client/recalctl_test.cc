@@ -290,15 +290,14 @@ TEST_F(RecalctlTest, ComputeDtypeAndMemoryFormatReachTheWorkerAndTheReport) {
   EXPECT_GT(error, 1e-5);
   EXPECT_LT(error, 0.1);
 
-  // Names outside the lists are refused at submit (1), float16 on a CPU worker fails the job (5).
+  // Names outside the lists are refused at submit (1); float16 runs on a CPU worker too.
   const Result typo = Ctl({"submit", "--model", "sha256:" + *Sha256OfFile(kModel), "--data",
                            "npy:data/resnet18.npy", "--compute_dtype", "bf16"});
   EXPECT_EQ(typo.exit_code, 1) << typo.err;
   EXPECT_THAT(typo.err, HasSubstr("compute_dtype 'bf16'"));
   const Result half = Ctl({"run", kModel, "--data", "npy:data/resnet18.npy", "-o", tmp_.File("half.pt"),
                            "--batch_size", "8", "--compute_dtype", "float16"});
-  EXPECT_EQ(half.exit_code, 5) << half.err;
-  EXPECT_THAT(half.err, HasSubstr("float16 needs a CUDA device"));
+  EXPECT_EQ(half.exit_code, 0) << half.err;
 }
 
 TEST_F(RecalctlTest, FailedAndCancelledJobsHaveTheirExitCodes) {

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Checks the deployment files without a Docker engine or a Kubernetes cluster (issues 6, 13).
 
   (a) deploy/docker-compose.yml, deploy/prometheus.yml and the Grafana provisioning parse

@@ -1,8 +1,8 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """recal-run on an image folder: BatchNorm statistics against the float64 reference fed
 with torchvision's own tensors.
 
-    /usr/bin/python3 tests/e2e/check_image_folder.py --bin build/bin/recal-run [--keep] [--png-edge-cases]
+    .venv/bin/python tests/e2e/check_image_folder.py --bin build/bin/recal-run [--keep] [--png-edge-cases]
 
 In a temp dir (about 10 s on 2 busy cores):
   1. writes a folder of 46 files with PIL: 43 good images of mixed sizes (60..200 px,

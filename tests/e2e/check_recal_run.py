@@ -1,7 +1,7 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """End-to-end check of the `recal-run` binary against the fixtures' float64 references.
 
-    /usr/bin/python3 tests/e2e/check_recal_run.py --bin build/bin/recal-run --fixtures DIR
+    .venv/bin/python tests/e2e/check_recal_run.py --bin build/bin/recal-run --fixtures DIR
         [--families a,b] [--jobs N] [--keep] [--lenient-stderr]
 
 For every manifest line (all families, all four export variants; --threads 1) it runs

@@ -1,7 +1,7 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """recal-run on data in a bucket: the same results, byte for byte, as on the same local files.
 
-    /usr/bin/python3 tests/e2e/check_s3_run.py --bin build/bin/recal-run --fixtures build/fixtures
+    .venv/bin/python tests/e2e/check_s3_run.py --bin build/bin/recal-run --fixtures build/fixtures
 
 Starts moto_server (an S3-compatible server, from the machine's own Python; exits 77, which
 ctest reports as skipped, where it is not installed) on loopback, puts fixture tensor files

@@ -1,8 +1,8 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Sharded recalibration (`recal-run --shards K`) against the unsharded run and the float64
 reference, on real fixture models and files:
 
-    /usr/bin/python3 tests/e2e/check_sharded_run.py --bin build/bin/recal-run [--keep]
+    .venv/bin/python tests/e2e/check_sharded_run.py --bin build/bin/recal-run [--keep]
 
 For every family below, data whose last batch is partial (a batch of one sample for the
 last_single families), and K = 1, 2, 3, 4:

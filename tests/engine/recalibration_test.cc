@@ -542,9 +542,10 @@ TEST(Recalibration, MergedReportNamesTheLayoutTheShardsRanIn) {
   EXPECT_EQ(merged({&last1, &plain, &last2}), "auto") << "auto chose differently in the shards";
 }
 
-TEST(Recalibration, BFloat16ForwardMeasuresTheActivationsItComputes) {
-  // Under bfloat16 autocast the convolution runs in bfloat16; the BatchNorm's statistics
-  // are those of that bfloat16 output, accumulated in float64.
+// Under reduced-precision autocast (on the CPU: bfloat16 and, since LibTorch 2.x, float16) the
+// convolution runs in that precision; the BatchNorm's statistics are those of its output,
+// accumulated in float64.
+void ExpectForwardMeasuresWhatItComputesIn(ComputeDtype dtype, at::ScalarType type, const std::string& name) {
   recal::testing::TempDir tmp;
   at::manual_seed(12);
   torch::jit::Module net = MakeConvNet(8, /*depthwise=*/false);
@@ -553,39 +554,36 @@ TEST(Recalibration, BFloat16ForwardMeasuresTheActivationsItComputes) {
   std::vector<at::Tensor> batches = {at::randn({8, 8, 12, 12}) + 0.5, at::randn({5, 8, 12, 12}) * 2.0};
   std::vector<at::Tensor> seen;
   for (const at::Tensor& b : batches) {
-    seen.push_back(at::conv2d(b.to(at::kBFloat16), weight.to(at::kBFloat16), {}, 1, 1).to(at::kDouble));
+    seen.push_back(at::conv2d(b.to(type), weight.to(type), {}, 1, 1).to(at::kDouble));
   }
   Options options;
   options.memory_format = MemoryFormat::kContiguous;
-  options.compute_dtype = ComputeDtype::kBFloat16;
+  options.compute_dtype = dtype;
   auto run = RunOn(model, batches, options);
   ASSERT_TRUE(run.ok()) << run.status();
-  EXPECT_EQ((*run)->Report().compute_dtype(), "bfloat16");
-  ASSERT_TRUE((*run)->WriteBatchNormBuffers(tmp.File("bf16.safetensors")).ok());
-  auto bf16 = ReadSafetensors(tmp.File("bf16.safetensors"));
-  ExpectStatsClose(bf16, "bn.", Float64Stats(seen), 1e-6);
+  EXPECT_EQ((*run)->Report().compute_dtype(), name);
+  ASSERT_TRUE((*run)->WriteBatchNormBuffers(tmp.File(name + ".safetensors")).ok());
+  auto reduced = ReadSafetensors(tmp.File(name + ".safetensors"));
+  ExpectStatsClose(reduced, "bn.", Float64Stats(seen), 1e-6);
 
-  // And close to the float32 forward's: bfloat16 keeps 8 significant bits (2^-9 relative
-  // rounding of each input and product; sums accumulate in float32).
+  // And close to the float32 forward's: bfloat16 keeps 8 significant bits, float16 11 (2^-9 or
+  // 2^-12 relative rounding of each input and product; sums accumulate in float32).
   auto exact = RunOn(model, batches, {});
   ASSERT_TRUE(exact.ok()) << exact.status();
   EXPECT_EQ((*exact)->Report().compute_dtype(), "float32");
   ASSERT_TRUE((*exact)->WriteBatchNormBuffers(tmp.File("f32.safetensors")).ok());
   auto f32 = ReadSafetensors(tmp.File("f32.safetensors"));
   const at::Tensor f32_mean = f32["bn.running_mean"].to(at::kDouble), f32_var = f32["bn.running_var"].to(at::kDouble);
-  ExpectStatsClose(bf16, "bn.", {f32_mean, f32_var}, 1e-2);
-  EXPECT_FALSE(bf16["bn.running_var"].equal(f32["bn.running_var"]));  // it did run in bfloat16
+  ExpectStatsClose(reduced, "bn.", {f32_mean, f32_var}, 1e-2);
+  EXPECT_FALSE(reduced["bn.running_var"].equal(f32["bn.running_var"]));  // it did run in that precision
 }
 
-TEST(Recalibration, Float16ForwardNeedsCuda) {
-  recal::testing::TempDir tmp;
-  const std::string model = SaveModule(MakeNet(3), tmp.File("net.pt"));
-  Options options;
-  options.compute_dtype = ComputeDtype::kFloat16;
-  auto run = Recalibration::Create(model, options);
-  ASSERT_FALSE(run.ok());
-  EXPECT_EQ(run.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(run.status().message(), HasSubstr("float16 needs a CUDA device"));
+TEST(Recalibration, BFloat16ForwardMeasuresTheActivationsItComputes) {
+  ExpectForwardMeasuresWhatItComputesIn(ComputeDtype::kBFloat16, at::kBFloat16, "bfloat16");
+}
+
+TEST(Recalibration, Float16ForwardRunsOnTheCpuToo) {
+  ExpectForwardMeasuresWhatItComputesIn(ComputeDtype::kFloat16, at::kHalf, "float16");
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 """The Python client package (client/python/recal) against the real recal-server.
 
 Run by ctest (tests/python_client/CMakeLists.txt) as
-    PYTHONPATH=client/python /usr/bin/python3 -m unittest -v test_client
+    PYTHONPATH=client/python .venv/bin/python -m unittest -v test_client
 with RECAL_SERVER_BIN and RECAL_FIXTURES_DIR set; by hand they default to build/.
 """
 

@@ -5,7 +5,7 @@ stands in for recal-server, whose own TLS is tested in tests/server/; the certif
 come from tests/certs/make_test_certs.sh.
 
 Run by ctest (tests/python_client/CMakeLists.txt) as
-    PYTHONPATH=client/python /usr/bin/python3 -m unittest -v test_tls
+    PYTHONPATH=client/python .venv/bin/python -m unittest -v test_tls
 with RECALCTL_BIN and RECAL_MAKE_TEST_CERTS set; by hand they default to build/ and tests/.
 """
 

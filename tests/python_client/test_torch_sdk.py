@@ -5,7 +5,7 @@ torch.distributed, the PreciseBN hook and do_precise_bn, failures, `pip install`
 virtualenv, and the README's training-loop example.
 
 Run by ctest (tests/python_client/CMakeLists.txt, test python_client_torch) as
-    PYTHONPATH=client/python /usr/bin/python3 -m unittest -v test_torch_sdk
+    PYTHONPATH=client/python .venv/bin/python -m unittest -v test_torch_sdk
 with RECAL_SERVER_BIN set (by hand it defaults to build/bin/recal-server).
 """
 
