@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import types
 import unittest
@@ -513,21 +514,26 @@ class TorchSdkTest(unittest.TestCase):
 
     def test_pip_install_into_a_fresh_virtualenv(self):
         tmp = tempfile.mkdtemp(dir=self.tmp)
+        # A user's environment that already has torch, grpcio and protobuf, offline: a new venv
+        # that sees this venv's packages (a .pth file; --system-site-packages would show the
+        # base interpreter's, not this venv's), installed into by this venv's pip (--python).
         venv = os.path.join(tmp, "venv")
-        made = subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", venv],
+        made = subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv],
                               capture_output=True, text=True, timeout=120)
+        self.assertEqual(made.returncode, 0, made.stderr)
         python = os.path.join(venv, "bin", "python")
-        if made.returncode != 0 or subprocess.run([python, "-m", "pip", "--version"],
-                                                  capture_output=True).returncode != 0:
-            self.skipTest("python3 -m venv with pip is not available here (Debian: python3-venv): "
-                          + made.stderr.strip())
+        site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        with open(os.path.join(site, "project_venv.pth"), "w") as f:
+            f.write(sysconfig.get_paths()["purelib"] + "\n")
         # A copy of client/python, so that the in-tree build leaves the checkout as it is.
         package = os.path.join(tmp, "python")
         shutil.copytree(os.path.join(ROOT, "client", "python"), package,
                         ignore=shutil.ignore_patterns("__pycache__", "build", "dist", "*.egg-info"))
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        installed = subprocess.run([python, "-m", "pip", "install", "--no-build-isolation", "--no-index",
-                                    package], capture_output=True, text=True, timeout=300, env=env)
+        installed = subprocess.run([sys.executable, "-m", "pip", "--python", python, "install",
+                                    "--no-build-isolation", "--no-index", package],
+                                   capture_output=True, text=True, timeout=300, env=env)
         self.assertEqual(installed.returncode, 0, installed.stdout + installed.stderr)
         code = ("import os, sys\n"
                 "import recal\n"
