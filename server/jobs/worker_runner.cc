@@ -27,8 +27,8 @@
 #include "google/protobuf/message_lite.h"
 #include "common/sanitizers.h"
 #include "common/data_spec.h"
-#include "server/data/s3_paths.h"
-#include "server/data/s3_sources.h"
+#include "server/data_access/locate_objects.h"
+#include "server/data_access/s3_paths.h"
 #include "server/jobs/remote_reads.h"
 #include "server/worker/channel.h"
 
@@ -385,10 +385,8 @@ absl::StatusOr<v1::RunReport> WorkerRunner::Recalibrate(const RecalibrationTask&
     if (task.data_roots.empty()) {
       return absl::PermissionDeniedError(absl::StrCat(task.data_spec, ": the tenant has no data roots"));
     }
-    data::InputOptions where;
-    where.data_roots = task.data_roots;
-    where.object_storage = options_.object_storage;
-    auto located = data::LocateObjects(*parsed, where);
+    auto located = data::LocateObjects(*parsed, {.data_roots = task.data_roots,
+                                                 .object_storage = options_.object_storage});
     if (!located.ok()) return located.status();
     remote = *std::move(located);
     wire::RemoteObjects* objects = job->mutable_remote_objects();

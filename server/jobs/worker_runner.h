@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "server/data/object_storage.h"
+#include "server/data_access/object_storage.h"
 #include "server/jobs/job_runner.h"
 
 namespace recal::jobs {
