@@ -29,7 +29,7 @@
 #include "common/formats/npy.h"
 #include "common/mapped_file.h"
 #include "server/data/batch_source.h"
-#include "server/data/object_storage.h"
+#include "server/data_access/object_storage.h"
 #include "server/data/sliced_source.h"
 #include "server/data/sources.h"
 #include "tests/s3/moto_server.h"
@@ -139,7 +139,7 @@ int main(int argc, char** argv) {
   };
   InputOptions local{.prefetch_depth = 0};
   InputOptions remote0{.prefetch_depth = 0}, remote2{.prefetch_depth = 2};
-  remote0.object_storage = remote2.object_storage = *recal::data::ConnectBucket(s3);
+  remote0.access.object_storage = remote2.access.object_storage = *recal::data::ConnectBucket(s3);
   const int64_t batch = absl::GetFlag(FLAGS_batch_size);
   std::vector<Way> ways = {
       {"local, source", [&] { return Repeated([&] { return recal::data::OpenNpySource(path, batch); }); }, {}, kLocalRepeats},

@@ -16,7 +16,7 @@
 //                                   options start at the last '?', so DIR may contain '?'.
 // PATH and DIR may be s3://BUCKET/KEY and s3://BUCKET/PREFIX/ (npy, safetensors, images):
 // the ':' of "s3://" is part of the path, never the one before safetensors keys. Where
-// such paths are read from, and which are refused, is the server's: server/data/s3_paths.h.
+// such paths are read from, and which are refused, is the server's: server/data_access/s3_paths.h.
 // Parsing only checks the syntax; the files are looked at when the source is opened.
 #pragma once
 

@@ -32,10 +32,9 @@
 #include "server/api/listen_security.h"
 #include "server/api/recal_service.h"
 #include "server/auth/authenticator.h"
-#include "server/data/object_storage.h"
-#include "server/data/s3_paths.h"
-#include "server/data/s3_sources.h"
-#include "server/engine/devices.h"
+#include "server/data_access/object_storage.h"
+#include "server/data_access/s3_paths.h"
+#include "server/jobs/devices.h"
 #include "server/jobs/job_manager.h"
 #include "server/jobs/model_registry.h"
 #include "server/jobs/worker_runner.h"
@@ -218,7 +217,20 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_store).empty() ? "sqlite:" + data_dir + "/recal.db" : absl::GetFlag(FLAGS_store);
   auto metadata = recal::store::OpenMetadataStore(store_spec);
   if (!metadata.ok()) return Fail(metadata.status());
-  auto devices = recal::engine::ResolveDevices(absl::GetFlag(FLAGS_devices), absl::GetFlag(FLAGS_cpu_workers));
+  recal::jobs::WorkerRunnerOptions worker;
+  worker.binary = absl::GetFlag(FLAGS_worker_binary);
+  if (worker.binary.empty()) {
+    std::error_code error;
+    worker.binary = (std::filesystem::read_symlink("/proc/self/exe", error).parent_path() / "recal-worker").string();
+  }
+  // An api process runs no jobs, so it has no devices to find. The others count CUDA devices
+  // with recal-worker, which runs on them (this process loads no LibTorch), only for a
+  // --devices that names CUDA.
+  absl::StatusOr<std::vector<std::string>> devices = std::vector<std::string>();
+  if (role != "api") {
+    devices = recal::jobs::ResolveDevices(absl::GetFlag(FLAGS_devices), absl::GetFlag(FLAGS_cpu_workers),
+                                          [&worker] { return recal::jobs::CountCudaDevices(worker.binary); });
+  }
   if (!devices.ok()) return Fail(devices.status());
 
   // Metrics outlive everything that counts into them; null when --metrics_listen is empty.
@@ -230,12 +242,6 @@ int main(int argc, char** argv) {
   }
 
   const recal::jobs::DataRoots data_roots = AllDataRoots(argc, argv);
-  recal::jobs::WorkerRunnerOptions worker;
-  worker.binary = absl::GetFlag(FLAGS_worker_binary);
-  if (worker.binary.empty()) {
-    std::error_code error;
-    worker.binary = (std::filesystem::read_symlink("/proc/self/exe", error).parent_path() / "recal-worker").string();
-  }
   worker.scratch_root = blobs->scratch_dir();
   worker.data_roots = data_roots.All();
   // Data in a bucket: only where a data root names one, so that a server without any needs
@@ -308,7 +314,7 @@ int main(int argc, char** argv) {
   recal::jobs::JobManagerOptions options;
   // An api process runs no jobs; a process alone on an SQLite file (role all) may take back
   // every job left running at start, any other only those whose lease has run out.
-  options.scheduler.devices = role == "api" ? std::vector<std::string>() : *devices;
+  options.scheduler.devices = *devices;
   options.scheduler.lease = absl::Seconds(absl::GetFlag(FLAGS_lease_seconds));
   options.scheduler.recover_all_at_start = role == "all" && absl::StartsWith(store_spec, "sqlite:");
   options.client_streams = role == "all" || relay_client != nullptr;
@@ -373,7 +379,7 @@ int main(int argc, char** argv) {
                     {"store", store_spec.substr(0, store_spec.find(':'))},  // never the URI: it may hold a password
                     {"blobs", blobs->Describe()},
                     {"role", role},
-                    {"workers", static_cast<int64_t>(role == "api" ? 0 : devices->size())},
+                    {"workers", static_cast<int64_t>(devices->size())},
                     {"version", recal::metrics::Version()}});
 
   // Health follows the store: a process that cannot reach it can neither take jobs nor

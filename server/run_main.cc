@@ -22,8 +22,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "server/data/batch_source.h"
-#include "server/data/object_storage.h"
-#include "server/data/s3_sources.h"
+#include "server/data_access/locate_objects.h"
+#include "server/data_access/object_storage.h"
 #include "server/engine/recalibration.h"
 #include "server/engine/report.h"
 #include "server/s3/s3_flags.h"
@@ -229,7 +229,7 @@ absl::Status RunMain() {
     recal::data::InputOptions input{.prefetch_depth = absl::GetFlag(FLAGS_prefetch),
                                     .decode_threads = absl::GetFlag(FLAGS_decode_threads),
                                     .pin_memory = absl::StartsWith(shard_options.device, "cuda")};
-    input.object_storage = object_storage;
+    input.access.object_storage = object_storage;
     threads_of_shards.emplace_back([&, k, shard_options, input] {
       runs[k] = RunShard(model, data, batch_size, input, shard_options, k, shards, progress);
     });

@@ -11,10 +11,9 @@
 #include <ATen/core/Tensor.h>
 
 #include "absl/status/statusor.h"
+#include "server/data_access/locate_objects.h"
 
 namespace recal::data {
-
-class ObjectStorage;
 
 using Batch = std::vector<at::Tensor>;
 
@@ -41,19 +40,14 @@ class BatchSource {
   virtual absl::Status SkipBatches(int64_t batches);
 };
 
-// How batches are prepared ahead of the forward pass.
+// How batches are prepared ahead of the forward pass, and where their data may come from.
 struct InputOptions {
   int prefetch_depth = 2;   // batches prepared ahead on a background thread; 0: none
   int decode_threads = 0;   // image folders: decoding threads; 0: hardware concurrency, at most 8
   bool pin_memory = false;  // page-locked batches, for non-blocking copies to a CUDA device
-  // Not empty (the server's data roots): image-folder files must resolve under one of these,
-  // and s3:// specs must lie under one of its s3://BUCKET/PREFIX entries (s3_paths.h).
-  // Empty: no confinement (recal-run, whose operator names the data).
-  std::vector<std::string> data_roots;
-  // Where s3:// specs are read (object_storage.h): the endpoint and credentials are the
-  // server's (or recal-run's) own configuration, never the spec's (s3_sources.h). Null:
-  // s3:// specs fail with FAILED_PRECONDITION.
-  std::shared_ptr<ObjectStorage> object_storage;
+  // The data roots that confine the spec and the bucket s3:// specs are read from
+  // (server/data_access/locate_objects.h); none by default.
+  DataAccess access;
 };
 
 // Opens a data spec (common/data_spec.h) as the whole input pipeline: the source

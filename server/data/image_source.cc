@@ -12,7 +12,6 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -23,11 +22,11 @@
 #include <turbojpeg.h>
 
 #include "absl/status/status.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "server/data/data_roots.h"
 #include "server/data/pil_resample.h"
 #include "server/data/torch_error.h"
+#include "server/data_access/data_roots.h"
+#include "server/data_access/image_files.h"
 
 namespace recal::data {
 namespace {
@@ -493,23 +492,12 @@ absl::StatusOr<std::unique_ptr<BatchSource>> OpenImageSource(const DataSpec& spe
   return MakeImageSource(spec, std::move(files), std::move(read), spec.path, batch_size, std::move(options));
 }
 
-bool IsImageFileName(const std::string& relative) {
-  const std::string ext = absl::AsciiStrToLower(fs::path(relative).extension().string());
-  return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
-}
-
 absl::StatusOr<std::unique_ptr<BatchSource>> MakeImageSource(const DataSpec& spec, std::vector<std::string> files,
                                                              ImageFileReader read, const std::string& where,
                                                              int64_t batch_size, ImageSourceOptions options) {
   const std::string label = DataSpecToString(spec);
   if (absl::Status s = CheckImageSpec(spec, batch_size); !s.ok()) return s;
-  std::sort(files.begin(), files.end());
-  if (spec.shuffle) {
-    // Fisher-Yates with mt19937_64 (fully specified by the standard, unlike std::shuffle).
-    std::mt19937_64 rng(spec.seed);
-    for (size_t i = files.size(); i > 1; --i) std::swap(files[i - 1], files[rng() % i]);
-  }
-  if (spec.samples >= 0 && static_cast<size_t>(spec.samples) < files.size()) files.resize(spec.samples);
+  files = SelectImageFiles(std::move(files), spec);
   if (files.empty()) {
     return absl::NotFoundError(absl::StrCat(label, ": no .jpg/.jpeg/.png files under ", where));
   }

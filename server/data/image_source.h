@@ -38,22 +38,16 @@ absl::StatusOr<std::unique_ptr<BatchSource>> OpenImageSource(const DataSpec& spe
                                                              ImageSourceOptions options = {});
 
 // The folder behind OpenImageSource, wherever its files live (a local directory, a prefix
-// in a bucket: s3_sources.cc). These are the rules every folder follows, so that the same
-// tree gives the same batches from anywhere:
-
-// Whether a file, by its path relative to the folder, is one the folder uses: .jpg, .jpeg
-// or .png, case-insensitive (std::filesystem's extension: ".png" alone is a hidden file
-// without one).
-bool IsImageFileName(const std::string& relative);
+// in a bucket: s3_sources.cc). Which files it uses and in which order are the rules of
+// server/data_access/image_files.h, the same for every folder.
 
 // One file's bytes by its path relative to the folder; called from the decoding threads at
 // once. NOT_FOUND, PERMISSION_DENIED, UNAVAILABLE, ... fail the batch whatever on_bad says;
 // only undecodable bytes (INVALID_ARGUMENT, from the decoder) are "bad files".
 using ImageFileReader = std::function<absl::StatusOr<std::string>(const std::string& relative)>;
 
-// The source over `files` (relative paths with '/' separators, as listed, any order):
-// sorted by byte-wise path order (or shuffled with the spec's seed), the first `samples`,
-// read with `read` by the decoding threads at most a window ahead of Next() (the reads of
+// The source over `files` (relative paths with '/' separators, as listed, any order), in
+// the order SelectImageFiles (image_files.h) gives them, read with `read` by the decoding threads at most a window ahead of Next() (the reads of
 // a bucket's objects are concurrent and bounded, like the decoding), decoded as above.
 // NOT_FOUND naming `where` if no file is left.
 absl::StatusOr<std::unique_ptr<BatchSource>> MakeImageSource(const DataSpec& spec, std::vector<std::string> files,

@@ -10,6 +10,7 @@
 #include "server/data/prefetcher.h"
 #include "server/data/s3_sources.h"
 #include "server/data/sources.h"
+#include "server/data_access/locate_objects.h"
 
 namespace recal::data {
 namespace {
@@ -28,7 +29,7 @@ absl::StatusOr<std::unique_ptr<BatchSource>> OpenSource(const DataSpec& parsed, 
       return OpenSyntheticSource(parsed.sample_shape, parsed.seed, batch_size);
     case DataSpec::Scheme::kImages:
       return OpenImageSource(parsed, batch_size,
-                             {.threads = options.decode_threads, .allowed_roots = options.data_roots});
+                             {.threads = options.decode_threads, .allowed_roots = options.access.data_roots});
   }
   return absl::InternalError(absl::StrCat("unhandled data spec scheme in '", DataSpecToString(parsed), "'"));
 }

@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/data/batch_source.h"
-#include "server/data/random_access_file.h"
+#include "server/data_access/random_access_file.h"
 
 namespace recal::data {
 

@@ -1,15 +1,14 @@
-// Which devices the workers get.
+// The CUDA devices this process's LibTorch sees. recal-worker prints the count for
+// recal-server (--print_cuda_devices), which loads no LibTorch and decides its workers'
+// devices from it (server/jobs/devices.h).
 #pragma once
-
-#include <string>
-#include <vector>
 
 #include "absl/status/statusor.h"
 
 namespace recal::engine {
 
-// "cpu" -> cpu_workers x "cpu"; "auto" -> every CUDA device, or CPU workers if there is
-// none; "cuda:0,cuda:1" -> those (FAILED_PRECONDITION if this LibTorch has no such device).
-absl::StatusOr<std::vector<std::string>> ResolveDevices(const std::string& spec, int cpu_workers);
+// 0 where LibTorch has no CUDA (a CPU build, no driver, no device). INTERNAL if LibTorch
+// fails to tell.
+absl::StatusOr<int> CudaDeviceCount();
 
 }  // namespace recal::engine

@@ -9,8 +9,8 @@
 #include "common/data_source.h"
 #include "common/data_spec.h"
 #include "common/tenant_name.h"
-#include "server/data/data_roots.h"
-#include "server/data/s3_paths.h"
+#include "server/data_access/data_roots.h"
+#include "server/data_access/s3_paths.h"
 
 namespace recal::jobs {
 namespace {

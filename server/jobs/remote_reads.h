@@ -19,7 +19,7 @@
 
 #include "absl/status/status.h"
 #include "recal/worker/v1/worker.pb.h"
-#include "server/data/object_storage.h"
+#include "server/data_access/object_storage.h"
 
 namespace recal::jobs {
 

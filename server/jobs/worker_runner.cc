@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
@@ -20,6 +21,8 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/random/random.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -27,8 +30,8 @@
 #include "google/protobuf/message_lite.h"
 #include "common/sanitizers.h"
 #include "common/data_spec.h"
-#include "server/data/s3_paths.h"
-#include "server/data/s3_sources.h"
+#include "server/data_access/locate_objects.h"
+#include "server/data_access/s3_paths.h"
 #include "server/jobs/remote_reads.h"
 #include "server/worker/channel.h"
 
@@ -101,6 +104,50 @@ std::string LastLine(std::string text) {
   return cut == std::string::npos ? text : text.substr(cut + 1);
 }
 
+// What a worker's environment holds: nothing of the server's (credentials, tokens) reaches
+// the model. A sanitizer build (tests only) passes the runtime's own options on
+// (suppressions, leak checks, halt on error): the worker is checked as the server is.
+std::vector<std::string> WorkerEnvironment() {
+  std::vector<std::string> env = {"PATH=/usr/bin:/bin", "LANG=C.UTF-8"};
+  if (kSanitizer != nullptr) {
+    for (const char* name : {"ASAN_OPTIONS", "LSAN_OPTIONS", "UBSAN_OPTIONS", "TSAN_OPTIONS"}) {
+      if (const char* value = std::getenv(name)) env.push_back(absl::StrCat(name, "=", value));
+    }
+  }
+  return env;
+}
+
+// argv / envp for posix_spawn: pointers into `strings`, which must outlive them.
+std::vector<char*> NullTerminated(std::vector<std::string>& strings) {
+  std::vector<char*> pointers;
+  for (std::string& s : strings) pointers.push_back(s.data());
+  pointers.push_back(nullptr);
+  return pointers;
+}
+
+// posix_spawn attributes of a worker: the server blocks SIGTERM for its signal thread and
+// ignores SIGPIPE; the worker must not.
+class WorkerSpawnAttributes {
+ public:
+  WorkerSpawnAttributes() {
+    posix_spawnattr_init(&attributes_);
+    sigset_t none, defaults;
+    sigemptyset(&none);
+    sigemptyset(&defaults);
+    for (int signal : {SIGTERM, SIGINT, SIGPIPE, SIGHUP}) sigaddset(&defaults, signal);
+    posix_spawnattr_setsigmask(&attributes_, &none);
+    posix_spawnattr_setsigdefault(&attributes_, &defaults);
+    posix_spawnattr_setflags(&attributes_, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  }
+  ~WorkerSpawnAttributes() { posix_spawnattr_destroy(&attributes_); }
+  WorkerSpawnAttributes(const WorkerSpawnAttributes&) = delete;
+  WorkerSpawnAttributes& operator=(const WorkerSpawnAttributes&) = delete;
+  const posix_spawnattr_t* get() const { return &attributes_; }
+
+ private:
+  posix_spawnattr_t attributes_;
+};
+
 // The outcome of a task whose last event should be `expected`: the worker's own failure
 // keeps its code (INVALID_ARGUMENT for a refused model, NOT_FOUND for missing data...).
 absl::StatusOr<wire::Event> Expect(absl::StatusOr<wire::Event> event, wire::Event::KindCase expected) {
@@ -112,7 +159,109 @@ absl::StatusOr<wire::Event> Expect(absl::StatusOr<wire::Event> event, wire::Even
   return event;
 }
 
+// A worker started for one question (CountCudaDevices), its stdout and stderr on pipes.
+struct Asked {
+  pid_t pid = -1;
+  Fd out;
+  Fd err;
+};
+
+absl::StatusOr<Asked> Ask(std::vector<std::string> args) {
+  Fd out_write, err_write;
+  Asked asked;
+  if (absl::Status s = Pipe(asked.out, out_write); !s.ok()) return s;
+  if (absl::Status s = Pipe(asked.err, err_write); !s.ok()) return s;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  absl::Cleanup destroy_actions = [&actions] { posix_spawn_file_actions_destroy(&actions); };
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&actions, out_write.get(), 1);
+  posix_spawn_file_actions_adddup2(&actions, err_write.get(), 2);
+  posix_spawn_file_actions_addclosefrom_np(&actions, 3);
+  std::vector<char*> argv = NullTerminated(args);
+  std::vector<std::string> env = WorkerEnvironment();
+  std::vector<char*> envp = NullTerminated(env);
+  const WorkerSpawnAttributes attributes;
+  const int spawned = ::posix_spawn(&asked.pid, args[0].c_str(), &actions, attributes.get(), argv.data(), envp.data());
+  if (spawned != 0) return absl::InternalError(absl::StrCat("cannot start ", args[0], ": ", std::strerror(spawned)));
+  return asked;
+}
+
+// Reads what `asked` prints on stdout and stderr (the last kStderrTail bytes or more of
+// each) until it closes both, or until `deadline`: false if the deadline came first.
+absl::StatusOr<bool> ReadAnswer(const Asked& asked, absl::Time deadline, std::string* out, std::string* err) {
+  pollfd fds[2] = {{asked.out.get(), POLLIN, 0}, {asked.err.get(), POLLIN, 0}};
+  std::string* into[2] = {out, err};
+  while (fds[0].fd >= 0 || fds[1].fd >= 0) {
+    const int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (left_ms <= 0) return false;
+    if (::poll(fds, 2, static_cast<int>(std::min<int64_t>(left_ms, 1000))) < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus("poll");
+    }
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
+      char buffer[4096];
+      const ssize_t got = ::read(fds[i].fd, buffer, sizeof(buffer));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        fds[i].fd = -1;  // poll() skips negative descriptors
+        continue;
+      }
+      into[i]->append(buffer, static_cast<size_t>(got));
+      if (into[i]->size() > 2 * kStderrTail) into[i]->erase(0, into[i]->size() - kStderrTail);
+    }
+  }
+  return true;
+}
+
+// Waits for `pid` until `deadline`, then kills it: false if it had to be killed. A
+// process that closed its output but hangs must not hang the server's start.
+bool Reap(pid_t pid, absl::Time deadline, int* status) {
+  while (true) {
+    const pid_t done = ::waitpid(pid, status, WNOHANG);
+    if (done == pid || (done < 0 && errno != EINTR)) return true;
+    if (absl::Now() >= deadline) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ::kill(pid, SIGKILL);  // not reaped yet, so the pid is still this process's
+  while (::waitpid(pid, status, 0) < 0 && errno == EINTR) {
+  }
+  return false;
+}
+
+// OK for a clean exit, else what happened to the worker asked `question`, with its last words.
+absl::Status ExitOf(const std::string& question, int status, const std::string& err) {
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return absl::OkStatus();
+  const std::string why = LastLine(err);
+  const std::string what = WIFSIGNALED(status) ? absl::StrCat("was killed by ", SignalName(WTERMSIG(status)))
+                                               : absl::StrCat("exited with code ", WEXITSTATUS(status));
+  return absl::InternalError(absl::StrCat(question, " ", what, why.empty() ? "" : ": ", why));
+}
+
 }  // namespace
+
+absl::StatusOr<int> CountCudaDevices(const std::string& binary, absl::Duration timeout) {
+  const std::string question = absl::StrCat(binary, " --print_cuda_devices");
+  absl::StatusOr<Asked> asked = Ask({binary, "--print_cuda_devices"});
+  if (!asked.ok()) return asked.status();
+  const absl::Time deadline = absl::Now() + timeout;
+  std::string out, err;
+  absl::StatusOr<bool> answered = ReadAnswer(*asked, deadline, &out, &err);
+  int status = 0;
+  const bool exited = Reap(asked->pid, answered.ok() ? deadline : absl::Now(), &status);
+  if (!answered.ok()) return answered.status();
+  if (!*answered || !exited) {
+    return absl::DeadlineExceededError(absl::StrCat(question, " did not answer within ", absl::FormatDuration(timeout)));
+  }
+  if (absl::Status exited = ExitOf(question, status, err); !exited.ok()) return exited;
+  int count = 0;
+  if (!absl::SimpleAtoi(out, &count) || count < 0) {
+    return absl::InternalError(absl::StrCat(question, " printed '", absl::CHexEscape(LastLine(out)),
+                                            "', not a number of devices"));
+  }
+  return count;
+}
 
 WorkerRunner::WorkerRunner(WorkerRunnerOptions options) : options_(std::move(options)) {
   // Writing to a worker that died must be an error, not the end of the server.
@@ -156,21 +305,9 @@ absl::StatusOr<wire::Event> WorkerRunner::Run(const wire::Task& task, const std:
   if (options_.file_bytes > 0) args.push_back(absl::StrCat("--file_bytes=", options_.file_bytes));
   if (!options_.user.empty()) args.push_back("--user=" + options_.user);
   args.push_back(absl::StrCat("--server_pid=", ::getpid()));
-  std::vector<char*> argv;
-  for (std::string& arg : args) argv.push_back(arg.data());
-  argv.push_back(nullptr);
-  // Nothing of the server's environment (credentials, tokens) reaches the model.
-  std::vector<std::string> env = {"PATH=/usr/bin:/bin", "LANG=C.UTF-8"};
-  // A sanitizer build (tests only) passes the runtime's own options on (suppressions, leak
-  // checks, halt on error): the worker is checked as the server is.
-  if (kSanitizer != nullptr) {
-    for (const char* name : {"ASAN_OPTIONS", "LSAN_OPTIONS", "UBSAN_OPTIONS", "TSAN_OPTIONS"}) {
-      if (const char* value = std::getenv(name)) env.push_back(absl::StrCat(name, "=", value));
-    }
-  }
-  std::vector<char*> envp;
-  for (std::string& entry : env) envp.push_back(entry.data());
-  envp.push_back(nullptr);
+  std::vector<char*> argv = NullTerminated(args);
+  std::vector<std::string> env = WorkerEnvironment();
+  std::vector<char*> envp = NullTerminated(env);
 
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
@@ -182,19 +319,10 @@ absl::StatusOr<wire::Event> WorkerRunner::Run(const wire::Task& task, const std:
   if (model.get() >= 0) posix_spawn_file_actions_adddup2(&actions, model.get(), 4);
   // Nothing else of the server's (the metadata DB, sockets, blobs) is inherited.
   posix_spawn_file_actions_addclosefrom_np(&actions, model.get() >= 0 ? 5 : 4);
-  // The server blocks SIGTERM for its signal thread and ignores SIGPIPE; the worker must not.
-  posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
-  absl::Cleanup destroy_attributes = [&attributes] { posix_spawnattr_destroy(&attributes); };
-  sigset_t none, defaults;
-  sigemptyset(&none);
-  sigemptyset(&defaults);
-  for (int signal : {SIGTERM, SIGINT, SIGPIPE, SIGHUP}) sigaddset(&defaults, signal);
-  posix_spawnattr_setsigmask(&attributes, &none);
-  posix_spawnattr_setsigdefault(&attributes, &defaults);
-  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  const WorkerSpawnAttributes attributes;
   pid_t pid = -1;
-  const int spawned = ::posix_spawn(&pid, options_.binary.c_str(), &actions, &attributes, argv.data(), envp.data());
+  const int spawned =
+      ::posix_spawn(&pid, options_.binary.c_str(), &actions, attributes.get(), argv.data(), envp.data());
   if (spawned != 0) {
     return absl::InternalError(absl::StrCat("cannot start ", options_.binary, ": ", std::strerror(spawned)));
   }
@@ -385,10 +513,8 @@ absl::StatusOr<v1::RunReport> WorkerRunner::Recalibrate(const RecalibrationTask&
     if (task.data_roots.empty()) {
       return absl::PermissionDeniedError(absl::StrCat(task.data_spec, ": the tenant has no data roots"));
     }
-    data::InputOptions where;
-    where.data_roots = task.data_roots;
-    where.object_storage = options_.object_storage;
-    auto located = data::LocateObjects(*parsed, where);
+    auto located = data::LocateObjects(*parsed, {.data_roots = task.data_roots,
+                                                 .object_storage = options_.object_storage});
     if (!located.ok()) return located.status();
     remote = *std::move(located);
     wire::RemoteObjects* objects = job->mutable_remote_objects();

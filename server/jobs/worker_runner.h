@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "server/data/object_storage.h"
+#include "server/data_access/object_storage.h"
 #include "server/jobs/job_runner.h"
 
 namespace recal::jobs {
@@ -34,6 +34,13 @@ struct WorkerRunnerOptions {
   absl::Duration kill_grace = absl::Seconds(2);
   absl::Duration inspect_timeout = absl::Minutes(10);
 };
+
+// The number of CUDA devices recal-worker's LibTorch sees, for --devices (devices.h):
+// `binary --print_cuda_devices`, in a worker's environment but outside the sandbox (it loads
+// no model), within `timeout`. INTERNAL naming the binary if it cannot start, dies, fails or
+// prints no count (with its last words); DEADLINE_EXCEEDED if it does not answer in time
+// (it is killed).
+absl::StatusOr<int> CountCudaDevices(const std::string& binary, absl::Duration timeout = absl::Minutes(1));
 
 class WorkerRunner : public JobRunner {
  public:

@@ -9,7 +9,7 @@
 #include <memory>
 
 #include "recal/worker/v1/worker.pb.h"
-#include "server/data/object_storage.h"
+#include "server/data_access/object_storage.h"
 #include "server/worker/channel.h"
 #include "server/worker/worker_task.h"
 

@@ -3,6 +3,8 @@
 //
 //   recal-worker --scratch=DIR [--read_path=DIR ...] [--memory_bytes=N] [--file_bytes=N]
 //                [--user=NAME]   stdin: Task (+ pushed batches), fd 3: events, fd 4: model
+//   recal-worker --print_cuda_devices   the number of CUDA devices its LibTorch sees, on
+//                                       stdout (recal-server asks, for --devices)
 //
 // The protocol is proto/recal/worker/v1/worker.proto. Exits 0 when the last event (results,
 // layers or a failure) was sent; anything else is a crash for the server to report.
@@ -18,6 +20,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/engine/devices.h"
 #include "server/sandbox/sandbox.h"
 #include "server/worker/channel.h"
 #include "server/worker/worker_task.h"
@@ -29,6 +32,9 @@ ABSL_FLAG(int64_t, file_bytes, 0, "largest file it may write (RLIMIT_FSIZE); 0: 
 ABSL_FLAG(std::string, user, "", "run as this user (when started as root)");
 ABSL_FLAG(int64_t, server_pid, 0, "the server that started it: stop if the parent is another (0: if it is pid 1)");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{1} << 30, "largest message accepted on stdin");
+ABSL_FLAG(bool, print_cuda_devices, false,
+          "print the number of CUDA devices LibTorch sees and exit (no task, no sandbox: recal-server, which "
+          "loads no LibTorch, asks for --devices)");
 
 namespace {
 
@@ -40,10 +46,18 @@ int Fail(const std::string& message) {
   return 2;
 }
 
+int PrintCudaDevices() {
+  absl::StatusOr<int> count = recal::engine::CudaDeviceCount();
+  if (!count.ok()) return Fail(count.status().ToString());
+  std::cout << *count << "\n" << std::flush;
+  return std::cout ? 0 : Fail("cannot write to stdout");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_print_cuda_devices)) return PrintCudaDevices();
   const std::string scratch = absl::GetFlag(FLAGS_scratch);
   if (scratch.empty()) return Fail("--scratch is required");
   if (::fcntl(kEventsFd, F_GETFD) < 0) return Fail("no events channel on file descriptor 3");

@@ -87,10 +87,10 @@ absl::StatusOr<OpenedData> OpenData(const v1::Recalibrate& job, const TaskContex
   input.prefetch_depth = job.prefetch_depth();
   input.decode_threads = job.decode_threads();
   input.pin_memory = absl::StartsWith(job.device(), "cuda");
-  input.data_roots.assign(job.data_roots().begin(), job.data_roots().end());
+  input.access.data_roots.assign(job.data_roots().begin(), job.data_roots().end());
   if (job.has_remote_objects()) {
     if (context.input == nullptr) return absl::InternalError("no channel for reads of the job's data");
-    input.object_storage = RemoteObjects(job.remote_objects(), context.input, send);
+    input.access.object_storage = RemoteObjects(job.remote_objects(), context.input, send);
   }
   if (job.shard_count() > 1) {
     auto shard = data::OpenBatchSourceShard(

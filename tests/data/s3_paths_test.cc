@@ -1,10 +1,10 @@
-// s3:// paths of data specs and s3:// data roots (server/data/s3_paths.h), and their place
+// s3:// paths of data specs and s3:// data roots (server/data_access/s3_paths.h), and their place
 // in ResolveUnderRoots (what the server checks at submit). No endpoint involved.
-#include "server/data/s3_paths.h"
+#include "server/data_access/s3_paths.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/data/data_roots.h"
+#include "server/data_access/data_roots.h"
 
 namespace recal::data {
 namespace {

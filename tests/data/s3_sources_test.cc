@@ -15,7 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/data/batch_source.h"
-#include "server/data/object_storage.h"
+#include "server/data_access/object_storage.h"
 #include "server/data/s3_sources.h"
 #include "tests/s3/moto_server.h"
 #include "tests/s3/test_http_server.h"
@@ -131,7 +131,7 @@ class S3SourcesMoto : public ::testing::Test {
   InputOptions Options(int prefetch = 2) const {
     InputOptions o;
     o.prefetch_depth = prefetch;
-    o.object_storage = *ConnectBucket(FastOptions(moto_->endpoint()));
+    o.access.object_storage = *ConnectBucket(FastOptions(moto_->endpoint()));
     return o;
   }
 
@@ -323,7 +323,7 @@ TEST_F(S3SourcesMoto, OutsideTheS3RootsIsPermissionDenied) {
   Put("allowed/x.npy", npy, "");
   Put("allowedx/x.npy", npy, "");
   InputOptions o = Options();
-  o.data_roots = {"/some/local/root", "s3://recal-data/allowed"};
+  o.access.data_roots = {"/some/local/root", "s3://recal-data/allowed"};
   EXPECT_TRUE(OpenBatchSource("npy:s3://recal-data/allowed/x.npy", 2, o).ok());
   for (const std::string spec : {"npy:s3://recal-data/allowedx/x.npy", "npy:s3://recal-data/x.npy",
                                  "npy:s3://other-bucket/allowed/x.npy",
@@ -332,7 +332,7 @@ TEST_F(S3SourcesMoto, OutsideTheS3RootsIsPermissionDenied) {
     EXPECT_EQ(denied.status().code(), absl::StatusCode::kPermissionDenied) << spec << ": " << denied.status();
   }
   // Only local roots: no s3:// data at all.
-  o.data_roots = {"/some/local/root"};
+  o.access.data_roots = {"/some/local/root"};
   auto denied = OpenBatchSource("npy:s3://recal-data/allowed/x.npy", 2, o);
   EXPECT_EQ(denied.status().code(), absl::StatusCode::kPermissionDenied) << denied.status();
   EXPECT_THAT(denied.status().message(), HasSubstr("no s3:// data roots"));
@@ -346,11 +346,11 @@ TEST_F(S3SourcesMoto, RefusedCredentialsArePermissionDenied) {
                                                         BytesOf(Floats(2, 6))))
                   .ok());
   InputOptions o;
-  o.object_storage = *ConnectBucket(FastOptions(moto_auth_->endpoint(), *creds_));
+  o.access.object_storage = *ConnectBucket(FastOptions(moto_auth_->endpoint(), *creds_));
   auto allowed = OpenBatchSource("npy:s3://recal-data/x.npy", 2, o);
   ASSERT_TRUE(allowed.ok()) << allowed.status();
   EXPECT_EQ(ReadAll(**allowed).size(), 1u);
-  o.object_storage = *ConnectBucket(FastOptions(moto_auth_->endpoint(), {creds_->access_key_id, "not-the-secret", ""}));
+  o.access.object_storage = *ConnectBucket(FastOptions(moto_auth_->endpoint(), {creds_->access_key_id, "not-the-secret", ""}));
   auto denied = OpenBatchSource("npy:s3://recal-data/x.npy", 2, o);
   EXPECT_EQ(denied.status().code(), absl::StatusCode::kPermissionDenied) << denied.status();
 }
@@ -377,7 +377,7 @@ TEST_F(S3SourcesMoto, EndpointStoppedMidReadIsUnavailableWithinBoundedTime) {
                                                         BytesOf(Floats(256, 9))))
                   .ok());
   InputOptions o;
-  o.object_storage = *ConnectBucket(FastOptions(moto->endpoint()));
+  o.access.object_storage = *ConnectBucket(FastOptions(moto->endpoint()));
   // Without read-ahead, and with it (the prefetcher hands the status on).
   std::vector<std::unique_ptr<BatchSource>> sources;
   for (int prefetch : {0, 2}) {
@@ -405,7 +405,7 @@ TEST_F(S3SourcesMoto, EndpointStoppedMidReadIsUnavailableWithinBoundedTime) {
 TEST(S3Sources, HostileSpecsAreRefusedBeforeAnyRequest) {
   s3::testing::ScriptedHttpServer server;  // answers nothing useful; must hear nothing
   InputOptions o;
-  o.object_storage = *ConnectBucket(FastOptions(server.endpoint()));
+  o.access.object_storage = *ConnectBucket(FastOptions(server.endpoint()));
   for (const std::string spec : {
            "npy:s3://recal-data/../x.npy", "npy:s3://recal-data/a/../../x.npy", "npy:s3://user:pw@recal-data/x.npy",
            "npy:s3://user@recal-data/x.npy", "npy:s3://recal-data:9000/x.npy", "npy:s3://127.0.0.1/x.npy",

@@ -283,8 +283,8 @@ TEST(RemoteReads, ANpyFileThroughTheServerGivesTheBatchesOfTheLocalFile) {
   bucket->Put("d/x.npy", npy);
   Wired wired(bucket, {"bkt", {*bucket->Stat("bkt", "d/x.npy")}});
   data::InputOptions remote;
-  remote.object_storage = wired.shared_storage();
-  remote.data_roots = {"s3://bkt/d"};
+  remote.access.object_storage = wired.shared_storage();
+  remote.access.data_roots = {"s3://bkt/d"};
   auto from_bucket = data::OpenBatchSource("npy:s3://bkt/d/x.npy", 3, remote);
   ASSERT_TRUE(from_bucket.ok()) << from_bucket.status();
   auto from_disk = data::OpenBatchSource("npy:" + tmp.File("x.npy"), 3);
@@ -303,7 +303,7 @@ TEST(RemoteReads, ANpyFileThroughTheServerGivesTheBatchesOfTheLocalFile) {
   EXPECT_EQ(batches, 3);
   // Outside the roots the worker was given: refused before anything is asked.
   data::InputOptions elsewhere = remote;
-  elsewhere.data_roots = {"s3://bkt/other"};
+  elsewhere.access.data_roots = {"s3://bkt/other"};
   EXPECT_EQ(data::OpenBatchSource("npy:s3://bkt/d/x.npy", 3, elsewhere).status().code(),
             absl::StatusCode::kPermissionDenied);
 }

@@ -13,7 +13,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "common/sanitizers.h"
+#include "server/jobs/devices.h"
 #include "tests/test_util.h"
 
 namespace recal::jobs {
@@ -208,6 +210,67 @@ TEST_F(WorkerRunnerTest, GoodModelIsRecalibratedWithItsFilesInScratch) {
   EXPECT_EQ(progress_events, 4);
   for (const char* name : {"model.pt", "bn.safetensors", "report.json"}) {
     EXPECT_TRUE(fs::is_regular_file(fs::path(task.scratch_dir) / name)) << name;
+  }
+}
+
+
+// A stand-in for recal-worker: a shell script, executable, one file per call.
+std::string FakeWorker(const testing::TempDir& tmp, const std::string& body) {
+  static int made = 0;
+  const std::string path = tmp.File(absl::StrCat("fake-worker-", ++made));
+  testing::WriteBytes(path, "#!/bin/sh\n" + body + "\n");
+  fs::permissions(path, fs::perms::owner_all);
+  return path;
+}
+
+// What the real recal-worker's LibTorch sees decides the devices: on a machine without a
+// GPU, auto is CPU workers and cuda:0 is refused naming 0 devices; with GPUs, the same
+// rules over their count.
+TEST(CountCudaDevices, TheWorkersCountDecidesTheDevices) {
+  auto count = CountCudaDevices(RECAL_WORKER_BINARY);
+  ASSERT_TRUE(count.ok()) << count.status();
+  const CudaDeviceCounter counter = [] { return CountCudaDevices(RECAL_WORKER_BINARY); };
+  auto automatic = ResolveDevices("auto", 2, counter);
+  ASSERT_TRUE(automatic.ok()) << automatic.status();
+  if (*count == 0) {
+    EXPECT_EQ(*automatic, std::vector<std::string>({"cpu", "cpu"}));
+  } else {
+    EXPECT_EQ(automatic->size(), static_cast<size_t>(*count));
+    EXPECT_EQ(automatic->front(), "cuda:0");
+  }
+  const std::string beyond = absl::StrCat("cuda:", *count);
+  auto refused = ResolveDevices(beyond, 2, counter);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr(absl::StrCat("device ", beyond, " requested, but recal-worker's LibTorch sees ", *count,
+                                     " CUDA device(s)")));
+}
+
+TEST(CountCudaDevices, AWorkerThatCannotTellIsAnErrorNamingIt) {
+  testing::TempDir tmp;
+  auto missing = CountCudaDevices(tmp.File("no-such-worker"));
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(missing.status().message(), HasSubstr("cannot start " + tmp.File("no-such-worker")));
+
+  auto failing = CountCudaDevices(FakeWorker(tmp, "echo 'recal-worker: no driver' >&2; exit 2"));
+  EXPECT_EQ(failing.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(failing.status().message(),
+              HasSubstr("--print_cuda_devices exited with code 2: recal-worker: no driver"));
+
+  auto garbage = CountCudaDevices(FakeWorker(tmp, "echo two"));
+  EXPECT_EQ(garbage.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(garbage.status().message(), HasSubstr("printed 'two', not a number of devices"));
+
+  auto two = CountCudaDevices(FakeWorker(tmp, "echo 'a warning' >&2; echo 2"));
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(*two, 2);
+
+  // Killed at the deadline, whether it keeps its output open or closes it and hangs.
+  for (const std::string body : {"exec sleep 30", "exec >&- 2>&-; exec sleep 30"}) {
+    const auto start = std::chrono::steady_clock::now();
+    auto hung = CountCudaDevices(FakeWorker(tmp, body), absl::Milliseconds(300));
+    EXPECT_EQ(hung.status().code(), absl::StatusCode::kDeadlineExceeded) << body << ": " << hung.status();
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10)) << body;
   }
 }
 

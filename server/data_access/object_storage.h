@@ -1,5 +1,6 @@
-// Where s3:// data specs are read (s3_sources.h): what the sources need of a bucket, three
-// calls, behind one interface so that the same sources run wherever the network is.
+// Where s3:// data specs are read (locate_objects.h, server/data/s3_sources.h): what the
+// sources need of a bucket, three calls, behind one interface so that the same sources run
+// wherever the network is.
 //
 //  - ConnectBucket: this process talks to the endpoint itself with its own configuration
 //    (recal-run; the server's trusted worker runner).
@@ -16,8 +17,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "server/data/random_access_file.h"
+#include "server/data_access/random_access_file.h"
 #include "server/s3/s3_client.h"
+#include "server/s3/s3_config.h"
 
 namespace recal::data {
 
@@ -35,12 +37,20 @@ class ObjectStorage {
                             absl::Span<char> out) = 0;
 };
 
-// What a data spec in a bucket reads (s3_sources.h, LocateObjects): a tensor file's one
+// What a data spec in a bucket reads (locate_objects.h, LocateObjects): a tensor file's one
 // object, or an image folder's image objects, in key order.
 struct LocatedObjects {
   std::string bucket;
   std::vector<s3::ObjectInfo> objects;
 };
+
+// The s3::S3ClientOptions of a process from its flags (s3::S3Settings: endpoint,
+// region, addressing, credentials dir, profile) and the environment (AWS_* variables, the
+// shared credentials file), with the client's default retries and timeouts (ConnectBucket
+// makes DataAccess::object_storage of them, locate_objects.h). For recal-run and the
+// server's wiring; errors as s3::MakeS3Config's.
+absl::StatusOr<s3::S3ClientOptions> ObjectStorageOptions(const s3::S3Settings& settings,
+                                                        const s3::EnvLookup& env = s3::ProcessEnv());
 
 // The bucket's endpoint under `options` (recal-run's or the server's own configuration).
 absl::StatusOr<std::shared_ptr<ObjectStorage>> ConnectBucket(const s3::S3ClientOptions& options);

@@ -1,4 +1,4 @@
-#include "server/data/object_storage.h"
+#include "server/data_access/object_storage.h"
 
 #include <utility>
 
@@ -71,6 +71,14 @@ class Object final : public RandomAccessFile {
 };
 
 }  // namespace
+
+absl::StatusOr<s3::S3ClientOptions> ObjectStorageOptions(const s3::S3Settings& settings, const s3::EnvLookup& env) {
+  absl::StatusOr<s3::S3Config> config = s3::MakeS3Config(settings, env);
+  if (!config.ok()) return config.status();
+  s3::S3ClientOptions options;
+  options.config = *std::move(config);
+  return options;
+}
 
 absl::StatusOr<std::shared_ptr<ObjectStorage>> ConnectBucket(const s3::S3ClientOptions& options) {
   absl::StatusOr<std::unique_ptr<s3::S3Client>> client = s3::S3Client::Create(options);

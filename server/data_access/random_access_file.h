@@ -6,9 +6,10 @@
 //    of the mapping (no read() calls, no extra copy; only the pages a batch touches are read).
 //  - An object in a bucket (object_storage.h: ObjectFile) has no mapping: the header is read
 //    with one ranged read (two when it is longer than the first guess), then each batch's
-//    rows with a ranged read of exactly those rows (sliced_source.h, MakeRangedSource). The
-//    pipeline's prefetcher (prefetcher.h) runs Next() ahead on its own thread, so the read
-//    of batch k+1 overlaps the forward pass of batch k; nothing here reads ahead on its own.
+//    rows with a ranged read of exactly those rows (server/data/sliced_source.h,
+//    MakeRangedSource). The pipeline's prefetcher (server/data/prefetcher.h) runs Next()
+//    ahead on its own thread, so the read of batch k+1 overlaps the forward pass of batch k;
+//    nothing here reads ahead on its own.
 //    In the server's sandboxed worker those reads go through the runner that started it
 //    (server/worker/remote_objects.h), which alone holds the network and the credentials.
 #pragma once

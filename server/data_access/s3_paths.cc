@@ -1,4 +1,4 @@
-#include "server/data/s3_paths.h"
+#include "server/data_access/s3_paths.h"
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"

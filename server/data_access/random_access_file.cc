@@ -1,4 +1,4 @@
-#include "server/data/random_access_file.h"
+#include "server/data_access/random_access_file.h"
 
 #include <cstring>
 #include <utility>

@@ -1,10 +1,10 @@
-#include "server/data/data_roots.h"
+#include "server/data_access/data_roots.h"
 
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "server/data/s3_paths.h"
+#include "server/data_access/s3_paths.h"
 
 namespace recal::data {
 namespace {
