@@ -166,6 +166,8 @@ struct Asked {
   Fd err;
 };
 
+// Starts `args` as a worker is started (its environment, its signals), stdin from /dev/null
+// and nothing else of the server's inherited.
 absl::StatusOr<Asked> Ask(std::vector<std::string> args) {
   Fd out_write, err_write;
   Asked asked;
@@ -254,7 +256,7 @@ absl::StatusOr<int> CountCudaDevices(const std::string& binary, absl::Duration t
   if (!*answered || !exited) {
     return absl::DeadlineExceededError(absl::StrCat(question, " did not answer within ", absl::FormatDuration(timeout)));
   }
-  if (absl::Status exited = ExitOf(question, status, err); !exited.ok()) return exited;
+  if (absl::Status clean = ExitOf(question, status, err); !clean.ok()) return clean;
   int count = 0;
   if (!absl::SimpleAtoi(out, &count) || count < 0) {
     return absl::InternalError(absl::StrCat(question, " printed '", absl::CHexEscape(LastLine(out)),
