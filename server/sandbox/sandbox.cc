@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <grp.h>
+#include <link.h>
 #include <linux/capability.h>
 #include <pwd.h>
 #include <sched.h>
@@ -14,11 +15,18 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <climits>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/sanitizers.h"
 
 namespace recal::sandbox {
@@ -95,6 +103,44 @@ const std::vector<std::string> kSystemReadPaths = {
     "/proc/cpuinfo", "/proc/meminfo", "/sys/devices/system/cpu", "/sys/devices/system/node",
     "/sys/fs/cgroup", "/dev/urandom", "/dev/random"};
 
+// What the CUDA driver reads about the GPU besides its device files: its /proc entries
+// (parameters, each GPU, MIG capabilities), the major numbers in /proc/devices, the PCI
+// devices in /sys (NUMA node, resources: /sys/bus/pci/devices links into /sys/devices, and
+// Landlock checks where a link leads) and the kernel modules' parameters.
+const std::vector<std::string> kGpuReadPaths = {"/proc/driver/nvidia", "/proc/devices",     "/sys/devices",
+                                                "/sys/bus/pci",        "/sys/module/nvidia", "/sys/module/nvidia_uvm"};
+
+constexpr uint64_t kRead = kFsReadFile | kFsReadDir;
+constexpr uint64_t kWrite = kRead | kFsWriteFile | kFsRemoveFile | kFsRemoveDir | kFsMakeReg | kFsMakeDir | kFsTruncate;
+// The NVIDIA device files are opened read-write and driven by ioctl (Landlock handles
+// ioctl on devices from ABI 5; AllowBeneath drops the right below that).
+constexpr uint64_t kDevice = kRead | kFsWriteFile | kFsIoctlDev;
+
+absl::Status AllowAll(int ruleset, const std::vector<std::string>& paths, uint64_t access, int abi) {
+  for (const std::string& path : paths) {
+    if (absl::Status allowed = AllowBeneath(ruleset, path, access, abi); !allowed.ok()) return allowed;
+  }
+  return absl::OkStatus();
+}
+
+// The rules of `policy`: every path it may read or write. `out` learns which GPU devices.
+absl::Status AddRules(int ruleset, const Policy& policy, int abi, Enforcement& out) {
+  absl::Status status = AllowAll(ruleset, kSystemReadPaths, kRead, abi);
+  if (status.ok()) status = AllowAll(ruleset, policy.read_paths, kRead, abi);
+  if (status.ok()) status = AllowAll(ruleset, policy.write_paths, kWrite, abi);
+  if (status.ok()) status = AllowBeneath(ruleset, "/dev/null", kRead | kFsWriteFile, abi);
+  if (!status.ok() || !policy.gpu) return status;
+  const std::vector<std::string> devices = NvidiaDeviceFiles();
+  status = AllowAll(ruleset, kGpuReadPaths, kRead, abi);
+  if (status.ok()) status = AllowAll(ruleset, devices, kDevice, abi);
+  // No device file is no error here: the engine then says that CUDA sees no device.
+  if (status.ok()) {
+    out.enforced.push_back(
+        absl::StrCat("landlock-gpu-devices: ", devices.empty() ? "none in /dev" : absl::StrJoin(devices, " ")));
+  }
+  return status;
+}
+
 void RestrictFilesAndNetwork(const Policy& policy, Enforcement& out) {
   const long abi = ::syscall(SYS_landlock_create_ruleset, nullptr, 0, kCreateRulesetVersion);
   if (abi < 1) {
@@ -117,22 +163,9 @@ void RestrictFilesAndNetwork(const Policy& policy, Enforcement& out) {
     return;
   }
   absl::Cleanup close_ruleset = [ruleset] { ::close(ruleset); };
-  const uint64_t read = kFsReadFile | kFsReadDir;
-  const uint64_t write = read | kFsWriteFile | kFsRemoveFile | kFsRemoveDir | kFsMakeReg |
-                         kFsMakeDir | kFsTruncate;
-  absl::Status status;
-  for (const std::string& path : kSystemReadPaths) {
-    if (status.ok()) status = AllowBeneath(ruleset, path, read, static_cast<int>(abi));
-  }
-  for (const std::string& path : policy.read_paths) {
-    if (status.ok()) status = AllowBeneath(ruleset, path, read, static_cast<int>(abi));
-  }
-  for (const std::string& path : policy.write_paths) {
-    if (status.ok()) status = AllowBeneath(ruleset, path, write, static_cast<int>(abi));
-  }
-  if (status.ok()) status = AllowBeneath(ruleset, "/dev/null", read | kFsWriteFile, static_cast<int>(abi));
-  if (!status.ok()) {
-    out.missing.push_back(std::string(status.message()));
+  Enforcement rules;
+  if (absl::Status added = AddRules(ruleset, policy, static_cast<int>(abi), rules); !added.ok()) {
+    out.missing.push_back(std::string(added.message()));
     return;
   }
   if (::syscall(SYS_landlock_restrict_self, ruleset, 0) != 0) {
@@ -140,6 +173,7 @@ void RestrictFilesAndNetwork(const Policy& policy, Enforcement& out) {
     return;
   }
   out.enforced.push_back(absl::StrCat("landlock-files (ABI ", abi, ")"));
+  out.enforced.insert(out.enforced.end(), rules.enforced.begin(), rules.enforced.end());
   if (abi >= 4) {
     out.enforced.push_back("landlock-tcp");
   } else {
@@ -159,6 +193,25 @@ absl::Status SetLimit(int resource, int64_t value, absl::string_view name) {
   limit.rlim_cur = limit.rlim_max = static_cast<rlim_t>(value);
   if (::setrlimit(resource, &limit) != 0) return absl::InternalError(Errno(absl::StrCat("setrlimit ", name)));
   return absl::OkStatus();
+}
+
+absl::Status SetLimits(const Policy& policy, Enforcement& out) {
+  absl::Status limits = SetLimit(RLIMIT_CORE, 0, "RLIMIT_CORE");
+  if (limits.ok()) limits = SetLimit(RLIMIT_NOFILE, policy.open_files, "RLIMIT_NOFILE");
+  if (policy.gpu) {
+    // Said, never silent: a GPU worker's memory is bounded by the device's and the kernel's.
+    out.missing.push_back(absl::StrCat("RLIMIT_AS: none on a GPU worker (CUDA reserves terabytes of address space)",
+                                       policy.memory_bytes > 0 ? absl::StrCat("; ", policy.memory_bytes, " bytes asked") : ""));
+  } else if (policy.memory_bytes > 0 && kShadowMemorySanitizer) {
+    // A sanitizer build (tests only): the runtime's shadow memory is terabytes of reserved
+    // address space, so any RLIMIT_AS would fail every allocation. Said, never silent.
+    out.missing.push_back(absl::StrCat("RLIMIT_AS (", policy.memory_bytes, " bytes): not set in a ", kSanitizer,
+                                       " build, whose shadow memory is reserved address space"));
+  } else if (limits.ok() && policy.memory_bytes > 0) {
+    limits = SetLimit(RLIMIT_AS, policy.memory_bytes, "RLIMIT_AS");
+  }
+  if (limits.ok() && policy.file_bytes > 0) limits = SetLimit(RLIMIT_FSIZE, policy.file_bytes, "RLIMIT_FSIZE");
+  return limits;
 }
 
 void IsolateNetwork(Enforcement& out) {
@@ -260,7 +313,47 @@ absl::Status FilterSyscalls(Enforcement& out) {
   return absl::OkStatus();
 }
 
+bool IsNvidiaDeviceName(absl::string_view name) {
+  if (name == "nvidiactl" || name == "nvidia-uvm" || name == "nvidia-uvm-tools" || name == "nvidia-caps") return true;
+  constexpr absl::string_view kPrefix = "nvidia";  // nvidia0, nvidia1, ...: one per GPU
+  if (!absl::StartsWith(name, kPrefix) || name.size() == kPrefix.size()) return false;
+  return std::all_of(name.begin() + kPrefix.size(), name.end(), [](char c) { return std::isdigit(c) != 0; });
+}
+
 }  // namespace
+
+std::vector<std::string> NvidiaDeviceFiles(const std::string& dev) {
+  std::vector<std::string> files;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(dev, error)) {
+    if (IsNvidiaDeviceName(entry.path().filename().string())) files.push_back(entry.path().string());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+std::vector<std::string> LoadedLibraries() {
+  std::vector<std::string> paths;
+  ::dl_iterate_phdr(
+      [](struct dl_phdr_info* info, size_t, void* data) {
+        // The executable's name is empty, the vDSO's has no directory.
+        if (info->dlpi_name == nullptr || std::strchr(info->dlpi_name, '/') == nullptr) return 0;
+        char real[PATH_MAX];
+        if (::realpath(info->dlpi_name, real) != nullptr) static_cast<std::vector<std::string>*>(data)->push_back(real);
+        return 0;
+      },
+      &paths);
+  return paths;
+}
+
+std::vector<std::string> LoadedLibraryDirs() {
+  std::vector<std::string> dirs;
+  for (const std::string& library : LoadedLibraries()) {
+    std::string dir = std::filesystem::path(library).parent_path().string();
+    if (std::find(dirs.begin(), dirs.end(), dir) == dirs.end()) dirs.push_back(std::move(dir));
+  }
+  return dirs;
+}
 
 absl::StatusOr<Enforcement> Enter(const Policy& policy) {
   Enforcement out;
@@ -270,18 +363,7 @@ absl::StatusOr<Enforcement> Enter(const Policy& policy) {
   if (policy.server_pid > 0 ? parent != policy.server_pid : parent == 1) {
     return absl::AbortedError("the server is gone");
   }
-  absl::Status limits = SetLimit(RLIMIT_CORE, 0, "RLIMIT_CORE");
-  if (limits.ok()) limits = SetLimit(RLIMIT_NOFILE, policy.open_files, "RLIMIT_NOFILE");
-  if (policy.memory_bytes > 0 && kShadowMemorySanitizer) {
-    // A sanitizer build (tests only): the runtime's shadow memory is terabytes of reserved
-    // address space, so any RLIMIT_AS would fail every allocation. Said, never silent.
-    out.missing.push_back(absl::StrCat("RLIMIT_AS (", policy.memory_bytes, " bytes): not set in a ", kSanitizer,
-                                       " build, whose shadow memory is reserved address space"));
-  } else if (limits.ok() && policy.memory_bytes > 0) {
-    limits = SetLimit(RLIMIT_AS, policy.memory_bytes, "RLIMIT_AS");
-  }
-  if (limits.ok() && policy.file_bytes > 0) limits = SetLimit(RLIMIT_FSIZE, policy.file_bytes, "RLIMIT_FSIZE");
-  if (!limits.ok()) return limits;
+  if (absl::Status limits = SetLimits(policy, out); !limits.ok()) return limits;
   out.enforced.push_back("rlimits");
 
   IsolateNetwork(out);

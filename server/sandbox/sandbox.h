@@ -6,12 +6,15 @@
 //               TCP rules where the kernel has them, and seccomp refusing every socket
 //               family but AF_UNIX
 //   files       Landlock: read only the system libraries, the paths the job names (model,
-//               data roots) and what LibTorch reads about the CPU; read and write only the
-//               job's scratch directory; no links, devices or executables made anywhere
+//               data roots, the directories of the libraries it loaded) and what LibTorch
+//               reads about the CPU; read and write only the job's scratch directory (and,
+//               on a GPU, the NVIDIA device files); no links, devices or executables made
+//               anywhere
 //   privileges  no_new_privs, every capability dropped, optionally another user
 //   syscalls    seccomp: no execve, fork, ptrace, mount, module, keyring, bpf, io_uring,
 //               namespace or clock calls; signals only to itself
-//   resources   RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NOFILE, no core dumps; killed with the server
+//   resources   RLIMIT_AS (not on a GPU), RLIMIT_FSIZE, RLIMIT_NOFILE, no core dumps; killed
+//               with the server
 //
 // Whatever the kernel cannot enforce is reported by name (Enforcement::missing), never
 // skipped silently.
@@ -36,6 +39,13 @@ struct Policy {
   // and the process was adopted), it stops. 0: stop if adopted by pid 1. Not "parent is pid
   // 1" alone: in a container without an init the server itself is pid 1.
   int64_t server_pid = 0;
+  // A worker on a CUDA device. Landlock admits read, write and ioctl on the NVIDIA device
+  // files that exist (NvidiaDeviceFiles) and read on what the driver reads about the GPU
+  // (/proc/driver/nvidia, the PCI devices in /sys). No RLIMIT_AS whatever memory_bytes says:
+  // CUDA reserves terabytes of address space for unified addressing, so any limit a job
+  // could live with fails its context creation; said in Enforcement::missing. The driver's
+  // libraries are the caller's to admit (LoadedLibraryDirs after loading libcuda.so.1).
+  bool gpu = false;
 };
 
 struct Enforcement {
@@ -46,5 +56,16 @@ struct Enforcement {
 // Applies `policy` to the calling process. Fails only when something that must hold cannot
 // be set at all (rlimits, no_new_privs, seccomp); the rest is reported in `missing`.
 absl::StatusOr<Enforcement> Enter(const Policy& policy);
+
+// The NVIDIA device files of `dev` that exist: nvidiactl, nvidia0..N, nvidia-uvm,
+// nvidia-uvm-tools and the nvidia-caps directory (MIG capabilities).
+std::vector<std::string> NvidiaDeviceFiles(const std::string& dev = "/dev");
+
+// The real paths of the shared libraries loaded in this process, and their directories
+// (deduplicated, in load order): what the process loads later (LibTorch dlopens cuDNN's
+// sub-libraries and NVRTC's builtins, the CUDA runtime the driver) lies beside them, and
+// wherever that is (a venv, /usr/local/nvidia/lib64) it must stay readable in the sandbox.
+std::vector<std::string> LoadedLibraries();
+std::vector<std::string> LoadedLibraryDirs();
 
 }  // namespace recal::sandbox
