@@ -30,6 +30,7 @@
 #include "common/atomic_file.h"
 #include "common/formats/safetensors.h"
 #include "server/engine/collector.h"
+#include "server/engine/devices.h"
 #include "server/engine/graph_rewrite.h"
 #include "server/engine/report.h"
 #include "server/engine/torch_error.h"
@@ -40,9 +41,15 @@ namespace {
 absl::StatusOr<c10::Device> ParseDevice(const std::string& name) {
   try {
     c10::Device device(name);
-    if (device.is_cuda() && !at::hasCUDA()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("device ", name, " requested, but this LibTorch build has no CUDA"));
+    // Said here, not at the first CUDA call deep in loading: a CUDA LibTorch on a machine
+    // without a GPU (or its driver) sees none, as a CPU-only build does.
+    const absl::StatusOr<int> count = device.is_cuda() ? CudaDeviceCount() : 0;
+    if (!count.ok()) return count.status();
+    const int visible = *count;
+    if (device.is_cuda() && (visible == 0 || device.index() >= visible)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "device ", name, " requested, but LibTorch sees ", visible, " CUDA device(s)",
+          visible == 0 ? " (no GPU or driver here, or a LibTorch built without CUDA)" : ""));
     }
     if (!device.is_cpu() && !device.is_cuda()) {
       return absl::InvalidArgumentError(absl::StrCat("device ", name, ": use cpu or cuda:N"));

@@ -22,6 +22,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/random/random.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -33,6 +34,7 @@
 #include "server/data_access/locate_objects.h"
 #include "server/data_access/s3_paths.h"
 #include "server/jobs/remote_reads.h"
+#include "server/log/log.h"
 #include "server/worker/channel.h"
 
 extern char** environ;
@@ -105,10 +107,17 @@ std::string LastLine(std::string text) {
 }
 
 // What a worker's environment holds: nothing of the server's (credentials, tokens) reaches
-// the model. A sanitizer build (tests only) passes the runtime's own options on
-// (suppressions, leak checks, halt on error): the worker is checked as the server is.
+// the model, but what decides which libraries and devices it finds: the library path the
+// server was started with (a LibTorch, a driver or their dependencies outside the system's
+// directories), and which GPUs CUDA shows and in what order (cuda:N must name the same
+// device in every worker, and the count --print_cuda_devices gives must be theirs). A
+// sanitizer build (tests only) passes the runtime's own options on (suppressions, leak
+// checks, halt on error): the worker is checked as the server is.
 std::vector<std::string> WorkerEnvironment() {
   std::vector<std::string> env = {"PATH=/usr/bin:/bin", "LANG=C.UTF-8"};
+  for (const char* name : {"LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"}) {
+    if (const char* value = std::getenv(name)) env.push_back(absl::StrCat(name, "=", value));
+  }
   if (kSanitizer != nullptr) {
     for (const char* name : {"ASAN_OPTIONS", "LSAN_OPTIONS", "UBSAN_OPTIONS", "TSAN_OPTIONS"}) {
       if (const char* value = std::getenv(name)) env.push_back(absl::StrCat(name, "=", value));
@@ -241,6 +250,10 @@ absl::Status ExitOf(const std::string& question, int status, const std::string& 
   return absl::InternalError(absl::StrCat(question, " ", what, why.empty() ? "" : ": ", why));
 }
 
+bool OnGpu(const wire::Task& task) {
+  return task.has_recalibrate() && absl::StartsWith(task.recalibrate().device(), "cuda");
+}
+
 }  // namespace
 
 absl::StatusOr<int> CountCudaDevices(const std::string& binary, absl::Duration timeout) {
@@ -263,6 +276,30 @@ absl::StatusOr<int> CountCudaDevices(const std::string& binary, absl::Duration t
                                             "', not a number of devices"));
   }
   return count;
+}
+
+std::vector<std::string> WorkerArguments(const WorkerRunnerOptions& options, const wire::Task& task,
+                                         const std::string& scratch) {
+  std::vector<std::string> args = {options.binary, "--scratch=" + scratch};
+  // A job's worker reads its tenant's roots only; other tasks (inspection, probes) the
+  // server's configured ones. Roots in a bucket are read through the runner, not opened.
+  std::vector<std::string> read_paths;
+  for (const std::string& root : task.has_recalibrate() ? std::vector<std::string>(
+                                                              task.recalibrate().data_roots().begin(),
+                                                              task.recalibrate().data_roots().end())
+                                                        : options.data_roots) {
+    if (!data::IsS3Path(root)) read_paths.push_back(root);
+  }
+  if (!read_paths.empty()) args.push_back("--read_path=" + absl::StrJoin(read_paths, ","));
+  if (OnGpu(task)) {
+    args.push_back("--gpu");
+  } else if (options.memory_bytes > 0) {
+    args.push_back(absl::StrCat("--memory_bytes=", options.memory_bytes));
+  }
+  if (options.file_bytes > 0) args.push_back(absl::StrCat("--file_bytes=", options.file_bytes));
+  if (!options.user.empty()) args.push_back("--user=" + options.user);
+  args.push_back(absl::StrCat("--server_pid=", ::getpid()));
+  return args;
 }
 
 WorkerRunner::WorkerRunner(WorkerRunnerOptions options) : options_(std::move(options)) {
@@ -292,21 +329,7 @@ absl::StatusOr<wire::Event> WorkerRunner::Run(const wire::Task& task, const std:
     model = *std::move(high);
   }
 
-  std::vector<std::string> args = {options_.binary, "--scratch=" + scratch};
-  // A job's worker reads its tenant's roots only; other tasks (inspection, probes) the
-  // server's configured ones. Roots in a bucket are read through the runner, not opened.
-  std::vector<std::string> read_paths;
-  for (const std::string& root : task.has_recalibrate() ? std::vector<std::string>(
-                                                              task.recalibrate().data_roots().begin(),
-                                                              task.recalibrate().data_roots().end())
-                                                        : options_.data_roots) {
-    if (!data::IsS3Path(root)) read_paths.push_back(root);
-  }
-  if (!read_paths.empty()) args.push_back("--read_path=" + absl::StrJoin(read_paths, ","));
-  if (options_.memory_bytes > 0) args.push_back(absl::StrCat("--memory_bytes=", options_.memory_bytes));
-  if (options_.file_bytes > 0) args.push_back(absl::StrCat("--file_bytes=", options_.file_bytes));
-  if (!options_.user.empty()) args.push_back("--user=" + options_.user);
-  args.push_back(absl::StrCat("--server_pid=", ::getpid()));
+  std::vector<std::string> args = WorkerArguments(options_, task, scratch);
   std::vector<char*> argv = NullTerminated(args);
   std::vector<std::string> env = WorkerEnvironment();
   std::vector<char*> envp = NullTerminated(env);
@@ -414,6 +437,7 @@ absl::StatusOr<wire::Event> WorkerRunner::Run(const wire::Task& task, const std:
       switch (event.kind_case()) {
         case wire::Event::kSandboxed:
           if (sandboxed) *sandboxed = event.sandboxed();
+          if (OnGpu(task)) LogGpuSandbox(event.sandboxed());
           break;
         case wire::Event::kProgress:
           if (hooks.on_progress && !last) hooks.on_progress(event.progress());
@@ -466,6 +490,16 @@ absl::StatusOr<wire::Event> WorkerRunner::Run(const wire::Task& task, const std:
   if (!protocol.ok()) return absl::InternalError(absl::StrCat("the worker broke the protocol: ", protocol.message()));
   return absl::InternalError(absl::StrCat("the worker exited with code ", WEXITSTATUS(status),
                                           why.empty() ? "" : ": ", why));
+}
+
+void WorkerRunner::LogGpuSandbox(const wire::Sandboxed& sandboxed) {
+  // The server describes its sandbox once at start, with a CPU worker; a GPU worker's
+  // differs (the NVIDIA devices admitted, no RLIMIT_AS): said once, at its first job.
+  std::call_once(gpu_sandbox_logged_, [&] {
+    log::Info("recal-server: GPU jobs run in sandboxed workers",
+              {{"enforced", absl::StrJoin(sandboxed.enforced(), ", ")},
+               {"not_enforced", absl::StrJoin(sandboxed.missing(), ", ")}});
+  });
 }
 
 absl::StatusOr<wire::Event> WorkerRunner::RunInScratch(const wire::Task& task, const std::string& model_path,

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -23,7 +24,7 @@ struct WorkerRunnerOptions {
   // Data in a bucket (s3:// data roots): read by the runner for its workers, which have no
   // network (remote_reads.h). Null: s3:// specs fail with FAILED_PRECONDITION.
   std::shared_ptr<data::ObjectStorage> object_storage;
-  int64_t memory_bytes = 0;             // RLIMIT_AS per worker; 0: none
+  int64_t memory_bytes = 0;             // RLIMIT_AS per CPU worker (none on a GPU); 0: none
   int64_t file_bytes = 0;               // RLIMIT_FSIZE per worker; 0: none
   std::string user;                     // run workers as this user; empty: the server's, without capabilities
   std::vector<std::string> extra_allowed_ops;
@@ -41,6 +42,12 @@ struct WorkerRunnerOptions {
 // prints no count (with its last words); DEADLINE_EXCEEDED if it does not answer in time
 // (it is killed).
 absl::StatusOr<int> CountCudaDevices(const std::string& binary, absl::Duration timeout = absl::Minutes(1));
+
+// recal-worker's command line for `task` in `scratch` (argv[0] is options.binary). A task on
+// a CUDA device gets --gpu and no --memory_bytes: CUDA reserves terabytes of address space,
+// so RLIMIT_AS would fail its context creation (server/sandbox/sandbox.h).
+std::vector<std::string> WorkerArguments(const WorkerRunnerOptions& options, const worker::v1::Task& task,
+                                         const std::string& scratch);
 
 class WorkerRunner : public JobRunner {
  public:
@@ -65,10 +72,12 @@ class WorkerRunner : public JobRunner {
   absl::StatusOr<worker::v1::Event> RunInScratch(const worker::v1::Task& task, const std::string& model_path,
                                                  const RunHooks& hooks, worker::v1::Sandboxed* sandboxed = nullptr);
   worker::v1::Task NewTask() const;
+  void LogGpuSandbox(const worker::v1::Sandboxed& sandboxed);
   // With --worker_user, the worker's scratch directory must be its own.
   absl::Status GiveToWorkerUser(const std::string& dir) const;
 
   const WorkerRunnerOptions options_;
+  std::once_flag gpu_sandbox_logged_;
 };
 
 }  // namespace recal::jobs

@@ -2,16 +2,18 @@
 // server for every job and every upload, never by hand:
 //
 //   recal-worker --scratch=DIR [--read_path=DIR ...] [--memory_bytes=N] [--file_bytes=N]
-//                [--user=NAME]   stdin: Task (+ pushed batches), fd 3: events, fd 4: model
+//                [--user=NAME] [--gpu]   stdin: Task (+ pushed batches), fd 3: events, fd 4: model
 //   recal-worker --print_cuda_devices   the number of CUDA devices its LibTorch sees, on
 //                                       stdout (recal-server asks, for --devices)
 //
 // The protocol is proto/recal/worker/v1/worker.proto. Exits 0 when the last event (results,
 // layers or a failure) was sent; anything else is a crash for the server to report.
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -35,6 +37,7 @@ ABSL_FLAG(int64_t, max_message_bytes, int64_t{1} << 30, "largest message accepte
 ABSL_FLAG(bool, print_cuda_devices, false,
           "print the number of CUDA devices LibTorch sees and exit (no task, no sandbox: recal-server, which "
           "loads no LibTorch, asks for --devices)");
+ABSL_FLAG(bool, gpu, false, "a task on a CUDA device: admit the NVIDIA devices and driver, no address-space limit");
 
 namespace {
 
@@ -53,6 +56,26 @@ int PrintCudaDevices() {
   return std::cout ? 0 : Fail("cannot write to stdout");
 }
 
+// What the worker loads after it entered the sandbox, readable there. LibTorch dlopens parts
+// of itself late (cuDNN's sub-libraries, NVRTC and its builtins, libtorch_cuda_linalg): the
+// directories of every library loaded so far (the torch wheel's lib/, its nvidia/*/lib/
+// dependencies, wherever the venv is), and the wheel's whole nvidia/ beside torch/ for the
+// packages nothing has loaded yet. On a GPU the driver's libcuda.so.1 is loaded first, so
+// that its directory (and what it loads beside it, the PTX JIT) is found wherever it lies
+// (/usr/local/nvidia/lib64 in some containers, LD_LIBRARY_PATH): the CUDA runtime's own
+// dlopen of it later finds it loaded.
+std::vector<std::string> LibraryReadPaths(bool gpu) {
+  if (gpu) ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);  // none: CUDA then says so in the engine
+  std::vector<std::string> paths = recal::sandbox::LoadedLibraryDirs();
+  for (const std::string& library : recal::sandbox::LoadedLibraries()) {
+    const std::filesystem::path path(library);
+    if (path.filename() != "libtorch_cpu.so") continue;
+    const std::filesystem::path nvidia = path.parent_path().parent_path().parent_path() / "nvidia";
+    if (std::filesystem::is_directory(nvidia)) paths.push_back(nvidia.string());
+  }
+  return paths;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -65,6 +88,8 @@ int main(int argc, char** argv) {
 
   recal::sandbox::Policy policy;
   policy.read_paths = absl::GetFlag(FLAGS_read_path);
+  policy.gpu = absl::GetFlag(FLAGS_gpu);
+  for (std::string& path : LibraryReadPaths(policy.gpu)) policy.read_paths.push_back(std::move(path));
   policy.write_paths = {scratch};
   policy.memory_bytes = absl::GetFlag(FLAGS_memory_bytes);
   policy.file_bytes = absl::GetFlag(FLAGS_file_bytes);

@@ -1,5 +1,6 @@
 #include "server/worker/worker_task.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -278,6 +279,11 @@ absl::Status Probe(const v1::SandboxProbe& probe, const TaskContext& context, co
     if (fd >= 0) ::close(fd);
     // The control: the one thing here that must work.
     Attempt(result, "write in scratch", rc < 0, Outcome(rc));
+  }
+  for (const std::string& library : probe.libraries()) {
+    void* handle = ::dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+    const char* error = handle == nullptr ? ::dlerror() : nullptr;
+    Attempt(result, "load " + library, handle == nullptr, error != nullptr ? error : "succeeded");
   }
   return send(event);
 }

@@ -86,14 +86,17 @@ TEST_F(WorkerRunnerTest, SandboxRefusesNetworkFilesExecForkAndSignals) {
   probe.set_secret_path(outside.File("secret"));
   probe.set_outside_path(outside.File("written"));
   probe.set_server_pid(::getpid());
+  // A library of the torch wheel that nothing loaded at start, from wherever the venv is (its
+  // real path may be outside every system directory): as LibTorch loads cuDNN's parts late.
+  probe.add_libraries(std::string(RECAL_TORCH_LIB_DIR) + "/libtorch_global_deps.so");
   WorkerRunner runner(options_);
   auto result = runner.Probe(probe);
   ::close(listener);
   ASSERT_TRUE(result.ok()) << result.status();
-  ASSERT_GE(result->attempts_size(), 8);
+  ASSERT_GE(result->attempts_size(), 9);
   for (const auto& attempt : result->attempts()) {
-    if (attempt.what() == "write in scratch") {
-      EXPECT_FALSE(attempt.refused()) << "the control failed: " << attempt.detail();
+    if (attempt.what() == "write in scratch" || attempt.what().rfind("load ", 0) == 0) {
+      EXPECT_FALSE(attempt.refused()) << "the control " << attempt.what() << " failed: " << attempt.detail();
     } else {
       EXPECT_TRUE(attempt.refused()) << attempt.what() << " was allowed: " << attempt.detail();
     }
@@ -104,6 +107,45 @@ TEST_F(WorkerRunnerTest, SandboxRefusesNetworkFilesExecForkAndSignals) {
   result = runner.Probe(probe);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_TRUE(result->attempts(1).refused()) << result->attempts(1).detail();
+}
+
+TEST_F(WorkerRunnerTest, GpuWorkersGetTheGpuAndNoAddressSpaceLimit) {
+  options_.memory_bytes = int64_t{16} << 30;
+  worker::v1::Task task;
+  task.mutable_recalibrate()->set_device("cpu");
+  std::vector<std::string> args = WorkerArguments(options_, task, "/scratch");
+  EXPECT_EQ(args.front(), RECAL_WORKER_BINARY);
+  EXPECT_THAT(args, ::testing::Contains("--memory_bytes=17179869184"));
+  EXPECT_THAT(args, ::testing::Not(::testing::Contains("--gpu")));
+  task.mutable_recalibrate()->set_device("cuda:1");
+  args = WorkerArguments(options_, task, "/scratch");
+  EXPECT_THAT(args, ::testing::Contains("--gpu"));
+  for (const std::string& arg : args) EXPECT_THAT(arg, ::testing::Not(HasSubstr("--memory_bytes"))) << arg;
+  // Inspections and probes run on the CPU.
+  args = WorkerArguments(options_, worker::v1::Task(), "/scratch");
+  EXPECT_THAT(args, ::testing::Contains("--memory_bytes=17179869184"));
+}
+
+TEST_F(WorkerRunnerTest, GpuJobEntersTheSandboxAndMeetsTheDevicesThere) {
+  // The GPU policy holds on any machine; without a GPU the engine, not the sandbox, says so.
+  options_.memory_bytes = int64_t{3} << 30;
+  WorkerRunner runner(options_);
+  RecalibrationTask task;
+  task.spec.set_batch_size(8);
+  task.model_path = kFixtures + "/models/bn1d_2d.traced_train.pt";
+  task.data_spec = "npy:" + kFixtures + "/data/bn1d_2d.npy";
+  task.data_roots = {kFixtures};
+  task.device = "cuda:0";
+  task.scratch_dir = tmp_.File("gpu");
+  fs::create_directories(task.scratch_dir);
+  auto report = runner.Recalibrate(task, {});
+  if (fs::exists("/dev/nvidiactl")) {
+    ASSERT_TRUE(report.ok()) << report.status();
+    EXPECT_EQ(report->device(), "cuda:0");
+    return;
+  }
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kFailedPrecondition) << report.status();
+  EXPECT_THAT(report.status().message(), HasSubstr("LibTorch sees 0 CUDA device(s)"));
 }
 
 TEST_F(WorkerRunnerTest, SandboxStateIsDescribed) {
