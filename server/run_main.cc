@@ -257,6 +257,7 @@ absl::Status RunMain() {
   report.set_batch_size(batch_size);
   report.set_skipped_files(skipped_files);
   report.set_shards(shards);
+  report.set_device(options->device);  // shard 0's report: every device the shards ran on
   if (const std::string path = absl::GetFlag(FLAGS_report); !path.empty()) {
     if (absl::Status s = recal::engine::WriteReportJson(path, report); !s.ok()) return s;
   }

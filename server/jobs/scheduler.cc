@@ -15,6 +15,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/atomic_file.h"
 #include "common/now.h"
@@ -562,6 +563,17 @@ v1::JobProgress SumOfShards(const std::vector<v1::Job>& shards) {
   return sum;
 }
 
+// The devices that ran a sharded job's shards, each once, in shard order ("cuda:0,cuda:1").
+std::string ShardDevices(const std::vector<v1::Job>& shards) {
+  std::vector<std::string> devices;
+  for (const v1::Job& shard : shards) {
+    if (!shard.device().empty() && std::find(devices.begin(), devices.end(), shard.device()) == devices.end()) {
+      devices.push_back(shard.device());
+    }
+  }
+  return absl::StrJoin(devices, ",");
+}
+
 }  // namespace
 
 absl::StatusOr<Scheduler::Outputs> Scheduler::Coordinate(const v1::Job& job, Running& running) {
@@ -647,6 +659,8 @@ absl::StatusOr<Scheduler::Outputs> Scheduler::Coordinate(const v1::Job& job, Run
   Outputs outputs;
   outputs.report = *std::move(report);
   outputs.report.set_seconds(SecondsBetween(job.start_time(), NowTimestamp()));
+  // The merge ran on the CPU; the statistics come from where the shards ran.
+  outputs.report.set_device(ShardDevices(shards));
   auto results = AdoptResults(scratch.string(), kJobFiles);
   if (!results.ok()) return results.status();
   outputs.results = *std::move(results);

@@ -58,7 +58,29 @@ class PushedSource : public data::BatchSource {
   bool ended_ = false;
 };
 
+class PinnedSource : public data::BatchSource {
+ public:
+  explicit PinnedSource(std::unique_ptr<data::BatchSource> inner) : inner_(std::move(inner)) {}
+
+  absl::StatusOr<std::optional<data::Batch>> Next() override {
+    auto batch = inner_->Next();
+    if (batch.ok() && batch->has_value()) {
+      for (at::Tensor& t : **batch) t = t.pin_memory();
+    }
+    return batch;
+  }
+  std::optional<int64_t> num_samples() const override { return inner_->num_samples(); }
+  std::string Describe() const override { return inner_->Describe(); }
+
+ private:
+  const std::unique_ptr<data::BatchSource> inner_;
+};
+
 }  // namespace
+
+std::unique_ptr<data::BatchSource> Pinned(std::unique_ptr<data::BatchSource> inner) {
+  return std::make_unique<PinnedSource>(std::move(inner));
+}
 
 std::unique_ptr<data::BatchSource> PushedBatches(MessageReader* reader) {
   return std::make_unique<PushedSource>(reader);

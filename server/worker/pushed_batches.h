@@ -13,4 +13,10 @@ namespace recal::worker {
 // (the caller normalises, data::Normalized).
 std::unique_ptr<data::BatchSource> PushedBatches(MessageReader* reader);
 
+// For a CUDA device: each batch of `inner` copied into page-locked memory as it is read, so
+// that its copy to the device does not block (files get that from data::Prefetched). Inline,
+// not on a thread: one waiting on stdin for a batch that never comes would keep the worker
+// from exiting when its job ends early (target_rel_error).
+std::unique_ptr<data::BatchSource> Pinned(std::unique_ptr<data::BatchSource> inner);
+
 }  // namespace recal::worker

@@ -79,10 +79,11 @@ absl::StatusOr<OpenedData> OpenData(const v1::Recalibrate& job, const TaskContex
   if (job.spec().data().has_client_stream()) {
     const api::ClientStreamSource& stream = job.spec().data().client_stream();
     if (context.input == nullptr) return absl::InternalError("no channel for pushed batches");
-    return OpenedData{data::Normalized(PushedBatches(context.input),
-                                       {stream.scale(), {stream.mean().begin(), stream.mean().end()},
-                                        {stream.std().begin(), stream.std().end()}}),
-                      std::nullopt};
+    std::unique_ptr<data::BatchSource> pushed = data::Normalized(
+        PushedBatches(context.input),
+        {stream.scale(), {stream.mean().begin(), stream.mean().end()}, {stream.std().begin(), stream.std().end()}});
+    if (absl::StartsWith(job.device(), "cuda")) pushed = Pinned(std::move(pushed));
+    return OpenedData{std::move(pushed), std::nullopt};
   }
   data::InputOptions input;
   input.prefetch_depth = job.prefetch_depth();
