@@ -52,6 +52,19 @@ class WorkerRunnerTest : public ::testing::Test {
     return runner.Recalibrate(task, hooks);
   }
 
+  // A good fixture model and its data (26 samples), on `device`, with its scratch directory.
+  RecalibrationTask GoodTask(const std::string& device, const std::string& scratch) {
+    RecalibrationTask task;
+    task.spec.set_batch_size(8);
+    task.model_path = kFixtures + "/models/bn1d_2d.traced_train.pt";
+    task.data_spec = "npy:" + kFixtures + "/data/bn1d_2d.npy";
+    task.data_roots = {kFixtures};
+    task.device = device;
+    task.scratch_dir = tmp_.File(scratch);
+    fs::create_directories(task.scratch_dir);
+    return task;
+  }
+
   void SetUp() override {
     ASSERT_EQ(testing::RunPython(
                   "import numpy as np, sys\n"
@@ -130,15 +143,7 @@ TEST_F(WorkerRunnerTest, GpuJobEntersTheSandboxAndMeetsTheDevicesThere) {
   // The GPU policy holds on any machine; without a GPU the engine, not the sandbox, says so.
   options_.memory_bytes = int64_t{3} << 30;
   WorkerRunner runner(options_);
-  RecalibrationTask task;
-  task.spec.set_batch_size(8);
-  task.model_path = kFixtures + "/models/bn1d_2d.traced_train.pt";
-  task.data_spec = "npy:" + kFixtures + "/data/bn1d_2d.npy";
-  task.data_roots = {kFixtures};
-  task.device = "cuda:0";
-  task.scratch_dir = tmp_.File("gpu");
-  fs::create_directories(task.scratch_dir);
-  auto report = runner.Recalibrate(task, {});
+  auto report = runner.Recalibrate(GoodTask("cuda:0", "gpu"), {});
   if (fs::exists("/dev/nvidiactl")) {
     ASSERT_TRUE(report.ok()) << report.status();
     EXPECT_EQ(report->device(), "cuda:0");
@@ -235,14 +240,7 @@ TEST_F(WorkerRunnerTest, CrashedWorkerIsReportedBySignal) {
 
 TEST_F(WorkerRunnerTest, GoodModelIsRecalibratedWithItsFilesInScratch) {
   WorkerRunner runner(options_);
-  RecalibrationTask task;
-  task.spec.set_batch_size(8);
-  task.model_path = kFixtures + "/models/bn1d_2d.traced_train.pt";
-  task.data_spec = "npy:" + kFixtures + "/data/bn1d_2d.npy";
-  task.data_roots = {kFixtures};
-  task.device = "cpu";
-  task.scratch_dir = tmp_.File("good");
-  fs::create_directories(task.scratch_dir);
+  const RecalibrationTask task = GoodTask("cpu", "good");
   int progress_events = 0;
   RunHooks hooks;
   hooks.on_progress = [&](const worker::v1::Progress& p) { ++progress_events; };
