@@ -28,6 +28,7 @@ present, else the same ResNet written out below), so that it runs with a GPU mac
 torch environment.
 """
 import argparse
+import copy
 import ctypes
 import json
 import os
@@ -167,7 +168,7 @@ def make_model(arch):
 
 
 def save_script(model, path, dtype):
-    torch.jit.save(torch.jit.script(model.to(dtype)), path)
+    torch.jit.save(torch.jit.script(copy.deepcopy(model).to(dtype)), path)
     return path
 
 
@@ -250,7 +251,7 @@ def check_exactness(args, profile, model, table, work):
     """Float64 exact; float32 contiguous / channels-last and bfloat16 within their tolerances."""
     p = profile["exact"]
     batches64 = make_batches(p["batch"], p["batches"], p["size"], torch.float64, seed=2)
-    ref = reference.reference_stats(model.double(), batches64)
+    ref = reference.reference_stats(copy.deepcopy(model).double(), batches64)
     data64 = save_npy(os.path.join(work, "exact64.npy"), batches64)
     data32 = save_npy(os.path.join(work, "exact32.npy"), [b.float() for b in batches64])
     m64 = save_script(model, os.path.join(work, "model64.pt"), torch.float64)
@@ -275,7 +276,7 @@ def check_exactness(args, profile, model, table, work):
 def baseline_rate(model, batches, device, warm, channels_last=False, bf16=False):
     """Samples/s of a plain train-mode forward (what a precise-BN loop in Python does), after
     `warm` batches; batches pinned on a GPU and copied without blocking, as the engine's are."""
-    model = model.to(device).train()
+    model = copy.deepcopy(model).float().to(device).train()
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     dev = torch.device(device)
@@ -322,7 +323,7 @@ def check_throughput(args, profile, model, table, work):
                                   ("bfloat16", ["--memory_format", "contiguous", "--compute_dtype", "bfloat16"], False,
                                    True)):
         rate, how, report = recal_rate(args, m32, data, p, work, "speed_" + name, extra)
-        base = baseline_rate(model.float(), batches, args.device, profile["baseline_warm"], cl, bf16)
+        base = baseline_rate(model, batches, args.device, profile["baseline_warm"], cl, bf16)
         wrong = report_names(report, args.device)
         # Both sides as LibTorch's defaults run them (TF32 convolutions on a GPU).
         table.add(f"samples/s {name} ({p['batch']}x3x{p['size']}x{p['size']})", rate > 0 and not wrong,
@@ -369,8 +370,10 @@ def check_server(args, exact, table, work):
                 ("pushed job", exact["m32"], "npy:" + exact["data32"], ["--stream"],
                  RTOL["tf32" if args.device.startswith("cuda") else "float32"])):
             out = os.path.join(work, f"server_{name.replace(' ', '_')}")
-            cmd = [recalctl, "--server", server, "run", model, "--data", data, "-o", out + ".pt", "--report",
-                   out + ".json", "--batch_size", str(exact["batch"]), "--output=json", *extra]
+            # A long per-call deadline: on two busy cores (the dry run in CI) a connection has
+            # been seen to take longer than recalctl's default 30 s.
+            cmd = [recalctl, "--server", server, "--deadline", "120", "run", model, "--data", data, "-o", out + ".pt",
+                   "--report", out + ".json", "--batch_size", str(exact["batch"]), "--output=json", *extra]
             try:
                 run(cmd, "recalctl run", timeout=300)
             except RuntimeError as e:
