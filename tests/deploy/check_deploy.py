@@ -27,7 +27,9 @@
       finds coming from the list's packages or their Depends.
 
 Every recal command line (compose: the image's ENTRYPOINT + command; Kubernetes: command
-+ args) may use only the flags `recal-server --helpfull` lists.
++ args) may use only the flags `recal-server --helpfull` lists; --role=api runs the api
+image, every other role the worker image (compose: build target and image name;
+Kubernetes: image name).
 
 usage: check_deploy.py --source DIR [--server RECAL_SERVER] [--api-binary BINARY]... BINARY...
 """
@@ -202,6 +204,21 @@ def compose_dockerfile(deploy, svc):
     return None
 
 
+def image_for(role):
+    """The Dockerfile target a process of this role runs: api processes the api image (no
+    LibTorch), workers and the single process (role all) the worker image."""
+    return API_STAGE if role == "api" else WORKER_STAGE
+
+
+def check_compose_image(svc, role, where):
+    """A recal service builds the target its --role needs and tags it with that target's name."""
+    build = svc.get("build") if isinstance(svc.get("build"), dict) else {}
+    target = image_for(role)
+    want = f"{IMAGE_NAMES[target]}:latest"
+    check(build.get("target") == target and str(svc.get("image")) == want,
+          f"{where} (--role={role}): target {target}, image {want} ({build.get('target')}, {svc.get('image')})")
+
+
 def compose_mounts(svc):
     """{target: (kind, source, read_only)}"""
     mounts = {}
@@ -304,6 +321,7 @@ def check_compose(deploy, image):
           f"recal gets the secret recal_auth ({sorted(secrets.values())})")
     argv = compose_argv(recal, image)
     flags = parse_flags(argv, "recal")
+    check_compose_image(recal, last(flags, "role", "all"), "recal")
     check(last(flags, "auth_file") in secrets, f"recal: --auth_file={last(flags, 'auth_file')} is a secret it gets")
     listen, metrics = port_of(last(flags, "listen")), port_of(last(flags, "metrics_listen"))
     ports = {t for _, t in compose_ports(recal)}
@@ -356,14 +374,14 @@ def check_cluster_compose(deploy, image):
     for name, svc in sorted(recal.items()):
         dockerfile = compose_dockerfile(deploy, svc)
         check(dockerfile is not None and os.path.isfile(dockerfile)
-              and str(svc.get("image")) == "recal-server:latest"
               and "RECAL_VERSION" in ((svc.get("build") or {}).get("args") or {}),
-              f"{name}: image recal-server:latest, built from {dockerfile} with RECAL_VERSION")
+              f"{name}: built from {dockerfile} with RECAL_VERSION")
         argv = compose_argv(svc, image)
         check(argv[:1] and argv[0] in SERVER_PROGRAMS, f"{name}: runs recal-server ({argv[:1]})")
         flags = parse_flags(argv, name)
         check_no_password_in_argv(argv, name)
         roles[name] = last(flags, "role", "all")
+        check_compose_image(svc, roles[name], name)
         store, blob = last(flags, "store"), last(flags, "blobs")
         stores.add(store)
         blobs.add(blob)
@@ -589,6 +607,8 @@ def dockerfile_stages(text):
 
 # The Dockerfile's stages: what each image is for.
 BUILD_STAGE, API_STAGE, WORKER_STAGE = "build", "api", "worker"
+# Image names, one per target, the same in compose and Kubernetes.
+IMAGE_NAMES = {API_STAGE: "recal-server-api", WORKER_STAGE: "recal-server"}
 # The torch wheel's library directories, relative to its site-packages.
 WHEEL_LIB_DIR = re.compile(r"^(torch/lib|nvidia/[^/]+/lib)$")
 
@@ -1242,6 +1262,10 @@ def check_pod(dep, image, docs, where, expect_role):
     check_no_password_in_argv(argv, where)
     role = last(flags, "role", "all")
     check(role == expect_role, f"{where}: --role={role}")
+    # The compose files' image names (kustomization.yaml's images: renames both for a registry).
+    want = IMAGE_NAMES[image_for(role)]
+    check(str(c.get("image", "")).rpartition(":")[0] == want,
+          f"{where}: the {image_for(role)} image, {want} ({c.get('image')})")
     listen_addr, metrics_addr = last(flags, "listen"), last(flags, "metrics_listen")
     listen, metrics = port_of(listen_addr), port_of(metrics_addr)
     check(listen and metrics and not str(listen_addr).startswith("127.") and not str(metrics_addr).startswith("127."),
@@ -1476,6 +1500,9 @@ def check_k8s(deploy, image):
         limits = (c.get("resources") or {}).get("limits") or {}
         check(last(flags, "devices") == "auto" and str(limits.get("nvidia.com/gpu")) == "1",
               f"gpu recal-worker: --devices=auto and limits nvidia.com/gpu: 1 ({last(flags, 'devices')}, {limits})")
+        # The worker image is CUDA-capable (the torch wheel's CUDA libraries): no image of its own.
+        check(str(c.get("image", "")).rpartition(":")[0] == IMAGE_NAMES[WORKER_STAGE] and "images" not in gk,
+              f"gpu recal-worker: the worker image, {IMAGE_NAMES[WORKER_STAGE]}, renamed by no images: ({c.get('image')})")
 
 
 # --------------------------------------------------------------------------- (f)
