@@ -24,7 +24,9 @@
       the pod security the sandbox can live with;
   (f) the build stage's list: a subset of scripts/debian-packages.txt, and CMake configures
       with -DRECAL_BUILD_TESTS=OFF without GoogleTest or Google Benchmark, every file it
-      finds coming from the list's packages or their Depends.
+      finds coming from the list's packages or their Depends;
+  (g) recal-server --role=api starts and answers an upload without recal-worker, which
+      the api image does not hold.
 
 Every recal command line (compose: the image's ENTRYPOINT + command; Kubernetes: command
 + args) may use only the flags `recal-server --helpfull` lists; --role=api runs the api
@@ -1505,6 +1507,67 @@ def check_k8s(deploy, image):
               f"gpu recal-worker: the worker image, {IMAGE_NAMES[WORKER_STAGE]}, renamed by no images: ({c.get('image')})")
 
 
+# --------------------------------------------------------------------------- (g)
+def check_api_without_worker(server, recalctl):
+    """The api image holds no recal-worker (and no LibTorch for one): recal-server --role=api
+    must start and take uploads without it. Run here with --worker_binary naming a file that
+    does not exist, on loopback, with the embedded store."""
+    print("(g) --role=api without recal-worker (what the api image holds)")
+    import socket
+    with tempfile.TemporaryDirectory(prefix="recal-api-") as tmp:
+        r = subprocess.run([recalctl, "token", "new", "--tenant", "deploy", "--role", "submit"],
+                           capture_output=True, text=True, timeout=30)
+        lines = r.stdout.splitlines()
+        if not check(r.returncode == 0 and len(lines) >= 2,
+                     f"recalctl token new ({r.returncode}{'' if r.returncode == 0 else ', ' + r.stderr.strip()})"):
+            return
+        auth = os.path.join(tmp, "auth.txt")
+        with open(auth, "w") as f:
+            f.write(lines[1] + "\n")
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            address = f"127.0.0.1:{sock.getsockname()[1]}"
+        absent = os.path.join(tmp, "no-recal-worker")
+        log_path = os.path.join(tmp, "server.log")
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen([server, "--role=api", f"--data_dir={tmp}/data", f"--listen={address}",
+                                     "--metrics_listen=", f"--auth_file={auth}", f"--worker_binary={absent}"],
+                                    stdout=log, stderr=subprocess.STDOUT)
+        try:
+            serving = False
+            for _ in range(100):
+                if proc.poll() is not None:
+                    break
+                serving = subprocess.run([recalctl, f"--server={address}", "health"], capture_output=True,
+                                         timeout=30).returncode == 0
+                if serving:
+                    break
+                time.sleep(0.2)
+            with open(log_path) as f:
+                last_line = (f.read().strip().splitlines() or [""])[-1]
+            state = ("SERVING" if serving else f"exited {proc.returncode}" if proc.poll() is not None
+                     else "not serving")
+            if not check(serving, f"recal-server --role=api starts and serves without recal-worker ({state}: {last_line})"):
+                return
+            junk = os.path.join(tmp, "junk.pt")
+            with open(junk, "wb") as f:
+                f.write(b"not a TorchScript archive\n" * 40)
+            r = subprocess.run([recalctl, f"--server={address}", "upload", junk], capture_output=True, text=True,
+                               timeout=60, env=dict(os.environ, RECAL_TOKEN=lines[0]))
+            out = (r.stdout + r.stderr).strip().splitlines()
+            check(r.returncode != 0 and not any(absent in l or "cannot start" in l for l in out),
+                  f"--role=api answers an upload (a file that is no model: refused) without recal-worker "
+                  f"({r.returncode}, {out[-1:] })")
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
 # --------------------------------------------------------------------------- (f)
 def check_build_list(source):
     print("(f) scripts/debian-packages-server.txt and -DRECAL_BUILD_TESTS=OFF")
@@ -1595,6 +1658,11 @@ def main():
         check(False, "(d) no binaries given")
     check_k8s(deploy, image)
     check_build_list(source)
+    recalctl = next((b for b in a.binaries if os.path.basename(b) == "recalctl"), None)
+    if server and recalctl:
+        check_api_without_worker(server, recalctl)
+    else:
+        check(False, "(g) recal-server and recalctl are needed")
 
     print()
     if failures:
