@@ -45,7 +45,7 @@ COPY deploy/runtime-packages.txt /tmp/runtime-packages.txt
 RUN apt-get update -q \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
       $(grep -v '^\s*#' /tmp/runtime-packages.txt | grep -v '^\s*$') \
- && rm -rf /var/lib/apt/lists/* /tmp/runtime-packages.txt
+ && apt-get clean && rm -rf /var/lib/apt/lists/* /tmp/runtime-packages.txt
 COPY --from=build /src/build/bin/recal-server /src/build/bin/recalctl /usr/local/bin/
 # Execs recal-server (or, as the container's PID 1 without an init, stays its parent as a
 # minimal init); RECAL_PGPASSWORD_FILE (a secret) becomes libpq's PGPASSWORD.
@@ -87,7 +87,7 @@ COPY deploy/runtime-packages-worker.txt /tmp/runtime-packages-worker.txt
 RUN apt-get update -q \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
       $(grep -v '^\s*#' /tmp/runtime-packages-worker.txt | grep -v '^\s*$') \
- && rm -rf /var/lib/apt/lists/* /tmp/runtime-packages-worker.txt
+ && apt-get clean && rm -rf /var/lib/apt/lists/* /tmp/runtime-packages-worker.txt
 COPY --from=build /opt/recal/venv/lib/python3.11/site-packages/torch/lib/ /opt/recal/venv/lib/python3.11/site-packages/torch/lib/
 COPY --from=build /opt/recal/venv/lib/python3.11/site-packages/nvidia/cu13/lib/ /opt/recal/venv/lib/python3.11/site-packages/nvidia/cu13/lib/
 COPY --from=build /opt/recal/venv/lib/python3.11/site-packages/nvidia/cudnn/lib/ /opt/recal/venv/lib/python3.11/site-packages/nvidia/cudnn/lib/
