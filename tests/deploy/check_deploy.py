@@ -42,6 +42,7 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -1513,7 +1514,6 @@ def check_api_without_worker(server, recalctl):
     must start and take uploads without it. Run here with --worker_binary naming a file that
     does not exist, on loopback, with the embedded store."""
     print("(g) --role=api without recal-worker (what the api image holds)")
-    import socket
     with tempfile.TemporaryDirectory(prefix="recal-api-") as tmp:
         r = subprocess.run([recalctl, "token", "new", "--tenant", "deploy", "--role", "submit"],
                            capture_output=True, text=True, timeout=30)
@@ -1557,7 +1557,7 @@ def check_api_without_worker(server, recalctl):
             out = (r.stdout + r.stderr).strip().splitlines()
             check(r.returncode != 0 and not any(absent in l or "cannot start" in l for l in out),
                   f"--role=api answers an upload (a file that is no model: refused) without recal-worker "
-                  f"({r.returncode}, {out[-1:] })")
+                  f"({r.returncode}, {out[-1:]})")
         finally:
             if proc.poll() is None:
                 proc.terminate()
