@@ -7,21 +7,33 @@
       api and two worker processes on one store and one blob volume, scraped by Prometheus;
   (b) promtool check config on both Prometheus files, if /usr/bin/promtool exists;
   (c) the Dockerfile's build stage installs scripts/debian-packages-server.txt through
-      scripts/install-deps.sh and builds without the tests, its runtime stage installs
-      exactly deploy/runtime-packages.txt; the entrypoint script, run with a stub server
-      (also as PID 1 of a PID namespace, where unshare can make one);
-  (d) every library the given binaries load (ldd) belongs to a package of
-      deploy/runtime-packages.txt or to one of their (recursive) Depends;
+      scripts/install-deps.sh, makes the torch wheel's venv at a fixed path and builds
+      against it without the tests; its stage api (recal-server, recalctl, no LibTorch)
+      installs exactly deploy/runtime-packages.txt, its stage worker (built on api: the
+      default target) adds exactly deploy/runtime-packages-worker.txt, recal-worker,
+      librecal_engine.so and the wheel's torch/lib and nvidia/*/lib at the build stage's
+      paths; the entrypoint script, run with a stub server (also as PID 1 of a PID
+      namespace, where unshare can make one);
+  (d) every library the api binaries (--api-binary) load (ldd) belongs to a package of
+      deploy/runtime-packages.txt or to one of their (recursive) Depends, and none is
+      LibTorch's or CUDA's; every library the worker image's binaries load belongs to one of
+      both lists' packages or their Depends, or lies in a wheel directory the worker stage
+      copies, every nvidia/*/lib is copied (LibTorch loads some late), and what the copied
+      libraries link is there too;
   (e) deploy/k8s/: the manifests and the GPU overlay agree with the server, each other and
       the pod security the sandbox can live with;
   (f) the build stage's list: a subset of scripts/debian-packages.txt, and CMake configures
       with -DRECAL_BUILD_TESTS=OFF without GoogleTest or Google Benchmark, every file it
-      finds coming from the list's packages or their Depends.
+      finds coming from the list's packages or their Depends;
+  (g) recal-server --role=api starts and answers an upload without recal-worker, which
+      the api image does not hold.
 
 Every recal command line (compose: the image's ENTRYPOINT + command; Kubernetes: command
-+ args) may use only the flags `recal-server --helpfull` lists.
++ args) may use only the flags `recal-server --helpfull` lists; --role=api runs the api
+image, every other role the worker image (compose: build target and image name;
+Kubernetes: image name).
 
-usage: check_deploy.py --source DIR [--server RECAL_SERVER] BINARY...
+usage: check_deploy.py --source DIR [--server RECAL_SERVER] [--api-binary BINARY]... BINARY...
 """
 import argparse
 import copy
@@ -30,6 +42,7 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -194,6 +207,21 @@ def compose_dockerfile(deploy, svc):
     return None
 
 
+def image_for(role):
+    """The Dockerfile target a process of this role runs: api processes the api image (no
+    LibTorch), workers and the single process (role all) the worker image."""
+    return API_STAGE if role == "api" else WORKER_STAGE
+
+
+def check_compose_image(svc, role, where):
+    """A recal service builds the target its --role needs and tags it with that target's name."""
+    build = svc.get("build") if isinstance(svc.get("build"), dict) else {}
+    target = image_for(role)
+    want = f"{IMAGE_NAMES[target]}:latest"
+    check(build.get("target") == target and str(svc.get("image")) == want,
+          f"{where} (--role={role}): target {target}, image {want} ({build.get('target')}, {svc.get('image')})")
+
+
 def compose_mounts(svc):
     """{target: (kind, source, read_only)}"""
     mounts = {}
@@ -296,6 +324,7 @@ def check_compose(deploy, image):
           f"recal gets the secret recal_auth ({sorted(secrets.values())})")
     argv = compose_argv(recal, image)
     flags = parse_flags(argv, "recal")
+    check_compose_image(recal, last(flags, "role", "all"), "recal")
     check(last(flags, "auth_file") in secrets, f"recal: --auth_file={last(flags, 'auth_file')} is a secret it gets")
     listen, metrics = port_of(last(flags, "listen")), port_of(last(flags, "metrics_listen"))
     ports = {t for _, t in compose_ports(recal)}
@@ -348,14 +377,14 @@ def check_cluster_compose(deploy, image):
     for name, svc in sorted(recal.items()):
         dockerfile = compose_dockerfile(deploy, svc)
         check(dockerfile is not None and os.path.isfile(dockerfile)
-              and str(svc.get("image")) == "recal-server:latest"
               and "RECAL_VERSION" in ((svc.get("build") or {}).get("args") or {}),
-              f"{name}: image recal-server:latest, built from {dockerfile} with RECAL_VERSION")
+              f"{name}: built from {dockerfile} with RECAL_VERSION")
         argv = compose_argv(svc, image)
         check(argv[:1] and argv[0] in SERVER_PROGRAMS, f"{name}: runs recal-server ({argv[:1]})")
         flags = parse_flags(argv, name)
         check_no_password_in_argv(argv, name)
         roles[name] = last(flags, "role", "all")
+        check_compose_image(svc, roles[name], name)
         store, blob = last(flags, "store"), last(flags, "blobs")
         stores.add(store)
         blobs.add(blob)
@@ -579,8 +608,48 @@ def dockerfile_stages(text):
     return stages
 
 
+# The Dockerfile's stages: what each image is for.
+BUILD_STAGE, API_STAGE, WORKER_STAGE = "build", "api", "worker"
+# Image names, one per target, the same in compose and Kubernetes.
+IMAGE_NAMES = {API_STAGE: "recal-server-api", WORKER_STAGE: "recal-server"}
+# The torch wheel's library directories, relative to its site-packages.
+WHEEL_LIB_DIR = re.compile(r"^(torch/lib|nvidia/[^/]+/lib)$")
+
+
+def stage_lines(stages, name):
+    """The instructions an image of stage `name` holds: its own after those of the stages it is
+    built FROM (FROM api AS worker inherits api's user, entrypoint and health check)."""
+    by_name = {n: (base, lines) for n, base, lines in stages}
+    out, seen = [], set()
+    while name in by_name and name not in seen:
+        seen.add(name)
+        base, lines = by_name[name]
+        out = lines + out
+        name = base
+    return out
+
+
+def image_of(lines):
+    """ENTRYPOINT and ENV of an image's instructions (the last ENTRYPOINT counts)."""
+    env, entry = {}, []
+    for l in lines:
+        if l.startswith("ENV "):
+            words = shlex.split(l[4:])
+            if words and "=" not in words[0]:
+                env[words[0]] = " ".join(words[1:])  # ENV KEY VALUE
+            else:
+                env.update(w.split("=", 1) for w in words if "=" in w)
+    ep = [l for l in lines if l.startswith("ENTRYPOINT")]
+    try:
+        entry = json.loads(ep[-1][len("ENTRYPOINT"):]) if ep else []
+    except ValueError:
+        check(False, f"ENTRYPOINT is a JSON list ({ep[-1]})")
+    return entry, env
+
+
 def image_info(source):
-    """What the runtime image runs: its ENTRYPOINT, ENV, and the parsed stages."""
+    """What the images run: the worker image's (the last stage's) ENTRYPOINT and ENV, which
+    the api image shares (check_dockerfile checks that), and the parsed stages."""
     info = {"text": "", "stages": [], "entrypoint": [], "env": {}}
     try:
         info["text"] = open(os.path.join(source, "Dockerfile")).read()
@@ -588,35 +657,64 @@ def image_info(source):
         check(False, f"Dockerfile: {e}")
         return info
     info["stages"] = dockerfile_stages(info["text"])
-    runtime = info["stages"][-1][2] if info["stages"] else []
-    for l in runtime:
-        if l.startswith("ENV "):
-            words = shlex.split(l[4:])
-            if words and "=" not in words[0]:
-                info["env"][words[0]] = " ".join(words[1:])  # ENV KEY VALUE
-            else:
-                info["env"].update(w.split("=", 1) for w in words if "=" in w)
-    ep = [l for l in runtime if l.startswith("ENTRYPOINT")]
-    try:
-        info["entrypoint"] = json.loads(ep[-1][len("ENTRYPOINT"):]) if ep else []
-    except ValueError:
-        check(False, f"ENTRYPOINT is a JSON list ({ep[-1]})")
+    if info["stages"]:
+        info["entrypoint"], info["env"] = image_of(stage_lines(info["stages"], info["stages"][-1][0]))
     return info
 
 
-def check_dockerfile(source, runtime_pkgs, image, shared_dirs):
+def copies(lines):
+    """[(sources, dest)] of the COPY --from=<stage> instructions."""
+    out = []
+    for l in lines:
+        if not re.match(r"COPY\s+--from=", l):
+            continue
+        words = [w for w in l.split()[1:] if not w.startswith("--")]
+        if len(words) >= 2:
+            out.append((words[:-1], words[-1]))
+    return out
+
+
+def copied_names(lines):
+    return {os.path.basename(src.rstrip("/")) for srcs, _ in copies(lines) for src in srcs}
+
+
+def build_venv(build_text):
+    """The venv the build stage makes (RECAL_VENV=... scripts/venv.sh), or None."""
+    m = re.search(r"^RUN\s.*\bRECAL_VENV=(\S+)\s+(\./)?scripts/venv\.sh\b", build_text, re.M)
+    return m.group(1).rstrip("/") if m else None
+
+
+def wheel_copies(lines, venv):
+    """{directory relative to the venv} the stage copies from the build stage's venv to the same
+    path, and [instructions] that copy any other way."""
+    same, other = set(), []
+    for srcs, dest in copies(lines):
+        for src in srcs:
+            if not venv or not src.startswith(venv + "/"):
+                continue
+            if src.rstrip("/") == dest.rstrip("/"):
+                same.add(os.path.relpath(src.rstrip("/"), venv))
+            else:
+                other.append(f"{src} -> {dest}")
+    return same, other
+
+
+def check_dockerfile(source, runtime_pkgs, worker_pkgs, image, shared_dirs):
     print("(c) Dockerfile")
     text, stages = image["text"], image["stages"]
     if not text:
         return
     # A syntax line makes BuildKit fetch a frontend image; the built-in one does.
     check(not re.search(r"^#\s*syntax\s*=", text, re.M | re.I), "no '# syntax=' line")
-    check(len(stages) >= 2, f"multi-stage ({[s[0] for s in stages]})")
-    check(all(base == "debian:bookworm-slim" for _, base, _ in stages), "every stage FROM debian:bookworm-slim")
-    if len(stages) < 2:
+    names = [s[0] for s in stages]
+    check(names == [BUILD_STAGE, API_STAGE, WORKER_STAGE],
+          f"stages {BUILD_STAGE}, {API_STAGE}, {WORKER_STAGE} (the default target) ({names})")
+    check(all(base == "debian:bookworm-slim" or base in names[:i] for i, (_, base, _) in enumerate(stages)),
+          f"every stage FROM debian:bookworm-slim or an earlier stage ({[s[1] for s in stages]})")
+    if names != [BUILD_STAGE, API_STAGE, WORKER_STAGE]:
         return
-    build, runtime = stages[0][2], stages[-1][2]
-    build_text, runtime_text = "\n".join(build), "\n".join(runtime)
+    build = stages[0][2]
+    build_text = "\n".join(build)
 
     # One list, installed by the project's script: the shipped binaries' packages only.
     check(re.search(r"^COPY\s.*scripts/debian-packages-server\.txt", build_text, re.M) is not None
@@ -627,8 +725,14 @@ def check_dockerfile(source, runtime_pkgs, image, shared_dirs):
           "build stage RUNs scripts/install-deps.sh scripts/debian-packages-server.txt")
     check("debian-packages.txt" not in build_text, "build stage does not install the whole developer list")
     check("apt-get install" not in build_text, "build stage has no apt-get install of its own")
+    # LibTorch: the torch wheel in a venv at a fixed path, which the binaries' RUNPATH names.
+    venv = build_venv(build_text)
+    check(venv is not None and venv.startswith("/") and "/src" not in venv,
+          f"build stage makes the venv with RECAL_VENV=<absolute path outside /src> scripts/venv.sh ({venv})")
     builds = [l for l in build if l.startswith("RUN") and "cmake" in l]
     cmake_text = "\n".join(builds)
+    check(venv is not None and re.search(r"-DRECAL_PYTHON=" + re.escape(venv) + r"/bin/python\b", cmake_text) is not None,
+          f"build stage configures -DRECAL_PYTHON={venv}/bin/python (LibTorch from that venv)")
     check("recal-server" in cmake_text and "recal-worker" in cmake_text and "recalctl" in cmake_text
           and "--preset default" in cmake_text,
           "build stage builds recal-server, recal-worker and recalctl with the default preset")
@@ -641,65 +745,98 @@ def check_dockerfile(source, runtime_pkgs, image, shared_dirs):
           and re.search(r"-DRECAL_VERSION=\"?\$\{?RECAL_VERSION\}?\"?", cmake_text) is not None,
           "build stage passes ARG RECAL_VERSION to CMake (-DRECAL_VERSION)")
 
-    copy_list = re.search(r"^COPY\s+(?!--from)\S*deploy/runtime-packages\.txt\s+(\S+)$", runtime_text, re.M)
-    check(copy_list is not None, "runtime stage COPYs deploy/runtime-packages.txt")
-    installs = [l for l in runtime if l.startswith("RUN") and "apt-get install" in l]
-    check(len(installs) == 1, f"runtime stage has one apt-get install ({len(installs)})")
-    if copy_list and installs:
-        dest = copy_list.group(1)
-        inst = installs[0]
-        check(dest in inst.split("apt-get install", 1)[1], f"apt-get install reads {dest}")
-        # Nothing but the file's packages: no package names written after install's options.
-        args = inst.split("apt-get install", 1)[1]
-        args = re.sub(r"\$\([^)]*\)", " ", args).split("&&")[0].split()
-        extra = [a for a in args if not a.startswith("-")]
-        check(not extra, f"apt-get install names no package of its own ({extra})")
-    literal = [p for p in runtime_pkgs if re.search(r"(?<![\w.+-])" + re.escape(p) + r"(?![\w.+-])", text)]
-    check(not literal, f"Dockerfile does not repeat the runtime list ({literal})")
-    check(re.search(r"^COPY\s+--from=\S+\s.*librecal_engine\.so", runtime_text, re.M) is not None,
-          "runtime stage copies librecal_engine.so")
-    check(re.search(r"^COPY\s+--from=\S+\s.*recal-server.*\s", runtime_text, re.M) is not None
-          and re.search(r"^COPY\s+--from=\S+\s.*recal-worker", runtime_text, re.M) is not None
-          and re.search(r"^COPY\s+--from=\S+\s.*recalctl", runtime_text, re.M) is not None,
-          "runtime stage copies recal-server, recal-worker (beside it) and recalctl")
+    # Each runtime stage installs exactly its list (the worker stage adds its own to api's).
+    own = {API_STAGE: stages[1][2], WORKER_STAGE: stages[2][2]}
+    lists = {API_STAGE: "runtime-packages.txt", WORKER_STAGE: "runtime-packages-worker.txt"}
+    check(stages[2][1] == API_STAGE, f"the worker stage is built FROM api, so it holds what api holds ({stages[2][1]})")
+    for stage, lines in own.items():
+        stage_text = "\n".join(lines)
+        copy_list = re.search(r"^COPY\s+(?!--from)\S*deploy/" + re.escape(lists[stage]) + r"\s+(\S+)$", stage_text, re.M)
+        check(copy_list is not None, f"{stage} stage COPYs deploy/{lists[stage]}")
+        installs = [l for l in lines if l.startswith("RUN") and "apt-get install" in l]
+        check(len(installs) == 1, f"{stage} stage has one apt-get install ({len(installs)})")
+        if copy_list and installs:
+            dest = copy_list.group(1)
+            inst = installs[0]
+            check(dest in inst.split("apt-get install", 1)[1], f"{stage}: apt-get install reads {dest}")
+            # Nothing but the file's packages: no package names written after install's options.
+            args = inst.split("apt-get install", 1)[1]
+            args = re.sub(r"\$\([^)]*\)", " ", args).split("&&")[0].split()
+            extra = [a for a in args if not a.startswith("-")]
+            check(not extra, f"{stage}: apt-get install names no package of its own ({extra})")
+    literal = [p for p in runtime_pkgs + worker_pkgs
+               if re.search(r"(?<![\w.+-])" + re.escape(p) + r"(?![\w.+-])", text)]
+    check(not literal, f"Dockerfile does not repeat the runtime lists ({literal})")
 
+    # What each image holds: the api image no LibTorch at all, the worker image everything.
+    api_lines, worker_lines = stage_lines(stages, API_STAGE), stage_lines(stages, WORKER_STAGE)
+    api_has, worker_has = copied_names(api_lines), copied_names(worker_lines)
+    check({"recal-server", "recalctl"} <= api_has, f"api stage copies recal-server and recalctl ({sorted(api_has)})")
+    api_wheel, _ = wheel_copies(api_lines, venv)
+    check(not api_has & {"recal-worker", "librecal_engine.so"} and not api_wheel
+          and not re.search(r"site-packages|torch|nvidia", "\n".join(l for l in api_lines if l.startswith("COPY"))),
+          f"api stage copies no recal-worker, librecal_engine.so or LibTorch "
+          f"({sorted(api_has & {'recal-worker', 'librecal_engine.so'})}, {sorted(api_wheel)})")
+    check({"librecal_engine.so", "recal-worker"} <= set(copied_names(own[WORKER_STAGE])),
+          "worker stage copies librecal_engine.so and recal-worker")
+    check({"recal-server", "recalctl", "recal-worker", "librecal_engine.so"} <= worker_has,
+          "the worker image holds recal-server, recal-worker (beside it), recalctl and librecal_engine.so")
+    wheel, moved = wheel_copies(own[WORKER_STAGE], venv)
+    bad = sorted(d for d in wheel if not WHEEL_LIB_DIR.match(d.split("site-packages/", 1)[-1])
+                 or not d.startswith("lib/python3"))
+    check(wheel and not moved and not bad,
+          f"worker stage copies the wheel's library directories (torch/lib, nvidia/*/lib) from {venv} to the same "
+          f"paths, and nothing else of the venv ({sorted(wheel)}; elsewhere: {moved}; not a library directory: {bad})")
+    image["venv"], image["wheel_dirs"] = venv, wheel
+
+    # The same entrypoint, health check and user in both (the worker inherits them from api).
+    api_entry, api_env = image_of(api_lines)
+    check((api_entry, api_env) == (image["entrypoint"], image["env"]),
+          f"api and worker images share ENTRYPOINT and ENV ({api_entry}, {image['entrypoint']})")
+    for stage, lines in ((API_STAGE, api_lines), (WORKER_STAGE, worker_lines)):
+        check_runtime_image(stage, lines, image, shared_dirs)
+
+
+def check_runtime_image(stage, lines, image, shared_dirs):
+    """What both runtime images must be: user 10001, volumes, ports, entrypoint, health check."""
+    text = "\n".join(lines)
     # The user: group 10001 first, so that the user's gid is 10001 too (not the next system gid).
-    group = re.search(r"\bgroupadd\b[^&;]*--gid[ =]10001\b[^&;]*\brecal\b", runtime_text)
-    user = re.search(r"\buseradd\b(?=[^&;]*--uid[ =]10001\b)(?=[^&;]*--gid[ =](10001|recal)\b)[^&;]*\brecal\b",
-                     runtime_text)
+    group = re.search(r"\bgroupadd\b[^&;]*--gid[ =]10001\b[^&;]*\brecal\b", text)
+    user = re.search(r"\buseradd\b(?=[^&;]*--uid[ =]10001\b)(?=[^&;]*--gid[ =](10001|recal)\b)[^&;]*\brecal\b", text)
     check(group is not None and user is not None and group.start() < user.start(),
-          "groupadd --gid 10001 recal, then useradd --uid 10001 --gid 10001 recal")
-    check(re.search(r"^USER\s+(recal|10001)\b", runtime_text, re.M) is not None, "runs as user recal")
+          f"{stage}: groupadd --gid 10001 recal, then useradd --uid 10001 --gid 10001 recal")
+    users = re.findall(r"^USER\s+(\S+)", text, re.M)
+    check(users and users[-1] in ("recal", "10001"), f"{stage}: runs as user recal ({users})")
     # A fresh named volume takes the owner of the directory it is mounted on.
     for d in sorted(shared_dirs):
-        check(re.search(r"\bchown\b[^&;]*\s" + re.escape(d) + r"(\s|$)", runtime_text) is not None,
-              f"runtime stage creates {d} (the cluster's blob volume) owned by recal")
+        check(re.search(r"\bchown\b[^&;]*\s" + re.escape(d) + r"(\s|$)", text) is not None,
+              f"{stage}: creates {d} (the cluster's blob volume) owned by recal")
     expose = set()
-    for l in runtime:
+    for l in lines:
         if l.startswith("EXPOSE"):
             expose |= set(l.split()[1:])
-    check({"50051", "9464"} <= expose, f"EXPOSE 50051 9464 ({sorted(expose)})")
-    check(re.search(r"^VOLUME\s+\[?\"?/var/lib/recal", runtime_text, re.M) is not None, "VOLUME /var/lib/recal")
+    check({"50051", "9464"} <= expose, f"{stage}: EXPOSE 50051 9464 ({sorted(expose)})")
+    check(re.search(r"^VOLUME\s+\[?\"?/var/lib/recal", text, re.M) is not None, f"{stage}: VOLUME /var/lib/recal")
 
-    entry = image["entrypoint"]
+    entry, env = image_of(lines)
     want = ["--data_dir=/var/lib/recal", "--data_root=/data",
             "--listen=0.0.0.0:50051", "--metrics_listen=0.0.0.0:9464", "--auth_file=/run/secrets/recal_auth"]
-    check(entry[:1] == ["recal-entrypoint"] and set(want) <= set(entry[1:]), f"ENTRYPOINT {entry}")
+    check(entry[:1] == ["recal-entrypoint"] and set(want) <= set(entry[1:]), f"{stage}: ENTRYPOINT {entry}")
     check(re.search(r"^COPY\s+(?!--from)(--chmod=\S+\s+)?deploy/recal-entrypoint\.sh\s+/usr/local/bin/recal-entrypoint$",
-                    runtime_text, re.M) is not None,
-          "runtime stage installs deploy/recal-entrypoint.sh as /usr/local/bin/recal-entrypoint")
-    flags = parse_flags(entry, "ENTRYPOINT")
+                    text, re.M) is not None,
+          f"{stage}: installs deploy/recal-entrypoint.sh as /usr/local/bin/recal-entrypoint")
+    flags = parse_flags(entry, f"{stage} ENTRYPOINT")
     listen = port_of(last(flags, "listen"))
     # The health check follows the configuration: shell form, $RECAL_HEALTH_ADDRESS, whose
     # default (ENV) is the ENTRYPOINT's --listen port.
-    health = [l for l in runtime if l.startswith("HEALTHCHECK")]
+    health = [l for l in lines if l.startswith("HEALTHCHECK")]
     cmd = health[-1].split(" CMD ", 1)[1].strip() if health and " CMD " in health[-1] else ""
     check(cmd != "" and not cmd.startswith("[")
           and re.match(r'recalctl\s+--server[= ]"?\$\{?RECAL_HEALTH_ADDRESS\}?"?\s+health\b', cmd) is not None,
-          f"HEALTHCHECK CMD recalctl --server=\"$RECAL_HEALTH_ADDRESS\" health, shell form ({cmd})")
-    default = image["env"].get("RECAL_HEALTH_ADDRESS")
+          f"{stage}: HEALTHCHECK CMD recalctl --server=\"$RECAL_HEALTH_ADDRESS\" health, shell form ({cmd})")
+    default = env.get("RECAL_HEALTH_ADDRESS")
     check(default is not None and port_of(default) == listen,
-          f"ENV RECAL_HEALTH_ADDRESS={default}: the ENTRYPOINT's --listen port {listen}")
+          f"{stage}: ENV RECAL_HEALTH_ADDRESS={default}: the ENTRYPOINT's --listen port {listen}")
 
 
 def check_entrypoint_script(source):
@@ -881,18 +1018,61 @@ def owners(paths):
     return {p: set().union(*(by_file.get(v, set()) for v in vs)) for p, vs in variants.items()}
 
 
-def check_runtime_deps(binaries, runtime_pkgs, sanitizer_build=False):
+# Libraries of the wheel whose own dependencies are not checked, and why: parts of CUDA's
+# libraries that LibTorch never loads on one machine, which need what no image here has.
+WHEEL_UNCHECKED = {
+    re.compile(r"^libcufile_rdma\.so"): "cuFile's GPUDirect Storage over RDMA (InfiniBand), loaded only where configured",
+    re.compile(r"^nvshmem_(bootstrap|transport)_"): "NVSHMEM's multi-node bootstraps and transports (MPI, PMIx, "
+                                                   "OpenSHMEM, libfabric, UCX, InfiniBand), loaded only where configured",
+    re.compile(r"^libcusolverMg\.so"): "cuSOLVER's multi-GPU API, which LibTorch does not use",
+}
+# LibTorch's and CUDA's libraries, by name (wherever they come from).
+TORCH_OR_CUDA = re.compile(r"^lib(torch|c10|caffe2|cudart|cudnn|cublas|cufft|cufile|curand|cusparse|cusolver|"
+                           r"cupti|nvrtc|nvJitLink|nvToolsExt|nvshmem|nccl|cuda\.)")
+# What a GPU host brings: the driver's library, mounted by the NVIDIA container toolkit.
+DRIVER_LIBS = {"libcuda.so.1"}
+
+
+def venv_part(path):
+    """(venv, directory relative to it) of a library inside a Python venv's site-packages,
+    else None: /v/lib/python3.11/site-packages/torch/lib/../../nvidia/cu13/lib/x.so ->
+    ("/v", "lib/python3.11/site-packages/nvidia/cu13/lib")."""
+    path = os.path.normpath(path)
+    m = re.match(r"^(.*?)/(lib/python3[.\d]*/site-packages/.*)/[^/]+$", path)
+    return (m.group(1), m.group(2)) if m else None
+
+
+def check_debian_libs(libs, allowed, lists, where):
+    """Every library (name -> path) a Debian package's, one of `allowed`."""
+    own = owners(sorted(set(libs.values())))
+    unowned = sorted(f"{k} ({v})" for k, v in libs.items() if not own[v])
+    check(not unowned, f"{where}: every library belongs to a Debian package ({unowned})")
+    outside = sorted(f"{k} ({'/'.join(sorted(own[v]))})" for k, v in libs.items()
+                     if own[v] and not own[v] & allowed)
+    check(not outside, f"{where}: {len(libs)} libraries, all from {lists} or their Depends (outside: {outside})")
+    direct = set()
+    for v in libs.values():
+        direct |= own[v]
+    return direct
+
+
+def check_runtime_deps(api_binaries, binaries, runtime_pkgs, worker_pkgs, image, sanitizer_build=False):
+    """The api image's binaries load only libraries of deploy/runtime-packages.txt's packages;
+    the worker image's load those, deploy/runtime-packages-worker.txt's, and the torch wheel's
+    from the directories the Dockerfile's worker stage copies, whose own needs are met too."""
     print("(d) runtime libraries")
     if not shutil.which("dpkg-query") or not shutil.which("ldd"):
         check(False, "dpkg-query and ldd are needed")
         return
     pkgs, provides = installed_packages()
-    absent = [p for p in runtime_pkgs if p not in pkgs]
+    absent = [p for p in runtime_pkgs + worker_pkgs if p not in pkgs]
     check(not absent, f"every runtime package is installed here, so its Depends are known ({absent})")
-    allowed = closure([p for p in runtime_pkgs if p in pkgs], pkgs, provides)
-    print(f"  note {len(runtime_pkgs)} runtime packages, {len(allowed)} with their Depends")
-    libs = {}
-    for b in binaries:
+    api_allowed = closure([p for p in runtime_pkgs if p in pkgs], pkgs, provides)
+    worker_allowed = closure([p for p in runtime_pkgs + worker_pkgs if p in pkgs], pkgs, provides)
+    print(f"  note api image: {len(runtime_pkgs)} runtime packages, {len(api_allowed)} with their Depends; "
+          f"worker image: {len(runtime_pkgs) + len(worker_pkgs)}, {len(worker_allowed)}")
+    loaded = {}
+    for b in sorted(set(binaries) | set(api_binaries)):
         found, missing = ldd(b)
         check(not missing, f"{os.path.basename(b)}: every library found ({missing})")
         if sanitizer_build:
@@ -900,21 +1080,87 @@ def check_runtime_deps(binaries, runtime_pkgs, sanitizer_build=False):
             if runtimes:
                 print(f"  note {os.path.basename(b)}: left out, a sanitizer build's runtimes: {runtimes}")
             found = {k: v for k, v in found.items() if not SANITIZER_RUNTIMES.match(k)}
-        libs.update({k: v for k, v in found.items() if k not in OWN_LIBS})
-        print(f"  note {os.path.basename(b)}: {len(found)} libraries")
-    own = owners(sorted(set(libs.values())))
-    unowned = sorted(f"{k} ({v})" for k, v in libs.items() if not own[v])
-    check(not unowned, f"every library belongs to a Debian package ({unowned})")
-    outside = sorted(f"{k} ({'/'.join(sorted(own[v]))})" for k, v in libs.items()
-                     if own[v] and not own[v] & allowed)
-    check(not outside, f"{len(libs)} libraries, all from deploy/runtime-packages.txt or their "
-                       f"Depends (outside: {outside})")
-    direct = set()
-    for v in libs.values():
-        direct |= own[v]
-    unused = [p for p in runtime_pkgs if p not in closure(direct & allowed, pkgs, provides)]
+        loaded[b] = {k: v for k, v in found.items() if k not in OWN_LIBS}
+        wheel = sum(1 for v in loaded[b].values() if venv_part(v))
+        print(f"  note {os.path.basename(b)}: {len(found)} libraries, {wheel} of them the torch wheel's")
+
+    # The api image: Debian's libraries only, and no LibTorch or CUDA library at all.
+    api_libs = {}
+    for b in api_binaries:
+        api_libs.update(loaded.get(b, {}))
+    torch_like = sorted(k for k, v in api_libs.items() if venv_part(v) or TORCH_OR_CUDA.match(k))
+    check(api_binaries and not torch_like,
+          f"api image ({', '.join(os.path.basename(b) for b in api_binaries)}): no LibTorch or CUDA library ({torch_like})")
+    direct = check_debian_libs({k: v for k, v in api_libs.items() if not venv_part(v)}, api_allowed,
+                               "deploy/runtime-packages.txt", "api image")
+    unused = [p for p in runtime_pkgs if p not in closure(direct & api_allowed, pkgs, provides)]
     if unused:
-        print(f"  note listed but no library of these binaries comes from them: {unused}")
+        print(f"  note deploy/runtime-packages.txt: no library of the api binaries comes from {unused}")
+
+    # The worker image: every binary, Debian's libraries and the wheel's.
+    debian, wheel = {}, {}
+    for b in binaries:
+        for k, v in loaded[b].items():
+            (wheel if venv_part(v) else debian)[k] = v
+    direct = check_debian_libs(debian, worker_allowed, "deploy/runtime-packages.txt and -worker.txt", "worker image")
+    venvs = {venv_part(v)[0] for v in wheel.values()}
+    dirs = {venv_part(v)[1] for v in wheel.values()}
+    copied = image.get("wheel_dirs") or set()
+    check(len(venvs) <= 1, f"the wheel's libraries come from one venv ({sorted(venvs)})")
+    check(not dirs - copied,
+          f"worker image: the {len(wheel)} wheel libraries lie in directories its stage copies "
+          f"(not copied: {sorted(dirs - copied)}; copied: {sorted(copied)})")
+    if not venvs:
+        check(not wheel, "the binaries load the torch wheel's libraries from a venv")
+        return
+    venv = venvs.pop()
+    # libtorch_cpu.so dlopens parts of CUDA late (cuDNN's sub-libraries, NVRTC): ldd of the
+    # binaries does not see them, so every nvidia/*/lib of the wheel is copied.
+    torch_lib = [d for d in dirs if d.endswith("/torch/lib")]
+    if not check(torch_lib, f"the worker binaries load LibTorch from a wheel's torch/lib ({sorted(dirs)})"):
+        return
+    site = os.path.dirname(os.path.dirname(torch_lib[0]))
+    nvidia = os.path.join(venv, site, "nvidia")
+    present = {os.path.join(site, "nvidia", n, "lib") for n in (os.listdir(nvidia) if os.path.isdir(nvidia) else [])
+               if os.path.isdir(os.path.join(nvidia, n, "lib"))}
+    check(not present - copied, f"worker image: every nvidia/*/lib of the wheel is copied (missing: {sorted(present - copied)})")
+    # What the copied libraries need in turn: the wheel's own, Debian's of the worker image's
+    # lists, or the driver's.
+    needs, unchecked, shipped = {}, set(), 0
+    for d in sorted(copied):
+        full = os.path.join(venv, d)
+        for f in sorted(os.listdir(full)) if os.path.isdir(full) else []:
+            if ".so" not in f or not os.path.isfile(os.path.join(full, f)):
+                continue
+            if any(p.match(f) for p in WHEEL_UNCHECKED):
+                unchecked.add(f)
+                continue
+            shipped += 1
+            r = subprocess.run(["ldd", os.path.join(full, f)], capture_output=True, text=True)
+            for line in r.stdout.splitlines():
+                m = re.match(r"\s*(\S+)\s+=>\s+(.*?)\s*(\(0x[0-9a-f]+\))?$", line)
+                if not m or m.group(1) in DRIVER_LIBS:
+                    continue
+                inside = venv_part(m.group(2))
+                if inside and inside[0] == venv:
+                    if inside[1] not in copied:
+                        needs.setdefault(m.group(1), set()).add(("not copied", f))
+                else:
+                    needs.setdefault(m.group(1), set()).add((m.group(2), f))
+    missing = sorted(f"{k} ({', '.join(sorted(f for _, f in v))})" for k, v in needs.items()
+                     if any(p in ("not found", "not copied") for p, _ in v))
+    check(not missing, f"worker image: the {shipped} copied wheel libraries find what they link (not found: {missing})")
+    found = {k: next(p for p, _ in v) for k, v in needs.items()
+             if all(p not in ("not found", "not copied") for p, _ in v)}
+    direct |= check_debian_libs(found, worker_allowed, "deploy/runtime-packages.txt and -worker.txt",
+                                "the wheel's libraries")
+    for reason in sorted(set(WHEEL_UNCHECKED.values())):
+        names = sorted(f for f in unchecked if any(p.match(f) and r == reason for p, r in WHEEL_UNCHECKED.items()))
+        if names:
+            print(f"  note not checked, {reason}: {names}")
+    unused = [p for p in worker_pkgs if p not in closure(direct & worker_allowed, pkgs, provides)]
+    if unused:
+        print(f"  note deploy/runtime-packages-worker.txt: no library of the worker image comes from {unused}")
 
 
 # --------------------------------------------------------------------------- (e)
@@ -1019,6 +1265,10 @@ def check_pod(dep, image, docs, where, expect_role):
     check_no_password_in_argv(argv, where)
     role = last(flags, "role", "all")
     check(role == expect_role, f"{where}: --role={role}")
+    # The compose files' image names (kustomization.yaml's images: renames both for a registry).
+    want = IMAGE_NAMES[image_for(role)]
+    check(str(c.get("image", "")).rpartition(":")[0] == want,
+          f"{where}: the {image_for(role)} image, {want} ({c.get('image')})")
     listen_addr, metrics_addr = last(flags, "listen"), last(flags, "metrics_listen")
     listen, metrics = port_of(listen_addr), port_of(metrics_addr)
     check(listen and metrics and not str(listen_addr).startswith("127.") and not str(metrics_addr).startswith("127."),
@@ -1253,6 +1503,69 @@ def check_k8s(deploy, image):
         limits = (c.get("resources") or {}).get("limits") or {}
         check(last(flags, "devices") == "auto" and str(limits.get("nvidia.com/gpu")) == "1",
               f"gpu recal-worker: --devices=auto and limits nvidia.com/gpu: 1 ({last(flags, 'devices')}, {limits})")
+        # The worker image is CUDA-capable (the torch wheel's CUDA libraries): no image of its own.
+        check(str(c.get("image", "")).rpartition(":")[0] == IMAGE_NAMES[WORKER_STAGE] and "images" not in gk,
+              f"gpu recal-worker: the worker image, {IMAGE_NAMES[WORKER_STAGE]}, renamed by no images: ({c.get('image')})")
+
+
+# --------------------------------------------------------------------------- (g)
+def check_api_without_worker(server, recalctl):
+    """The api image holds no recal-worker (and no LibTorch for one): recal-server --role=api
+    must start and take uploads without it. Run here with --worker_binary naming a file that
+    does not exist, on loopback, with the embedded store."""
+    print("(g) --role=api without recal-worker (what the api image holds)")
+    with tempfile.TemporaryDirectory(prefix="recal-api-") as tmp:
+        r = subprocess.run([recalctl, "token", "new", "--tenant", "deploy", "--role", "submit"],
+                           capture_output=True, text=True, timeout=30)
+        lines = r.stdout.splitlines()
+        if not check(r.returncode == 0 and len(lines) >= 2,
+                     f"recalctl token new ({r.returncode}{'' if r.returncode == 0 else ', ' + r.stderr.strip()})"):
+            return
+        auth = os.path.join(tmp, "auth.txt")
+        with open(auth, "w") as f:
+            f.write(lines[1] + "\n")
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            address = f"127.0.0.1:{sock.getsockname()[1]}"
+        absent = os.path.join(tmp, "no-recal-worker")
+        log_path = os.path.join(tmp, "server.log")
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen([server, "--role=api", f"--data_dir={tmp}/data", f"--listen={address}",
+                                     "--metrics_listen=", f"--auth_file={auth}", f"--worker_binary={absent}"],
+                                    stdout=log, stderr=subprocess.STDOUT)
+        try:
+            serving = False
+            for _ in range(100):
+                if proc.poll() is not None:
+                    break
+                serving = subprocess.run([recalctl, f"--server={address}", "health"], capture_output=True,
+                                         timeout=30).returncode == 0
+                if serving:
+                    break
+                time.sleep(0.2)
+            with open(log_path) as f:
+                last_line = (f.read().strip().splitlines() or [""])[-1]
+            state = ("SERVING" if serving else f"exited {proc.returncode}" if proc.poll() is not None
+                     else "not serving")
+            if not check(serving, f"recal-server --role=api starts and serves without recal-worker ({state}: {last_line})"):
+                return
+            junk = os.path.join(tmp, "junk.pt")
+            with open(junk, "wb") as f:
+                f.write(b"not a TorchScript archive\n" * 40)
+            r = subprocess.run([recalctl, f"--server={address}", "upload", junk], capture_output=True, text=True,
+                               timeout=60, env=dict(os.environ, RECAL_TOKEN=lines[0]))
+            out = (r.stdout + r.stderr).strip().splitlines()
+            check(r.returncode != 0 and not any(absent in l or "cannot start" in l for l in out),
+                  f"--role=api answers an upload (a file that is no model: refused) without recal-worker "
+                  f"({r.returncode}, {out[-1:]})")
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
 
 
 # --------------------------------------------------------------------------- (f)
@@ -1309,11 +1622,15 @@ def main():
     ap.add_argument("--server", help="recal-server, whose --helpfull lists the flags command lines may use")
     ap.add_argument("--sanitizer-build", action="store_true",
                     help="the binaries are a sanitizer build's: leave its runtimes (libasan, libtsan...) out")
-    ap.add_argument("binaries", nargs="*", help="recal-server, recal-worker, recalctl, librecal_engine.so")
+    ap.add_argument("--api-binary", action="append", default=[],
+                    help="one of the binaries that the api image holds too (repeat; default: recal-server, recalctl)")
+    ap.add_argument("binaries", nargs="*",
+                    help="what the worker image holds: recal-server, recal-worker, recalctl, librecal_engine.so")
     a = ap.parse_args()
     source = os.path.abspath(a.source)
     deploy = os.path.join(source, "deploy")
     runtime_pkgs = read_list(os.path.join(deploy, "runtime-packages.txt"))
+    worker_pkgs = read_list(os.path.join(deploy, "runtime-packages-worker.txt"))
     server = a.server or next((b for b in a.binaries if os.path.basename(b) == "recal-server"), None)
     if check(server is not None and os.access(server, os.X_OK), f"recal-server to ask for its flags ({server})"):
         SERVER_FLAGS = server_flags(server)
@@ -1332,14 +1649,20 @@ def main():
             blobs = last(flags_of(compose_argv(svc, image)), "blobs") or ""
             if blobs.startswith("file:"):
                 shared.add(blobs[len("file:"):])
-    check_dockerfile(source, runtime_pkgs, image, shared)
+    check_dockerfile(source, runtime_pkgs, worker_pkgs, image, shared)
     check_entrypoint_script(source)
     if a.binaries:
-        check_runtime_deps(a.binaries, runtime_pkgs, a.sanitizer_build)
+        api = a.api_binary or [b for b in a.binaries if os.path.basename(b) in ("recal-server", "recalctl")]
+        check_runtime_deps(api, a.binaries, runtime_pkgs, worker_pkgs, image, a.sanitizer_build)
     else:
         check(False, "(d) no binaries given")
     check_k8s(deploy, image)
     check_build_list(source)
+    recalctl = next((b for b in a.binaries if os.path.basename(b) == "recalctl"), None)
+    if server and recalctl:
+        check_api_without_worker(server, recalctl)
+    else:
+        check(False, "(g) recal-server and recalctl are needed")
 
     print()
     if failures:
