@@ -25,24 +25,14 @@ list(GET torch_facts 2 RECAL_TORCH_CUDA)
 list(GET torch_facts 3 torch_cxx11_abi)
 set(RECAL_TORCH_LIB_DIR ${torch_dir}/lib)
 
-# The wheel's include/ also holds headers of the third-party code it was built with, and
-# among them protobuf's (google/protobuf: 3.13 in torch 2.11, 3.21 in 2.14), which would come
-# before the system's in the search order: the project's generated *.pb.h need the protobuf
-# that protoc and the library are (Debian's 3.21), and no LibTorch header includes protobuf.
-# A directory of links to every entry but google/ stands in for include/ (one per torch, so
-# that a reconfigure with another RECAL_PYTHON leaves no link of the last one behind).
-string(MD5 torch_dir_hash "${torch_dir}")
-set(torch_include ${CMAKE_BINARY_DIR}/torch-include/${torch_dir_hash})
-file(MAKE_DIRECTORY ${torch_include})
-file(GLOB torch_include_entries RELATIVE ${torch_dir}/include ${torch_dir}/include/*)
-list(REMOVE_ITEM torch_include_entries google)
-foreach(entry IN LISTS torch_include_entries)
-  file(CREATE_LINK ${torch_dir}/include/${entry} ${torch_include}/${entry} SYMBOLIC)
-endforeach()
-
+# The wheel's include/ also holds headers of the third-party code it was built with, protobuf's
+# among them (google/protobuf), searched before the system's. With the pinned torch 2.14 they
+# are protobuf 3.21.12, Debian's own version, so the project's generated *.pb.h compile
+# against what protoc and the library are; torch 2.11 (the lent GPU machine's) carries 3.13,
+# where scripts/gpu_check.sh's build needs a copy of include/ without google/ (not done yet).
 add_library(recal_libtorch INTERFACE IMPORTED GLOBAL)
 target_include_directories(recal_libtorch SYSTEM INTERFACE
-  ${torch_include} ${torch_include}/torch/csrc/api/include)
+  ${torch_dir}/include ${torch_dir}/include/torch/csrc/api/include)
 target_compile_definitions(recal_libtorch INTERFACE _GLIBCXX_USE_CXX11_ABI=${torch_cxx11_abi})
 # LibTorch 2.x's headers are C++20: what includes them is built as C++20, the rest of the
 # project stays C++17.
