@@ -160,7 +160,7 @@ void Measure(const std::string& name, const std::string& path, const std::vector
 }
 
 // Milliseconds of each fixed cost around the loop, medians of `reps` runs: what recal-run
-// pays once per job besides its batches (process start is timed by bench/fvcore_compare.py).
+// pays once per job besides its batches (process start is timed by bench/baselines_compare.py).
 void MeasureFixedCosts(const std::string& name, const std::string& path, const at::Tensor& batch,
                        const std::string& scratch) {
   std::vector<double> create, first, next, write_model, write_buffers, load, save, reload, write_file;

@@ -1,8 +1,8 @@
-#!/usr/bin/python3
+#!/usr/bin/env -S sh -c 'exec "$(dirname "$0")/../.venv/bin/python" "$0" "$@"'
 """recal-run on an image folder against the same job in Python (torchvision ImageFolder +
 DataLoader + fvcore's precise BN), whole process against whole process.
 
-    /usr/bin/python3 bench/image_folder_compare.py --bin build/bin/recal-run --model M.pt
+    .venv/bin/python bench/image_folder_compare.py --bin build/bin/recal-run --model M.pt
         --folder DIR [--resize 128 --crop 112 --batch_size 32 --workers 1 --threads 1
         --repeats 3]
 
@@ -24,7 +24,7 @@ import tempfile
 import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-PYTHON = "/usr/bin/python3"
+PYTHON = os.path.join(os.path.dirname(_HERE), ".venv", "bin", "python")  # scripts/venv.sh
 MEAN, STD = "0.485,0.456,0.406", "0.229,0.224,0.225"
 
 

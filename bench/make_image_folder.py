@@ -1,7 +1,7 @@
-#!/usr/bin/python3
+#!/usr/bin/env -S sh -c 'exec "$(dirname "$0")/../.venv/bin/python" "$0" "$@"'
 """Writes an ImageFolder-style data set of natural-looking JPEGs for the image benchmarks.
 
-    /usr/bin/python3 bench/make_image_folder.py --out DIR --count N [--width 500 --height 375]
+    .venv/bin/python bench/make_image_folder.py --out DIR --count N [--width 500 --height 375]
         [--quality 90] [--classes 10] [--seed 0] [--jobs 2]
 
 DIR/class_00/000000.jpg, DIR/class_01/000001.jpg, ...: image i goes to class i % classes,

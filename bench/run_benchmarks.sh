@@ -2,21 +2,25 @@
 # The benchmarks, after scripts/build.sh: (1) recalibration vs plain train-mode forward in
 # one process, interleaved, then the forward's levers (inference mode, channels-last, the
 # forward ending at the last BatchNorm) and the fixed costs around the loop; (2) recal-run
-# vs fvcore's estimator in Python on ResNet-18 and MobileNetV2, whole process against whole
-# process; (3) recal-server: upload throughput, and a job through the server vs
+# vs fvcore's own update_bn_stats and vs torch.optim.swa_utils.update_bn on ResNet-18,
+# MobileNetV2 and ResNet-50, whole process against whole process on the same torch, with
+# each family's recalibration / plain train-mode forward; (3) recal-server: upload throughput, and a job through the server vs
 # recal-run; (4) image folders (IMAGES=N generated 500x375 q90 JPEGs): decoding throughput
 # against threads, a recalibration against max(decode-only, forward-only), and recal-run
 # against torchvision ImageFolder + DataLoader + fvcore; (5) the control plane on SQLite vs
 # PostgreSQL (API calls/s, tiny jobs/s, failover time); (6) a 64 MiB .npy read in batches
 # from a bucket (moto_server on loopback) vs local disk. Each prints its own table. Takes
-# ~15 minutes on 2 cores. ONLY=images runs (4) alone.
+# ~35 minutes on 2 cores. ONLY=images runs (4) alone. Python is the project's venv
+# (scripts/venv.sh): the torch whose LibTorch the binaries link, fvcore, torchvision.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+python="$PWD/.venv/bin/python"
+[ -x "$python" ] || { echo "run_benchmarks.sh: no $python (scripts/venv.sh makes it)" >&2; exit 1; }
 threads="${THREADS:-2}"
 images="${IMAGES:-512}"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-/usr/bin/python3 - "$tmp/resnet18.pt" <<'PY'
+"$python" - "$tmp/resnet18.pt" <<'PY'
 import sys
 sys.path.insert(0, "tests/fixtures")
 import torch
@@ -28,7 +32,7 @@ if [ "${ONLY:-}" != images ]; then
 build/bin/recalibration_overhead --model "$tmp/resnet18.pt" --batch_size 32 --shape 3x112x112 \
   --batches 10 --reps 7 --threads "$threads"
 echo
-/usr/bin/python3 - "$tmp/mobilenet_v2.pt" <<'PY'
+"$python" - "$tmp/mobilenet_v2.pt" <<'PY'
 import sys
 sys.path.insert(0, "tests/fixtures")
 import torch
@@ -39,10 +43,10 @@ PY
 build/bin/forward_levers --models "resnet18=$tmp/resnet18.pt,mobilenet_v2=$tmp/mobilenet_v2.pt" \
   --batch_size 32 --shape 3x112x112 --batches 4 --reps 9 --threads "$threads"
 echo
-/usr/bin/python3 bench/fvcore_compare.py --bin build/bin/recal-run --threads "$threads" \
-  --families resnet18,mobilenet_v2 --batches 20 --batch_size 32 --size 112 --repeats 5
+"$python" bench/baselines_compare.py --bin build/bin/recal-run --threads "$threads" \
+  --families resnet18,mobilenet_v2,resnet50 --batches 20 --batch_size 32 --size 112 --repeats 5
 echo
-/usr/bin/python3 bench/server_bench.py --server build/bin/recal-server --run build/bin/recal-run
+"$python" bench/server_bench.py --server build/bin/recal-server --run build/bin/recal-run
 echo
 build/bin/control_plane_bench --fixtures build/fixtures
 echo
@@ -51,7 +55,7 @@ echo
 build/bin/s3_read_bench --mib 64 --batch_size 64 --reps 5
 fi
 echo
-/usr/bin/python3 bench/make_image_folder.py --out "$tmp/images" --count "$images" --jobs "$(nproc)" >/dev/null
+"$python" bench/make_image_folder.py --out "$tmp/images" --count "$images" --jobs "$(nproc)" >/dev/null
 # Decoding and the forward pass share the cores: half each (1 + 1 on 2 cores).
 half=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))
 build/bin/input_pipeline --model "$tmp/resnet18.pt" --folder "$tmp/images" --resize 128 --crop 112 \
@@ -62,5 +66,5 @@ echo
 build/bin/input_pipeline --model "$tmp/resnet18.pt" --folder "$tmp/images" --resize 36 --crop 32 \
   --batch_size 32 --thread_list 1 --decode_threads "$half" --threads "$half" --reps 5 | tail -n 6
 echo
-/usr/bin/python3 bench/image_folder_compare.py --bin build/bin/recal-run --model "$tmp/resnet18.pt" \
+"$python" bench/image_folder_compare.py --bin build/bin/recal-run --model "$tmp/resnet18.pt" \
   --folder "$tmp/images" --resize 128 --crop 112 --batch_size 32 --workers "$half" --threads "$half" --repeats 3

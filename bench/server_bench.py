@@ -1,8 +1,8 @@
-#!/usr/bin/python3
+#!/usr/bin/env -S sh -c 'exec "$(dirname "$0")/../.venv/bin/python" "$0" "$@"'
 """recal-server on loopback: upload throughput, and a job's end-to-end time through the
 server against recal-run on the same model, data and threads (interleaved, medians).
 
-    /usr/bin/python3 bench/server_bench.py [--server build/bin/recal-server]
+    .venv/bin/python bench/server_bench.py [--server build/bin/recal-server]
         [--run build/bin/recal-run] [--model_mb 120] [--batches 20] [--repeats 3]
 
 Upload: a real TorchScript archive of about --model_mb MB (a Linear layer big enough, plus

@@ -1,8 +1,8 @@
-#!/usr/bin/python3
+#!/usr/bin/env -S sh -c 'exec "$(dirname "$0")/../.venv/bin/python" "$0" "$@"'
 """Precise BN over an image folder the way it is done in Python today: the Python side of
 the image benchmarks.
 
-    /usr/bin/python3 bench/torchvision_precise_bn.py (--model M.pt [--family resnet18] | --arch resnet18)
+    .venv/bin/python bench/torchvision_precise_bn.py (--model M.pt [--family resnet18] | --arch resnet18)
         --folder DIR --resize 256 --crop 224 --batch_size 32 --workers 2 --batches 20 --threads 2
         [--method fvcore|update_bn] [--out STATE.pt] [--json RESULT.json]
 
@@ -10,15 +10,15 @@ The job: torchvision.datasets.ImageFolder(DIR) with the eval transform (Resize(R
 CenterCrop(C), ToTensor, Normalize(ImageNet mean/std unless --mean/--std)), a
 DataLoader(batch_size=B, shuffle=False, num_workers=W), and a precise-BN pass over the
 first K batches (--batches 0: all) with torch.set_num_threads(T):
-  --method fvcore     (default) fvcore's update_bn_stats, as re-implemented in
-                      bench/fvcore_estimator.py (precise_bn there): every BN in train mode with
-                      momentum 1.0, per-batch stats averaged with sample weights in float32
-                      (E[x^2] - E[x]^2); the whole model in train mode;
+  --method fvcore     (default) fvcore.nn.precise_bn.update_bn_stats from the PyPI package
+                      fvcore: every BN in train mode with momentum 1.0, per-batch stats
+                      averaged with sample weights in float32 (E[x^2] - E[x]^2); the whole
+                      model in train mode;
   --method update_bn  torch.optim.swa_utils.update_bn: BN momentum=None (cumulative average
                       of batch means and unbiased batch variances, every batch weighs the
                       same); the whole model in train mode.
 A TorchScript archive (--model) cannot have its BN momentum set (a compiled constant), so,
-as bench/fvcore_estimator.py does, the eager model of tests/fixtures/models.py (--family) is
+as bench/python_baselines.py does, the eager model of tests/fixtures/models.py (--family) is
 built and given the archive's state_dict. --arch builds torchvision.models.<arch>() instead
 (random weights: no downloads here).
 
@@ -48,7 +48,6 @@ import torch  # noqa: E402
 import torchvision  # noqa: E402
 import torchvision.transforms as T  # noqa: E402
 
-import fvcore_estimator  # noqa: E402  (precise_bn: fvcore's algorithm)
 import models  # noqa: E402
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -145,7 +144,10 @@ def main():
                          % (args.batches, args.folder, len(dataset), available, args.batch_size))
     gen, seen = images_only(loader, batches)
     if args.method == "fvcore":
-        layers = fvcore_estimator.precise_bn(model, gen, batches)
+        from fvcore.nn.precise_bn import get_bn_modules, update_bn_stats
+
+        layers = len(get_bn_modules(model))
+        update_bn_stats(model, gen, batches)
     else:
         from torch.optim.swa_utils import update_bn
 
