@@ -4,7 +4,8 @@
 # forward ending at the last BatchNorm) and the fixed costs around the loop; (2) recal-run
 # vs fvcore's own update_bn_stats and vs torch.optim.swa_utils.update_bn on ResNet-18,
 # MobileNetV2 and ResNet-50, whole process against whole process on the same torch, with
-# each family's recalibration / plain train-mode forward; (3) recal-server: upload throughput, and a job through the server vs
+# each family's recalibration / plain train-mode forward, and the exported-program path vs the
+# TorchScript path on the same models (bench/exported_vs_script.py); (3) recal-server: upload throughput, and a job through the server vs
 # recal-run; (4) image folders (IMAGES=N generated 500x375 q90 JPEGs): decoding throughput
 # against threads, a recalibration against max(decode-only, forward-only), and recal-run
 # against torchvision ImageFolder + DataLoader + fvcore; (5) the control plane on SQLite vs
@@ -44,6 +45,9 @@ build/bin/forward_levers --models "resnet18=$tmp/resnet18.pt,mobilenet_v2=$tmp/m
   --batch_size 32 --shape 3x112x112 --batches 4 --reps 9 --threads "$threads"
 echo
 "$python" bench/baselines_compare.py --bin build/bin/recal-run --threads "$threads" \
+  --families resnet18,mobilenet_v2,resnet50 --batches 20 --batch_size 32 --size 112 --repeats 5
+echo
+"$python" bench/exported_vs_script.py --bin build/bin/recal-run --threads "$threads" \
   --families resnet18,mobilenet_v2,resnet50 --batches 20 --batch_size 32 --size 112 --repeats 5
 echo
 "$python" bench/server_bench.py --server build/bin/recal-server --run build/bin/recal-run

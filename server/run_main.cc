@@ -1,4 +1,4 @@
-// recal-run: the engine on local files, no server. Recalibrates one TorchScript model and
+// recal-run: the engine on local files, no server. Recalibrates one model (TorchScript or torch.export) and
 // writes the model, the BatchNorm buffers and the report.
 #include <unistd.h>
 
@@ -28,13 +28,15 @@
 #include "server/engine/report.h"
 #include "server/s3/s3_flags.h"
 
-ABSL_FLAG(std::string, model, "", "TorchScript archive to recalibrate (torch.jit.save)");
+ABSL_FLAG(std::string, model, "",
+          "model to recalibrate: TorchScript (torch.jit.save, .pt) or a torch.export program "
+          "(torch.export.save, .pt2), told apart by its bytes");
 ABSL_FLAG(std::string, data, "",
           "data spec: npy:PATH | safetensors:PATH[:key,key...] | torch:PATH | "
           "synthetic:SHAPE[,seed=S] (SHAPE per sample, e.g. 3x224x224) | "
           "the file schemes take ?scale=S&mean=M,..&std=S,.. for uint8/float16 data | "
           "images:DIR?resize=R&crop=C&mean=M,M,M&std=S,S,S[&samples=N&seed=S&shuffle=0|1&on_bad=fail|skip]");
-ABSL_FLAG(std::string, out, "", "where to write the recalibrated TorchScript archive");
+ABSL_FLAG(std::string, out, "", "where to write the recalibrated model (in the format it came in)");
 ABSL_FLAG(std::string, bn_out, "", "optional: the BatchNorm buffers alone, as .safetensors");
 ABSL_FLAG(std::string, report, "", "optional: the report, as JSON");
 ABSL_FLAG(int64_t, batch_size, 32, "samples per forward pass");
@@ -274,8 +276,8 @@ absl::Status RunMain() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "recalibrates the BatchNorm statistics of a TorchScript model on local data\n"
-      "  recal-run --model M.pt --data npy:X.npy --out OUT.pt [--bn_out BN.safetensors] "
+      "recalibrates the BatchNorm statistics of a TorchScript model or torch.export program on local data\n"
+      "  recal-run --model M.pt|M.pt2 --data npy:X.npy --out OUT.pt|OUT.pt2 [--bn_out BN.safetensors] "
       "[--report R.json] [options]");
   // --help lists this file's flags (absl's default looks for a file named after the binary).
   absl::FlagsUsageConfig usage;

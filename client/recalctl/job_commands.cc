@@ -247,7 +247,7 @@ int Run(Context& ctx) {
   if (auto s = ctx.args.ExpectPositional(1, "one model file"); !s.ok()) return UsageError(s);
   RecalibrateOptions options;
   if (auto s = FillSpec(ctx.args, &options.job, &options.stream_normalisation); !s.ok()) return UsageError(s);
-  if (!ctx.args.Has("out")) return UsageError(absl::InvalidArgumentError("'run' needs -o OUT.pt"));
+  if (!ctx.args.Has("out")) return UsageError(absl::InvalidArgumentError("'run' needs -o OUT (where the recalibrated model goes)"));
   const std::string data = ctx.args.Get("data");
   options.stream = ctx.args.GetBool("stream");
   // A malformed spec is the user's to fix; catch it before anything is uploaded.

@@ -27,7 +27,8 @@ constexpr char kUsage[] = R"(recalctl: recalibrate BatchNorm statistics with rec
 Usage: recalctl COMMAND [ARGS] [FLAGS]
 
 Commands:
-  upload MODEL.pt [--name N] [--label K=V]...   upload a TorchScript model (skipped if the
+  upload MODEL [--name N] [--label K=V]...      upload a model: TorchScript (.pt) or a
+                                                torch.export program (.pt2) (skipped if the
                                                 server has these bytes; resumes a broken upload)
   submit --model ID --data SPEC [JOB FLAGS]     submit a job; prints it
   get JOB                                       a job's state, progress and error
@@ -37,7 +38,7 @@ Commands:
   cancel JOB                                    cancel a queued or running job
   download JOB -o PATH [--artifact model|bn|report]
                                                 a succeeded job's result (resumes; sha256 checked)
-  run MODEL.pt --data SPEC -o OUT.pt [--bn_out F.safetensors] [--report R.json] [--name N]
+  run MODEL --data SPEC -o OUT [--bn_out F.safetensors] [--report R.json] [--name N]
       [JOB FLAGS]                               upload, submit, watch and download in one go
   health [--service NAME]                       grpc.health.v1 Check; exit 0 only if SERVING
   token new --tenant T --role read|submit|admin

@@ -8,6 +8,7 @@
 #include <torch/csrc/jit/passes/inliner.h>
 
 #include "absl/strings/str_cat.h"
+#include "server/engine/dropout_ops.h"
 #include "server/engine/observed_batch_norm.h"
 
 namespace recal::engine {
@@ -24,14 +25,6 @@ void ForEachNode(Block* block, const std::function<void(Node*)>& visit) {
     for (Block* inner : node->blocks()) ForEachNode(inner, visit);
     visit(node);
   }
-}
-
-bool IsDropoutLike(const Node* node) {
-  static const std::set<std::string> kinds = {
-      "aten::dropout",        "aten::dropout_",        "aten::feature_dropout",
-      "aten::feature_dropout_", "aten::alpha_dropout", "aten::alpha_dropout_",
-      "aten::feature_alpha_dropout", "aten::feature_alpha_dropout_"};
-  return kinds.count(node->kind().toQualString()) > 0;
 }
 
 torch::jit::Value* ReplaceBatchNorm(Graph& graph, Node* node, int64_t collector) {
@@ -99,7 +92,7 @@ absl::StatusOr<RewriteCounts> InstrumentForward(torch::jit::Module& module, int6
         frozen_statistics = true;
       }
       batch_norms.push_back(node);
-    } else if (fix_dropout && IsDropoutLike(node)) {
+    } else if (fix_dropout && IsDropoutOp(node->kind().toQualString())) {
       torch::jit::WithInsertPoint guard(node);
       node->replaceInput(2, graph->insertConstant(mode == v1::TRAIN));
       ++counts.dropouts;

@@ -75,84 +75,6 @@ absl::StatusOr<std::function<bool(const std::string&)>> LayerFilter(const Option
   }
 }
 
-// An archive on an open file descriptor: recal-worker gets the model that way, so that the
-// sandbox need not allow its path.
-class FdReadAdapter : public caffe2::serialize::ReadAdapterInterface {
- public:
-  FdReadAdapter(int fd, size_t size) : fd_(fd), size_(size) {}
-  size_t size() const override { return size_; }
-  size_t read(uint64_t pos, void* buf, size_t n, const char* what) const override {
-    size_t done = 0;
-    while (done < n) {
-      const ssize_t got = ::pread(fd_, static_cast<char*>(buf) + done, n - done, pos + done);
-      if (got < 0 && errno == EINTR) continue;
-      TORCH_CHECK(got > 0, "cannot read the model archive (", what, ")");
-      done += static_cast<size_t>(got);
-    }
-    return done;
-  }
-
- private:
-  const int fd_;
-  const size_t size_;
-};
-
-// An archive held in memory, read in place (the reload check reads the bytes it is about to
-// write without copying them into a stream first).
-class BytesReadAdapter : public caffe2::serialize::ReadAdapterInterface {
- public:
-  explicit BytesReadAdapter(absl::string_view bytes) : bytes_(bytes) {}
-  size_t size() const override { return bytes_.size(); }
-  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
-    if (pos >= bytes_.size()) return 0;
-    n = std::min<size_t>(n, bytes_.size() - pos);
-    std::memcpy(buf, bytes_.data() + pos, n);
-    return n;
-  }
-
- private:
-  const absl::string_view bytes_;
-};
-
-absl::StatusOr<torch::jit::Module> LoadArchive(const std::string& path, const c10::Device& device) {
-  // Loading compiles the archive's code and, by LibTorch's default, inlines every call in
-  // it: a few kB of hostile archive (f_k calls f_{k-1} twice) would make that exponential.
-  // The engine inlines forward itself, once ValidateGraphs has bounded the inlined size.
-  static const bool kNoInliningAtLoad = [] { return torch::jit::getInlineEverythingMode() = false; }();
-  (void)kNoInliningAtLoad;
-  int fd = -1;
-  if (absl::StartsWith(path, kModelFdPrefix)) {
-    if (!absl::SimpleAtoi(path.substr(kModelFdPrefix.size()), &fd) || fd < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("bad model descriptor ", path));
-    }
-  } else {
-    std::error_code error;
-    if (!std::filesystem::is_regular_file(path, error)) {
-      return absl::NotFoundError(absl::StrCat("no model file ", path));
-    }
-  }
-  try {
-    if (fd < 0) return torch::jit::load(path, device);
-    struct stat info;
-    if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
-      return absl::InvalidArgumentError(absl::StrCat(path, " is not an open regular file"));
-    }
-    return torch::jit::load(std::make_shared<FdReadAdapter>(fd, static_cast<size_t>(info.st_size)), device);
-  } catch (const std::exception& e) {
-    return TorchErrorStatus(absl::StrCat("cannot load TorchScript archive ", path), e);
-  }
-}
-
-// The size of the archive at `path` (or "fd:N"); 0 when unknown.
-size_t ArchiveSize(const std::string& path) {
-  struct stat info;
-  int fd = -1;
-  if (absl::StartsWith(path, kModelFdPrefix) && absl::SimpleAtoi(path.substr(kModelFdPrefix.size()), &fd)) {
-    return ::fstat(fd, &info) == 0 ? static_cast<size_t>(info.st_size) : 0;
-  }
-  return ::stat(path.c_str(), &info) == 0 ? static_cast<size_t>(info.st_size) : 0;
-}
-
 // Runs `work` on a thread of its own, or here when no thread can be started.
 template <typename Work>
 auto RunAside(Work work) -> std::future<decltype(work())> {
@@ -165,38 +87,6 @@ auto RunAside(Work work) -> std::future<decltype(work())> {
   }
 }
 
-// The tensor attribute at a state_dict key ("layer1.0.bn1.running_mean") of `module`.
-absl::StatusOr<at::Tensor> BufferAt(const torch::jit::Module& module, const std::string& key) {
-  std::vector<std::string> parts = absl::StrSplit(key, '.');
-  torch::jit::Module owner = module;
-  for (size_t i = 0; i + 1 < parts.size(); ++i) {
-    if (!owner.hasattr(parts[i]) || !owner.attr(parts[i]).isModule()) {
-      return absl::InternalError(absl::StrCat("no submodule ", parts[i], " on the way to ", key));
-    }
-    owner = owner.attr(parts[i]).toModule();
-  }
-  if (!owner.hasattr(parts.back()) || !owner.attr(parts.back()).isTensor()) {
-    return absl::InternalError(absl::StrCat("no tensor ", key, " in the model"));
-  }
-  return owner.attr(parts.back()).toTensor();
-}
-
-// The reload check of a saved archive: `bytes` load, and hold `buffers`.
-absl::Status CheckReloads(absl::string_view bytes, const std::vector<std::pair<std::string, at::Tensor>>& buffers) {
-  try {
-    torch::jit::Module reloaded = torch::jit::load(std::make_shared<BytesReadAdapter>(bytes));
-    for (const auto& [key, value] : buffers) {
-      auto buffer = BufferAt(reloaded, key);
-      if (!buffer.ok() || !buffer->equal(value)) {
-        return absl::InternalError(absl::StrCat("the saved model does not hold the new ", key));
-      }
-    }
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("the recalibrated model does not reload: ", TorchErrorLine(e)));
-  }
-  return absl::OkStatus();
-}
-
 // The model's 2-d convolutions (4-d weights), which a channels-last layout speeds up:
 // oneDNN runs them on NHWC activations and weights as they are, where contiguous (NCHW) ones
 // are reordered to its blocked layout and back on every call; and whether some of them are
@@ -206,10 +96,9 @@ struct Convolutions {
   bool depthwise = false;
 };
 
-Convolutions ConvolutionsOf(const torch::jit::Module& model) {
+Convolutions ConvolutionsOf(const ObservedModel& model) {
   Convolutions found;
-  for (const at::Tensor& p : model.parameters()) {
-    if (p.dim() != 4) continue;
+  for (const at::Tensor& p : model.ConvolutionWeights()) {
     found.any = true;
     found.depthwise |= p.size(1) == 1 && p.size(2) * p.size(3) > 1;
   }
@@ -224,7 +113,7 @@ Convolutions ConvolutionsOf(const torch::jit::Module& model) {
 // Deterministic on purpose: the layout changes the float32 rounding of the forward, and runs
 // with the same data and options give bit-identical statistics.
 MemoryFormat AutoMemoryFormat(const c10::Device& device, const std::vector<at::Tensor>& inputs,
-                              const torch::jit::Module& model) {
+                              const ObservedModel& model) {
   constexpr int64_t kDenseMinPixels = 112 * 112;
   if (!device.is_cpu()) return MemoryFormat::kContiguous;
   auto image = std::find_if(inputs.begin(), inputs.end(), [](const at::Tensor& t) {
@@ -235,16 +124,6 @@ MemoryFormat AutoMemoryFormat(const c10::Device& device, const std::vector<at::T
   const bool faster = convolutions.depthwise ||
                       (convolutions.any && image->size(2) * image->size(3) >= kDenseMinPixels);
   return faster ? MemoryFormat::kChannelsLast : MemoryFormat::kContiguous;
-}
-
-// Lays out the model's 4-d parameters in place: the graph reads them through the module, so
-// every convolution finds its weight in its input's layout instead of converting it on each
-// call. Buffers stay as they are: the collector knows them by their data pointers.
-void LayOutWeights(torch::jit::Module& model, at::MemoryFormat format) {
-  at::NoGradGuard no_grad;
-  for (at::Tensor t : model.parameters()) {
-    if (t.dim() == 4 && !t.is_contiguous(format)) t.set_data(t.contiguous(format));
-  }
 }
 
 // Autocast to `dtype` on `device` for one forward: thread-local state, restored after, and
@@ -292,10 +171,6 @@ Options ShardOptions(Options options, int shards, int64_t batches) {
 Recalibration::Recalibration(std::string model_path, Options options)
     : model_path_(std::move(model_path)), options_(std::move(options)) {}
 
-struct Recalibration::OutputCopy {
-  std::shared_future<absl::StatusOr<torch::jit::Module>> module;
-};
-
 Recalibration::~Recalibration() = default;
 
 absl::StatusOr<std::unique_ptr<Recalibration>> Recalibration::Create(const std::string& model_path,
@@ -314,44 +189,20 @@ absl::StatusOr<std::unique_ptr<Recalibration>> Recalibration::Create(const std::
 
   std::unique_ptr<Recalibration> run(new Recalibration(model_path, options));
   run->device_ = *device;
-  auto module = LoadArchive(model_path, *device);
-  if (!module.ok()) return module.status();
-  run->observed_ = std::make_unique<torch::jit::Module>(std::move(*module));
-  torch::jit::Module& observed = *run->observed_;
-
-  if (absl::Status valid = ValidateGraphs(observed, options.graph_policy); !valid.ok()) {
-    return valid;
-  }
-  if (options.preload_output_copy) {
-    run->output_copy_ = std::make_unique<OutputCopy>();
-    run->output_copy_->module =
-        RunAside([model_path] { return LoadArchive(model_path, c10::Device(c10::kCPU)); }).share();
-  }
-  if (options.modules == v1::EVAL) observed.eval();
-  if (options.modules == v1::TRAIN) observed.train(true);
-
+  auto model = LoadObservedModel(model_path, {*device, options.graph_policy, options.preload_output_copy});
+  if (!model.ok()) return model.status();
+  run->model_ = std::move(*model);
   std::unordered_map<const void*, std::string> buffer_names;
-  for (const auto& buffer : observed.named_buffers(/*recurse=*/true)) {
-    buffer_names.emplace(buffer.value.data_ptr(), buffer.name);
+  for (const auto& [name, buffer] : run->model_->buffers()) {
+    buffer_names.emplace(buffer.data_ptr(), name);
+    run->buffers_.emplace(name, buffer);
   }
   run->collector_ = std::make_unique<Collector>(std::move(buffer_names), *included);
-  for (const auto& sub : observed.named_modules()) {
-    const torch::jit::Module& m = sub.value;
-    if (m.hasattr("running_mean") && m.hasattr("running_var") && m.attr("running_mean").isTensor() &&
-        m.attr("running_var").isTensor()) {
-      run->collector_->DeclareLayer(m.attr("running_mean").toTensor(),
-                                    m.attr("running_var").toTensor());
-    }
-  }
+  for (const auto& [mean, var] : run->model_->BatchNormBuffers()) run->collector_->DeclareLayer(mean, var);
   if (options.memory_format != MemoryFormat::kAuto) run->SetMemoryFormat(options.memory_format);
-  try {
-    auto counts = InstrumentForward(observed, reinterpret_cast<int64_t>(run->collector_.get()),
-                                    options.modules, options.end_at_last_batch_norm);
-    if (!counts.ok()) return counts.status();
-    run->forward_nodes_cut_ = counts->nodes_cut;
-  } catch (const std::exception& e) {
-    return TorchErrorStatus("cannot instrument the model's BatchNorm layers", e);
-  }
+  auto cut = run->model_->Observe(run->collector_.get(), options.modules, options.end_at_last_batch_norm);
+  if (!cut.ok()) return cut.status();
+  run->forward_nodes_cut_ = *cut;
   return run;
 }
 
@@ -363,7 +214,7 @@ absl::Status Recalibration::Feed(const std::vector<at::Tensor>& inputs) {
   if (inputs[0].size(0) == 0) {
     return absl::InvalidArgumentError(absl::StrCat("batch ", batches_, " has no samples"));
   }
-  std::vector<c10::IValue> args;
+  std::vector<at::Tensor> args;
   absl::Status forward = memory_format_ == MemoryFormat::kAuto ? FirstForward(inputs, args)
                                                                : Forward(args = Arguments(inputs));
   if (!forward.ok()) return forward;
@@ -382,8 +233,8 @@ absl::Status Recalibration::Feed(const std::vector<at::Tensor>& inputs) {
   return absl::OkStatus();
 }
 
-std::vector<c10::IValue> Recalibration::Arguments(const std::vector<at::Tensor>& inputs) const {
-  std::vector<c10::IValue> args;
+std::vector<at::Tensor> Recalibration::Arguments(const std::vector<at::Tensor>& inputs) const {
+  std::vector<at::Tensor> args;
   args.reserve(inputs.size());
   for (const at::Tensor& input : inputs) {
     // Pinned batches (the input pipeline pins them for CUDA) copy without blocking the host;
@@ -399,13 +250,12 @@ std::vector<c10::IValue> Recalibration::Arguments(const std::vector<at::Tensor>&
 
 void Recalibration::SetMemoryFormat(MemoryFormat format) {
   memory_format_ = format;
-  LayOutWeights(*observed_, format == MemoryFormat::kChannelsLast ? at::MemoryFormat::ChannelsLast
-                                                                  : at::MemoryFormat::Contiguous);
+  model_->LayOutWeights(format == MemoryFormat::kChannelsLast ? at::MemoryFormat::ChannelsLast
+                                                              : at::MemoryFormat::Contiguous);
 }
 
-absl::Status Recalibration::FirstForward(const std::vector<at::Tensor>& inputs,
-                                         std::vector<c10::IValue>& args) {
-  SetMemoryFormat(AutoMemoryFormat(device_, inputs, *observed_));
+absl::Status Recalibration::FirstForward(const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>& args) {
+  SetMemoryFormat(AutoMemoryFormat(device_, inputs, *model_));
   absl::Status forward = Forward(args = Arguments(inputs));
   if (forward.ok() || memory_format_ == MemoryFormat::kContiguous) return forward;
   // Code that views activations as contiguous (x.view(n, -1) on (N, C, H, W)) fails
@@ -415,7 +265,7 @@ absl::Status Recalibration::FirstForward(const std::vector<at::Tensor>& inputs,
   return Forward(args = Arguments(inputs));
 }
 
-absl::Status Recalibration::Forward(const std::vector<c10::IValue>& args) {
+absl::Status Recalibration::Forward(const std::vector<at::Tensor>& args) {
   collector_->BeginBatch(batches_);
   try {
     // Inference mode also skips the version counters and view tracking that no-grad keeps
@@ -423,7 +273,7 @@ absl::Status Recalibration::Forward(const std::vector<c10::IValue>& args) {
     c10::InferenceMode inference(options_.inference_mode);
     at::NoGradGuard no_grad;
     AutocastScope autocast(device_, options_.compute_dtype);
-    observed_->forward(args);
+    model_->Forward(args);
   } catch (const std::exception& e) {
     return TorchErrorStatus(absl::StrCat("forward failed on batch ", batches_), e);
   }
@@ -494,8 +344,8 @@ absl::Status Recalibration::Merge(const ShardStatistics& shard) {
       if (layer->mean_key == tally.mean_key) target = layer.get();
     }
     if (target == nullptr) {  // a functional BatchNorm the shard met and this run has not
-      auto mean = BufferAt(*observed_, tally.mean_key);
-      auto var = BufferAt(*observed_, tally.var_key);
+      auto mean = Buffer(tally.mean_key);
+      auto var = Buffer(tally.var_key);
       if (mean.ok() && var.ok()) collector_->DeclareLayer(*mean, *var);
       for (const auto& layer : collector_->layers()) {
         if (layer->mean_key == tally.mean_key) target = layer.get();
@@ -543,7 +393,7 @@ absl::Status Recalibration::CheckStatisticsFitBuffers() const {
   // squares past 3.4e38): a saved Inf would poison every later forward.
   for (const auto& layer : collector_->layers()) {
     if (!layer->stats.has_estimate(options_.estimator)) continue;
-    auto buffer = BufferAt(*observed_, layer->var_key);
+    auto buffer = Buffer(layer->var_key);
     if (!buffer.ok()) continue;
     const at::Tensor var = layer->stats.var(options_.estimator);
     const at::Tensor mean = layer->stats.mean(options_.estimator);
@@ -558,11 +408,11 @@ absl::Status Recalibration::CheckStatisticsFitBuffers() const {
   return absl::OkStatus();
 }
 
-std::vector<std::pair<std::string, at::Tensor>> Recalibration::FinalBuffers() const {
-  std::vector<std::pair<std::string, at::Tensor>> buffers;
+NamedTensors Recalibration::FinalBuffers() const {
+  NamedTensors buffers;
   for (const auto& layer : collector_->layers()) {
-    auto old_mean = BufferAt(*observed_, layer->mean_key);
-    auto old_var = BufferAt(*observed_, layer->var_key);
+    auto old_mean = Buffer(layer->mean_key);
+    auto old_var = Buffer(layer->var_key);
     if (!old_mean.ok() || !old_var.ok()) continue;
     if (!layer->stats.has_estimate(options_.estimator)) {  // excluded, unused or never measured
       buffers.emplace_back(layer->mean_key, old_mean->cpu());
@@ -578,52 +428,22 @@ std::vector<std::pair<std::string, at::Tensor>> Recalibration::FinalBuffers() co
 }
 
 absl::Status Recalibration::WriteModel(const std::string& path) const {
-  // A never rewritten copy: the observed one calls recal:: operators that nobody else can
-  // load, and clone() would share its compilation unit. Usually loaded beside the run.
-  absl::StatusOr<torch::jit::Module> loaded_now;
-  const absl::StatusOr<torch::jit::Module>* target = &loaded_now;
-  if (output_copy_) {
-    target = &output_copy_->module.get();
-  } else {
-    loaded_now = LoadArchive(model_path_, c10::Device(c10::kCPU));
-  }
-  if (!target->ok()) return target->status();
-  const std::vector<std::pair<std::string, at::Tensor>> buffers = FinalBuffers();
-  {
-    at::NoGradGuard no_grad;
-    for (const auto& [key, value] : buffers) {
-      auto buffer = BufferAt(**target, key);
-      if (!buffer.ok()) return buffer.status();
-      buffer->copy_(value);
-    }
-  }
-  std::vector<std::string> recal_ops = RecalOpsIn(**target);
-  if (!recal_ops.empty()) {
-    return absl::InternalError(absl::StrCat("refusing to save a model that calls ",
-                                            absl::StrJoin(recal_ops, ", ")));
-  }
-  std::string bytes;
-  bytes.reserve(ArchiveSize(model_path_));
-  try {
-    torch::jit::ExportModule(**target, [&bytes](const void* data, size_t n) {
-      bytes.append(static_cast<const char*>(data), n);
-      return n;
-    });
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("the recalibrated model does not save: ", TorchErrorLine(e)));
-  }
+  const NamedTensors buffers = FinalBuffers();
+  auto bytes = model_->Serialize(buffers);
+  if (!bytes.ok()) return bytes.status();
   // The reload check runs beside the write of the temporary file; the file takes its final
   // name only after both, and only if the check passed.
-  std::future<absl::Status> reloaded = RunAside([&bytes, &buffers] { return CheckReloads(bytes, buffers); });
+  std::future<absl::Status> reloaded =
+      RunAside([this, &bytes, &buffers] { return model_->CheckReloads(*bytes, buffers); });
   auto writer = AtomicFileWriter::Open(path);
-  const absl::Status appended = writer.ok() ? writer->Append(bytes) : writer.status();
+  const absl::Status appended = writer.ok() ? writer->Append(*bytes) : writer.status();
   if (absl::Status check = reloaded.get(); !check.ok()) return check;
   if (!appended.ok()) return appended;
   return writer->Commit();
 }
 
 absl::Status Recalibration::WriteBatchNormBuffers(const std::string& path) const {
-  std::vector<std::pair<std::string, at::Tensor>> buffers = FinalBuffers();
+  NamedTensors buffers = FinalBuffers();
   std::vector<formats::SafetensorsEntry> entries;
   for (auto& [key, value] : buffers) {
     value = value.contiguous();
@@ -647,6 +467,12 @@ std::vector<DeclaredLayer> Recalibration::Layers() const {
   return layers;
 }
 
+absl::StatusOr<at::Tensor> Recalibration::Buffer(const std::string& key) const {
+  auto found = buffers_.find(key);
+  if (found == buffers_.end()) return absl::InternalError(absl::StrCat("no buffer ", key, " in the model"));
+  return found->second;
+}
+
 absl::StatusOr<std::vector<DeclaredLayer>> InspectModel(const std::string& path,
                                                         const GraphPolicy& policy) {
   Options options;
@@ -660,6 +486,7 @@ absl::StatusOr<std::vector<DeclaredLayer>> InspectModel(const std::string& path,
 v1::RunReport Recalibration::Report() const {
   v1::RunReport report;
   report.set_model(model_path_);
+  report.set_model_format(ModelFormatName(model_->format()));
   report.set_estimator(options_.estimator);
   report.set_modules(options_.modules);
   report.set_device(options_.device);
@@ -671,8 +498,8 @@ v1::RunReport Recalibration::Report() const {
   report.set_memory_format(MemoryFormatName(memory_format_));
   report.set_compute_dtype(ComputeDtypeName(options_.compute_dtype));
   for (const auto& layer : collector_->layers()) {
-    auto old_mean = BufferAt(*observed_, layer->mean_key);
-    auto old_var = BufferAt(*observed_, layer->var_key);
+    auto old_mean = Buffer(layer->mean_key);
+    auto old_var = Buffer(layer->var_key);
     if (!old_mean.ok() || !old_var.ok()) continue;
     v1::LayerReport* out = report.add_layers();
     DescribeLayer(*layer, *old_mean, *old_var, options_.estimator, batches_, out);

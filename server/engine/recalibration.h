@@ -1,4 +1,4 @@
-// One recalibration: load a TorchScript model, feed it batches with every BatchNorm
+// One recalibration: load a model (TorchScript or an exported program), feed it batches with every BatchNorm
 // normalising by batch statistics, and produce the model with exact population statistics,
 // the BatchNorm buffers alone, and a report. LibTorch only: no RPC, storage or job notions.
 #pragma once
@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -19,15 +20,10 @@
 #include "absl/strings/string_view.h"
 #include "recal/v1/report.pb.h"
 #include "server/engine/inspect.h"
+#include "server/engine/model_file.h"
+#include "server/engine/observed_model.h"
 #include "server/engine/options.h"
 #include "server/engine/shard_statistics.h"
-
-namespace c10 {
-struct IValue;
-}
-namespace torch::jit {
-struct Module;
-}
 
 namespace recal::engine {
 
@@ -43,9 +39,6 @@ struct Progress {
   double seconds = 0;
   double rel_std_error = 0;  // worst layer so far (infinite before two batches)
 };
-
-// A model path "fd:N" names an archive open on file descriptor N (recal-worker).
-inline constexpr absl::string_view kModelFdPrefix = "fd:";
 
 class Recalibration {
  public:
@@ -104,15 +97,17 @@ class Recalibration {
   Recalibration(std::string model_path, Options options);
   // Every layer's buffers after recalibration: new statistics where it was recalibrated,
   // the stored ones where it was unused or excluded.
-  std::vector<std::pair<std::string, at::Tensor>> FinalBuffers() const;
+  NamedTensors FinalBuffers() const;
+  // The model's buffer at a state_dict key.
+  absl::StatusOr<at::Tensor> Buffer(const std::string& key) const;
   // Fails naming the first layer whose new statistics overflow its buffers' type.
   absl::Status CheckStatisticsFitBuffers() const;
   // One forward pass of the observed model over batch number batches_.
-  absl::Status Forward(const std::vector<c10::IValue>& args);
+  absl::Status Forward(const std::vector<at::Tensor>& args);
   // The forward of the first batch, for auto memory format falling back to contiguous.
-  absl::Status FirstForward(const std::vector<at::Tensor>& inputs, std::vector<c10::IValue>& args);
+  absl::Status FirstForward(const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>& args);
   // A batch on the device, its 4-d floating-point inputs in memory_format_.
-  std::vector<c10::IValue> Arguments(const std::vector<at::Tensor>& inputs) const;
+  std::vector<at::Tensor> Arguments(const std::vector<at::Tensor>& inputs) const;
   void SetMemoryFormat(MemoryFormat format);
 
   std::string model_path_;
@@ -120,11 +115,8 @@ class Recalibration {
   c10::Device device_{c10::kCPU};
   MemoryFormat memory_format_ = MemoryFormat::kAuto;
   std::unique_ptr<Collector> collector_;
-  std::unique_ptr<torch::jit::Module> observed_;
-  // The archive loaded once more and never rewritten, for WriteModel
-  // (Options::preload_output_copy); its destruction waits for the load.
-  struct OutputCopy;
-  std::unique_ptr<OutputCopy> output_copy_;
+  std::unique_ptr<ObservedModel> model_;
+  std::map<std::string, at::Tensor> buffers_;  // model_->buffers() by key
   int64_t batches_ = 0;
   int64_t samples_ = 0;
   double seconds_ = 0;

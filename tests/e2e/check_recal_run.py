@@ -4,10 +4,11 @@
     .venv/bin/python tests/e2e/check_recal_run.py --bin build/bin/recal-run --fixtures DIR
         [--families a,b] [--jobs N] [--keep] [--lenient-stderr]
 
-For every manifest line (all families, all four export variants; --threads 1) it runs
-recal-run into a temp dir and checks, with Debian's torch:
-  - OUT.pt loads with torch.jit.load; no "recal::" in its code, graphs or archive entries;
-    training flag, parameters and other buffers as in the input archive;
+For every manifest line (all families, every TorchScript and torch.export variant; --threads
+1) it runs recal-run into a temp dir and checks, with the venv's torch:
+  - OUT loads with torch.jit.load (TorchScript) or torch.export.load (PT2, the format it came
+    in); no "recal::" in its code, graphs or archive entries; training flag (TorchScript),
+    parameters and other buffers as in the input archive;
   - its running_mean/var equal the reference (the agreed metric, rtol from the reference's
     metadata, 1e-5 by default):
         |new_mean - ref_mean| <= rtol * max(|ref_mean|, sqrt(ref_var)) + 1e-12
@@ -100,11 +101,26 @@ def load_ref(path):
 _ARCHIVE_CACHE = {}
 
 
+def is_exported(path):
+    """A torch.export program (PT2 archive), as the fixtures name them."""
+    return path.endswith(".pt2")
+
+
+def load_archive(path):
+    """(state_dict, training or None, the loaded object) of a TorchScript archive, or of a
+    PT2 archive through torch.export.load (an exported program has no training flag)."""
+    if is_exported(path):
+        program = torch.export.load(path)
+        return {k: v.detach().clone() for k, v in program.state_dict.items()}, None, program
+    m = torch.jit.load(path)
+    return {k: v.clone() for k, v in m.state_dict().items()}, m.training, m
+
+
 def archive_state(path):
     """(state_dict, training) of an input archive."""
     if path not in _ARCHIVE_CACHE:
-        m = torch.jit.load(path)
-        _ARCHIVE_CACHE[path] = ({k: v.clone() for k, v in m.state_dict().items()}, m.training)
+        state, training, _ = load_archive(path)
+        _ARCHIVE_CACHE[path] = (state, training)
     return _ARCHIVE_CACHE[path]
 
 
@@ -122,7 +138,8 @@ class Case:
         self.line = line
         self.estimator = estimator
         self.kw = kw  # ref (override), old_keys (must keep old stats), stderr_has
-        self.out = os.path.join(work, "out.pt")
+        model = args[args.index("--model") + 1] if "--model" in args else ""
+        self.out = os.path.join(work, "out.pt2" if is_exported(model) else "out.pt")
         self.bn = os.path.join(work, "bn.safetensors")
         self.report = os.path.join(work, "report.json")
         self.rc = None
@@ -156,13 +173,16 @@ def run_case(case, binary, timeout):
 
 
 def check_no_recal_ops(path, module, errors):
+    """No Recal operator in the archive's entries, nor (TorchScript) in its graphs or code."""
     with zipfile.ZipFile(path) as z:
         for info in z.infolist():
             parts = info.filename.split("/")
             if "data" in parts[1:2]:  # tensor storages
                 continue
-            if b"recal::" in z.read(info):
+            if b"recal::" in z.read(info) or b"torch.ops.recal." in z.read(info):
                 errors.append("archive entry %s mentions recal::" % info.filename)
+    if module is None:
+        return
     try:
         if "recal::" in str(module.inlined_graph):
             errors.append("inlined forward graph calls a recal:: op")
@@ -275,11 +295,10 @@ def check_success(case):
     if errors:
         return errors
     try:
-        out = torch.jit.load(case.out)
+        got, out_training, out = load_archive(case.out)
     except Exception as e:  # noqa: BLE001
-        return ["OUT.pt does not load: %s" % str(e).splitlines()[0]]
-    check_no_recal_ops(case.out, out, errors)
-    got = {k: v.detach() for k, v in out.state_dict().items()}
+        return ["OUT does not load: %s" % str(e).splitlines()[0]]
+    check_no_recal_ops(case.out, None if is_exported(case.out) else out, errors)
     case.worst = check_stats(got, ref, layers, rtol, errors, "OUT.pt")
     # Everything else is untouched.
     old_state, old_training = archive_state(line.model)
@@ -291,8 +310,8 @@ def check_success(case):
             continue
         if not torch.equal(got[k], v):
             errors.append("OUT.pt changed %s" % k)
-    if out.training != old_training:
-        errors.append("OUT.pt training=%s, the input archive has %s" % (out.training, old_training))
+    if out_training != old_training:
+        errors.append("OUT.pt training=%s, the input archive has %s" % (out_training, old_training))
     # BN safetensors.
     try:
         bn = safetensors_io.load(case.bn)
@@ -382,10 +401,8 @@ def plan(args, lines, work):
         tag = "%s.%s" % (line.family, line.variant)
         cases.append(Case(tag, base(line), True, wdir(tag), line))
     for fam in ("resnet18", "twice"):
-        for variant in models.VARIANTS:
-            line = by.get((fam, variant))
-            if line is None:
-                continue
+        for variant in sorted(v for f, v in by if f == fam and not v.startswith("torch113")):
+            line = by[(fam, variant)]
             tag = "%s.%s.batch_average" % (fam, variant)
             cases.append(Case(tag, base(line, ["--estimator", "batch_average"]), True, wdir(tag), line,
                               estimator="batch_average"))
@@ -395,11 +412,13 @@ def plan(args, lines, work):
             cases.append(Case(tag, base(line, ["--estimator", "population"]), True, wdir(tag), line))
 
     # resnet18 has no module whose mode matters besides BN: every --modules gives the reference.
+    for variant in ("scripted_train", "exported_train"):
+        line = by.get(("resnet18", variant))
+        for mode in ("eval", "train", "as_saved") if line else ():
+            tag = "resnet18.%s.modules_%s" % (variant, mode)
+            cases.append(Case(tag, base(line, ["--modules", mode]), True, wdir(tag), line))
     line = by.get(("resnet18", "scripted_train"))
     if line:
-        for mode in ("eval", "train", "as_saved"):
-            tag = "resnet18.scripted_train.modules_%s" % mode
-            cases.append(Case(tag, base(line, ["--modules", mode]), True, wdir(tag), line))
         tag = "resnet18.scripted_train.threads2"
         cases.append(Case(tag, base(line, threads=2), True, wdir(tag), line))
 
@@ -462,6 +481,17 @@ def plan(args, lines, work):
     fail("missing_model", with_(model=missing + ".pt"))
     fail("missing_data", with_(data="npy:" + missing + ".npy"))
     fail("max_batches_past_data", with_(extra=["--max_batches", "100"]))
+    # The same through an exported program: a truncated PT2 archive, NaN data.
+    exported = by.get(("dropout", "exported_eval"))
+    if exported:
+        truncated_pt2 = os.path.join(fdir, "truncated.pt2")
+        with open(exported.model, "rb") as f:
+            blob = f.read()
+        with open(truncated_pt2, "wb") as f:
+            f.write(blob[: len(blob) // 2])
+        fail("truncated_pt2", with_(model=truncated_pt2), stderr_has=["damaged or truncated zip"])
+        fail("nan_data_exported", with_(model=exported.model, data="npy:" + nan),
+             stderr_has=["layer 'bn1' holds NaN at [2, ", "in batch 1"])
     cases.append(Case("dropout.scripted_eval.allow_short_data", with_(extra=["--max_batches", "100", "--allow_short_data"]),
                       True, wdir("allow-short"), line))
     return cases

@@ -11,7 +11,8 @@ last_single families), and K = 1, 2, 3, 4:
   - the same model in float64 (buffers and data float64, so that nothing is lost to
     float32 rounding): the buffers equal the unsharded run's to 1e-9 relative, and the
     reference to 1e-5.
-And an image folder (JPEG and PNG, last batch partial) through a float64 ResNet-18: K = 2, 3
+The same as torch.export programs (float64) for a few families: K = 2, 3 equal K = 1 to
+1e-9 and the reference to 1e-5. And an image folder (JPEG and PNG, last batch partial) through a float64 ResNet-18: K = 2, 3
 equal K = 1 to 1e-9 and the reference on torchvision's tensors to 1e-5. target_rel_error
 across K = 1, 2, 4 shards: met by the merged statistics, from about as many batches. And the
 refusals: more shards than batches, --shards 0.
@@ -55,6 +56,8 @@ FAMILIES = {
     "last_single_pooled": 33,
     "masked_rows": 40,  # rows selected only in batches 0 and 1: later calls see none
 }
+# Families also run as torch.export programs (float64).
+EXPORTED_FAMILIES = ("resnet18", "twice", "two_input", "last_single_1d")
 SHARDS = (1, 2, 3, 4)
 MERGE_RTOL = 1e-9
 
@@ -173,6 +176,33 @@ def main():
                         e = worst(got, one, MERGE_RTOL)
                         check(e <= 1.0, "%s float64 K=%d vs K=1: %.2g of 1e-9" % (family, k, e))
             print("  %s done (%.1fs)" % (family, time.time() - t0), flush=True)
+
+        # ---- torch.export programs in float64: K = 2, 3 equal K = 1 to 1e-9, and the reference.
+        for family in EXPORTED_FAMILIES:
+            eager, example = models.build(family)
+            inputs, batch_size = models.make_data(family, samples=FAMILIES[family])
+            m = copy.deepcopy(eager).double()
+            xs = [x.double() for x in inputs]
+            base = os.path.join(work, "%s_exported" % family)
+            batch = torch.export.Dim("batch", min=1)
+            program = torch.export.export(m, tuple(x.double() for x in example),
+                                          dynamic_shapes=tuple({0: batch} for _ in example))
+            torch.export.save(program, base + ".pt2")
+            data = save_data(base, xs, models.SPECS[family].get("keys"))
+            ref = reference.reference_stats(copy.deepcopy(m), models.make_batches(xs, batch_size), "population",
+                                            family)
+            results = {}
+            for k in (1, 2, 3):
+                r = recal("%s_exported_k%d" % (family, k), base + ".pt2", data, batch_size, k)
+                if check(r["rc"] == 0, "%s exported K=%d runs (%s)" % (family, k, r["err"])):
+                    results[k] = stats_of(r["bn"])
+                    e = worst(results[k], ref, models.rtol(family))
+                    check(e <= 1.0, "%s exported K=%d vs float64 reference: %.2g of 1e-5" % (family, k, e))
+            for k in (2, 3):
+                if 1 in results and k in results:
+                    e = worst(results[k], results[1], MERGE_RTOL)
+                    check(e <= 1.0, "%s exported float64 K=%d vs K=1: %.2g of 1e-9" % (family, k, e))
+        print("  exported programs done (%.1fs)" % (time.time() - t0), flush=True)
 
         # ---- an image folder, JPEG and PNG, through a float64 ResNet-18.
         root = os.path.join(work, "imgs_all")

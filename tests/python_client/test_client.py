@@ -163,6 +163,22 @@ def _worst_reference_error(bn):
     return worst
 
 
+def _edit_program(source, dest, which, target):
+    """Copies the PT2 archive `source` to `dest` with the target of the first node `which`
+    picks replaced by `target`, as an attacker would edit it."""
+    import zipfile
+
+    with zipfile.ZipFile(source) as src, zipfile.ZipFile(dest, "w") as out:
+        for info in src.infolist():
+            data = src.read(info)
+            if "/models/" in info.filename and info.filename.endswith(".json"):
+                program = json.loads(data)
+                node = next(n for n in program["graph_module"]["graph"]["nodes"] if which(n))
+                node["target"] = target
+                data = json.dumps(program).encode()
+            out.writestr(info, data)
+
+
 class ClientTest(unittest.TestCase):
     """One server for most tests (one CPU worker: jobs run one at a time)."""
 
@@ -439,6 +455,39 @@ class ClientTest(unittest.TestCase):
         buffers = dict(torch.jit.load(out).named_buffers())
         for key, value in bn.items():
             np.testing.assert_array_equal(buffers[key].numpy(), value, err_msg=key)
+
+    def test_exported_programs_are_recalibrated_and_come_back_as_pt2(self):
+        import torch
+
+        for variant in ("exported_train", "exported_core_eval"):
+            model = os.path.join(FIXTURES, "models", "resnet18.%s.pt2" % variant)
+            out, bn_out, report = (os.path.join(self.dir, variant + n) for n in (".pt2", ".safetensors", ".json"))
+            job = self.client.recalibrate(model, data=RESNET_DATA, out=out, bn_out=bn_out, report=report, batch_size=8)
+            self.assertEqual(job.state, recal.SUCCEEDED, job.error.message)
+            bn = safetensors_io.load(bn_out, as_numpy=True)
+            self.assertLessEqual(_worst_reference_error(bn), 1e-5, variant)
+            with open(report) as f:
+                self.assertEqual(json.load(f)["model_format"], "exported_program")
+            state = torch.export.load(out).state_dict
+            for key, value in bn.items():
+                np.testing.assert_array_equal(state[key].numpy(), value, err_msg=key)
+
+    def test_exported_programs_that_cannot_be_recalibrated_are_refused_at_upload(self):
+        no_batchnorm = os.path.join(FIXTURES, "models", "no_batchnorm.exported_eval.pt2")
+        with self.assertRaises(recal.RecalError) as caught:
+            self.client.upload_model(no_batchnorm)
+        self.assertEqual(caught.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("no BatchNorm", caught.exception.message)
+        # A program that reads a file: refused naming the operator, and the server goes on.
+        hostile = os.path.join(self.dir, "from_file.pt2")
+        _edit_program(os.path.join(FIXTURES, "models", "twice.exported_eval.pt2"), hostile,
+                      lambda node: node["target"].startswith("torch.ops.aten.conv"),
+                      "torch.ops.aten.from_file.default")
+        with self.assertRaises(recal.RecalError) as caught:
+            self.client.upload_model(hostile)
+        self.assertEqual(caught.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("aten::from_file is not allowed", caught.exception.message)
+        self.assertEqual(self.done_job().state, recal.SUCCEEDED)
 
     def test_errors(self):
         with self.assertRaises(recal.RecalError) as caught:

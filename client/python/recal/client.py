@@ -232,7 +232,7 @@ class Client:
         self._unary(self.stub.DeleteModel, recal_pb2.DeleteModelRequest(id=_id(model_id)))
 
     def upload_model(self, path, name=None, labels=None):
-        """Uploads a TorchScript archive and returns its Model (id "sha256:<hex>").
+        """Uploads a model archive (TorchScript or a torch.export PT2) and returns its Model (id "sha256:<hex>").
 
         Nothing is sent when the server already has these bytes; an upload broken off
         earlier (by anyone) continues from the server's committed size; a connection lost
@@ -364,8 +364,8 @@ class Client:
     # ------------------------------------------------------------------------- results
 
     def download(self, job_id, path, artifact="model"):
-        """Downloads an artifact of a SUCCEEDED job: "model" (the recalibrated TorchScript
-        archive), "bn" (the BatchNorm buffers, safetensors) or "report" (JSON).
+        """Downloads an artifact of a SUCCEEDED job: "model" (the recalibrated model, in
+        the format it was uploaded in: TorchScript or a torch.export PT2 archive), "bn" (the BatchNorm buffers, safetensors) or "report" (JSON).
 
         Writes PATH.part, resumes from its size after a broken stream (and in a later call
         after a broken-off one), checks the size and sha256 the server gives, fsyncs and

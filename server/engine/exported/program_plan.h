@@ -1,0 +1,90 @@
+// An exported program's graph, parsed once into what running it needs: every node's
+// operator resolved in the c10 dispatcher and checked against the allowlist, every argument
+// typed by the operator's schema, every value given a slot. Nothing here runs anything.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+#include <c10/core/Device.h>
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+#include "server/engine/graph_validation.h"
+
+namespace recal::engine::exported {
+
+// Where a value lives while a forward runs: an index into its vector of values.
+using Slot = int;
+inline constexpr Slot kNoSlot = -1;
+
+// How one argument of a call is made when the call runs.
+struct ArgumentSource {
+  enum class Kind { kConstant, kSlot, kList };
+  Kind kind = Kind::kConstant;
+  c10::IValue constant;  // kConstant
+  Slot slot = kNoSlot;   // kSlot
+  // kList: each element a slot, or (kNoSlot) the constant beside it (SymInt[] mixes both).
+  std::vector<std::pair<Slot, c10::IValue>> elements;
+  c10::TypePtr list_type;  // kList: the schema's list type
+};
+
+// The forms of BatchNorm an exported graph holds (the training IR's, and the decomposed ones).
+enum class BatchNormForm {
+  kNone,
+  kBatchNorm,             // aten.batch_norm
+  kNative,                // aten.native_batch_norm
+  kLegit,                 // aten._native_batch_norm_legit
+  kLegitFunctional,       // aten._native_batch_norm_legit_functional
+  kLegitNoTraining,       // aten._native_batch_norm_legit_no_training
+  kWithUpdate,            // aten._batch_norm_with_update
+  kNoUpdate,              // aten._batch_norm_no_update
+};
+
+// Python's operator and math functions on symbolic sizes (_operator.mul, torch.sym_max, ...).
+enum class SymbolicOp { kNone, kAdd, kSub, kMul, kFloorDiv, kTrueDiv, kMod, kNeg, kEq, kNe, kLt, kLe, kGt, kGe,
+                        kAnd, kOr, kNot, kMax, kMin, kToFloat, kToInt, kCeil, kFloor };
+
+struct Step {
+  std::string name;    // the node's name, for messages
+  std::string target;  // "aten::conv2d" or "_operator.mul"
+  std::optional<c10::OperatorHandle> op;
+  SymbolicOp symbolic = SymbolicOp::kNone;
+  BatchNormForm batch_norm = BatchNormForm::kNone;
+  bool writes_argument = false;  // an in-place operator: it runs even when its result is unused
+  bool dropout = false;          // its `train` argument follows Options::modules
+  bool random = false;           // draws random numbers (dropout, bernoulli, rand, ...)
+  std::vector<ArgumentSource> arguments;  // in schema order
+  // Per return of the operator: the slots it fills (one, or one per element of a list
+  // return; kNoSlot where the graph ignores it).
+  std::vector<std::vector<Slot>> outputs;
+};
+
+struct GraphInput {
+  enum class Kind { kUser, kParameter, kBuffer, kConstantTensor, kConstantValue };
+  Kind kind = Kind::kUser;
+  Slot slot = kNoSlot;
+  std::string name;                      // state_dict key or constant name; the placeholder for user inputs
+  std::string placeholder;               // the graph's name for it
+  std::optional<c10::ScalarType> dtype;  // kUser tensors: the dtype the program was exported with
+  c10::IValue value;                     // kConstantValue
+};
+
+struct Plan {
+  int slots = 0;
+  std::vector<GraphInput> inputs;  // in the graph's order
+  std::vector<Step> steps;
+};
+
+// INVALID_ARGUMENT naming the node for anything Recal cannot run exactly: an operator
+// outside the allowlist (unless policy.trusted), higher-order operators (control flow,
+// wrapped regions), custom objects, a graph over policy.max_graph_nodes, malformed JSON.
+// Device arguments in the graph become `device`: the whole program runs on one.
+absl::StatusOr<Plan> PlanProgram(const nlohmann::json& program, const GraphPolicy& policy,
+                                 const c10::Device& device);
+
+}  // namespace recal::engine::exported

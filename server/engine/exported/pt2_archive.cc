@@ -1,0 +1,229 @@
+#include "server/engine/exported/pt2_archive.h"
+
+#include <limits>
+#include <set>
+
+#include <ATen/ATen.h>
+#include <caffe2/serialize/inline_container.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "server/engine/exported/serialized_types.h"
+#include "server/engine/torch_error.h"
+
+namespace recal::engine::exported {
+namespace {
+
+using caffe2::serialize::PyTorchStreamReader;
+using caffe2::serialize::PyTorchStreamWriter;
+using nlohmann::json;
+
+constexpr char kModelsDir[] = "models/";
+constexpr char kWeightsDir[] = "data/weights/";
+constexpr char kConstantsDir[] = "data/constants/";
+// Written by the writer of the new archive itself: a fresh id for a new archive.
+constexpr char kSerializationId[] = ".data/serialization_id";
+
+absl::Status Invalid(absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("PT2 archive: ", what));
+}
+
+// Thrown by the parser's callback to stop at a nesting no program has (a JSON bomb).
+struct TooDeep {};
+
+// The element count of sizes/strides at `offset`, and the storage elements the view reaches;
+// false on overflow or negative values.
+bool ViewExtent(const StoredTensor& t, int64_t* numel, int64_t* reach) {
+  int64_t n = 1, last = t.storage_offset;
+  if (t.storage_offset < 0 || t.sizes.size() != t.strides.size()) return false;
+  for (size_t i = 0; i < t.sizes.size(); ++i) {
+    if (t.sizes[i] < 0 || t.strides[i] < 0) return false;
+    if (__builtin_mul_overflow(n, t.sizes[i], &n)) return false;
+    int64_t span;
+    if (t.sizes[i] > 0 && (__builtin_mul_overflow(t.sizes[i] - 1, t.strides[i], &span) ||
+                           __builtin_add_overflow(last, span, &last))) {
+      return false;
+    }
+  }
+  *numel = n;
+  *reach = n == 0 ? 0 : last + 1;
+  return true;
+}
+
+// `stored`'s view of the bytes of its record, sharing them.
+absl::StatusOr<at::Tensor> ViewOver(const at::Tensor& bytes, const StoredTensor& stored) {
+  int64_t numel = 0, reach = 0;
+  if (!ViewExtent(stored, &numel, &reach)) return Invalid(absl::StrCat(stored.record, ": impossible view"));
+  const int64_t element = static_cast<int64_t>(c10::elementSize(stored.dtype));
+  if (bytes.numel() % element != 0 || reach > bytes.numel() / element) {
+    return Invalid(absl::StrCat(stored.record, " holds ", bytes.numel(), " bytes, too few for a ",
+                                std::string(c10::toString(stored.dtype)), " tensor of ", numel, " elements"));
+  }
+  return bytes.view(stored.dtype).as_strided(stored.sizes, stored.strides, stored.storage_offset);
+}
+
+}  // namespace
+
+absl::StatusOr<Pt2Archive> Pt2Archive::Read(std::shared_ptr<ReadAdapter> file, const ArchiveLimits& limits) {
+  Pt2Archive archive;
+  archive.file_ = std::move(file);
+  archive.limits_ = limits;
+  std::vector<std::string> records;
+  try {
+    PyTorchStreamReader reader(archive.file_);
+    records = reader.getAllRecords();
+  } catch (const std::exception& e) {
+    return Invalid(absl::StrCat("not a readable zip archive: ", TorchErrorLine(e)));
+  }
+  std::vector<std::string> models;
+  for (const std::string& name : records) {
+    if (absl::StartsWith(name, kModelsDir) && absl::EndsWith(name, ".json")) models.push_back(name);
+  }
+  if (models.size() != 1) {
+    return Invalid(absl::StrCat("holds ", models.size(), " programs (models/*.json); Recal takes an "
+                                "archive of one, as torch.export.save(program, path) writes"));
+  }
+  const std::string& model = models.front();
+  archive.model_name_ = model.substr(sizeof(kModelsDir) - 1, model.size() - sizeof(kModelsDir) + 1 - 5);
+  RECAL_ASSIGN_OR_RETURN(std::string format, archive.ReadRecord("archive_format", 64));
+  if (format != "pt2") return Invalid(absl::StrCat("archive_format is '", format.substr(0, 16), "', not pt2"));
+  auto byteorder = archive.ReadRecord("byteorder", 64);
+  if (byteorder.ok() && *byteorder != "little") {
+    return Invalid("a big-endian archive; save it on a little-endian machine");
+  }
+  RECAL_ASSIGN_OR_RETURN(json program, archive.ReadJson(model));
+  archive.program_ = std::make_shared<const json>(std::move(program));
+  for (const char* legacy : {"data/weights/", "data/constants/"}) {
+    if (std::find(records.begin(), records.end(), absl::StrCat(legacy, archive.model_name_, ".pt")) !=
+        records.end()) {
+      return Invalid("stores its weights in the legacy pickled format; save it again with torch.export.save "
+                     "of torch 2.6 or later");
+    }
+  }
+  RECAL_RETURN_IF_ERROR(archive.ReadPayloadConfig(
+      absl::StrCat(kWeightsDir, archive.model_name_, "_weights_config.json"), kWeightsDir, &archive.weights_));
+  RECAL_RETURN_IF_ERROR(archive.ReadPayloadConfig(
+      absl::StrCat(kConstantsDir, archive.model_name_, "_constants_config.json"), kConstantsDir,
+      &archive.constants_));
+  return archive;
+}
+
+absl::StatusOr<std::string> Pt2Archive::ReadRecord(const std::string& name, int64_t limit) const {
+  try {
+    PyTorchStreamReader reader(file_);
+    if (!reader.hasRecord(name)) return Invalid(absl::StrCat("has no ", name));
+    const size_t size = reader.getRecordSize(name);
+    if (size > static_cast<size_t>(limit)) {
+      return Invalid(absl::StrCat(name, " is ", size, " bytes, more than the ", limit, " allowed"));
+    }
+    std::string bytes(size, '\0');
+    reader.getRecord(name, bytes.data(), size);
+    return bytes;
+  } catch (const std::exception& e) {
+    return Invalid(absl::StrCat("cannot read ", name, ": ", TorchErrorLine(e)));
+  }
+}
+
+absl::StatusOr<json> Pt2Archive::ReadJson(const std::string& name) const {
+  RECAL_ASSIGN_OR_RETURN(std::string text, ReadRecord(name, limits_.max_json_bytes));
+  const int max_depth = limits_.max_json_depth;
+  try {
+    return json::parse(text, [max_depth](int depth, json::parse_event_t, json&) {
+      if (depth > max_depth) throw TooDeep{};
+      return true;
+    });
+  } catch (const TooDeep&) {
+    return Invalid(absl::StrCat(name, " nests deeper than ", max_depth, " levels"));
+  } catch (const json::exception& e) {
+    return Invalid(absl::StrCat(name, " is not valid JSON: ", e.what()));
+  }
+}
+
+absl::Status Pt2Archive::ReadPayloadConfig(const std::string& config, const std::string& dir,
+                                           std::map<std::string, StoredTensor>* into) const {
+  RECAL_ASSIGN_OR_RETURN(json root, ReadJson(config));
+  try {
+    for (const auto& [fqn, meta] : root.at("config").items()) {
+      if (meta.value("use_pickle", false)) {
+        return Invalid(absl::StrCat("'", fqn, "' is pickled (a tensor subclass or script object); Recal ",
+                                    "never unpickles an upload: export a model of plain tensors"));
+      }
+      const json& tensor_meta = meta.at("tensor_meta");
+      StoredTensor stored;
+      stored.record = dir + meta.at("path_name").get<std::string>();
+      RECAL_ASSIGN_OR_RETURN(stored.dtype, ScalarTypeOf(tensor_meta.at("dtype").get<int64_t>()));
+      RECAL_ASSIGN_OR_RETURN(stored.sizes, ConcreteInts(tensor_meta.at("sizes")));
+      RECAL_ASSIGN_OR_RETURN(stored.strides, ConcreteInts(tensor_meta.at("strides")));
+      RECAL_ASSIGN_OR_RETURN(std::vector<int64_t> offset, ConcreteInts(json::array({tensor_meta.at("storage_offset")})));
+      stored.storage_offset = offset.front();
+      if (tensor_meta.value("layout", kStridedLayout) != kStridedLayout) {
+        return Invalid(absl::StrCat("'", fqn, "' is not a strided (dense) tensor"));
+      }
+      int64_t numel, reach;
+      if (!ViewExtent(stored, &numel, &reach)) {
+        return Invalid(absl::StrCat("'", fqn, "' has an impossible shape, strides or offset"));
+      }
+      into->emplace(fqn, std::move(stored));
+    }
+  } catch (const json::exception& e) {
+    return Invalid(absl::StrCat(config, " is malformed: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<at::Tensor> Pt2Archive::Load(const StoredTensor& stored) const {
+  try {
+    PyTorchStreamReader reader(file_);
+    if (!reader.hasRecord(stored.record)) return Invalid(absl::StrCat("has no ", stored.record));
+    const int64_t bytes = static_cast<int64_t>(reader.getRecordSize(stored.record));
+    // A stored record is as large in the archive as in memory: a record claiming more than
+    // the whole archive is a compressed bomb, not a weight torch.export.save wrote.
+    if (bytes > static_cast<int64_t>(file_->size())) {
+      return Invalid(absl::StrCat(stored.record, " claims ", bytes, " bytes, more than the archive holds"));
+    }
+    at::Tensor record = at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
+    if (bytes > 0) reader.getRecord(stored.record, record.data_ptr(), static_cast<size_t>(bytes));
+    return ViewOver(record, stored);
+  } catch (const std::exception& e) {
+    return Invalid(absl::StrCat("cannot read ", stored.record, ": ", TorchErrorLine(e)));
+  }
+}
+
+absl::StatusOr<std::string> Pt2Archive::WithTensors(
+    const std::vector<std::pair<std::string, at::Tensor>>& values) const {
+  std::map<std::string, std::vector<std::pair<const StoredTensor*, at::Tensor>>> by_record;
+  for (const auto& [name, value] : values) {
+    auto found = weights_.find(name);
+    if (found == weights_.end()) found = constants_.find(name);
+    if (found == constants_.end()) return absl::InternalError(absl::StrCat("no tensor ", name, " in the archive"));
+    by_record[found->second.record].emplace_back(&found->second, value);
+  }
+  std::string out;
+  try {
+    PyTorchStreamReader reader(file_);
+    PyTorchStreamWriter writer([&out](const void* data, size_t n) {
+      out.append(static_cast<const char*>(data), n);
+      return n;
+    });
+    for (const std::string& name : reader.getAllRecords()) {
+      if (name == kSerializationId) continue;
+      auto [data, size] = reader.getRecord(name);
+      auto changed = by_record.find(name);
+      if (changed != by_record.end()) {
+        for (const auto& [stored, value] : changed->second) {
+          const at::Tensor record = at::from_blob(data.get(), {static_cast<int64_t>(size)}, at::kByte);
+          RECAL_ASSIGN_OR_RETURN(at::Tensor view, ViewOver(record, *stored));
+          view.copy_(value.to(stored->dtype).reshape(view.sizes()));
+        }
+      }
+      writer.writeRecord(name, data.get(), size);
+    }
+    writer.writeEndOfFile();
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("cannot write the PT2 archive: ", TorchErrorLine(e)));
+  }
+  return out;
+}
+
+}  // namespace recal::engine::exported

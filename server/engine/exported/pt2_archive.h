@@ -1,0 +1,71 @@
+// A PT2 archive (torch.export.save) read without executing anything: the program's JSON
+// (torch/_export/serde/schema.py) and its weights and constants as tensors over the raw
+// bytes the archive stores. Pickled payloads (tensor subclasses, script objects) are
+// refused, never unpickled. Everything an upload controls is bounded before it is read.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+#include "server/engine/model_file.h"
+
+namespace recal::engine::exported {
+
+struct ArchiveLimits {
+  int64_t max_json_bytes = 256 << 20;  // models/<name>.json and each config file
+  int max_json_depth = 64;             // the schema nests about 12 deep
+};
+
+// One weight or constant: the record that holds its storage and its view into it.
+struct StoredTensor {
+  std::string record;  // "data/weights/weight_3"
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  int64_t storage_offset = 0;  // in elements
+};
+
+class Pt2Archive {
+ public:
+  // INVALID_ARGUMENT naming what is wrong: not a PT2 archive, several programs in it,
+  // a big-endian archive, JSON past the limits, pickled or malformed payloads.
+  static absl::StatusOr<Pt2Archive> Read(std::shared_ptr<ReadAdapter> file, const ArchiveLimits& limits);
+
+  const nlohmann::json& program() const { return *program_; }
+  // Parameters and persistent buffers (data/weights), and tensor constants and
+  // non-persistent buffers (data/constants), by their names in the program's signature.
+  const std::map<std::string, StoredTensor>& weights() const { return weights_; }
+  const std::map<std::string, StoredTensor>& constants() const { return constants_; }
+
+  // The tensor over its record's bytes, on the CPU. INVALID_ARGUMENT when the view does
+  // not fit in the record.
+  absl::StatusOr<at::Tensor> Load(const StoredTensor& stored) const;
+
+  // The archive with the named tensors (weights or constants) given new values of their
+  // own dtype and shape, every other record copied as it is. torch.export.load reads it.
+  absl::StatusOr<std::string> WithTensors(const std::vector<std::pair<std::string, at::Tensor>>& values) const;
+
+ private:
+  Pt2Archive() = default;
+  absl::StatusOr<std::string> ReadRecord(const std::string& name, int64_t limit) const;
+  absl::StatusOr<nlohmann::json> ReadJson(const std::string& name) const;
+  absl::Status ReadPayloadConfig(const std::string& config, const std::string& dir,
+                                 std::map<std::string, StoredTensor>* into) const;
+
+  std::shared_ptr<ReadAdapter> file_;
+  ArchiveLimits limits_;
+  std::string model_name_;
+  std::shared_ptr<const nlohmann::json> program_;
+  std::map<std::string, StoredTensor> weights_;
+  std::map<std::string, StoredTensor> constants_;
+};
+
+}  // namespace recal::engine::exported

@@ -1,0 +1,273 @@
+// torch.export programs (PT2 archives) beyond what the manifest-wide reference tests prove:
+// hostile or damaged archives are refused before anything runs, naming what was refused;
+// the format is told from the bytes; the forward skips what feeds no BatchNorm; the result
+// is the same archive with the new statistics. The hostile archives are made here by editing
+// a fixture's program or records, as an attacker would.
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+
+#include <caffe2/serialize/inline_container.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/script.h>
+
+#include "server/engine/exported/pt2_archive.h"
+#include "server/engine/recalibration.h"
+#include "tests/engine/test_util.h"
+
+namespace recal::engine {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using nlohmann::json;
+
+// A small fixture program: a convolution, a BatchNorm called twice, a head.
+const std::string kBase = std::string(RECAL_FIXTURES_DIR) + "/models/twice.exported_eval.pt2";
+
+std::string TempPath(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("recal_exported_" + name)).string();
+}
+
+// `kBase` with its program JSON passed through `edit_program`, its records passed through
+// `edit_record` (return nullopt to drop one), and `extra` records added.
+std::string Edited(const std::string& name, const std::function<void(json&)>& edit_program,
+                   const std::function<std::optional<std::string>(const std::string&, std::string)>& edit_record = nullptr,
+                   const std::map<std::string, std::string>& extra = {}, bool compress_extra = false) {
+  caffe2::serialize::PyTorchStreamReader reader(kBase);
+  const std::string path = TempPath(name + ".pt2");
+  caffe2::serialize::PyTorchStreamWriter writer(path);
+  for (const std::string& record : reader.getAllRecords()) {
+    if (record == ".data/serialization_id") continue;
+    auto [data, size] = reader.getRecord(record);
+    std::string bytes(static_cast<const char*>(data.get()), size);
+    if (record.rfind("models/", 0) == 0 && edit_program) {
+      json program = json::parse(bytes);
+      edit_program(program);
+      bytes = program.dump();
+    }
+    std::optional<std::string> kept = edit_record ? edit_record(record, bytes) : std::optional<std::string>(bytes);
+    if (kept) writer.writeRecord(record, kept->data(), kept->size());
+  }
+  for (const auto& [record, bytes] : extra) writer.writeRecord(record, bytes.data(), bytes.size(), compress_extra);
+  writer.writeEndOfFile();
+  return path;
+}
+
+json& Nodes(json& program) { return program["graph_module"]["graph"]["nodes"]; }
+
+// The first node whose target contains `part`.
+json& NodeWith(json& program, const std::string& part) {
+  for (json& node : Nodes(program)) {
+    if (node["target"].get<std::string>().find(part) != std::string::npos) return node;
+  }
+  throw std::runtime_error("no node with " + part);
+}
+
+absl::Status CreateStatus(const std::string& path) {
+  Options options;
+  options.preload_output_copy = false;
+  return Recalibration::Create(path, options).status();
+}
+
+void ExpectRefused(const std::string& path, const std::string& says) {
+  const absl::Status status = CreateStatus(path);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(status.message(), HasSubstr(says));
+}
+
+TEST(ExportedProgramTest, TheFixtureLoads) { EXPECT_TRUE(CreateStatus(kBase).ok()) << CreateStatus(kBase); }
+
+TEST(ExportedProgramTest, RefusesAnOperatorOutsideTheAllowlist) {
+  const std::string path = Edited("from_file", [](json& p) {
+    NodeWith(p, "conv")["target"] = "torch.ops.aten.from_file.default";
+  });
+  ExpectRefused(path, "operator aten::from_file is not allowed");
+}
+
+TEST(ExportedProgramTest, RefusesOperatorsOfOtherNamespacesRecalsOwnIncluded) {
+  for (const char* target : {"torch.ops.recal.observed_batch_norm.default", "torch.ops.torchvision.nms.default",
+                             "torch.ops.profiler._record_function_enter.default"}) {
+    const std::string path = Edited("namespace", [&](json& p) { NodeWith(p, "conv")["target"] = target; });
+    ExpectRefused(path, "is not allowed");
+  }
+}
+
+TEST(ExportedProgramTest, RefusesHigherOrderOperators) {
+  const std::string path = Edited("cond", [](json& p) { NodeWith(p, "conv")["target"] = "torch.ops.higher_order.cond"; });
+  ExpectRefused(path, "higher-order operator");
+}
+
+TEST(ExportedProgramTest, RefusesPythonFunctionsThatAreNotShapeArithmetic) {
+  for (const char* target : {"builtins.eval", "os.system", "builtins.open", "_operator.getitem"}) {
+    const std::string path = Edited("python", [&](json& p) { NodeWith(p, "conv")["target"] = target; });
+    ExpectRefused(path, "Recal does not run this function");
+  }
+}
+
+TEST(ExportedProgramTest, RefusesArgumentsThatAreGraphsOrObjects) {
+  const std::string path = Edited("graph_arg", [](json& p) {
+    json& node = NodeWith(p, "conv");
+    node["inputs"][0]["arg"] = json{{"as_custom_obj", {{"name", "obj"}, {"class_fqn", "__torch__.Evil"}}}};
+  });
+  ExpectRefused(path, "argument 'input' is as_custom_obj");
+}
+
+TEST(ExportedProgramTest, RefusesAJsonBomb) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::string path = Edited("deep", nullptr, [&](const std::string& record, std::string bytes) {
+    return record.rfind("models/", 0) == 0 ? deep : bytes;
+  });
+  ExpectRefused(path, "nests deeper than");
+}
+
+TEST(ExportedProgramTest, RefusesMalformedJson) {
+  const std::string path = Edited("truncated", nullptr, [](const std::string& record, std::string bytes) {
+    return record.rfind("models/", 0) == 0 ? bytes.substr(0, bytes.size() / 2) : bytes;
+  });
+  ExpectRefused(path, "is not valid JSON");
+}
+
+TEST(ExportedProgramTest, RefusesAGraphPastTheNodeLimit) {
+  Options options;
+  options.preload_output_copy = false;
+  options.graph_policy.max_graph_nodes = 3;
+  const absl::Status status = Recalibration::Create(kBase, options).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("more than the 3 allowed"));
+}
+
+// Edits the weights config: `edit(config)` on {"config": {fqn: PayloadMeta}}.
+std::string EditedWeights(const std::string& name, const std::function<void(json&)>& edit) {
+  return Edited(name, nullptr, [&](const std::string& record, std::string bytes) -> std::optional<std::string> {
+    if (record.find("_weights_config.json") == std::string::npos) return bytes;
+    json config = json::parse(bytes);
+    edit(config["config"]);
+    return config.dump();
+  });
+}
+
+TEST(ExportedProgramTest, RefusesAShapeTheStoredBytesCannotHold) {
+  const std::string path = EditedWeights("absurd", [](json& config) {
+    json& meta = config.begin().value()["tensor_meta"];
+    meta["sizes"] = json::array({json{{"as_int", 1000000}}, json{{"as_int", 1000000}}});
+    meta["strides"] = json::array({json{{"as_int", 1000000}}, json{{"as_int", 1}}});
+  });
+  ExpectRefused(path, "too few for a");
+}
+
+TEST(ExportedProgramTest, RefusesNegativeOrOverflowingViews) {
+  for (int64_t size : {int64_t{-5}, int64_t{1} << 62}) {
+    const std::string path = EditedWeights("negative", [&](json& config) {
+      json& meta = config.begin().value()["tensor_meta"];
+      meta["sizes"] = json::array({json{{"as_int", size}}, json{{"as_int", size}}});
+      meta["strides"] = json::array({json{{"as_int", size}}, json{{"as_int", 1}}});
+    });
+    ExpectRefused(path, "impossible shape, strides or offset");
+  }
+}
+
+TEST(ExportedProgramTest, RefusesMissingWeights) {
+  std::string dropped;
+  const std::string path = EditedWeights("missing", [&](json& config) {
+    for (auto it = config.begin(); it != config.end(); ++it) {
+      if (it.key().find("running_var") != std::string::npos) {
+        dropped = it.key();
+        config.erase(it);
+        break;
+      }
+    }
+  });
+  ExpectRefused(path, "which the archive does not hold");
+  EXPECT_THAT(CreateStatus(path).message(), HasSubstr(dropped));
+}
+
+TEST(ExportedProgramTest, RefusesPickledPayloadsWithoutUnpickling) {
+  const std::string path = EditedWeights("pickled", [](json& config) { config.begin().value()["use_pickle"] = true; });
+  ExpectRefused(path, "never unpickles an upload");
+}
+
+TEST(ExportedProgramTest, RefusesWeightsOfAnotherShapeThanTheGraphWasExportedWith) {
+  const std::string path = EditedWeights("swapped", [](json& config) {
+    for (auto& [fqn, meta] : config.items()) {
+      json& sizes = meta["tensor_meta"]["sizes"];
+      if (sizes.size() == 1 && sizes[0]["as_int"].get<int64_t>() > 1) {  // a 1-d tensor read as a column
+        sizes = json::array({sizes[0], json{{"as_int", 1}}});
+        meta["tensor_meta"]["strides"] = json::array({json{{"as_int", 1}}, json{{"as_int", 1}}});
+        return;
+      }
+    }
+  });
+  ExpectRefused(path, "is not the tensor the program was exported with");
+}
+
+TEST(ExportedProgramTest, RefusesACompressedBombInPlaceOfAWeight) {
+  // A record that inflates to 64 MiB from a few kB: the archive stores weights uncompressed,
+  // so no honest record is larger than the archive.
+  const std::string weight = "data/weights/weight_0";
+  const std::string zeros(64 << 20, '\0');
+  const std::string bombed = Edited(
+      "bomb", nullptr,
+      [&](const std::string& record, std::string bytes) -> std::optional<std::string> {
+        if (record == weight) return std::nullopt;
+        return bytes;
+      },
+      {{weight, zeros}}, /*compress_extra=*/true);
+  ASSERT_LT(std::filesystem::file_size(bombed), 16u << 20);
+  ExpectRefused(bombed, "more than the archive holds");
+}
+
+TEST(ExportedProgramTest, RefusesAnArchiveOfSeveralPrograms) {
+  caffe2::serialize::PyTorchStreamReader reader(kBase);
+  std::string program;
+  for (const std::string& record : reader.getAllRecords()) {
+    if (record.rfind("models/", 0) == 0) {
+      auto [data, size] = reader.getRecord(record);
+      program.assign(static_cast<const char*>(data.get()), size);
+    }
+  }
+  const std::string path = Edited("two", nullptr, nullptr, {{"models/second.json", program}});
+  ExpectRefused(path, "holds 2 programs");
+}
+
+TEST(ExportedProgramTest, SaysWhatFormatsItReadsForAnythingElse) {
+  const std::string junk = TempPath("junk.pt2");
+  std::ofstream(junk) << "not a model at all";
+  ExpectRefused(junk, "torch.export.save");
+  const std::string state_dict = TempPath("state_dict.pt");
+  {
+    caffe2::serialize::PyTorchStreamWriter writer(state_dict);
+    const std::string pickle = "\x80\x02}q\x00.";
+    writer.writeRecord("data.pkl", pickle.data(), pickle.size());
+    writer.writeEndOfFile();
+  }
+  ExpectRefused(state_dict, "a torch.save file (a state_dict or a pickled module)");
+}
+
+TEST(ExportedProgramTest, TheForwardSkipsTheHeadAfterTheLastBatchNorm) {
+  Options options;
+  options.preload_output_copy = false;
+  auto run = Recalibration::Create(kBase, options);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_GT((*run)->forward_nodes_cut(), 0);
+  options.end_at_last_batch_norm = false;
+  auto whole = Recalibration::Create(kBase, options);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ((*whole)->forward_nodes_cut(), 0);
+}
+
+TEST(ExportedProgramTest, TheReportNamesTheFormat) {
+  Options options;
+  options.preload_output_copy = false;
+  auto run = Recalibration::Create(kBase, options);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ((*run)->Report().model_format(), "exported_program");
+}
+
+}  // namespace
+}  // namespace recal::engine
