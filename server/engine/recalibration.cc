@@ -3,36 +3,22 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <filesystem>
 #include <future>
 #include <regex>
-#include <system_error>
 #include <unordered_map>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/InferenceMode.h>
-#include <caffe2/serialize/read_adapter_interface.h>
-#include <sys/stat.h>
-#include <torch/csrc/jit/serialization/export.h>
-#include <torch/script.h>
-#include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
-
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "common/atomic_file.h"
 #include "common/formats/safetensors.h"
 #include "server/engine/collector.h"
 #include "server/engine/devices.h"
-#include "server/engine/graph_rewrite.h"
 #include "server/engine/report.h"
+#include "server/engine/run_aside.h"
 #include "server/engine/torch_error.h"
 
 namespace recal::engine {
@@ -72,18 +58,6 @@ absl::StatusOr<std::function<bool(const std::string&)>> LayerFilter(const Option
     };
   } catch (const std::regex_error& e) {
     return absl::InvalidArgumentError(absl::StrCat("bad --include/--exclude expression: ", e.what()));
-  }
-}
-
-// Runs `work` on a thread of its own, or here when no thread can be started.
-template <typename Work>
-auto RunAside(Work work) -> std::future<decltype(work())> {
-  try {
-    return std::async(std::launch::async, std::move(work));
-  } catch (const std::system_error&) {
-    std::promise<decltype(work())> done;
-    done.set_value(work());
-    return done.get_future();
   }
 }
 

@@ -12,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "server/engine/graph_rewrite.h"
+#include "server/engine/run_aside.h"
 #include "server/engine/torch_error.h"
 
 namespace recal::engine {
@@ -28,18 +29,6 @@ absl::StatusOr<torch::jit::Module> LoadModule(const std::shared_ptr<ReadAdapter>
     return torch::jit::load(file, device);
   } catch (const std::exception& e) {
     return TorchErrorStatus(absl::StrCat("cannot load TorchScript archive ", path), e);
-  }
-}
-
-// Runs `work` on a thread of its own, or here when no thread can be started.
-template <typename Work>
-auto RunAside(Work work) -> std::future<decltype(work())> {
-  try {
-    return std::async(std::launch::async, std::move(work));
-  } catch (const std::system_error&) {
-    std::promise<decltype(work())> done;
-    done.set_value(work());
-    return done.get_future();
   }
 }
 
