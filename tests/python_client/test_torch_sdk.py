@@ -1,6 +1,8 @@
 """recal.torch (client/python/recal/torch.py) and the installable package against the real
 recal-server: eager models recalibrated in place against the independent float64 reference
-(tests/fixtures/reference.py), positional / keyword / two-input batches, two processes under
+(tests/fixtures/reference.py), exported with torch.export by default (PT2 archives, any batch
+size) and with torch.jit.script / trace when export fails, given ScriptModules and
+ExportedPrograms, positional / keyword / two-input batches, two processes under
 torch.distributed, the PreciseBN hook and do_precise_bn, failures, `pip install` into a fresh
 virtualenv, and the README's training-loop example.
 
