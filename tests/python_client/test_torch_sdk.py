@@ -480,6 +480,27 @@ class TorchSdkTest(unittest.TestCase):
         self.assertIn("forward failed on batch 1", failed.exception.message)  # the second, of 2
         for key, value in model.state_dict().items():
             self.assertTrue(torch.equal(value, before[key]), key)
+        # (torch.export found that guard, x.shape[0] >= 4, against any batch size: scripted.)
+
+        # The same from a PT2 archive: the second batch's width does not fit the Linear
+        # before the last BatchNorm.
+        class FixedWidth(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = torch.nn.Linear(3 * 4 * 4, 6)
+                self.bn = torch.nn.BatchNorm1d(6)
+
+            def forward(self, x):
+                return self.bn(self.fc(x.flatten(1)))
+
+        model = _seeded(FixedWidth)
+        before = copy.deepcopy(model.state_dict())
+        with self.assertRaises(recal.RecalError) as failed:
+            recal.torch.recalibrate(model, [torch.randn(4, 3, 4, 4), torch.randn(4, 3, 5, 5)], **self.options)
+        self.assertEqual(failed.exception.job.state, recal.FAILED)
+        self.assertIn("forward failed on batch 1", failed.exception.message)
+        for key, value in model.state_dict().items():
+            self.assertTrue(torch.equal(value, before[key]), key)
         # Inputs the API cannot carry are refused before anything is sent.
         with self.assertRaisesRegex(TypeError, "int64"):
             recal.torch.recalibrate(model, [torch.zeros(2, 3, 4, 4, dtype=torch.long)], **self.options)
@@ -606,7 +627,9 @@ class TorchSdkTest(unittest.TestCase):
 
         eager = _seeded(SmallNet)
         path = os.path.join(tempfile.mkdtemp(dir=self.tmp), "small.pt")
-        torch.jit.save(torch.jit.script(copy.deepcopy(eager)), path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch.jit is deprecated
+            torch.jit.save(torch.jit.script(copy.deepcopy(eager)), path)
         data = [x for x, _ in _small_batches(12, (5, 5, 2))]
         with recal.Client(self.server.address, token=self.server.token) as client:
             job = client.submit(client.upload_model(path), recal_pb2.ClientStreamSource(), batch_size=5)
