@@ -1,6 +1,8 @@
 """recal.torch (client/python/recal/torch.py) and the installable package against the real
 recal-server: eager models recalibrated in place against the independent float64 reference
-(tests/fixtures/reference.py), positional / keyword / two-input batches, two processes under
+(tests/fixtures/reference.py), exported with torch.export by default (PT2 archives, any batch
+size) and with torch.jit.script / trace when export fails, given ScriptModules and
+ExportedPrograms, positional / keyword / two-input batches, two processes under
 torch.distributed, the PreciseBN hook and do_precise_bn, failures, `pip install` into a fresh
 virtualenv, and the README's training-loop example.
 
@@ -111,6 +113,42 @@ class KeywordNet(torch.nn.Module):
         return self.bn_rgb(self.rgb(pixels)) * 2 + self.bn_d(self.d(depth))
 
 
+class DataDependent(SmallNet):
+    """A branch on the values in the batch: TorchScript compiles it, torch.export cannot
+    capture it."""
+
+    def forward(self, x):
+        x = torch.relu(self.bn(self.conv(x)))
+        if bool(x.mean() > 0.25):
+            x = x * 2
+        x = torch.nn.functional.adaptive_avg_pool2d(x, 1).flatten(1)
+        return self.drop(self.bn1d(self.fc(x)))
+
+
+class ExportAndScriptFail(SmallNet):
+    """Neither torch.export (a branch on the values) nor TorchScript (super()) takes it;
+    the trace keeps the branch, which every batch takes."""
+
+    def forward(self, x):
+        if bool(x.abs().sum() >= 0):
+            return super().forward(x)
+        return x
+
+
+class ConvNet(torch.nn.Module):
+    """BatchNorm2d only (a batch of one sample still has 100 values per channel)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 6, 3, padding=1)
+        self.bn1 = torch.nn.BatchNorm2d(6)
+        self.conv2 = torch.nn.Conv2d(6, 4, 3)
+        self.bn2 = torch.nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x)))))
+
+
 def _small_batches(seed, sizes):
     g = torch.Generator().manual_seed(seed)
     return [(torch.randn(n, 3, 12, 12, generator=g) * 2 + 0.5, torch.zeros(n, dtype=torch.long)) for n in sizes]
@@ -212,7 +250,10 @@ class TorchSdkTest(unittest.TestCase):
                 self.assertWarns(recal.torch.ShortDataWarning):
             result = recal.torch.recalibrate(model, loader, progress=seen.append, **self.options)
 
-        self.assertEqual(result.export, "script")
+        # torch.export by default (a PT2 archive, the batch dimension dynamic: batches of 4
+        # and a last one of 1 through one program).
+        self.assertEqual((result.export, result.export_error), ("export", ""))
+        self.assertEqual(result.report.model_format, "exported_program")
         self.assertEqual((result.batches, result.num_batches, result.short_data), (4, 200, True))
         self.assertEqual((result.report.batches, result.report.samples), (4, 13))
         self.assertEqual(result.job.state, recal.SUCCEEDED)
@@ -257,51 +298,139 @@ class TorchSdkTest(unittest.TestCase):
                                       (recal_pb2.Tensor.FLOAT16, [6, 5], 60)] * 3)
         self.assertMatchesReference(model, _reference(original, [b[:2] for b in data[:3]]))
 
-    def test_dict_batches_feed_a_keyword_forward_scripted_or_traced(self):
+    def test_dict_batches_feed_a_keyword_forward_exported_scripted_or_traced(self):
         g = torch.Generator().manual_seed(3)
         # Keys in another order than the forward's, and one it does not take.
         data = [{"label": torch.zeros(n), "depth": torch.rand(n, 1, 6, 6, generator=g) * 3,
                  "pixels": torch.randn(n, 3, 6, 6, generator=g) + 1} for n in (5, 5, 2)]
-        for export in ("auto", "trace"):
+        for export, made in (("auto", "export"), ("script", "script"), ("trace", "trace")):
             with self.subTest(export=export):
                 model = _seeded(KeywordNet)
                 original = copy.deepcopy(model)
                 result = recal.torch.recalibrate(model, data, num_batches=3, export=export, **self.options)
-                self.assertEqual(result.export, "script" if export == "auto" else "trace")
+                self.assertEqual((result.export, result.export_error), (made, ""))
                 self.assertEqual(sorted(result.buffers), sorted(_bn_state(model)))
                 ref = _reference(original, [(b["pixels"], b["depth"]) for b in data])
                 self.assertMatchesReference(model, ref)
 
-    def test_a_scriptmodule_a_syncbatchnorm_model_and_a_trace_fallback(self):
+    def test_a_scriptmodule_an_exportedprogram_a_syncbatchnorm_model_and_a_trace_fallback(self):
         data = _small_batches(4, (8, 8, 3))
         # SyncBatchNorm (no process group here, CPU) is exported as plain BatchNorm.
         plain = _seeded(SmallNet)  # its twin for the reference (SyncBatchNorm needs CUDA to run)
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(plain)).train()
         result = recal.torch.recalibrate(model, data, num_batches=3, **self.options)
-        self.assertEqual(result.export, "script")
+        self.assertEqual(result.export, "export")
         self.assertIsInstance(model.bn, torch.nn.SyncBatchNorm)
         self.assertEqual(len(result.buffers), 4)
         self.assertMatchesReference(model, _reference(plain, [(x,) for x, _ in data]))
 
         # A ScriptModule is sent as it is.
         eager = _seeded(SmallNet).eval()
-        scripted = torch.jit.script(copy.deepcopy(eager))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch.jit.script is deprecated
+            scripted = torch.jit.script(copy.deepcopy(eager))
         result = recal.torch.recalibrate(scripted, data, num_batches=3, **self.options)
-        self.assertEqual(result.export, "given")
+        self.assertEqual((result.export, result.report.model_format), ("given", "torchscript"))
         got = {k: v for k, v in scripted.state_dict().items() if "running_" in k}
         self.assertLessEqual(reference.worst_error(got, _reference(eager, [(x,) for x, _ in data])), 1.0)
 
-        # A forward TorchScript cannot compile is traced on the first batch (and says why).
-        class Unscriptable(SmallNet):
-            def forward(self, x):
-                return super().forward(x)  # TorchScript has no super()
+        # So is an ExportedProgram (exported with a dynamic batch dimension: the last batch
+        # is smaller); its buffers are updated in place, as module() runs with them.
+        program = torch.export.export(copy.deepcopy(eager), (data[0][0],),
+                                      dynamic_shapes=({0: torch.export.Dim("batch")},))
+        result = recal.torch.recalibrate(program, data, num_batches=3, **self.options)
+        self.assertEqual((result.export, result.report.model_format), ("given", "exported_program"))
+        got = {k: v for k, v in program.state_dict.items() if "running_" in k}
+        self.assertEqual(len(got), 4)
+        self.assertLessEqual(reference.worst_error(got, _reference(eager, [(x,) for x, _ in data])), 1.0)
 
-        model = _seeded(Unscriptable)
+        # A forward neither torch.export nor TorchScript takes is traced on the first batch
+        # (and says why each failed).
+        model = _seeded(ExportAndScriptFail)
         original = copy.deepcopy(model)
-        result = recal.torch.recalibrate(model, data, num_batches=3, **self.options)
-        self.assertEqual(result.export, "trace")
-        self.assertTrue(result.export_error)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)  # the model's own bool()
+            result = recal.torch.recalibrate(model, data, num_batches=3, **self.options)
+        self.assertEqual((result.export, result.report.model_format), ("trace", "torchscript"))
+        self.assertEqual([line.split(":")[0] for line in result.export_error.splitlines()
+                          if line.startswith(("export:", "script:"))], ["export", "script"])
         self.assertMatchesReference(model, _reference(original, [(x,) for x, _ in data]))
+
+    def test_export_is_the_default_and_calls_nothing_deprecated(self):
+        """A model torch.export captures goes as a PT2 archive, exported in its own (train)
+        mode with the old statistics and without the first batch in it: torch.jit is never
+        called, and recalibrate() raises no DeprecationWarning or FutureWarning."""
+        model = _seeded(SmallNet).train()
+        data = _small_batches(14, (8, 8, 3))
+        original = copy.deepcopy(model)
+        kept = os.path.join(tempfile.mkdtemp(dir=self.tmp), "uploaded.pt2")
+        upload = recal.Client.upload_model
+
+        def keep_upload(client, path, *args, **kwargs):
+            shutil.copyfile(path, kept)
+            return upload(client, path, *args, **kwargs)
+
+        jit = {name: mock.Mock(side_effect=AssertionError("torch.jit.%s called" % name))
+               for name in ("script", "trace", "save", "load")}
+        with mock.patch.multiple(torch.jit, **jit), \
+                mock.patch.object(recal.Client, "upload_model", keep_upload), \
+                warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = recal.torch.recalibrate(model, data, num_batches=3, **self.options)
+        deprecated = [(w.category.__name__, str(w.message), w.filename) for w in caught
+                      if issubclass(w.category, (DeprecationWarning, FutureWarning))]
+        self.assertEqual(deprecated, [])
+        self.assertEqual((result.export, result.export_error, result.report.model_format),
+                         ("export", "", "exported_program"))
+        self.assertMatchesReference(model, _reference(original, [(x,) for x, _ in data]))
+        self.assertTrue(model.training)
+
+        program = torch.export.load(kept)
+        self.assertIsNone(program.example_inputs)  # the first batch is not in the archive
+        for key, value in original.state_dict().items():  # exporting changed no buffer
+            self.assertTrue(torch.equal(program.state_dict[key], value), key)
+        modes = [node.args[5] for node in program.graph.nodes if node.target == torch.ops.aten.batch_norm.default]
+        self.assertEqual(modes, [True, True])  # BatchNorm in train mode, as the model
+        (batch,) = program.range_constraints.values()
+        self.assertEqual(batch.lower, 1)
+
+    def test_a_model_torch_export_cannot_capture_is_scripted_and_says_why(self):
+        model = _seeded(DataDependent).train()
+        data = _small_batches(15, (8, 8, 3))
+        original = copy.deepcopy(model)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = recal.torch.recalibrate(model, data, num_batches=3, **self.options)
+        self.assertEqual((result.export, result.report.model_format), ("script", "torchscript"))
+        self.assertRegex(result.export_error, r"^export: GuardOnDataDependentSymNode: .*data-dependent")
+        self.assertNotIn("script:", result.export_error)
+        # No deprecation warning from Recal's own torch.jit calls.
+        self.assertEqual([str(w.message) for w in caught if issubclass(w.category, (DeprecationWarning, FutureWarning))], [])
+        self.assertMatchesReference(model, _reference(original, [(x,) for x, _ in data]))
+
+        # export="export" alone: a clear error, nothing sent, the model as it was.
+        before = copy.deepcopy(model.state_dict())
+        with self.assertRaisesRegex(RuntimeError, r"torch\.export could not capture the model \(export='export'\)"
+                                                  r": GuardOnDataDependentSymNode") as failed:
+            recal.torch.recalibrate(model, data, num_batches=3, export="export", **self.options)
+        self.assertIn("export='auto'", str(failed.exception))
+        for key, value in model.state_dict().items():
+            self.assertTrue(torch.equal(value, before[key]), key)
+        with self.assertRaisesRegex(ValueError, "export must be 'auto', 'export', 'script' or 'trace'"):
+            recal.torch.recalibrate(model, data, export="jit", **self.options)
+
+    def test_one_exported_program_takes_every_batch_size_a_first_batch_of_one_included(self):
+        """The batch dimension is dynamic: a first batch of one sample (export specialises a
+        size of 1, so it is given twice), larger batches after it and a last partial one go
+        through the one PT2 archive."""
+        model = _seeded(ConvNet).train()
+        g = torch.Generator().manual_seed(16)
+        data = [torch.randn(n, 3, 10, 10, generator=g) * 1.5 - 0.5 for n in (1, 6, 6, 4)]
+        original = copy.deepcopy(model)
+        result = recal.torch.recalibrate(model, data, num_batches=4, **self.options)
+        self.assertEqual((result.export, result.report.model_format), ("export", "exported_program"))
+        self.assertEqual((result.report.batches, result.report.samples), (4, 17))
+        self.assertMatchesReference(model, _reference(original, [(x,) for x in data]))
 
     def test_the_job_may_stop_before_the_data_does(self):
         """target_rel_error met after 10 batches: the server takes no more, pushing stops (the
@@ -349,6 +478,27 @@ class TorchSdkTest(unittest.TestCase):
         self.assertIsNotNone(failed.exception.job)
         self.assertEqual(failed.exception.job.state, recal.FAILED)
         self.assertIn("forward failed on batch 1", failed.exception.message)  # the second, of 2
+        for key, value in model.state_dict().items():
+            self.assertTrue(torch.equal(value, before[key]), key)
+        # (torch.export found that guard, x.shape[0] >= 4, against any batch size: scripted.)
+
+        # The same from a PT2 archive: the second batch's width does not fit the Linear
+        # before the last BatchNorm.
+        class FixedWidth(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = torch.nn.Linear(3 * 4 * 4, 6)
+                self.bn = torch.nn.BatchNorm1d(6)
+
+            def forward(self, x):
+                return self.bn(self.fc(x.flatten(1)))
+
+        model = _seeded(FixedWidth)
+        before = copy.deepcopy(model.state_dict())
+        with self.assertRaises(recal.RecalError) as failed:
+            recal.torch.recalibrate(model, [torch.randn(4, 3, 4, 4), torch.randn(4, 3, 5, 5)], **self.options)
+        self.assertEqual(failed.exception.job.state, recal.FAILED)
+        self.assertIn("forward failed on batch 1", failed.exception.message)
         for key, value in model.state_dict().items():
             self.assertTrue(torch.equal(value, before[key]), key)
         # Inputs the API cannot carry are refused before anything is sent.
@@ -477,7 +627,9 @@ class TorchSdkTest(unittest.TestCase):
 
         eager = _seeded(SmallNet)
         path = os.path.join(tempfile.mkdtemp(dir=self.tmp), "small.pt")
-        torch.jit.save(torch.jit.script(copy.deepcopy(eager)), path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch.jit is deprecated
+            torch.jit.save(torch.jit.script(copy.deepcopy(eager)), path)
         data = [x for x, _ in _small_batches(12, (5, 5, 2))]
         with recal.Client(self.server.address, token=self.server.token) as client:
             job = client.submit(client.upload_model(path), recal_pb2.ClientStreamSource(), batch_size=5)
@@ -580,7 +732,7 @@ class TorchSdkTest(unittest.TestCase):
                                 cwd=self.tmp, capture_output=True, text=True, timeout=120,
                                 env=dict(os.environ, RECAL_TOKEN=self.server.token))
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
-        self.assertEqual(result.stdout, "script 4 batches 64 samples\n")
+        self.assertEqual(result.stdout, "export 4 batches 64 samples\n")
 
 
 def _distributed_data():

@@ -5,8 +5,9 @@
     result = recal.torch.recalibrate(model, loader, server="recal:50051", token=TOKEN)
     print(result.report.samples, "samples,", result.export)
 
-recalibrate() exports the model (torch.jit.script, or torch.jit.trace on the first batch
-when scripting fails), uploads it (nothing is sent when the server has these bytes), runs a
+recalibrate() exports the model with torch.export (the batch dimension dynamic; a PT2
+archive), falling back to TorchScript (torch.jit.script, then torch.jit.trace on the first
+batch) only when export fails, uploads it (nothing is sent when the server has these bytes), runs a
 client_stream job on recal-server fed with the loader's batches (pushed as the job takes
 them: back-pressure), downloads the new BatchNorm running statistics and copies them into
 `model` in place (its train/eval mode, device, parameters and other buffers unchanged).
@@ -23,9 +24,11 @@ equals one process recalibrating over the union.
 Only this module imports torch; `import recal` does not.
 """
 
+import contextlib
 import copy
 import dataclasses
 import inspect
+import io
 import itertools
 import json
 import keyword
@@ -33,6 +36,7 @@ import linecache
 import logging
 import os
 import struct
+import sys
 import tempfile
 import uuid
 import warnings
@@ -65,8 +69,10 @@ class Result:
         variance ratio, relative standard error, ...; report.batches / report.samples are
         what the job used.
     job: the final Job message. model_id: the uploaded model ("sha256:<hex>").
-    export: "script", "trace" (scripting failed: export_error says why) or "given" (the
-        model was a ScriptModule already).
+    export: "export" (torch.export, a PT2 archive), "script" (torch.export failed),
+        "trace" (scripting failed too) or "given" (the model was a ScriptModule or an
+        ExportedProgram already). export_error: why each method tried before it failed, one
+        "method: error" line each ("" when the first worked).
     batches: batches pushed (every rank's, when distributed); num_batches: asked for;
         short_data: fewer than num_batches (a ShortDataWarning said so too).
     buffers: the state_dict keys loaded into the model. ranks: processes whose batches went
@@ -170,7 +176,7 @@ _ADAPTERS = {}
 
 
 class _TracedKeywordAdapter(torch.nn.Module):
-    """The same for torch.jit.trace (any key)."""
+    """The same for torch.export and torch.jit.trace (any key)."""
 
     def __init__(self, model, keys):
         super().__init__()
@@ -181,47 +187,117 @@ class _TracedKeywordAdapter(torch.nn.Module):
         return self.model(**dict(zip(self.keys, inputs)))
 
 
+@dataclasses.dataclass
+class _Archive:
+    """What _export wrote: `path` (a PT2 archive for "export" and a given ExportedProgram, a
+    TorchScript one otherwise), made by `how`; `prefix` of the model's names in it; `error`:
+    why each method tried before `how` failed."""
+
+    path: str
+    how: str
+    prefix: str
+    error: str
+
+
+_METHODS = {"auto": ("export", "script", "trace"), "export": ("export",), "script": ("script",),
+            "trace": ("trace",)}
+# torch.jit's functions warn that they are deprecated (FutureWarning since PyTorch 2.11):
+# Recal's own fallback calls are no news to the user, so they do not warn.
+_JIT_DEPRECATED = r"`torch\.jit\.\w+` is deprecated"
+
+
+@contextlib.contextmanager
+def _quiet_jit():
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_JIT_DEPRECATED, category=FutureWarning)
+        warnings.filterwarnings("ignore", message=_JIT_DEPRECATED, category=DeprecationWarning)
+        yield
+
+
 def _save_cpu(script_module, path):
-    torch.jit.save(script_module, path)
-    if any(t.device.type != "cpu" for t in itertools.chain(script_module.parameters(),
-                                                            script_module.buffers())):
-        torch.jit.save(torch.jit.load(path, map_location="cpu"), path)
+    with _quiet_jit():
+        torch.jit.save(script_module, path)
+        if any(t.device.type != "cpu" for t in itertools.chain(script_module.parameters(),
+                                                                script_module.buffers())):
+            torch.jit.save(torch.jit.load(path, map_location="cpu"), path)
 
 
-def _export(model, example, keys, path, how):
-    """Writes `model` as a TorchScript archive for the server; returns (how it was made,
-    the prefix of the model's names in the archive, why scripting failed)."""
-    if isinstance(model, torch.jit.ScriptModule):
-        if keys:
-            raise TypeError("a ScriptModule takes positional inputs here; give an input_fn that "
-                            "returns a tuple (a dict batch needs an eager model)")
-        _save_cpu(model, path)
-        return "given", "", ""
-    if how not in ("auto", "script", "trace"):
-        raise ValueError("export must be 'auto', 'script' or 'trace', not %r" % (how,))
-    cpu = copy.deepcopy(model).cpu()  # the caller's model is never touched
-    _replace_sync_bn(cpu)
-    prefix = _ADAPTER_PREFIX if keys else ""
-    script_error = ""
-    if how != "trace":
-        try:
-            target = _scriptable_adapter(cpu, keys) if keys else cpu
-            if target is None:
-                raise TypeError("keys %s are not all Python identifiers" % (list(keys),))
-            torch.jit.save(torch.jit.script(target), path)
-            return "script", prefix, ""
-        except Exception as error:  # noqa: BLE001 (any scripting failure: trace instead)
-            if how == "script":
-                raise
-            script_error = ("%s: %s" % (type(error).__name__, error)).strip()[:2000]
-            _log.info("recal.torch: torch.jit.script failed (%s); tracing on the first batch",
-                      script_error)
-    target = _TracedKeywordAdapter(cpu, keys) if keys else cpu
-    # The trace runs the forward once: on the copy, with its BatchNorm buffers put back
-    # afterwards (the archive's old statistics are what excluded layers keep), and without
-    # consuming the caller's random numbers (dropout).
+def _save_program(program, path):
+    """torch.export.save of a copy of `program` without its example inputs (the archive would
+    otherwise carry the first batch: bytes the server never reads, and a new model id for
+    every batch), its tensors on the CPU."""
+    if any(t.device.type != "cpu" for t in itertools.chain(program.state_dict.values(),
+                                                            program.constants.values())
+           if isinstance(t, torch.Tensor)):
+        from torch.export.passes import move_to_device_pass
+        program = move_to_device_pass(program, "cpu")
+    program = copy.copy(program)
+    program.example_inputs = None
+    torch.export.save(program, path)
+
+
+def _error_text(error):
+    return ("%s: %s" % (type(error).__name__, error)).strip()[:2000]
+
+
+@contextlib.contextmanager
+def _export_output():
+    """A failed torch.export prints the partial graph to stderr (twice) and logs guard
+    details there: the fallback is an ordinary path here, and the error is kept in
+    export_error, so that output goes to this module's debug log instead. After a
+    successful export whatever was written meanwhile goes on to stderr as it was."""
+    captured = io.StringIO()
+    failed = True
+    try:
+        with contextlib.redirect_stderr(captured):
+            yield
+        failed = False
+    finally:
+        text = captured.getvalue()
+        if text and failed:
+            _log.debug("recal.torch: torch.export's output:\n%s", text)
+        elif text:
+            sys.stderr.write(text)
+
+
+def _batch_example(example):
+    """The example inputs for torch.export: a first batch of one sample given twice, since
+    export specialises a dimension of size 1 (the program takes any batch size)."""
+    if example[0].shape[0] == 1:
+        return tuple(torch.cat([x, x]) for x in example)
+    return tuple(example)
+
+
+def _export_program(target, example, path):
+    """torch.export.export of `target` in its own train/eval modes (the graph keeps each
+    BatchNorm's and dropout's mode, as a script keeps `training`), dimension 0 of every
+    input dynamic (one size: the batch), saved with torch.export.save. Export runs the
+    forward on fake tensors: it changes no buffer; its random numbers are not the caller's."""
+    args = _batch_example(example)
+    batch = torch.export.Dim("batch", min=1)
+    shapes = torch.export.ShapesCollection()
+    for x in args:
+        shapes[x] = {0: batch}
+    with torch.random.fork_rng(devices=[]), _export_output():
+        program = torch.export.export(target, args, dynamic_shapes=shapes.dynamic_shapes(target, args))
+    _save_program(program, path)
+
+
+def _script(model, keys, path):
+    """torch.jit.script of `model`, or of a KeywordAdapter around it for keyword inputs."""
+    target = _scriptable_adapter(model, keys) if keys else model
+    if target is None:
+        raise TypeError("keys %s are not all Python identifiers" % (list(keys),))
+    with _quiet_jit():
+        torch.jit.save(torch.jit.script(target), path)
+
+
+def _trace(target, example, path):
+    """torch.jit.trace on the first batch. The trace runs the forward once: on the copy,
+    with its BatchNorm buffers put back afterwards (the archive's old statistics are what
+    excluded layers keep), and without consuming the caller's random numbers (dropout)."""
     saved = {name: buffer.clone() for name, buffer in target.named_buffers()}
-    with torch.no_grad(), torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+    with torch.no_grad(), torch.random.fork_rng(devices=[]), _quiet_jit():
         # F.batch_norm's own batch-size check warns on every trace in train mode.
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning, module="torch.nn.functional")
         traced = torch.jit.trace(target, tuple(example), check_trace=False, strict=False)
@@ -229,8 +305,68 @@ def _export(model, example, keys, path, how):
         for name, buffer in traced.named_buffers():
             if name in saved:
                 buffer.copy_(saved[name])
-    torch.jit.save(traced, path)
-    return "trace", prefix, script_error
+    with _quiet_jit():
+        torch.jit.save(traced, path)
+
+
+def _given(model, keys, directory):
+    """A ScriptModule or ExportedProgram as it is (its tensors on the CPU), or None."""
+    if isinstance(model, torch.export.ExportedProgram):
+        path, save = os.path.join(directory, "model.pt2"), _save_program
+    elif isinstance(model, torch.jit.ScriptModule):
+        path, save = os.path.join(directory, "model.pt"), _save_cpu
+    else:
+        return None
+    if keys:
+        raise TypeError("a %s takes positional inputs here; give an input_fn that returns a tuple "
+                        "(a dict batch needs an eager model)" % type(model).__name__)
+    save(model, path)
+    return _Archive(path, "given", "", "")
+
+
+def _export(model, example, keys, directory, how):
+    """Writes `model` into `directory` as an archive for the server: with torch.export (a
+    PT2 archive), or, when that fails under how="auto", torch.jit.script and then
+    torch.jit.trace on the first batch (TorchScript, deprecated since PyTorch 2.11). A
+    method asked for alone raises its failure. Returns an _Archive."""
+    given = _given(model, keys, directory)
+    if given is not None:
+        return given
+    if how not in _METHODS:
+        raise ValueError("export must be 'auto', 'export', 'script' or 'trace', not %r" % (how,))
+    cpu = copy.deepcopy(model).cpu()  # the caller's model is never touched
+    _replace_sync_bn(cpu)
+    prefix = _ADAPTER_PREFIX if keys else ""
+    positional = _TracedKeywordAdapter(cpu, keys) if keys else cpu
+    attempts = {
+        "export": lambda path: _export_program(positional, example, path),
+        "script": lambda path: _script(cpu, keys, path),
+        "trace": lambda path: _trace(positional, example, path),
+    }
+    errors = []
+    methods = _METHODS[how]
+    for method, then in zip(methods, methods[1:] + (None,)):
+        path = os.path.join(directory, "model.pt2" if method == "export" else "model.pt")
+        try:
+            attempts[method](path)
+            return _Archive(path, method, prefix, "\n".join(errors))
+        except Exception as error:  # noqa: BLE001 (any failure: the next method, if any)
+            if then is None:
+                _raise_export_failure(method, error, errors)
+            errors.append("%s: %s" % (method, _error_text(error)))
+            _log.info("recal.torch: %s failed, trying %s: %s", method, then, _error_text(error))
+
+
+def _raise_export_failure(method, error, errors):
+    """The last method failed: export="export" says so plainly (torch.export's error
+    follows); the others raise their own error, as before."""
+    if method == "export":
+        raise RuntimeError("recal.torch: torch.export could not capture the model (export='export'): %s; "
+                           "make the forward exportable (see the error), or give export='auto' to fall "
+                           "back to TorchScript" % _error_text(error)) from error
+    if errors:
+        _log.info("recal.torch: %s", "; ".join(errors))
+    raise error
 
 
 # ------------------------------------------------------------------------------ batches
@@ -254,7 +390,7 @@ def _forward_keywords(model):
     when its signature cannot be read."""
     try:
         parameters = inspect.signature(model.forward).parameters.values()
-    except (TypeError, ValueError):
+    except (AttributeError, TypeError, ValueError):  # AttributeError: an ExportedProgram
         return None
     names = [p.name for p in parameters
              if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
@@ -367,6 +503,14 @@ def _read_safetensors(path):
     return out
 
 
+def _named_buffers(model):
+    """{state_dict key: buffer} of a module, or of an ExportedProgram (its state_dict's
+    tensors are what its module() runs with)."""
+    if isinstance(model, torch.export.ExportedProgram):
+        return {k: model.state_dict[k] for k in model.graph_signature.buffers if k in model.state_dict}
+    return dict(model.named_buffers())
+
+
 def _load_buffers(model, buffers, prefix):
     """Copies the downloaded statistics into `model` (all or none): every BatchNorm's
     running_mean / running_var must be there and every downloaded key must be a buffer of
@@ -376,8 +520,9 @@ def _load_buffers(model, buffers, prefix):
         if not key.startswith(prefix):
             raise RecalError(grpc.StatusCode.INTERNAL, "the server returned %r, outside the model" % key)
         mapped[key[len(prefix):]] = value
-    own = dict(model.named_buffers())
-    expected = _bn_keys(model) if not isinstance(model, torch.jit.ScriptModule) else set(mapped)
+    own = _named_buffers(model)
+    eager = not isinstance(model, (torch.jit.ScriptModule, torch.export.ExportedProgram))
+    expected = _bn_keys(model) if eager else set(mapped)
     missing = sorted(expected - set(mapped))
     unexpected = sorted(k for k in mapped if k not in own)
     wrong = sorted(k for k in mapped if k in own and tuple(own[k].shape) != tuple(mapped[k].shape))
@@ -483,8 +628,9 @@ def recalibrate(model, data, *, server, num_batches=200, input_fn=None, token=No
     """Recalibrates the BatchNorm statistics of `model` in place on recal-server and returns
     a Result (result.report is the job's RunReport).
 
-    model: an eager nn.Module (or a ScriptModule; DistributedDataParallel / DataParallel are
-        unwrapped), on any device, in train or eval mode: both stay as they are.
+    model: an eager nn.Module (or a ScriptModule or torch.export ExportedProgram, sent as
+        they are, their buffers updated in place; DistributedDataParallel / DataParallel
+        are unwrapped), on any device, in train or eval mode: both stay as they are.
     data: any iterable of batches (a DataLoader); the first num_batches are used. Fewer:
         what there is, with a ShortDataWarning and result.short_data.
     input_fn(batch): the forward's inputs for a batch: a tensor, a tuple/list of positional
@@ -500,8 +646,13 @@ def recalibrate(model, data, *, server, num_batches=200, input_fn=None, token=No
         tls_server_name, timeout: as for recal.Client (unused when server is a Client).
     progress(JobProgress): called as the job goes (batches_done, samples_done, ...); a tqdm
         bar is shown when tqdm is installed (bar=None) unless bar=False.
-    export: "auto" (torch.jit.script, torch.jit.trace on the first batch when scripting
-        fails), "script" or "trace"; result.export says which was used.
+    export: "auto": torch.export.export of a CPU copy in the model's own train/eval modes,
+        dim 0 of every input dynamic (one size, >= 1), saved with torch.export.save; when
+        export fails (data-dependent control flow, ...) torch.jit.script, and when that
+        fails torch.jit.trace on the first batch (TorchScript, deprecated since PyTorch
+        2.11; no deprecation warning comes from these calls). "export", "script" or
+        "trace": that method alone, raising its failure. result.export says which was
+        used, result.export_error why the ones before it failed.
     engine_options: estimator ("population" | "batch_average"), modules ("eval" | "train"
         | "as_saved"), include, exclude, target_rel_error; also priority, timeout_seconds,
         labels, request_id, and batch_size (what the report says; default the first
@@ -576,6 +727,15 @@ def _raise_remote(outcome):
     raise RuntimeError("recal.torch: rank 0: " + message)
 
 
+def _export_and_upload(client, target, first, directory, export, scale, mean, std):
+    """Exports `target` with the first batch (as the server's forward will see it) and
+    uploads the archive: (_Archive, Model)."""
+    tensors, keys = first
+    archive = _export(target, _example(tensors, scale, mean, std), keys, directory, export)
+    name = type(target).__name__ + os.path.splitext(archive.path)[1]
+    return archive, client.upload_model(archive.path, name=name)
+
+
 def _run_sharded(target, local, connect, rank, world, group, num_batches, progress, bar, export, scale,
                  mean, std, options):
     """One job of `world` shards, each rank pushing its own batches into its shard; the
@@ -602,14 +762,11 @@ def _run_sharded(target, local, connect, rank, world, group, num_batches, progre
     try:
         with tempfile.TemporaryDirectory(prefix="recal-torch-") as tmp:
             # Rank 0 makes the job; every rank learns its id (or why there is none).
-            job = how = prefix = script_error = model = None
+            job = archive = model = None
             if rank == 0:
                 try:
-                    tensors, keys = first
-                    archive = os.path.join(tmp, "model.pt")
-                    how, prefix, script_error = _export(target, _example(tensors, scale, mean, std), keys,
-                                                        archive, export)
-                    model = client.upload_model(archive, name=type(target).__name__ + ".pt")
+                    tensors, _ = first
+                    archive, model = _export_and_upload(client, target, first, tmp, export, scale, mean, std)
                     source = recal_pb2.ClientStreamSource(scale=scale or 0, mean=mean or [], std=std or [])
                     submit = dict(options)
                     batch_size = submit.pop("batch_size", None) or max(1, tensors[0].shape[0])
@@ -684,8 +841,8 @@ def _run_sharded(target, local, connect, rank, world, group, num_batches, progre
                                     error.message if isinstance(error, RecalError)
                                     else "%s: %s" % (type(error).__name__, error)), group)
                 raise
-            facts = dict(model_id=model.id, export=how, export_error=script_error, batches=total,
-                         num_batches=num_batches, short=short, prefix=prefix,
+            facts = dict(model_id=model.id, export=archive.how, export_error=archive.error, batches=total,
+                         num_batches=num_batches, short=short, prefix=archive.prefix,
                          job=ended_job.SerializeToString())
             outcome = ("ok", buffers, report, facts)
             _broadcast_outcome(outcome, group)
@@ -702,7 +859,6 @@ def _run(target, batches, connect, num_batches, progress, bar, export, scale, me
     first = next(batches, None)
     if first is None:
         raise ValueError("recal.torch: the data yielded no batches")
-    tensors, keys = first
     pushed = [0]
     ended = [False]  # the data ran out (rather than the job taking no more)
 
@@ -716,10 +872,7 @@ def _run(target, batches, connect, num_batches, progress, bar, export, scale, me
     handle, close_bar = _progress_handler(progress, bar, num_batches)
     try:
         with tempfile.TemporaryDirectory(prefix="recal-torch-") as tmp:
-            archive = os.path.join(tmp, "model.pt")
-            how, prefix, script_error = _export(target, _example(tensors, scale, mean, std), keys,
-                                                archive, export)
-            model = client.upload_model(archive, name=type(target).__name__ + ".pt")
+            archive, model = _export_and_upload(client, target, first, tmp, export, scale, mean, std)
             bn_path, report_path = os.path.join(tmp, "bn.safetensors"), os.path.join(tmp, "report.json")
             job = client.recalibrate_stream(model, _arrays(counted()), max_batches=num_batches,
                                             allow_short_data=True, bn_out=bn_path, report=report_path,
@@ -732,8 +885,8 @@ def _run(target, batches, connect, num_batches, progress, bar, export, scale, me
         close_bar()
         if owned:
             client.close()
-    facts = dict(model_id=model.id, export=how, export_error=script_error, batches=pushed[0],
-                 num_batches=num_batches, short=ended[0] and pushed[0] < num_batches, prefix=prefix,
+    facts = dict(model_id=model.id, export=archive.how, export_error=archive.error, batches=pushed[0],
+                 num_batches=num_batches, short=ended[0] and pushed[0] < num_batches, prefix=archive.prefix,
                  job=job.SerializeToString())
     return ("ok", buffers, report, facts)
 
