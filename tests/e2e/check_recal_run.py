@@ -49,6 +49,8 @@ sys.path.insert(0, os.path.join(_ROOT, "tests", "fixtures"))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+import check_exported_result  # noqa: E402
+
 import models  # noqa: E402
 import reference  # noqa: E402
 import safetensors_io  # noqa: E402
@@ -123,6 +125,15 @@ def archive_state(path):
         _ARCHIVE_CACHE[path] = (state, training)
     return _ARCHIVE_CACHE[path]
 
+
+# Exported lines whose result's eval-mode outputs are checked too: every BatchNorm form, the
+# functional form called twice, dict outputs, a model TorchScript cannot capture, dtype casts,
+# stochastic depth exported in train mode.
+OUTPUTS_CHECKED = {
+    ("resnet18", "exported_train"), ("twice", "exported_core_train"), ("unused", "exported_core_eval"),
+    ("zoo_lraspp", "exported_train"), ("zoo_hrnet_w18_small", "exported_eval"), ("dtype_cast", "exported_eval"),
+    ("zoo_efficientnet_b0", "exported_train"),
+}
 
 # ------------------------------------------------------------------------------ cases
 
@@ -335,6 +346,11 @@ def check_success(case):
                 errors.append("eager load_state_dict: unexpected keys %s" % res.unexpected_keys[:6])
         except Exception as e:  # noqa: BLE001
             errors.append("eager load_state_dict failed: %s" % str(e).splitlines()[0])
+    if case.kw.get("outputs"):
+        # The program torch.export.load opens computes, in eval mode, what the eager model with
+        # the reference's statistics computes (check_exported_result.py; ~5 s, so on a few lines).
+        errors += ["outputs: " + p for p in check_exported_result.check_exported_result(
+            case.out, line.family, line.refs["population"], variant=line.variant)]
     if case.kw.get("report") == "parse":
         # (--include/--exclude: how excluded layers are reported is not pinned down here)
         try:
@@ -399,7 +415,8 @@ def plan(args, lines, work):
     by = {(l.family, l.variant): l for l in lines}
     for line in lines:
         tag = "%s.%s" % (line.family, line.variant)
-        cases.append(Case(tag, base(line), True, wdir(tag), line))
+        cases.append(Case(tag, base(line), True, wdir(tag), line,
+                          outputs=(line.family, line.variant) in OUTPUTS_CHECKED))
     for fam in ("resnet18", "twice"):
         for variant in sorted(v for f, v in by if f == fam and not v.startswith("torch113")):
             line = by[(fam, variant)]
@@ -554,6 +571,7 @@ def main():
                 status = "PASS" if not errors else "FAIL"
                 if case.expect_ok:
                     detail = "  worst error %.3f of tolerance" % case.worst if hasattr(case, "worst") else ""
+                    detail += ", eval outputs as the reference's" if case.kw.get("outputs") else ""
                 else:
                     detail = "" if errors else "  (" + case.stderr.strip()[-100:] + ")"
                 print("%s %-48s %6.1fs%s" % (status, case.name, case.seconds, detail), flush=True)

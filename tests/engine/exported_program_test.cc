@@ -250,13 +250,15 @@ TEST(ExportedProgramTest, SaysWhatFormatsItReadsForAnythingElse) {
 }
 
 TEST(ExportedProgramTest, TheForwardSkipsTheHeadAfterTheLastBatchNorm) {
+  // A head after the last BatchNorm, and a tuple holding a dict as output.
+  const std::string with_head = std::string(RECAL_FIXTURES_DIR) + "/models/tuple_dict_out.exported_eval.pt2";
   Options options;
   options.preload_output_copy = false;
-  auto run = Recalibration::Create(kBase, options);
+  auto run = Recalibration::Create(with_head, options);
   ASSERT_TRUE(run.ok()) << run.status();
   EXPECT_GT((*run)->forward_nodes_cut(), 0);
   options.end_at_last_batch_norm = false;
-  auto whole = Recalibration::Create(kBase, options);
+  auto whole = Recalibration::Create(with_head, options);
   ASSERT_TRUE(whole.ok()) << whole.status();
   EXPECT_EQ((*whole)->forward_nodes_cut(), 0);
 }

@@ -149,6 +149,13 @@ absl::StatusOr<int> ExportedModel::Observe(Collector* collector, v1::ModuleMode 
         "running_mean / running_var buffers): there is nothing to recalibrate");
   }
   collector_ = collector;
+  if (modules == v1::EVAL) {
+    // Stochastic depth (torchvision's, timm's drop_path) exported in train mode is a
+    // Bernoulli mask divided by its keep probability: its expected value is eval mode.
+    for (Step& step : plan_.steps) {
+      step.expected_value = step.target == "aten::bernoulli" || step.target == "aten::bernoulli_";
+    }
+  }
   if (modules == v1::EVAL || modules == v1::TRAIN) {
     for (Step& step : plan_.steps) {
       if (!step.dropout) continue;
@@ -166,11 +173,11 @@ absl::StatusOr<int> ExportedModel::Observe(Collector* collector, v1::ModuleMode 
 absl::Status ExportedModel::CheckNoRandomness() const {
   for (size_t i : run_) {
     const Step& step = plan_.steps[i];
-    if (!step.random || step.dropout) continue;
+    if (!step.random || step.dropout || step.expected_value) continue;
     return absl::InvalidArgumentError(absl::StrCat(
         "the exported program draws random numbers before its last BatchNorm (node '", step.name, "', ",
-        step.target, ": stochastic depth, or a dropout decomposed away, baked in when it was exported in "
-        "train mode), so modules=eval cannot be honoured: export the model in eval mode (model.eval() "
+        step.target, ", baked in when it was exported in train mode) that are neither dropout nor a "
+        "Bernoulli mask, so modules=eval cannot be honoured: export the model in eval mode (model.eval() "
         "before torch.export.export; BatchNorm is recalibrated either way), or ask for modules=train or "
         "as_saved to keep the randomness"));
   }

@@ -144,6 +144,24 @@ bool ObserveBatchNorm(const Step& step, Stack& stack, Collector* collector) {
   return true;
 }
 
+// The mask's expected value in place of a Bernoulli draw: what eval mode computes for the
+// inverted dropout and stochastic depth a train-mode export bakes in (x * mask / keep
+// becomes x * keep / keep, which is x exactly).
+void ExpectedBernoulli(const Step& step, Stack& stack) {
+  const at::Tensor self = stack.at(0).toTensor();
+  const auto p_index = step.op->schema().argumentIndexWithName("p");
+  const bool in_place = step.target.back() == '_';
+  at::Tensor out = in_place ? self : at::empty_like(self);
+  if (!p_index) {
+    if (!in_place) out.copy_(self);  // bernoulli(self): self holds the probabilities
+  } else if (stack[*p_index].isTensor()) {
+    out.copy_(stack[*p_index].toTensor());
+  } else {
+    out.fill_(stack[*p_index].toScalar());
+  }
+  stack = {out};
+}
+
 void StoreOutputs(const Step& step, Stack& stack, std::vector<c10::IValue>& values) {
   TORCH_CHECK(stack.size() >= step.outputs.size(), "returned ", stack.size(), " values, the graph expects ",
               step.outputs.size());
@@ -170,6 +188,8 @@ void RunStep(const Step& step, std::vector<c10::IValue>& values, Collector* coll
   try {
     if (step.symbolic != SymbolicOp::kNone) {
       stack = {Symbolic(step.symbolic, stack)};
+    } else if (step.expected_value) {
+      ExpectedBernoulli(step, stack);
     } else if (step.batch_norm == BatchNormForm::kNone || collector == nullptr ||
                !ObserveBatchNorm(step, stack, collector)) {
       step.op->callBoxed(stack);

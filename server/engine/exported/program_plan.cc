@@ -21,14 +21,14 @@ using nlohmann::json;
 
 // Operators that only exported graphs hold (TorchScript has no equivalent node), beside the
 // allowlist TorchScript graphs are checked against: shape queries and assertions on
-// symbolic sizes, and the decomposed BatchNorm and dropout forms.
+// symbolic sizes, and the decomposed forms of BatchNorm, dropout and .to().
 constexpr const char* kExportOnlyOps[] = {
     "aten::sym_size",          "aten::sym_numel",          "aten::sym_stride",
     "aten::sym_storage_offset", "aten::_assert_tensor_metadata", "aten::_assert_scalar",
     "aten::sym_constrain_range", "aten::sym_constrain_range_for_size", "aten::native_batch_norm",
     "aten::_native_batch_norm_legit", "aten::_native_batch_norm_legit_functional",
     "aten::_native_batch_norm_legit_no_training", "aten::_batch_norm_with_update",
-    "aten::_batch_norm_no_update", "aten::native_dropout", "aten::empty_permuted"};
+    "aten::_batch_norm_no_update", "aten::native_dropout", "aten::empty_permuted", "aten::_to_copy"};
 
 constexpr std::pair<const char*, BatchNormForm> kBatchNormForms[] = {
     {"batch_norm", BatchNormForm::kBatchNorm},

@@ -58,6 +58,8 @@ struct Step {
   bool writes_argument = false;  // an in-place operator: it runs even when its result is unused
   bool dropout = false;          // its `train` argument follows Options::modules
   bool random = false;           // draws random numbers (dropout, bernoulli, rand, ...)
+  // A Bernoulli draw that yields its expected value instead (modules=eval; see Observe).
+  bool expected_value = false;
   std::vector<ArgumentSource> arguments;  // in schema order
   // Per return of the operator: the slots it fills (one, or one per element of a list
   // return; kNoSlot where the graph ignores it).
