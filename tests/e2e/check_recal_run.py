@@ -126,15 +126,6 @@ def archive_state(path):
     return _ARCHIVE_CACHE[path]
 
 
-# Exported lines whose result's eval-mode outputs are checked too: every BatchNorm form, the
-# functional form called twice, dict outputs, a model TorchScript cannot capture, dtype casts,
-# stochastic depth exported in train mode.
-OUTPUTS_CHECKED = {
-    ("resnet18", "exported_train"), ("twice", "exported_core_train"), ("unused", "exported_core_eval"),
-    ("zoo_lraspp", "exported_train"), ("zoo_hrnet_w18_small", "exported_eval"), ("dtype_cast", "exported_eval"),
-    ("zoo_efficientnet_b0", "exported_train"),
-}
-
 # ------------------------------------------------------------------------------ cases
 
 
@@ -348,7 +339,7 @@ def check_success(case):
             errors.append("eager load_state_dict failed: %s" % str(e).splitlines()[0])
     if case.kw.get("outputs"):
         # The program torch.export.load opens computes, in eval mode, what the eager model with
-        # the reference's statistics computes (check_exported_result.py; ~5 s, so on a few lines).
+        # the reference's statistics computes (check_exported_result.py).
         errors += ["outputs: " + p for p in check_exported_result.check_exported_result(
             case.out, line.family, line.refs["population"], variant=line.variant)]
     if case.kw.get("report") == "parse":
@@ -415,8 +406,8 @@ def plan(args, lines, work):
     by = {(l.family, l.variant): l for l in lines}
     for line in lines:
         tag = "%s.%s" % (line.family, line.variant)
-        cases.append(Case(tag, base(line), True, wdir(tag), line,
-                          outputs=(line.family, line.variant) in OUTPUTS_CHECKED))
+        # Every result of an exported program: its eval-mode outputs too.
+        cases.append(Case(tag, base(line), True, wdir(tag), line, outputs=is_exported(line.model)))
     for fam in ("resnet18", "twice"):
         for variant in sorted(v for f, v in by if f == fam and not v.startswith("torch113")):
             line = by[(fam, variant)]

@@ -147,10 +147,10 @@ def _assert_consecutive(test, events, after_seq=0):
     test.assertEqual([e.seq for e in events[1:]], list(range(after_seq + 1, after_seq + len(events))))
 
 
-def _worst_reference_error(bn):
+def _worst_reference_error(bn, family="resnet18"):
     """max over channels of |Δvar|/var and |Δmean|/max(|mean|, std) against the float64
-    reference for ResNet-18 on data/resnet18.npy."""
-    reference = safetensors_io.load(os.path.join(FIXTURES, "ref", "resnet18.population.safetensors"),
+    reference for the family (ResNet-18 on data/resnet18.npy by default)."""
+    reference = safetensors_io.load(os.path.join(FIXTURES, "ref", "%s.population.safetensors" % family),
                                     as_numpy=True)
     worst = 0.0
     for key, ref in reference.items():
@@ -459,13 +459,17 @@ class ClientTest(unittest.TestCase):
     def test_exported_programs_are_recalibrated_and_come_back_as_pt2(self):
         import torch
 
-        for variant in ("exported_train", "exported_core_eval"):
-            model = os.path.join(FIXTURES, "models", "resnet18.%s.pt2" % variant)
-            out, bn_out, report = (os.path.join(self.dir, variant + n) for n in (".pt2", ".safetensors", ".json"))
-            job = self.client.recalibrate(model, data=RESNET_DATA, out=out, bn_out=bn_out, report=report, batch_size=8)
+        # ResNet-18 from the training IR and from core ATen IR; a float64 HRNet (timm, which
+        # torch.jit.script cannot capture) exported in train mode.
+        for family, variant, batch_size in (("resnet18", "exported_train", 8), ("resnet18", "exported_core_eval", 8),
+                                            ("zoo_hrnet_w18_small", "exported_train", 4)):
+            model = os.path.join(FIXTURES, "models", "%s.%s.pt2" % (family, variant))
+            out, bn_out, report = (os.path.join(self.dir, family + variant + n) for n in (".pt2", ".safetensors", ".json"))
+            job = self.client.recalibrate(model, data="npy:data/%s.npy" % family, out=out, bn_out=bn_out, report=report,
+                                          batch_size=batch_size)
             self.assertEqual(job.state, recal.SUCCEEDED, job.error.message)
             bn = safetensors_io.load(bn_out, as_numpy=True)
-            self.assertLessEqual(_worst_reference_error(bn), 1e-5, variant)
+            self.assertLessEqual(_worst_reference_error(bn, family), 1e-5, variant)
             with open(report) as f:
                 self.assertEqual(json.load(f)["model_format"], "exported_program")
             state = torch.export.load(out).state_dict
