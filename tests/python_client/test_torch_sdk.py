@@ -272,6 +272,20 @@ class TorchSdkTest(unittest.TestCase):
         short = _reference(original, batches[:3])
         self.assertGreater(reference.worst_error(_bn_state(model), short, RTOL), 1.0)
 
+    def test_a_train_mode_efficientnet_with_stochastic_depth_matches_the_float64_reference(self):
+        # Exported in train mode, the program holds EfficientNet's stochastic depth (random
+        # masks); under the default modules=eval the server runs it as eval mode does. Float64:
+        # a deep random-init network is chaotic in float32.
+        torch.manual_seed(0)
+        model = torchvision.models.efficientnet_b0(num_classes=10).double().train()
+        data = torch.randn(10, 3, 64, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data), batch_size=4)
+        original = copy.deepcopy(model)
+        result = recal.torch.recalibrate(model, loader, num_batches=3, **self.options)
+        self.assertEqual((result.export, result.report.batches), ("export", 3))
+        self.assertMatchesReference(model, _reference(original, [(x,) for (x,) in loader]))
+        self.assertTrue(all(m.training for m in model.modules()))
+
     def test_two_inputs_through_input_fn_travel_compact_and_stop_at_num_batches(self):
         model = _seeded(TwoInputs)
         g = torch.Generator().manual_seed(2)

@@ -464,8 +464,11 @@ def _arrays(batches):
         yield tuple(t.numpy() for t in tensors)
 
 
-def _example(tensors, scale, mean, std):
-    """The first batch as the server's forward will see it: float32, normalised."""
+def _example(tensors, scale, mean, std, dtype=torch.float32):
+    """The first batch as the server's forward will see it: normalised, in the floating dtype
+    of the model's parameters (the server casts what it is sent to the dtype the exported
+    program takes; a float32 example would record a float64 model's program as taking
+    float32, which its convolutions then refuse)."""
     out = []
     for t in tensors:
         x = t.float()
@@ -474,8 +477,16 @@ def _example(tensors, scale, mean, std):
         if mean:
             shape = [1, -1] + [1] * (x.dim() - 2)
             x = (x - torch.tensor(mean).view(shape)) / torch.tensor(std).view(shape)
-        out.append(x)
+        out.append(x.to(dtype))
     return out
+
+
+def _floating_dtype(model):
+    """The dtype of the model's first floating-point parameter or buffer (float32 if none)."""
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        if t.is_floating_point():
+            return t.dtype
+    return torch.float32
 
 
 # ------------------------------------------------------------------------------ results
@@ -731,7 +742,8 @@ def _export_and_upload(client, target, first, directory, export, scale, mean, st
     """Exports `target` with the first batch (as the server's forward will see it) and
     uploads the archive: (_Archive, Model)."""
     tensors, keys = first
-    archive = _export(target, _example(tensors, scale, mean, std), keys, directory, export)
+    dtype = _floating_dtype(target) if isinstance(target, torch.nn.Module) else torch.float32
+    archive = _export(target, _example(tensors, scale, mean, std, dtype), keys, directory, export)
     name = type(target).__name__ + os.path.splitext(archive.path)[1]
     return archive, client.upload_model(archive.path, name=name)
 
