@@ -34,12 +34,13 @@ std::string TempPath(const std::string& name) {
   return (std::filesystem::temp_directory_path() / ("recal_exported_" + name)).string();
 }
 
-// `kBase` with its program JSON passed through `edit_program`, its records passed through
+// `base` (kBase by default) with its program JSON passed through `edit_program`, its records passed through
 // `edit_record` (return nullopt to drop one), and `extra` records added.
 std::string Edited(const std::string& name, const std::function<void(json&)>& edit_program,
                    const std::function<std::optional<std::string>(const std::string&, std::string)>& edit_record = nullptr,
-                   const std::map<std::string, std::string>& extra = {}, bool compress_extra = false) {
-  caffe2::serialize::PyTorchStreamReader reader(kBase);
+                   const std::map<std::string, std::string>& extra = {}, bool compress_extra = false,
+                   const std::string& base = kBase) {
+  caffe2::serialize::PyTorchStreamReader reader(base);
   const std::string path = TempPath(name + ".pt2");
   caffe2::serialize::PyTorchStreamWriter writer(path);
   for (const std::string& record : reader.getAllRecords()) {
@@ -261,6 +262,32 @@ TEST(ExportedProgramTest, TheForwardSkipsTheHeadAfterTheLastBatchNorm) {
   auto whole = Recalibration::Create(with_head, options);
   ASSERT_TRUE(whole.ok()) << whole.status();
   EXPECT_EQ((*whole)->forward_nodes_cut(), 0);
+}
+
+// EfficientNet-B0 exported in train mode: stochastic depth is a Bernoulli mask in every block.
+const std::string kStochasticDepth = std::string(RECAL_FIXTURES_DIR) + "/models/zoo_efficientnet_b0.exported_train.pt2";
+
+TEST(ExportedProgramTest, OtherRandomnessUnderEvalModulesIsRefusedAndKeptUnderTrain) {
+  // The first Bernoulli mask turned into Gaussian noise: no longer a mask whose expected
+  // value is what eval mode computes.
+  const std::string path = Edited(
+      "noise", [](json& p) {
+        json& node = NodeWith(p, "bernoulli_");
+        node["target"] = "torch.ops.aten.normal_.default";
+        for (json& input : node["inputs"]) {
+          if (input["name"] == "p") input["name"] = "mean";
+        }
+      },
+      nullptr, {}, false, kStochasticDepth);
+  Options options;
+  options.preload_output_copy = false;
+  const absl::Status refused = Recalibration::Create(path, options).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_THAT(refused.message(), AllOf(HasSubstr("aten::normal_"), HasSubstr("export the model in eval mode")));
+  options.modules = v1::TRAIN;
+  EXPECT_TRUE(Recalibration::Create(path, options).ok());
+  options.modules = v1::EVAL;
+  EXPECT_TRUE(Recalibration::Create(kStochasticDepth, options).ok());
 }
 
 TEST(ExportedProgramTest, TheReportNamesTheFormat) {
