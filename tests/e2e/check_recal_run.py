@@ -33,7 +33,6 @@ import argparse
 import concurrent.futures
 import copy
 import json
-import math
 import os
 import random
 import shutil
@@ -200,22 +199,8 @@ def check_no_recal_ops(path, module, errors):
 
 
 def check_stats(got, ref, layers, rtol, errors, what):
-    worst = 0.0
-    for name, info in sorted(layers.items()):
-        mk, vk = info["mean_key"], info["var_key"]
-        if mk not in got or vk not in got:
-            errors.append("%s: missing %s / %s" % (what, mk, vk))
-            continue
-        if got[mk].shape != ref[mk].shape or got[vk].shape != ref[vk].shape:
-            errors.append("%s: %s shape %s, want %s" % (what, mk, tuple(got[mk].shape), tuple(ref[mk].shape)))
-            continue
-        ok, em, ev = reference.stats_close(got, ref, mk, vk, rtol)
-        if not (math.isfinite(em) and math.isfinite(ev)):
-            ok = False
-        worst = max(worst, em, ev) if math.isfinite(em) and math.isfinite(ev) else float("inf")
-        if not ok:
-            errors.append("%s: layer %r differs from the reference: mean err %.3g, var err %.3g "
-                          "(in units of tolerance, rtol %g)" % (what, name, em, ev, rtol))
+    worst, problems = reference.layer_errors(got, ref, layers, rtol)
+    errors += ["%s: %s" % (what, p) for p in problems]
     return worst
 
 
