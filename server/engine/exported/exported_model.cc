@@ -80,13 +80,12 @@ absl::Status ExportedModel::LoadState() {
       if (input.slot != kNoSlot) state_[input.slot] = input.value;
       continue;
     }
-    auto stored = archive_.weights().find(input.name);
-    if (stored == archive_.weights().end()) stored = archive_.constants().find(input.name);
-    if (stored == archive_.constants().end()) {
+    const StoredTensor* stored = archive_.Find(input.name);
+    if (stored == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("PT2 archive: the program reads '", input.name,
                                                      "', which the archive does not hold"));
     }
-    RECAL_ASSIGN_OR_RETURN(at::Tensor tensor, archive_.Load(stored->second));
+    RECAL_ASSIGN_OR_RETURN(at::Tensor tensor, archive_.Load(*stored));
     RECAL_RETURN_IF_ERROR(MatchesGraph(archive_.program(), input, tensor));
     tensor = tensor.to(device_);
     state_[input.slot] = tensor;
@@ -103,9 +102,8 @@ std::vector<size_t> ExportedModel::ObservedBatchNorms() const {
   for (size_t i = 0; i < plan_.steps.size(); ++i) {
     const Step& step = plan_.steps[i];
     if (step.batch_norm == BatchNormForm::kNone) continue;
-    const auto& schema = step.op->schema();
-    const ArgumentSource& mean = step.arguments[*schema.argumentIndexWithName("running_mean")];
-    const ArgumentSource& var = step.arguments[*schema.argumentIndexWithName("running_var")];
+    const ArgumentSource& mean = step.arguments[step.batch_norm_arguments.running_mean];
+    const ArgumentSource& var = step.arguments[step.batch_norm_arguments.running_var];
     if (mean.kind == ArgumentSource::Kind::kSlot && var.kind == ArgumentSource::Kind::kSlot &&
         buffer_slots_.count(mean.slot) && buffer_slots_.count(var.slot)) {
       found.push_back(i);
@@ -119,9 +117,8 @@ std::vector<std::pair<at::Tensor, at::Tensor>> ExportedModel::BatchNormBuffers()
   std::set<Slot> seen;
   for (size_t i : ObservedBatchNorms()) {
     const Step& step = plan_.steps[i];
-    const auto& schema = step.op->schema();
-    const Slot mean = step.arguments[*schema.argumentIndexWithName("running_mean")].slot;
-    const Slot var = step.arguments[*schema.argumentIndexWithName("running_var")].slot;
+    const Slot mean = step.arguments[step.batch_norm_arguments.running_mean].slot;
+    const Slot var = step.arguments[step.batch_norm_arguments.running_var].slot;
     if (seen.insert(mean).second) pairs.emplace_back(state_[mean].toTensor(), state_[var].toTensor());
   }
   // A BatchNorm module the forward never calls has no node, but export keeps its buffers:
@@ -264,10 +261,9 @@ absl::Status ExportedModel::CheckReloads(absl::string_view bytes, const NamedTen
   auto reloaded = Pt2Archive::Read(BytesReader(bytes), ArchiveLimits{});
   if (!reloaded.ok()) return absl::InternalError(absl::StrCat("the recalibrated program does not reload: ", reloaded.status().message()));
   for (const auto& [name, value] : buffers) {
-    auto stored = reloaded->weights().find(name);
-    if (stored == reloaded->weights().end()) stored = reloaded->constants().find(name);
-    if (stored == reloaded->constants().end()) return absl::InternalError(absl::StrCat("the saved program lost ", name));
-    auto tensor = reloaded->Load(stored->second);
+    const StoredTensor* stored = reloaded->Find(name);
+    if (stored == nullptr) return absl::InternalError(absl::StrCat("the saved program lost ", name));
+    auto tensor = reloaded->Load(*stored);
     if (!tensor.ok() || !tensor->equal(value.to(tensor->scalar_type()).cpu())) {
       return absl::InternalError(absl::StrCat("the saved program does not hold the new ", name));
     }

@@ -1,6 +1,7 @@
 #include "server/engine/exported/interpreter.h"
 
 #include <cmath>
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -62,8 +63,36 @@ c10::IValue Gather(const ArgumentSource& source, const std::vector<c10::IValue>&
   return {};
 }
 
+// Shape arithmetic on values an uploaded graph chooses: overflow is an error, never
+// undefined behaviour.
+int64_t Add(int64_t a, int64_t b) {
+  int64_t r;
+  TORCH_CHECK(!__builtin_add_overflow(a, b, &r), "integer overflow in a shape computation");
+  return r;
+}
+
+int64_t Sub(int64_t a, int64_t b) {
+  int64_t r;
+  TORCH_CHECK(!__builtin_sub_overflow(a, b, &r), "integer overflow in a shape computation");
+  return r;
+}
+
+int64_t Mul(int64_t a, int64_t b) {
+  int64_t r;
+  TORCH_CHECK(!__builtin_mul_overflow(a, b, &r), "integer overflow in a shape computation");
+  return r;
+}
+
+// A float as an integer (truncated), refused when it is not a finite int64.
+int64_t ToInt(double v) {
+  TORCH_CHECK(std::isfinite(v) && v >= -9.2233720368547758e18 && v < 9.2233720368547758e18,
+              "a shape computation made ", v, ", not an integer");
+  return static_cast<int64_t>(v);
+}
+
 int64_t FloorDiv(int64_t a, int64_t b) {
   TORCH_CHECK(b != 0, "integer division by zero in a shape computation");
+  TORCH_CHECK(!(a == INT64_MIN && b == -1), "integer overflow in a shape computation");
   int64_t q = a / b;
   if (a % b != 0 && ((a < 0) != (b < 0))) --q;
   return q;
@@ -71,6 +100,7 @@ int64_t FloorDiv(int64_t a, int64_t b) {
 
 int64_t Mod(int64_t a, int64_t b) {
   TORCH_CHECK(b != 0, "integer modulo by zero in a shape computation");
+  if (b == -1) return 0;  // INT64_MIN % -1 overflows
   int64_t r = a % b;
   if (r != 0 && ((r < 0) != (b < 0))) r += b;
   return r;
@@ -84,13 +114,13 @@ c10::IValue Symbolic(SymbolicOp op, const Stack& args) {
   auto i = [&](size_t k) { return args.at(k).isBool() ? int64_t{args[k].toBool()} : args.at(k).toInt(); };
   auto d = [&](size_t k) { return args.at(k).isDouble() ? args[k].toDouble() : static_cast<double>(i(k)); };
   switch (op) {
-    case SymbolicOp::kAdd: return ints ? c10::IValue(i(0) + i(1)) : c10::IValue(d(0) + d(1));
-    case SymbolicOp::kSub: return ints ? c10::IValue(i(0) - i(1)) : c10::IValue(d(0) - d(1));
-    case SymbolicOp::kMul: return ints ? c10::IValue(i(0) * i(1)) : c10::IValue(d(0) * d(1));
+    case SymbolicOp::kAdd: return ints ? c10::IValue(Add(i(0), i(1))) : c10::IValue(d(0) + d(1));
+    case SymbolicOp::kSub: return ints ? c10::IValue(Sub(i(0), i(1))) : c10::IValue(d(0) - d(1));
+    case SymbolicOp::kMul: return ints ? c10::IValue(Mul(i(0), i(1))) : c10::IValue(d(0) * d(1));
     case SymbolicOp::kFloorDiv: return ints ? c10::IValue(FloorDiv(i(0), i(1))) : c10::IValue(std::floor(d(0) / d(1)));
     case SymbolicOp::kTrueDiv: return c10::IValue(d(0) / d(1));
     case SymbolicOp::kMod: return ints ? c10::IValue(Mod(i(0), i(1))) : c10::IValue(d(0) - std::floor(d(0) / d(1)) * d(1));
-    case SymbolicOp::kNeg: return ints ? c10::IValue(-i(0)) : c10::IValue(-d(0));
+    case SymbolicOp::kNeg: return ints ? c10::IValue(Sub(0, i(0))) : c10::IValue(-d(0));
     case SymbolicOp::kEq: return ints ? i(0) == i(1) : d(0) == d(1);
     case SymbolicOp::kNe: return ints ? i(0) != i(1) : d(0) != d(1);
     case SymbolicOp::kLt: return ints ? i(0) < i(1) : d(0) < d(1);
@@ -103,9 +133,9 @@ c10::IValue Symbolic(SymbolicOp op, const Stack& args) {
     case SymbolicOp::kMax: return ints ? c10::IValue(std::max(i(0), i(1))) : c10::IValue(std::max(d(0), d(1)));
     case SymbolicOp::kMin: return ints ? c10::IValue(std::min(i(0), i(1))) : c10::IValue(std::min(d(0), d(1)));
     case SymbolicOp::kToFloat: return d(0);
-    case SymbolicOp::kToInt: return static_cast<int64_t>(d(0));
-    case SymbolicOp::kCeil: return static_cast<int64_t>(std::ceil(d(0)));
-    case SymbolicOp::kFloor: return static_cast<int64_t>(std::floor(d(0)));
+    case SymbolicOp::kToInt: return ToInt(d(0));
+    case SymbolicOp::kCeil: return ToInt(std::ceil(d(0)));
+    case SymbolicOp::kFloor: return ToInt(std::floor(d(0)));
     case SymbolicOp::kNone: break;
   }
   TORCH_CHECK(false, "unknown shape computation");
@@ -118,24 +148,22 @@ std::optional<at::Tensor> OptionalTensor(const c10::IValue& v) {
 // The BatchNorm of `step` through the collector; its returns replace `stack`. False when its
 // statistics are not tensors (no running statistics): then it runs as it is.
 bool ObserveBatchNorm(const Step& step, Stack& stack, Collector* collector) {
-  const c10::FunctionSchema& schema = step.op->schema();
-  auto at = [&](const char* name) -> const c10::IValue& { return stack[*schema.argumentIndexWithName(name)]; };
-  const c10::IValue& running_mean = at("running_mean");
-  const c10::IValue& running_var = at("running_var");
+  const BatchNormArguments& args = step.batch_norm_arguments;
+  const c10::IValue& running_mean = stack[args.running_mean];
+  const c10::IValue& running_var = stack[args.running_var];
   if (!running_mean.isTensor() || !running_var.isTensor()) return false;
-  const auto training_index = schema.argumentIndexWithName("training");
-  const bool training = training_index ? stack[*training_index].toBool() : step.batch_norm == BatchNormForm::kWithUpdate;
-  const at::Tensor input = at("input").toTensor();
-  at::Tensor out = collector->Observe(input, OptionalTensor(at("weight")), OptionalTensor(at("bias")),
+  const bool training = args.training ? stack[*args.training].toBool() : step.batch_norm == BatchNormForm::kWithUpdate;
+  const at::Tensor input = stack[args.input].toTensor();
+  at::Tensor out = collector->Observe(input, OptionalTensor(stack[args.weight]), OptionalTensor(stack[args.bias]),
                                       running_mean.toTensor(), running_var.toTensor(), training,
-                                      at("momentum").toScalar().toDouble(), at("eps").toScalar().toDouble(),
+                                      stack[args.momentum].toScalar().toDouble(), stack[args.eps].toScalar().toDouble(),
                                       /*cudnn_enabled=*/false);
   // The other returns (saved statistics for a backward, a reserve) are read by nothing in a
   // forward; the functional form's new running statistics are the graph's buffer updates,
   // which the engine makes itself at the end.
   const at::Tensor unused = at::empty({0}, input.options());
   Stack returns{std::move(out)};
-  for (size_t k = 1; k < schema.returns().size(); ++k) {
+  for (size_t k = 1; k < step.op->schema().returns().size(); ++k) {
     if (step.batch_norm == BatchNormForm::kLegitFunctional && k == 3) returns.push_back(running_mean);
     else if (step.batch_norm == BatchNormForm::kLegitFunctional && k == 4) returns.push_back(running_var);
     else returns.push_back(unused);

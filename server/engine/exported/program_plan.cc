@@ -279,7 +279,11 @@ absl::Status PlanOperator(const json& node, const std::string& ns, const std::st
     step.outputs.push_back(std::move(*filled));
   }
   for (const auto& [form_name, form] : kBatchNormForms) {
-    if (name == form_name && schema.argumentIndexWithName("running_mean")) step.batch_norm = form;
+    if (name != form_name || !schema.argumentIndexWithName("running_mean")) continue;
+    step.batch_norm = form;
+    auto at = [&](const char* argument) { return schema.argumentIndexWithName(argument).value_or(0); };
+    step.batch_norm_arguments = {at("input"), at("weight"), at("bias"), at("running_mean"), at("running_var"),
+                                 at("momentum"), at("eps"), schema.argumentIndexWithName("training")};
   }
   step.dropout = IsDropoutOp(step.target);
   step.random = step.op->hasTag(at::Tag::nondeterministic_seeded);

@@ -49,12 +49,19 @@ enum class BatchNormForm {
 enum class SymbolicOp { kNone, kAdd, kSub, kMul, kFloorDiv, kTrueDiv, kMod, kNeg, kEq, kNe, kLt, kLe, kGt, kGe,
                         kAnd, kOr, kNot, kMax, kMin, kToFloat, kToInt, kCeil, kFloor };
 
+// Where a BatchNorm step's arguments are in its schema (the forms order them differently).
+struct BatchNormArguments {
+  int input = 0, weight = 0, bias = 0, running_mean = 0, running_var = 0, momentum = 0, eps = 0;
+  std::optional<int> training;  // absent from the forms that fix it (_no_training, _with_update, ...)
+};
+
 struct Step {
   std::string name;    // the node's name, for messages
   std::string target;  // "aten::conv2d" or "_operator.mul"
   std::optional<c10::OperatorHandle> op;
   SymbolicOp symbolic = SymbolicOp::kNone;
   BatchNormForm batch_norm = BatchNormForm::kNone;
+  BatchNormArguments batch_norm_arguments;  // with batch_norm
   bool writes_argument = false;  // an in-place operator: it runs even when its result is unused
   bool dropout = false;          // its `train` argument follows Options::modules
   bool random = false;           // draws random numbers (dropout, bernoulli, rand, ...)

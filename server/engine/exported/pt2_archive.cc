@@ -71,8 +71,8 @@ absl::StatusOr<Pt2Archive> Pt2Archive::Read(std::shared_ptr<ReadAdapter> file, c
   archive.limits_ = limits;
   std::vector<std::string> records;
   try {
-    PyTorchStreamReader reader(archive.file_);
-    records = reader.getAllRecords();
+    archive.reader_ = std::make_shared<PyTorchStreamReader>(archive.file_);
+    records = archive.reader_->getAllRecords();
   } catch (const std::exception& e) {
     return Invalid(absl::StrCat("not a readable zip archive: ", TorchErrorLine(e)));
   }
@@ -85,7 +85,7 @@ absl::StatusOr<Pt2Archive> Pt2Archive::Read(std::shared_ptr<ReadAdapter> file, c
                                 "archive of one, as torch.export.save(program, path) writes"));
   }
   const std::string& model = models.front();
-  archive.model_name_ = model.substr(sizeof(kModelsDir) - 1, model.size() - sizeof(kModelsDir) + 1 - 5);
+  const std::string model_name = model.substr(sizeof(kModelsDir) - 1, model.size() - sizeof(kModelsDir) + 1 - 5);
   RECAL_ASSIGN_OR_RETURN(std::string format, archive.ReadRecord("archive_format", 64));
   if (format != "pt2") return Invalid(absl::StrCat("archive_format is '", format.substr(0, 16), "', not pt2"));
   auto byteorder = archive.ReadRecord("byteorder", 64);
@@ -95,30 +95,29 @@ absl::StatusOr<Pt2Archive> Pt2Archive::Read(std::shared_ptr<ReadAdapter> file, c
   RECAL_ASSIGN_OR_RETURN(json program, archive.ReadJson(model));
   archive.program_ = std::make_shared<const json>(std::move(program));
   for (const char* legacy : {"data/weights/", "data/constants/"}) {
-    if (std::find(records.begin(), records.end(), absl::StrCat(legacy, archive.model_name_, ".pt")) !=
+    if (std::find(records.begin(), records.end(), absl::StrCat(legacy, model_name, ".pt")) !=
         records.end()) {
       return Invalid("stores its weights in the legacy pickled format; save it again with torch.export.save "
                      "of torch 2.6 or later");
     }
   }
   RECAL_RETURN_IF_ERROR(archive.ReadPayloadConfig(
-      absl::StrCat(kWeightsDir, archive.model_name_, "_weights_config.json"), kWeightsDir, &archive.weights_));
+      absl::StrCat(kWeightsDir, model_name, "_weights_config.json"), kWeightsDir, &archive.weights_));
   RECAL_RETURN_IF_ERROR(archive.ReadPayloadConfig(
-      absl::StrCat(kConstantsDir, archive.model_name_, "_constants_config.json"), kConstantsDir,
+      absl::StrCat(kConstantsDir, model_name, "_constants_config.json"), kConstantsDir,
       &archive.constants_));
   return archive;
 }
 
 absl::StatusOr<std::string> Pt2Archive::ReadRecord(const std::string& name, int64_t limit) const {
   try {
-    PyTorchStreamReader reader(file_);
-    if (!reader.hasRecord(name)) return Invalid(absl::StrCat("has no ", name));
-    const size_t size = reader.getRecordSize(name);
+    if (!reader_->hasRecord(name)) return Invalid(absl::StrCat("has no ", name));
+    const size_t size = reader_->getRecordSize(name);
     if (size > static_cast<size_t>(limit)) {
       return Invalid(absl::StrCat(name, " is ", size, " bytes, more than the ", limit, " allowed"));
     }
     std::string bytes(size, '\0');
-    reader.getRecord(name, bytes.data(), size);
+    reader_->getRecord(name, bytes.data(), size);
     return bytes;
   } catch (const std::exception& e) {
     return Invalid(absl::StrCat("cannot read ", name, ": ", TorchErrorLine(e)));
@@ -172,18 +171,24 @@ absl::Status Pt2Archive::ReadPayloadConfig(const std::string& config, const std:
   return absl::OkStatus();
 }
 
+const StoredTensor* Pt2Archive::Find(const std::string& name) const {
+  auto found = weights_.find(name);
+  if (found != weights_.end()) return &found->second;
+  found = constants_.find(name);
+  return found != constants_.end() ? &found->second : nullptr;
+}
+
 absl::StatusOr<at::Tensor> Pt2Archive::Load(const StoredTensor& stored) const {
   try {
-    PyTorchStreamReader reader(file_);
-    if (!reader.hasRecord(stored.record)) return Invalid(absl::StrCat("has no ", stored.record));
-    const int64_t bytes = static_cast<int64_t>(reader.getRecordSize(stored.record));
+    if (!reader_->hasRecord(stored.record)) return Invalid(absl::StrCat("has no ", stored.record));
+    const int64_t bytes = static_cast<int64_t>(reader_->getRecordSize(stored.record));
     // A stored record is as large in the archive as in memory: a record claiming more than
     // the whole archive is a compressed bomb, not a weight torch.export.save wrote.
     if (bytes > static_cast<int64_t>(file_->size())) {
       return Invalid(absl::StrCat(stored.record, " claims ", bytes, " bytes, more than the archive holds"));
     }
     at::Tensor record = at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
-    if (bytes > 0) reader.getRecord(stored.record, record.data_ptr(), static_cast<size_t>(bytes));
+    if (bytes > 0) reader_->getRecord(stored.record, record.data_ptr(), static_cast<size_t>(bytes));
     return ViewOver(record, stored);
   } catch (const std::exception& e) {
     return Invalid(absl::StrCat("cannot read ", stored.record, ": ", TorchErrorLine(e)));
@@ -194,21 +199,19 @@ absl::StatusOr<std::string> Pt2Archive::WithTensors(
     const std::vector<std::pair<std::string, at::Tensor>>& values) const {
   std::map<std::string, std::vector<std::pair<const StoredTensor*, at::Tensor>>> by_record;
   for (const auto& [name, value] : values) {
-    auto found = weights_.find(name);
-    if (found == weights_.end()) found = constants_.find(name);
-    if (found == constants_.end()) return absl::InternalError(absl::StrCat("no tensor ", name, " in the archive"));
-    by_record[found->second.record].emplace_back(&found->second, value);
+    const StoredTensor* stored = Find(name);
+    if (stored == nullptr) return absl::InternalError(absl::StrCat("no tensor ", name, " in the archive"));
+    by_record[stored->record].emplace_back(stored, value);
   }
   std::string out;
   try {
-    PyTorchStreamReader reader(file_);
     PyTorchStreamWriter writer([&out](const void* data, size_t n) {
       out.append(static_cast<const char*>(data), n);
       return n;
     });
-    for (const std::string& name : reader.getAllRecords()) {
+    for (const std::string& name : reader_->getAllRecords()) {
       if (name == kSerializationId) continue;
-      auto [data, size] = reader.getRecord(name);
+      auto [data, size] = reader_->getRecord(name);
       auto changed = by_record.find(name);
       if (changed != by_record.end()) {
         for (const auto& [stored, value] : changed->second) {

@@ -17,6 +17,10 @@
 #include "absl/status/statusor.h"
 #include "server/engine/model_file.h"
 
+namespace caffe2::serialize {
+class PyTorchStreamReader;
+}
+
 namespace recal::engine::exported {
 
 struct ArchiveLimits {
@@ -44,6 +48,8 @@ class Pt2Archive {
   // non-persistent buffers (data/constants), by their names in the program's signature.
   const std::map<std::string, StoredTensor>& weights() const { return weights_; }
   const std::map<std::string, StoredTensor>& constants() const { return constants_; }
+  // The weight or constant named `name`; nullptr when the archive holds none.
+  const StoredTensor* Find(const std::string& name) const;
 
   // The tensor over its record's bytes, on the CPU. INVALID_ARGUMENT when the view does
   // not fit in the record.
@@ -61,8 +67,9 @@ class Pt2Archive {
                                  std::map<std::string, StoredTensor>* into) const;
 
   std::shared_ptr<ReadAdapter> file_;
+  // The zip's directory, read once (its own lock serialises record reads).
+  std::shared_ptr<caffe2::serialize::PyTorchStreamReader> reader_;
   ArchiveLimits limits_;
-  std::string model_name_;
   std::shared_ptr<const nlohmann::json> program_;
   std::map<std::string, StoredTensor> weights_;
   std::map<std::string, StoredTensor> constants_;
