@@ -64,7 +64,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The server: check and queue.
   recal::jobs::StreamFeed feed(normalisation, kMaxBatchBytes);
   feed.set_deadline(std::chrono::steady_clock::now());  // never wait for more
-  const absl::Status pushed = feed.Push(request.inputs(), request.last());
+  google::protobuf::RepeatedPtrField<recal::v1::Tensor> inputs = request.inputs();  // Push takes them; kept to compare
+  const absl::Status pushed = feed.Push(inputs, request.last());
   if (!pushed.ok()) {
     recal::fuzz::CheckRefusal(pushed, "StreamFeed::Push");
     FUZZ_CHECK(pushed.code() == absl::StatusCode::kInvalidArgument ||

@@ -38,6 +38,8 @@
 #include "server/jobs/job_manager.h"
 #include "server/jobs/model_registry.h"
 #include "server/jobs/worker_runner.h"
+#include "common/command_line.h"
+#include "common/version.h"
 #include "server/log/log.h"
 #include "server/metrics/metrics.h"
 #include "server/relay/internal_endpoint.h"
@@ -103,7 +105,7 @@ ABSL_FLAG(int32_t, max_queued_jobs, 64, "jobs waiting at most; beyond it SubmitJ
 ABSL_FLAG(int64_t, max_model_bytes, int64_t{2} << 30, "largest model archive accepted");
 ABSL_FLAG(int32_t, max_message_bytes, 8 << 20, "largest gRPC message accepted");
 ABSL_FLAG(int64_t, max_batch_size, 4096, "largest batch_size a job may ask for");
-ABSL_FLAG(int64_t, max_batch_bytes, int64_t{256} << 20, "largest tensor a client may push (PushBatches)");
+ABSL_FLAG(int64_t, max_batch_bytes, int64_t{256} << 20, "largest batch a client may push (PushBatches), all its inputs together");
 ABSL_FLAG(double, job_timeout_seconds, 6 * 3600, "a job's time limit unless its spec sets one");
 ABSL_FLAG(double, shutdown_timeout_seconds, 20, "how long SIGTERM waits for workers and calls");
 ABSL_FLAG(std::string, worker_binary, "", "recal-worker, which runs every model (default: beside recal-server)");
@@ -149,13 +151,10 @@ int Fail(const absl::Status& status) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("recal-server [--listen=0.0.0.0:50051] [--data_dir=./recal-data] ...");
-  // --help lists this file's flags (absl's default looks for a file named after the binary).
-  absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = [](absl::string_view file) { return absl::EndsWith(file, "server/main.cc"); };
-  usage.contains_helpshort_flags = usage.contains_help_flags;
-  absl::SetFlagsUsageConfig(usage);
-  absl::ParseCommandLine(argc, argv);
+  recal::ParseCommandLineOrExit(argc, argv, "recal-server",
+                                "serves BatchNorm recalibration jobs over gRPC (recalctl, the C++ and Python clients)\n"
+                                "  recal-server [--listen=127.0.0.1:50051] [--data_dir=./recal-data] [--data_root=DIR] "
+                                "[options]");
   if (absl::Status configured = recal::log::Configure(absl::GetFlag(FLAGS_log_format), absl::GetFlag(FLAGS_log_level));
       !configured.ok()) {
     std::cerr << "recal-server: " << configured.message() << "\n";
@@ -354,7 +353,9 @@ int main(int argc, char** argv) {
                      {{"address", metrics_listen}, {"path", "/metrics"}});
   }
 
-  recal::api::RecalService service(auth.get(), &models, &jobs, absl::GetFlag(FLAGS_download_chunk_bytes),
+  recal::api::RecalService service(auth.get(), &models, &jobs,
+                                   {.download_chunk_bytes = absl::GetFlag(FLAGS_download_chunk_bytes),
+                                    .max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes)},
                                    metrics.get());
   grpc::EnableDefaultHealthCheckService(true);
   if (absl::GetFlag(FLAGS_reflection)) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -380,7 +381,7 @@ int main(int argc, char** argv) {
                     {"blobs", blobs->Describe()},
                     {"role", role},
                     {"workers", static_cast<int64_t>(devices->size())},
-                    {"version", recal::metrics::Version()}});
+                    {"version", recal::Version()}});
 
   // Health follows the store: a process that cannot reach it can neither take jobs nor
   // answer for them, so it says NOT_SERVING (a load balancer or Kubernetes routes around it).

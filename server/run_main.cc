@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/command_line.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -275,16 +276,11 @@ absl::Status RunMain() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  recal::ParseCommandLineOrExit(
+      argc, argv, "recal-run",
       "recalibrates the BatchNorm statistics of a TorchScript model or torch.export program on local data\n"
       "  recal-run --model M.pt|M.pt2 --data npy:X.npy --out OUT.pt|OUT.pt2 [--bn_out BN.safetensors] "
       "[--report R.json] [options]");
-  // --help lists this file's flags (absl's default looks for a file named after the binary).
-  absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = [](absl::string_view file) { return absl::EndsWith(file, "server/run_main.cc"); };
-  usage.contains_helpshort_flags = usage.contains_help_flags;
-  absl::SetFlagsUsageConfig(usage);
-  absl::ParseCommandLine(argc, argv);
   absl::Status status = RunMain();
   if (!status.ok()) {
     std::string message(status.message());

@@ -150,6 +150,12 @@ absl::StatusOr<v1::Job> Client::Cancel(const std::string& job_id) {
       [&](grpc::ClientContext* c, v1::Job* r) { return impl_->stub->CancelJob(c, request, r); });
 }
 
+absl::StatusOr<v1::ServerInfo> Client::GetServerInfo() {
+  return impl_->Unary<v1::ServerInfo>([&](grpc::ClientContext* c, v1::ServerInfo* r) {
+    return impl_->stub->GetServerInfo(c, v1::GetServerInfoRequest(), r);
+  });
+}
+
 absl::StatusOr<std::string> Client::Health(const std::string& service) {
   grpc::health::v1::HealthCheckRequest request;
   request.set_service(service);

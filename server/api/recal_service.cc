@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/version.h"
 #include "server/log/log.h"
 #include "server/metrics/metrics.h"
 
@@ -247,7 +248,8 @@ grpc::Status RecalService::PushBatches(grpc::ServerContext* context,
       }
       stream = *std::move(opened);
     }
-    const bool batch = !message.inputs().empty();
+    // The parts of a batch sent in parts count once, at the part that completes it.
+    const bool batch = !message.inputs().empty() && !message.batch_continues();
     outcome = ToGrpcStatus(stream->Push(message));
     if (outcome.ok() && batch) response->set_batches_received(response->batches_received() + 1);
   }
@@ -276,7 +278,7 @@ grpc::Status RecalService::DownloadResult(grpc::ServerContext* context,
   do {
     v1::DownloadResultChunk chunk;
     chunk.set_offset(offset);
-    if (absl::Status read = result->reader->ReadAt(offset, download_chunk_bytes_, chunk.mutable_data()); !read.ok()) {
+    if (absl::Status read = result->reader->ReadAt(offset, limits_.download_chunk_bytes, chunk.mutable_data()); !read.ok()) {
       return ToGrpcStatus(read);
     }
     const int64_t got = static_cast<int64_t>(chunk.data().size());
@@ -287,6 +289,17 @@ grpc::Status RecalService::DownloadResult(grpc::ServerContext* context,
     if (metrics_) metrics_->DownloadBytes(who->tenant).Increment(static_cast<double>(got));
     offset += got;
   } while (offset < ref.size && !context->IsCancelled());
+  return grpc::Status::OK;
+}
+
+grpc::Status RecalService::GetServerInfo(grpc::ServerContext* context, const v1::GetServerInfoRequest* request,
+                                         v1::ServerInfo* response) {
+  auto who = Admit(context, auth::Role::kRead, "GetServerInfo", "");
+  if (!who.ok()) return ToGrpcStatus(who.status());
+  response->set_version(Version());
+  response->set_libtorch_version(LibTorchVersion());
+  response->set_max_message_bytes(limits_.max_message_bytes);
+  response->set_max_batch_bytes(jobs_->max_batch_bytes());
   return grpc::Status::OK;
 }
 

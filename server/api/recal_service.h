@@ -18,10 +18,14 @@ namespace recal::api {
 
 class RecalService final : public v1::Recal::Service {
  public:
+  struct Limits {
+    int64_t download_chunk_bytes = 1 << 20;  // bytes per DownloadResult message
+    int64_t max_message_bytes = 8 << 20;     // what the gRPC server accepts (GetServerInfo tells clients)
+  };
   // `metrics` may be null.
-  RecalService(const auth::Authenticator* auth, jobs::ModelRegistry* models, jobs::JobManager* jobs,
-               int64_t download_chunk_bytes, metrics::Metrics* metrics = nullptr)
-      : auth_(auth), models_(models), jobs_(jobs), download_chunk_bytes_(download_chunk_bytes), metrics_(metrics) {}
+  RecalService(const auth::Authenticator* auth, jobs::ModelRegistry* models, jobs::JobManager* jobs, Limits limits,
+               metrics::Metrics* metrics = nullptr)
+      : auth_(auth), models_(models), jobs_(jobs), limits_(limits), metrics_(metrics) {}
 
   grpc::Status UploadModel(grpc::ServerContext* context,
                            grpc::ServerReader<v1::UploadModelRequest>* reader,
@@ -49,6 +53,8 @@ class RecalService final : public v1::Recal::Service {
                            v1::PushBatchesResponse* response) override;
   grpc::Status DownloadResult(grpc::ServerContext* context, const v1::DownloadResultRequest* request,
                               grpc::ServerWriter<v1::DownloadResultChunk>* writer) override;
+  grpc::Status GetServerInfo(grpc::ServerContext* context, const v1::GetServerInfoRequest* request,
+                             v1::ServerInfo* response) override;
 
  private:
   // The caller's principal if it may do `action` (which needs `role`); the refusal is logged.
@@ -62,7 +68,7 @@ class RecalService final : public v1::Recal::Service {
   const auth::Authenticator* auth_;
   jobs::ModelRegistry* models_;
   jobs::JobManager* jobs_;
-  const int64_t download_chunk_bytes_;
+  const Limits limits_;
   metrics::Metrics* metrics_;
 };
 

@@ -6,6 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/now.h"
+#include "common/status_macros.h"
+#include "server/jobs/batch_assembler.h"
 #include "server/jobs/data_source_spec.h"
 #include "server/log/log.h"
 #include "server/metrics/metrics.h"
@@ -181,7 +183,7 @@ absl::StatusOr<JobManager::PushTarget> JobManager::FindPushTarget(const Caller& 
 }
 
 absl::Status JobManager::PushBatch(const Caller& caller, const std::string& id, int shard,
-                                   const google::protobuf::RepeatedPtrField<v1::Tensor>& inputs, bool last) {
+                                   google::protobuf::RepeatedPtrField<v1::Tensor>& inputs, bool last) {
   auto target = FindPushTarget(caller, id, shard);
   if (!target.ok()) return target.status();
   const v1::Job* job = &target->job;
@@ -203,16 +205,21 @@ absl::Status JobManager::PushBatch(const Caller& caller, const std::string& id, 
 
 namespace {
 
-// Role all: every message through JobManager::PushBatch, as it always went.
+// Role all: every whole batch through JobManager::PushBatch, its parts joined first.
 class LocalPush final : public PushStream {
  public:
-  using PushFn = std::function<absl::Status(const google::protobuf::RepeatedPtrField<v1::Tensor>&, bool)>;
-  explicit LocalPush(PushFn push) : push_(std::move(push)) {}
-  absl::Status Push(v1::PushBatchesRequest& message) override { return push_(message.inputs(), message.last()); }
-  absl::Status Finish() override { return absl::OkStatus(); }
+  using PushFn = std::function<absl::Status(google::protobuf::RepeatedPtrField<v1::Tensor>&, bool)>;
+  LocalPush(PushFn push, int64_t max_batch_bytes) : push_(std::move(push)), assembler_(max_batch_bytes) {}
+  absl::Status Push(v1::PushBatchesRequest& message) override {
+    RECAL_ASSIGN_OR_RETURN(v1::PushBatchesRequest* const batch, assembler_.Add(message));
+    if (batch == nullptr) return absl::OkStatus();
+    return push_(*batch->mutable_inputs(), batch->last());
+  }
+  absl::Status Finish() override { return assembler_.Finish(); }
 
  private:
   const PushFn push_;
+  BatchAssembler assembler_;
 };
 
 }  // namespace
@@ -221,9 +228,10 @@ absl::StatusOr<std::unique_ptr<PushStream>> JobManager::OpenPush(const Caller& c
                                                                  int shard, const std::function<bool()>& stopped) {
   if (options_.relay == nullptr) {
     return std::make_unique<LocalPush>(
-        [this, caller, id, shard](const google::protobuf::RepeatedPtrField<v1::Tensor>& inputs, bool last) {
+        [this, caller, id, shard](google::protobuf::RepeatedPtrField<v1::Tensor>& inputs, bool last) {
           return PushBatch(caller, id, shard, inputs, last);
-        });
+        },
+        options_.max_batch_bytes);
   }
   auto target = FindPushTarget(caller, id, shard);
   if (!target.ok()) return target.status();

@@ -30,7 +30,7 @@ struct JobManagerOptions {
   SchedulerOptions scheduler;
   int64_t max_batch_size = 4096;
   int max_shards = 64;
-  int64_t max_batch_bytes = int64_t{256} << 20;  // one pushed tensor, client_stream
+  int64_t max_batch_bytes = int64_t{256} << 20;  // one pushed batch, all its inputs (client_stream)
   TenantLimitsFn limits;                         // none: no quotas
   // Whether client_stream jobs are taken: in the process that runs them (role all), or
   // where `relay` carries their batches to the worker process that runs them (role api).
@@ -74,7 +74,7 @@ class JobManager {
   // sharded job, for its shard `shard` (each shard has its own pusher and its own `last`).
   // FAILED_PRECONDITION if the job does not take a client stream or has ended.
   absl::Status PushBatch(const Caller& caller, const std::string& id, int shard,
-                         const google::protobuf::RepeatedPtrField<v1::Tensor>& inputs, bool last);
+                         google::protobuf::RepeatedPtrField<v1::Tensor>& inputs, bool last);
 
   // The stream of a client's PushBatches call, opened at its first message, which names the
   // job (and shard). Role all: every message goes through PushBatch. With a relay: the job's
@@ -87,6 +87,8 @@ class JobManager {
   // runs, waiting up to `wait` for its claim to open it; FAILED_PRECONDITION if it does not
   // run here.
   absl::StatusOr<std::shared_ptr<StreamFeed>> RelayedFeed(const std::string& feed_id, absl::Duration wait);
+  // The largest pushed batch (Options::max_batch_bytes): what a stream may join from parts.
+  int64_t max_batch_bytes() const { return options_.max_batch_bytes; }
 
   // Delivers a snapshot of the job (its seq is after_seq: it does not advance), then every
   // event with seq > after_seq, until the terminal state has been delivered (OK), `deliver`

@@ -2,13 +2,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 
 namespace recal::jobs {
 
 StreamFeed::StreamFeed(v1::ClientStreamSource normalisation, int64_t max_batch_bytes, int capacity)
     : normalisation_(std::move(normalisation)), max_batch_bytes_(max_batch_bytes), capacity_(capacity) {}
 
-absl::Status StreamFeed::Check(const v1::Tensor& tensor) const {
+absl::StatusOr<int64_t> PushedTensorBytes(const v1::Tensor& tensor, int64_t max_batch_bytes) {
   int64_t element_bytes;
   switch (tensor.dtype()) {
     case v1::Tensor::FLOAT32: element_bytes = 4; break;
@@ -18,22 +19,21 @@ absl::Status StreamFeed::Check(const v1::Tensor& tensor) const {
   }
   if (tensor.shape().empty()) return absl::InvalidArgumentError("a tensor needs a batch dimension");
   int64_t numel = 1;
-  bool over_limit = false;
   for (int64_t d : tensor.shape()) {
     if (d <= 0) return absl::InvalidArgumentError("tensor dims must be positive");
     // Compared before multiplying: a hostile shape's product overflows int64.
-    if (numel > max_batch_bytes_ / element_bytes / d) {
-      over_limit = true;
-      break;
+    if (numel > max_batch_bytes / element_bytes / d) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "a pushed tensor of shape [", absl::StrJoin(tensor.shape(), ","), "] exceeds the server's batch limit of ",
+          max_batch_bytes, " bytes (--max_batch_bytes): push smaller batches, or uint8/float16 inputs"));
     }
     numel *= d;
   }
-  const int64_t bytes = numel * element_bytes;  // <= max_batch_bytes_ unless over_limit
-  if (over_limit) {
-    return absl::ResourceExhaustedError(absl::StrCat("a pushed tensor of shape [", absl::StrJoin(tensor.shape(), ","),
-                                                     "] exceeds the server's batch limit of ",
-                                                     max_batch_bytes_, " bytes (--max_batch_bytes)"));
-  }
+  return numel * element_bytes;
+}
+
+absl::Status StreamFeed::Check(const v1::Tensor& tensor) const {
+  RECAL_ASSIGN_OR_RETURN(const int64_t bytes, PushedTensorBytes(tensor, max_batch_bytes_));
   if (static_cast<int64_t>(tensor.data().size()) != bytes) {
     return absl::InvalidArgumentError(absl::StrCat("tensor of shape [", absl::StrJoin(tensor.shape(), ","),
                                                    "] needs ", bytes, " bytes of data, got ",
@@ -51,17 +51,23 @@ absl::Status StreamFeed::Check(const v1::Tensor& tensor) const {
   return absl::OkStatus();
 }
 
-absl::Status StreamFeed::Push(const google::protobuf::RepeatedPtrField<v1::Tensor>& inputs, bool last) {
+absl::Status StreamFeed::Push(google::protobuf::RepeatedPtrField<v1::Tensor>& inputs, bool last) {
   // A message without inputs only names the job (or ends the data, when last): no batch.
   if (inputs.empty() && !last) return absl::OkStatus();
   worker::v1::PushedBatch batch;
+  int64_t batch_bytes = 0;
   for (const v1::Tensor& input : inputs) {
-    if (absl::Status checked = Check(input); !checked.ok()) return checked;
+    RECAL_RETURN_IF_ERROR(Check(input));
     if (!batch.inputs().empty() && input.shape(0) != batch.inputs(0).shape(0)) {
       return absl::InvalidArgumentError("the inputs of a batch must share dim 0");
     }
-    *batch.add_inputs() = input;
+    batch_bytes += static_cast<int64_t>(input.data().size());
+    if (batch_bytes > max_batch_bytes_) {
+      return absl::ResourceExhaustedError(absl::StrCat("a pushed batch exceeds the server's batch limit of ",
+                                                       max_batch_bytes_, " bytes in all its inputs (--max_batch_bytes)"));
+    }
   }
+  batch.mutable_inputs()->Swap(&inputs);
   batch.set_last(last);
   std::unique_lock<std::mutex> lock(mu_);
   changed_.wait(lock, [&] { return !closed_.ok() || ended_ || static_cast<int>(batches_.size()) < capacity_; });

@@ -19,6 +19,11 @@
 
 namespace recal::jobs {
 
+// The bytes of data a pushed tensor's dtype and shape call for; an error for a dtype the API
+// does not carry, a shape without a batch dim or with a non-positive dim, or over
+// max_batch_bytes.
+absl::StatusOr<int64_t> PushedTensorBytes(const v1::Tensor& tensor, int64_t max_batch_bytes);
+
 class StreamFeed {
  public:
   StreamFeed(v1::ClientStreamSource normalisation, int64_t max_batch_bytes, int capacity = 4);
@@ -26,9 +31,10 @@ class StreamFeed {
   // Checks and queues one batch (blocks while `capacity` batches wait). `last` ends the
   // data. Fails once the feed is closed or ended, or for a malformed batch: a dtype other
   // than float32/float16/uint8, a shape without a batch dim or with a non-positive dim, data
-  // that does not match the shape, over max_batch_bytes, inputs not sharing dim 0, or
+  // that does not match the shape, over max_batch_bytes (all inputs together), inputs not sharing dim 0, or
   // mean/std that do not match the channels (dim 1).
-  absl::Status Push(const google::protobuf::RepeatedPtrField<v1::Tensor>& inputs, bool last);
+  // `inputs` are taken (moved into the queue, no copy) once they pass the checks.
+  absl::Status Push(google::protobuf::RepeatedPtrField<v1::Tensor>& inputs, bool last);
   // Wakes both sides: Next() returns `reason` (cancellation, shutdown), Push() fails.
   void Close(const absl::Status& reason);
 

@@ -9,6 +9,7 @@
 #include <prometheus/metric_family.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/version.h"
 #include "server/log/log.h"
 
 #ifndef RECAL_VERSION
@@ -118,8 +119,6 @@ class CallInterceptor : public grpc::experimental::Interceptor {
 
 }  // namespace
 
-const char* Version() { return RECAL_VERSION; }
-
 Metrics::Metrics(const std::string& role)
     : registry(std::make_shared<prometheus::Registry>()),
       grpc_started(BuildCounter()
@@ -193,7 +192,7 @@ Metrics::Metrics(const std::string& role)
                      .Name("recal_build_info")
                      .Help("Always 1; the version is a label")
                      .Register(*registry)
-                     .Add({{"version", Version()}, {"role", role}})) {
+                     .Add({{"version", recal::Version()}, {"role", role}})) {
   build_info.Set(1);
 }
 

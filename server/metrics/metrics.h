@@ -24,9 +24,6 @@
 
 namespace recal::metrics {
 
-// The version recal_build_info reports (git describe at configure time).
-const char* Version();
-
 struct Metrics {
   // `role`: the process's --role, a label of recal_build_info.
   explicit Metrics(const std::string& role = "all");

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "server/jobs/batch_assembler.h"
 #include "server/log/log.h"
 
 namespace recal::relay {
@@ -27,6 +28,7 @@ grpc::Status RelayService::PushBatches(grpc::ServerContext* context,
   std::shared_ptr<jobs::StreamFeed> feed;
   std::string feed_id;
   absl::Status outcome;
+  jobs::BatchAssembler assembler(jobs->max_batch_bytes());
   while (outcome.ok() && reader->Read(&message)) {
     if (!feed) {
       feed_id = message.job_id();
@@ -41,9 +43,16 @@ grpc::Status RelayService::PushBatches(grpc::ServerContext* context,
       }
       feed = *std::move(found);
     }
-    outcome = feed->Push(message.inputs(), message.last());  // blocks while the feed is full
-    if (outcome.ok() && !message.inputs().empty()) response->set_batches_received(response->batches_received() + 1);
+    auto batch = assembler.Add(message);
+    if (!batch.ok()) {
+      outcome = batch.status();
+    } else if (*batch != nullptr) {
+      const bool counts = !(*batch)->inputs().empty();
+      outcome = feed->Push(*(*batch)->mutable_inputs(), (*batch)->last());  // blocks while the feed is full
+      if (outcome.ok() && counts) response->set_batches_received(response->batches_received() + 1);
+    }
   }
+  if (outcome.ok()) outcome = assembler.Finish();
   // The feed closed for the shutdown of this process (UNAVAILABLE): the job does not run again
   // (Scheduler::RunJob fails it), so the client must not read it as "retry".
   if (absl::IsUnavailable(outcome)) {

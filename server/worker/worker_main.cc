@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/command_line.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
@@ -79,7 +80,8 @@ std::vector<std::string> LibraryReadPaths(bool gpu) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  recal::ParseCommandLineOrExit(argc, argv, "recal-worker",
+                                "runs one task of recal-server in a sandbox (started by the server, not by hand)");
   if (absl::GetFlag(FLAGS_print_cuda_devices)) return PrintCudaDevices();
   const std::string scratch = absl::GetFlag(FLAGS_scratch);
   if (scratch.empty()) return Fail("--scratch is required");

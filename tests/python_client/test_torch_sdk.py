@@ -36,6 +36,7 @@ from test_client import ROOT, Server  # the server helper (auth on, .token); put
 import reference  # noqa: E402 (tests/fixtures/reference.py: the float64 reference)
 
 RTOL = 1e-5
+RECALCTL_BIN = os.environ.get("RECALCTL_BIN", os.path.join(ROOT, "build", "bin", "recalctl"))
 
 
 def _bn_state(model):
@@ -163,6 +164,23 @@ def _seeded(cls, seed=0):
                 module.running_mean.uniform_(-1, 1)
                 module.running_var.uniform_(0.5, 2)
     return model
+
+
+class ImageNetSized(torch.nn.Module):
+    """Shallow (exact in float32) but fed ImageNet-sized inputs: a wide strided stem, two
+    BatchNorm2d and a BatchNorm1d after pooling."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 8, stride=8)
+        self.bn1 = torch.nn.BatchNorm2d(8)
+        self.conv = torch.nn.Conv2d(8, 16, 3, stride=2)
+        self.bn2 = torch.nn.BatchNorm2d(16)
+        self.bn3 = torch.nn.BatchNorm1d(16)
+
+    def forward(self, x):
+        x = self.bn2(self.conv(torch.relu(self.bn1(self.stem(x)))))
+        return self.bn3(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
 
 class _TransformedImages(torch.utils.data.Dataset):
@@ -658,6 +676,64 @@ class TorchSdkTest(unittest.TestCase):
         self.assertLessEqual(reference.worst_error(got, _reference(eager, [(x,) for x in data])), 1.0)
         with self.assertRaisesRegex(TypeError, "float64"):
             recal.tensor_message(np.zeros((2, 3), dtype=np.float64))
+
+    def test_imagenet_sized_batches_of_64_travel_in_parts_from_the_sdk_and_recalctl(self):
+        # 64 x 3 x 224 x 224 float32 is 38.5 MB, the server's default message limit 8 MiB:
+        # each batch goes in parts that the server joins into the same batch.
+        model = _seeded(ImageNetSized)
+        g = torch.Generator().manual_seed(21)
+        images = torch.randn(140, 3, 224, 224, generator=g) * 1.5 + 0.25
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(images), batch_size=64)
+        batches = [(x,) for (x,) in loader]
+        self.assertEqual([b[0].shape[0] for b in batches], [64, 64, 12])
+        ref = _reference(model, batches)
+        original = copy.deepcopy(model)
+
+        spy = None
+        real_open_push = recal.Client.open_push
+
+        def open_push(client, *args, **kwargs):  # counts the messages of the push
+            nonlocal spy
+            spy = _PushSpy(client.stub.PushBatches)
+            with mock.patch.object(client.stub, "PushBatches", spy):
+                return real_open_push(client, *args, **kwargs)
+
+        with mock.patch.object(recal.Client, "open_push", open_push), \
+                self.assertWarns(recal.torch.ShortDataWarning):
+            result = recal.torch.recalibrate(model, loader, **self.options)
+        self.assertEqual((result.report.batches, result.report.samples, result.report.batch_size), (3, 140, 64))
+        self.assertMatchesReference(model, ref)
+        # The first two batches went in parts (a dtype and shape, then data only).
+        heads = [shape for dtype, shape, _ in spy.inputs if shape]
+        self.assertEqual(heads, [[64, 3, 224, 224], [64, 3, 224, 224], [12, 3, 224, 224]])
+        self.assertEqual(len(spy.inputs), 2 * 5 + 1)  # in parts of 8 MiB less room for the fields; 12 fit one
+        self.assertLess(max(size for _, _, size in spy.inputs), 8 << 20)
+
+        # The same data and model through `recalctl run --stream`.
+        work = tempfile.mkdtemp(dir=self.tmp)
+        model_path, data_path = os.path.join(work, "model.pt2"), os.path.join(work, "images.npy")
+        batch = torch.export.Dim("batch", min=2)
+        torch.export.save(torch.export.export(copy.deepcopy(original).eval(), (images[:4],), dynamic_shapes=({0: batch},)),
+                          model_path)
+        import numpy as np
+        np.save(data_path, images.numpy())
+        bn_path = os.path.join(work, "bn.safetensors")
+        run = subprocess.run(
+            [RECALCTL_BIN, "run", model_path, "--data", "npy:" + data_path, "--stream", "--batch_size", "64",
+             "-o", os.path.join(work, "out.pt2"), "--bn_out", bn_path, "--server", self.server.address,
+             "--token", self.server.token],
+            capture_output=True, text=True, timeout=300)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertIn("3/3 batches", run.stderr)
+        got = recal.torch._read_safetensors(bn_path)
+        self.assertLessEqual(reference.worst_error(got, ref, RTOL), 1.0)
+
+        # One batch of 256 (154 MB: under the default --max_batch_bytes of 256 MiB).
+        big = torch.cat([images, images[:116].flip(0)])
+        model = copy.deepcopy(original)
+        result = recal.torch.recalibrate(model, [big], num_batches=1, **self.options)
+        self.assertEqual((result.report.batches, result.report.samples), (1, 256))
+        self.assertMatchesReference(model, _reference(original, [(big,)]))
 
     # -------------------------------------------------------------------- the package
 

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "common/sha256.h"
+#include "recal/batch_parts.h"
 #include "tests/server/server_process.h"
 
 namespace recal::testing {
@@ -37,16 +38,19 @@ grpc::Status Upload(v1::Recal::Stub& stub, const std::string& bytes, v1::Model* 
   return writer->Finish();
 }
 
-grpc::Status PushAll(v1::Recal::Stub& stub, const std::string& id, int shard, const std::vector<v1::Tensor>& batches) {
+grpc::Status PushAll(v1::Recal::Stub& stub, const std::string& id, int shard, const std::vector<v1::Tensor>& batches,
+                     int64_t part_bytes) {
   grpc::ClientContext context;
   v1::PushBatchesResponse pushed;
   auto writer = stub.PushBatches(&context, &pushed);
-  for (const v1::Tensor& batch : batches) {
-    v1::PushBatchesRequest message;
-    message.set_job_id(id);
-    message.set_shard(shard);
-    *message.add_inputs() = batch;
-    if (!writer->Write(message)) break;
+  bool open = true;
+  for (size_t b = 0; b < batches.size() && open; ++b) {
+    std::vector<v1::Tensor> inputs = {batches[b]};
+    for (v1::PushBatchesRequest& message : BatchMessages(inputs, part_bytes > 0 ? part_bytes : INT64_MAX)) {
+      message.set_job_id(id);
+      message.set_shard(shard);
+      if (!(open = writer->Write(message))) break;
+    }
   }
   v1::PushBatchesRequest last;
   last.set_job_id(id);

@@ -17,8 +17,10 @@ grpc::Status Upload(v1::Recal::Stub& stub, const std::string& bytes, v1::Model* 
                     int64_t to = -1, std::string digest = "", bool break_off = false, int64_t chunk = 1 << 20);
 
 // Pushes `batches` (one input each) into shard `shard` of the client-stream job `id`, then
-// the message marked last; the call's status.
-grpc::Status PushAll(v1::Recal::Stub& stub, const std::string& id, int shard, const std::vector<v1::Tensor>& batches);
+// the message marked last; the call's status. part_bytes > 0: each batch in parts of that
+// many bytes of data (PushBatchesRequest.batch_continues), as the clients send large ones.
+grpc::Status PushAll(v1::Recal::Stub& stub, const std::string& id, int shard, const std::vector<v1::Tensor>& batches,
+                     int64_t part_bytes = 0);
 
 v1::SubmitJobRequest NpyJob(const std::string& model_id, const std::string& path, int batch_size);
 

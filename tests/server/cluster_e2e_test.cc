@@ -495,9 +495,10 @@ TEST_F(ClusterStreamTest, PushesThroughEitherReplicaReachTheWorkerRunningTheJob)
   ASSERT_EQ(batches.size(), 3u);
 
   // Submitted on replica A, pushed through replica B (at once: the push waits for a worker to
-  // take the job up), run on a worker: the float64 reference, as under --role=all.
+  // take the job up), run on a worker: the float64 reference, as under --role=all. Each batch
+  // in parts, which the replica relays as they come and the worker joins.
   const v1::Job job = SubmitStream(0, resnet.id());
-  const grpc::Status pushed = PushAll(*Api(1), job.id(), 0, batches);
+  const grpc::Status pushed = PushAll(*Api(1), job.id(), 0, batches, /*part_bytes=*/50000);
   ASSERT_TRUE(pushed.ok()) << pushed.error_message();
   const v1::Job done = WaitForState(*Api(0), job.id(), v1::SUCCEEDED, 60);
   ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.error().message();

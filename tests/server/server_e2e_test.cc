@@ -13,6 +13,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "server/data/batch_source.h"
+#include "recal/batch_parts.h"
 #include "tests/engine/test_util.h"
 #include "tests/server/calls.h"
 #include "tests/server/server_process.h"
@@ -436,6 +437,69 @@ TEST_F(ServerTest, ClientStreamedBatchesAreRecalibratedLikeFiles) {
             grpc::StatusCode::FAILED_PRECONDITION);
   Cancel(other.id());  // it waits for pushes: cancelling wakes it
   WaitForState(*stub_, other.id(), v1::CANCELLED, 30);
+}
+
+TEST_F(ServerTest, BatchesSentInPartsAreJoinedIntoTheSameBatchAndCountOnce) {
+  grpc::ClientContext info_context;
+  v1::ServerInfo info;
+  ASSERT_TRUE(stub_->GetServerInfo(&info_context, v1::GetServerInfoRequest(), &info).ok());
+  EXPECT_EQ(info.max_message_bytes(), 8 << 20);  // the defaults a client reads
+  EXPECT_EQ(info.max_batch_bytes(), int64_t{256} << 20);
+  EXPECT_FALSE(info.version().empty());
+  EXPECT_FALSE(info.libtorch_version().empty());
+
+  const std::string model_id = UploadModel();
+  v1::SubmitJobRequest request;
+  request.mutable_spec()->set_model_id(model_id);
+  request.mutable_spec()->set_batch_size(8);
+  request.mutable_spec()->mutable_data()->mutable_client_stream();
+  const v1::Job job = Submit(request);
+  auto source = data::OpenBatchSource("npy:" + kFixtures + "/data/resnet18.npy", 8);
+  ASSERT_TRUE(source.ok());
+  grpc::ClientContext context;
+  v1::PushBatchesResponse pushed;
+  auto writer = stub_->PushBatches(&context, &pushed);
+  int messages = 0;
+  while (true) {
+    auto batch = (*source)->Next();
+    ASSERT_TRUE(batch.ok());
+    if (!*batch) break;
+    std::vector<v1::Tensor> inputs = {ToProto((**batch)[0])};
+    for (v1::PushBatchesRequest& message : BatchMessages(inputs, 30000)) {  // 98 KB a batch of 8
+      message.set_job_id(job.id());
+      ASSERT_TRUE(writer->Write(message));
+      ++messages;
+    }
+  }
+  v1::PushBatchesRequest last;
+  last.set_last(true);
+  writer->Write(last);
+  writer->WritesDone();
+  const grpc::Status status = writer->Finish();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_GT(messages, 3 * 3);
+  EXPECT_EQ(pushed.batches_received(), 3);
+  WaitForState(*stub_, job.id(), v1::SUCCEEDED);
+  const std::string bn_path = tmp_.File("bn.safetensors");
+  std::ofstream(bn_path, std::ios::binary) << Download(*stub_, job.id(), v1::BN_BUFFERS);
+  auto reference = engine::testing::ReadSafetensors(kFixtures + "/ref/resnet18.population.safetensors");
+  EXPECT_LE(engine::testing::WorstRelativeError(engine::testing::ReadSafetensors(bn_path), reference), 1e-5);
+
+  // A stream that ends inside a batch is refused saying so; the server goes on.
+  const v1::Job broken = Submit(request);
+  grpc::ClientContext broken_context;
+  v1::PushBatchesResponse broken_response;
+  auto broken_writer = stub_->PushBatches(&broken_context, &broken_response);
+  std::vector<v1::Tensor> inputs = {ToProto(at::zeros({8, 3, 64, 64}))};
+  std::vector<v1::PushBatchesRequest> parts = BatchMessages(inputs, 30000);
+  parts[0].set_job_id(broken.id());
+  for (size_t p = 0; p + 1 < parts.size(); ++p) broken_writer->Write(parts[p]);
+  broken_writer->WritesDone();
+  const grpc::Status cut = broken_writer->Finish();
+  EXPECT_EQ(cut.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(cut.error_message(), HasSubstr("ended inside a batch"));
+  Cancel(broken.id());
+  WaitForState(*stub_, broken.id(), v1::CANCELLED, 30);
 }
 
 

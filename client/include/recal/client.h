@@ -188,6 +188,8 @@ class Client {
   // submitted again). FAILED_PRECONDITION once the job no longer takes data. A sharded job
   // takes one stream per shard (JobSpec.shards), each ended by its own last message: the
   // streams may come from different processes (every rank of a torch.distributed job).
+  // A batch larger than the server's message limit (GetServerInfo) is sent in parts that the
+  // server joins into the same batch.
   absl::StatusOr<int64_t> PushBatches(const std::string& job_id, const BatchProducer& next, int shard = 0);
 
   // Writes a succeeded job's artifact to `path` atomically, resuming after a broken stream
@@ -199,6 +201,8 @@ class Client {
 
   // grpc.health.v1 Check: "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN" or "UNKNOWN".
   absl::StatusOr<std::string> Health(const std::string& service = "");
+  // The server's version and size limits.
+  absl::StatusOr<v1::ServerInfo> GetServerInfo();
 
   // ----------------------------------------------------------------------- all in one
   // Upload (or find) the model, submit, stream the local data if options.stream, watch,

@@ -21,6 +21,10 @@ WIRE_DTYPES = {"float32": recal_pb2.Tensor.FLOAT32, "float16": recal_pb2.Tensor.
                "uint8": recal_pb2.Tensor.UINT8}
 
 _POLL_SECONDS = 0.05
+# Room for a message's own fields (job id, dtype, shape) beside the tensor bytes.
+_MESSAGE_OVERHEAD = 64 << 10
+# A server that predates GetServerInfo takes gRPC's default message size.
+_DEFAULT_MESSAGE_LIMIT = 4 << 20
 
 
 def tensor_message(value):
@@ -59,14 +63,56 @@ def batch_inputs(batch):
     return [tensor_message(batch)]
 
 
+def batch_messages(inputs, part_bytes):
+    """The PushBatchesRequest messages that carry one batch (a list of Tensor messages): one
+    when it fits `part_bytes`, else a first part with every input's dtype and shape and then
+    the data, input after input, `part_bytes` at a time (PushBatchesRequest.batch_continues);
+    the server joins the parts into the same batch."""
+    if sum(len(t.data) for t in inputs) <= part_bytes:
+        return [recal_pb2.PushBatchesRequest(inputs=inputs)]
+    parts = [recal_pb2.PushBatchesRequest(
+        inputs=[recal_pb2.Tensor(dtype=t.dtype, shape=t.shape) for t in inputs])]
+    pieces = [[] for _ in inputs]  # the current part's data per input
+    room = part_bytes
+    for i, tensor in enumerate(inputs):
+        data = memoryview(tensor.data)
+        at = 0
+        while at < len(data):
+            if room == 0:
+                for k, piece in enumerate(pieces):
+                    parts[-1].inputs[k].data += b"".join(piece)
+                parts[-1].batch_continues = True
+                parts.append(recal_pb2.PushBatchesRequest(inputs=[recal_pb2.Tensor() for _ in inputs]))
+                pieces = [[] for _ in inputs]
+                room = part_bytes
+            n = min(room, len(data) - at)
+            pieces[i].append(data[at:at + n])
+            at += n
+            room -= n
+    for k, piece in enumerate(pieces):
+        parts[-1].inputs[k].data += b"".join(piece)
+    return parts
+
+
+def part_bytes(stub, metadata=None):
+    """The tensor bytes one PushBatches message may carry to the server behind `stub`."""
+    try:
+        info = stub.GetServerInfo(recal_pb2.GetServerInfoRequest(), metadata=metadata, timeout=30)
+        limit = info.max_message_bytes or _DEFAULT_MESSAGE_LIMIT
+    except grpc.RpcError as error:
+        if error.code() != grpc.StatusCode.UNIMPLEMENTED:
+            raise RecalError.from_rpc_error(error, "asking the server for its limits") from error
+        limit = _DEFAULT_MESSAGE_LIMIT
+    return max(limit - _MESSAGE_OVERHEAD, 4096)
+
+
 def _push_error(error, job_id):
     """RecalError for a failed PushBatches call, with what to do about a batch too large."""
     result = RecalError.from_rpc_error(error, "pushing batches to job %s" % job_id)
     if result.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        result = RecalError(result.code, result.message + " (a pushed batch travels as one gRPC "
-                            "message and must fit the server's --max_message_bytes, 8 MiB by "
-                            "default, and --max_batch_bytes: push smaller batches, uint8 or "
-                            "float16 inputs, or raise those limits)")
+        result = RecalError(result.code, result.message + " (a batch, all its inputs together, must "
+                            "fit the server's --max_batch_bytes, 256 MiB by default: push smaller "
+                            "batches, uint8 or float16 inputs, or raise that limit)")
     return result
 
 
@@ -90,6 +136,7 @@ class PushStream:
         self._queue = queue.Queue(maxsize=1)
         self._stop = threading.Event()
         self._ended = False
+        self._part_bytes = part_bytes(stub, metadata)
         self._call = stub.PushBatches.future(self._requests(), metadata=metadata)
 
     def _requests(self):
@@ -128,7 +175,10 @@ class PushStream:
         """Queues one batch (see batch_inputs); `last`: no batch follows."""
         if self._ended:
             raise ValueError("the data of job %s has ended" % self.job_id)
-        self._put(recal_pb2.PushBatchesRequest(inputs=batch_inputs(batch), last=last))
+        messages = batch_messages(batch_inputs(batch), self._part_bytes)
+        messages[-1].last = last
+        for message in messages:
+            self._put(message)
         self.sent += 1
         self._ended = last
 
