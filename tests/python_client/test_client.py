@@ -11,12 +11,14 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import unittest
+from unittest import mock
 
 import grpc
 import numpy as np
@@ -640,6 +642,22 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(skipped_report["samples"], str(image_folders.IMAGES))
         self.assertEqual(skipped_report["skipped_files"], "1")
 
+    # ------------------------------------------------------------------ environment
+
+    def test_server_and_token_come_from_the_environment(self):
+        # Auth is on: list_models succeeds only if RECAL_TOKEN was sent, and only at RECAL_SERVER.
+        env = {"RECAL_SERVER": self.server.address, "RECAL_TOKEN": self.server.token}
+        with mock.patch.dict(os.environ, env), recal.Client(timeout=30) as client:
+            self.assertEqual(client.target, self.server.address)
+            self.assertIn(self.model.id, [m.id for m in client.list_models()])
+        with mock.patch.dict(os.environ, env), recal.Client(token="", timeout=30) as anonymous:
+            with self.assertRaises(recal.RecalError) as refused:  # token="": none, not the env's
+                anonymous.list_models()
+            self.assertEqual(refused.exception.code, grpc.StatusCode.UNAUTHENTICATED)
+        without = {k: v for k, v in os.environ.items() if k not in env}
+        with mock.patch.dict(os.environ, without, clear=True), recal.Client() as default:
+            self.assertEqual(default.target, "localhost:50051")
+
     # -------------------------------------------------------------------------- README
 
     def test_readme_examples_run(self):
@@ -702,6 +720,47 @@ class RestartTest(unittest.TestCase):
         self.assertEqual(final.progress.batches_done, 60)
 
 
+def _unused_port():
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class UnreachableServerTest(unittest.TestCase):
+    """No server at the address: the first call fails in seconds and says what to do,
+    instead of retrying in silence for retry_seconds (30 s)."""
+
+    def test_no_server_fails_fast_naming_the_address_and_the_fix(self):
+        address = "127.0.0.1:%d" % _unused_port()
+        started = time.monotonic()
+        with recal.Client(address, token="") as client, self.assertRaises(recal.RecalError) as caught:
+            client.list_models()
+        elapsed = time.monotonic() - started
+        self.assertLess(elapsed, 10)
+        self.assertGreaterEqual(elapsed, 4)  # it did wait for the default connect_seconds (5)
+        self.assertEqual(caught.exception.code, grpc.StatusCode.UNAVAILABLE)
+        message = caught.exception.message
+        self.assertIn(address, message)
+        self.assertIn("Is recal-server running there?", message)
+        self.assertIn("recal-server --listen=" + address, message)
+        self.assertIn("RECAL_SERVER", message)
+
+    def test_the_connect_deadline_is_a_parameter_and_covers_every_call(self):
+        address = "127.0.0.1:%d" % _unused_port()
+        tmp = tempfile.mkdtemp(prefix="recal-pyclient-unreachable-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        with recal.Client(address, token="", connect_seconds=0.5) as client:
+            for call in (client.list, lambda: client.get("job"), lambda: list(client.watch("job")),
+                         lambda: client.download("job", os.path.join(tmp, "out.pt"))):
+                started = time.monotonic()
+                with self.assertRaises(recal.RecalError) as caught:
+                    call()
+                self.assertLess(time.monotonic() - started, 3)
+                self.assertEqual(caught.exception.code, grpc.StatusCode.UNAVAILABLE)
+                self.assertIn("within 0.5 s", caught.exception.message)
+
+
 class MutualTlsTest(unittest.TestCase):
     """The client against the real server over mutual TLS, certificates made at test time."""
 
@@ -723,7 +782,7 @@ class MutualTlsTest(unittest.TestCase):
             self.assertEqual(job.state, recal.SUCCEEDED, job.error.message)
             bn = safetensors_io.load(os.path.join(tmp, "bn.safetensors"), as_numpy=True)
             self.assertLessEqual(_worst_reference_error(bn), 1e-5)
-        with recal.Client(server.address, token=server.token, timeout=5, retry_seconds=0,
+        with recal.Client(server.address, token=server.token, timeout=5, retry_seconds=0, connect_seconds=1,
                           tls_ca=os.path.join(certs, "ca.pem")) as anonymous:
             with self.assertRaises(recal.RecalError) as refused:
                 list(anonymous.list())

@@ -632,7 +632,7 @@ def _progress_handler(progress, bar, total):
 _MANAGED = ("max_batches", "allow_short_data")
 
 
-def recalibrate(model, data, *, server, num_batches=200, input_fn=None, token=None, tls=False,
+def recalibrate(model, data, *, server=None, num_batches=200, input_fn=None, token=None, tls=False,
                 tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None, timeout=None,
                 progress=None, bar=None, export="auto", shard=None, scale=None, mean=None, std=None,
                 **engine_options):
@@ -653,8 +653,10 @@ def recalibrate(model, data, *, server, num_batches=200, input_fn=None, token=No
         bytes a value; float64 / bfloat16 become float32; other dtypes are refused), and
         the server's forward gets them as float32, after scale / mean / std when given
         ((x / scale - mean) / std per channel, dim 1).
-    server: "host:port" or a recal.Client. token, tls, tls_ca, tls_cert, tls_key,
-        tls_server_name, timeout: as for recal.Client (unused when server is a Client).
+    server: "host:port" or a recal.Client; None: $RECAL_SERVER, else localhost:50051.
+        token (None: $RECAL_TOKEN), tls, tls_ca, tls_cert, tls_key, tls_server_name,
+        timeout: as for recal.Client (unused when server is a Client). A server that does
+        not answer within a few seconds raises RecalError(UNAVAILABLE) saying what to do.
     progress(JobProgress): called as the job goes (batches_done, samples_done, ...); a tqdm
         bar is shown when tqdm is installed (bar=None) unless bar=False.
     export: "auto": torch.export.export of a CPU copy in the model's own train/eval modes,
@@ -929,7 +931,7 @@ class PreciseBN:
     arguments go to recalibrate() (token, input_fn, tls options, estimator, ...). The last
     Result is in `last_result`."""
 
-    def __init__(self, period, model, data_loader, num_iter, *, server, token=None, **options):
+    def __init__(self, period, model, data_loader, num_iter, *, server=None, token=None, **options):
         self._period = period
         self._model = model
         self._data_loader = data_loader
@@ -989,7 +991,7 @@ class PreciseBN:
         return self.last_result
 
 
-def do_precise_bn(model, data_loader, num_iters=200, *, server, estimator="batch_average", **options):
+def do_precise_bn(model, data_loader, num_iters=200, *, server=None, estimator="batch_average", **options):
     """PaddleVideo's do_preciseBN on recal-server: the BatchNorm layers of `model` get
     statistics from `num_iters` batches of `data_loader`, estimator "batch_average" (the
     mean of the batch means and of the unbiased batch variances, as its loop averages them;
