@@ -13,6 +13,7 @@ with RECAL_SERVER_BIN set (by hand it defaults to build/bin/recal-server).
 
 import copy
 import datetime
+import logging
 import os
 import re
 import shutil
@@ -472,6 +473,60 @@ class TorchSdkTest(unittest.TestCase):
         sys.stderr.write("[%d batches drawn, %d pushed] " % (len(drawn), result.batches))
         self.assertLess(len(drawn), 45)  # 21-23 here: 10 used, the rest in queues and windows
         self.assertMatchesReference(model, _reference(original, [(x,) for x, _ in data[:10]]))
+
+    # ------------------------------------------------------------- a user's first hour
+
+    def test_server_and_token_from_the_environment_and_progress_logged_without_tqdm(self):
+        """No server= nor token=: RECAL_SERVER and RECAL_TOKEN (auth is on, so the token was
+        sent). No tqdm: the progress goes to the "recal" loggers (batches, samples/s)."""
+        model = _seeded(SmallNet)
+        env = {"RECAL_SERVER": self.server.address, "RECAL_TOKEN": self.server.token}
+        with mock.patch.dict(os.environ, env), mock.patch.dict(sys.modules, {"tqdm": None}), \
+                self.assertLogs("recal", "INFO") as logs:
+            result = recal.torch.recalibrate(model, _small_batches(3, (4, 4, 4)), num_batches=3)
+        self.assertEqual(result.job.state, recal.SUCCEEDED)
+        lines = [r.getMessage() for r in logs.records if r.getMessage().startswith("recal: batch")]
+        self.assertTrue(lines, [r.getMessage() for r in logs.records])
+        self.assertRegex(lines[-1], r"^recal: batch 3/3, 12 samples, \d+\.\d samples/s$")
+        self.assertEqual({r.name for r in logs.records if r.getMessage() in lines}, {"recal.torch"})
+
+    def test_progress_lines_follow_logging_levels_and_bar_false(self):
+        """INFO: the first batch at once, the last one when the job ends (the rest at most
+        every 5 s); the "recal" logger at WARNING, or bar=False: no line."""
+        progress = [recal_pb2.JobProgress(batches_done=i, batches_total=3, samples_done=4 * i,
+                                          samples_per_second=10.0) for i in (1, 2, 3)]
+        package = logging.getLogger("recal")
+        lines = []
+        collect = logging.Handler()
+        collect.emit = lambda record: lines.append(record.getMessage())
+        package.addHandler(collect)
+        self.addCleanup(package.removeHandler, collect)
+        self.addCleanup(package.setLevel, package.level)
+        got = {}
+        with mock.patch.dict(sys.modules, {"tqdm": None}):
+            for level, bar in ((logging.INFO, None), (logging.WARNING, None), (logging.INFO, False)):
+                package.setLevel(level)
+                del lines[:]
+                handle, close = recal.torch._progress_handler(None, bar, 3)
+                for p in progress:
+                    handle(p)
+                close()
+                got[(logging.getLevelName(level), bar)] = list(lines)
+        self.assertEqual(got, {("INFO", None): ["recal: batch 1/3, 4 samples, 10.0 samples/s",
+                                                "recal: batch 3/3, 12 samples, 10.0 samples/s"],
+                               ("WARNING", None): [], ("INFO", False): []})
+
+    def test_progress_lines_show_on_stderr_when_logging_is_not_configured(self):
+        code = ("import sys\n"
+                "sys.modules['tqdm'] = None  # not installed\n"
+                "import recal.torch\n"
+                "handle, close = recal.torch._progress_handler(None, None, 2)\n"
+                "handle(recal.recal_pb2.JobProgress(batches_done=2, batches_total=2, samples_done=8,\n"
+                "                                   samples_per_second=4.0))\n"
+                "close()\n")
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stderr, "recal: batch 2/2, 8 samples, 4.0 samples/s\n")
 
     def test_failures_leave_the_model_untouched(self):
         class FailsOnSmallBatches(torch.nn.Module):

@@ -38,6 +38,7 @@ import os
 import struct
 import sys
 import tempfile
+import time
 import uuid
 import warnings
 from collections.abc import Mapping
@@ -600,8 +601,9 @@ def _broadcast_outcome(outcome, group):
 
 
 def _progress_handler(progress, bar, total):
-    """on_progress for the client: the caller's callback and a tqdm bar when tqdm is
-    installed (bar=None) or asked for (bar=True); returns (handler, close)."""
+    """on_progress for the client: the caller's callback, and a tqdm bar when tqdm is
+    installed (bar=None) or asked for (bar=True), else log lines (logger "recal.torch", INFO;
+    bar=False: neither); returns (handler, close)."""
     meter = None
     if bar or bar is None:
         try:
@@ -611,20 +613,71 @@ def _progress_handler(progress, bar, total):
                 warnings.warn("recal.torch: bar=True but tqdm is not installed")
         else:
             meter = tqdm(total=total, desc="recal", unit="batch")
+    lines = _ProgressLog() if meter is None and bar is not False else None
 
     def handle(p):
         if meter is not None:
             if p.batches_total and meter.total != p.batches_total:
                 meter.total = p.batches_total
             meter.update(p.batches_done - meter.n)
+        if lines is not None:
+            lines.update(p)
         if progress is not None:
             progress(p)
 
     def close():
         if meter is not None:
             meter.close()
+        if lines is not None:
+            lines.close()
 
     return handle, close
+
+
+# Between two progress log lines, so that a long job does not log every batch.
+_LOG_EVERY_SECONDS = 5.0
+
+
+class _ProgressLog:
+    """Progress as log lines when there is no tqdm bar: the first batch, then at most one
+    line every _LOG_EVERY_SECONDS, and the last batch when the job ends. Logged at INFO on
+    "recal.torch" (quiet it with logging.getLogger("recal").setLevel(logging.WARNING))."""
+
+    def __init__(self):
+        _show_info_when_logging_is_unconfigured()
+        self.last = None  # the last JobProgress seen
+        self.logged = None  # batches_done of the last line
+        self.logged_at = 0.0
+
+    def update(self, p):
+        self.last = p
+        if p.batches_done and (self.logged is None or time.monotonic() - self.logged_at >= _LOG_EVERY_SECONDS):
+            self._line(p)
+
+    def close(self):
+        if self.last is not None and self.last.batches_done != self.logged:
+            self._line(self.last)
+
+    def _line(self, p):
+        self.logged, self.logged_at = p.batches_done, time.monotonic()
+        total = "/%d" % p.batches_total if p.batches_total else ""
+        _log.info("recal: batch %d%s, %d samples, %.1f samples/s", p.batches_done, total, p.samples_done,
+                  p.samples_per_second)
+
+
+def _show_info_when_logging_is_unconfigured():
+    """Without any logging configuration Python shows WARNING and above only, so progress
+    lines would be lost: then (and only then) the "recal" logger gets a stderr handler at
+    INFO, as PyTorch Lightning does for its own. A program that configured logging, or set
+    the "recal" logger's level, keeps what it chose."""
+    package = logging.getLogger("recal")
+    if logging.getLogger().handlers or package.handlers or package.level != logging.NOTSET:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    package.addHandler(handler)
+    package.setLevel(logging.INFO)
+    package.propagate = False
 
 
 # --------------------------------------------------------------------------- recalibrate
@@ -658,7 +711,9 @@ def recalibrate(model, data, *, server=None, num_batches=200, input_fn=None, tok
         timeout: as for recal.Client (unused when server is a Client). A server that does
         not answer within a few seconds raises RecalError(UNAVAILABLE) saying what to do.
     progress(JobProgress): called as the job goes (batches_done, samples_done, ...); a tqdm
-        bar is shown when tqdm is installed (bar=None) unless bar=False.
+        bar is shown when tqdm is installed (bar=None), else progress lines are logged
+        (logger "recal.torch", INFO: batches, samples, samples/s; shown on stderr when the
+        program configured no logging); bar=False: neither.
     export: "auto": torch.export.export of a CPU copy in the model's own train/eval modes,
         dim 0 of every input dynamic (one size, >= 1), saved with torch.export.save; when
         export fails (data-dependent control flow, ...) torch.jit.script, and when that
