@@ -22,9 +22,10 @@ from unittest import mock
 
 import grpc
 import numpy as np
+from google.protobuf import json_format
 
 import recal
-from recal import recal_pb2
+from recal import recal_pb2, report_pb2
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SERVER_BIN = os.environ.get("RECAL_SERVER_BIN", os.path.join(ROOT, "build", "bin", "recal-server"))
@@ -450,8 +451,15 @@ class ClientTest(unittest.TestCase):
         worst = _worst_reference_error(bn)
         print("\nrecalibrate(): worst relative difference from the float64 reference: %.2e" % worst)
         self.assertLessEqual(worst, 1e-5)
-        with open(report) as f:
-            self.assertEqual(json.load(f)["batches"], "3")
+        # The report recalibrate() writes: the server's artifact with ints as ints.
+        raw = os.path.join(self.dir, "raw.json")
+        self.client.download(job, raw, artifact="report")
+        with open(report) as f, open(raw) as g:
+            written, artifact = json.load(f), json.load(g)
+        self.assertEqual((written["batches"], written["samples"], written["layers"][0]["channels"]), (3, 20, 64))
+        self.assertEqual(written["estimator"], "POPULATION")
+        self.assertEqual(artifact["batches"], "3")  # the server's own JSON, byte for byte: int64 as strings
+        self.assertEqual(written, recal.to_dict(recal.read_report(raw)))
         import torch  # the recalibrated archive loads and holds the same statistics
 
         buffers = dict(torch.jit.load(out).named_buffers())
@@ -618,7 +626,7 @@ class ClientTest(unittest.TestCase):
         self.assertEqual((job.spec.data.image_folder.path, job.spec.data.image_folder.crop), ("imgs", 32))
         self.assertEqual(job.progress.samples_done, image_folders.IMAGES)
         with open(report) as f:
-            self.assertEqual(json.load(f)["samples"], str(image_folders.IMAGES))  # int64: a JSON string
+            self.assertEqual(json.load(f)["samples"], image_folders.IMAGES)  # recalibrate(): ints as ints
 
         with self.assertRaises(recal.RecalError) as caught:
             self.client.submit(self.model, "images:" + os.path.join(self.tmp, "outside", "imgs") + transform)
@@ -718,6 +726,48 @@ class RestartTest(unittest.TestCase):
         self.assertEqual(final.state, recal.SUCCEEDED)
         self.assertEqual(final.attempts, 2)
         self.assertEqual(final.progress.batches_done, 60)
+
+
+class MessagesTest(unittest.TestCase):
+    """recal.to_dict / recal.to_json: ints as ints (protobuf's JSON writes int64 as strings),
+    enums by name, defaults included, unset sub-messages left out."""
+
+    def test_a_report_has_ints_as_ints_and_enums_by_name(self):
+        layer = report_pb2.LayerReport(name="bn1", channels=64, samples=1 << 40,
+                                       mean_shift_in_std=report_pb2.ChannelSpread(min=0.1, max=float("inf")))
+        report = report_pb2.RunReport(model="m.pt", estimator=report_pb2.BATCH_AVERAGE, batch_size=8, batches=3,
+                                      samples=24, seconds=0.5, unused_layers=["fc.bn"], layers=[layer])
+        # The control: protobuf's own dict has strings for these.
+        self.assertEqual(json_format.MessageToDict(report, preserving_proto_field_name=True)["batches"], "3")
+        as_dict = recal.to_dict(report)
+        self.assertEqual((as_dict["batches"], as_dict["samples"], as_dict["batch_size"]), (3, 24, 8))
+        self.assertEqual((as_dict["estimator"], as_dict["modules"]), ("BATCH_AVERAGE", "MODULE_MODE_UNSPECIFIED"))
+        self.assertEqual((as_dict["stopped_early"], as_dict["skipped_files"], as_dict["device"]), (False, 0, ""))
+        self.assertEqual(as_dict["unused_layers"], ["fc.bn"])
+        first = as_dict["layers"][0]
+        self.assertIs(type(first["samples"]), int)
+        self.assertEqual(first["samples"], 1 << 40)
+        self.assertEqual(first["mean_shift_in_std"], {"min": 0.1, "median": 0.0, "max": float("inf")})
+        self.assertNotIn("var_ratio", first)  # never set
+        text = recal.to_json(report)
+        loaded = json.loads(text)
+        self.assertEqual(loaded["layers"][0]["mean_shift_in_std"]["max"], "Infinity")  # standard JSON
+        self.assertEqual(loaded["batches"], 3)
+        self.assertEqual(recal.messages.parse_report(text), report)  # and it reads back
+
+    def test_a_job_with_timestamps_a_oneof_labels_and_float32_values(self):
+        source = recal_pb2.DataSource(client_stream=recal_pb2.ClientStreamSource(mean=[0.485], std=[0.229], scale=255))
+        job = recal_pb2.Job(id="j1", state=recal.SUCCEEDED,
+                            spec=recal_pb2.JobSpec(model_id="sha256:ab", data=source, batch_size=8, labels={"a": "b"}))
+        job.create_time.FromSeconds(86400)
+        as_dict = recal.to_dict(job)
+        self.assertEqual(as_dict["state"], "SUCCEEDED")
+        self.assertEqual(as_dict["create_time"], "1970-01-02T00:00:00Z")
+        self.assertNotIn("start_time", as_dict)
+        self.assertEqual(as_dict["spec"]["labels"], {"a": "b"})
+        self.assertEqual(as_dict["spec"]["batch_size"], 8)
+        self.assertEqual(list(as_dict["spec"]["data"]), ["client_stream"])  # the oneof member that is set
+        self.assertEqual(as_dict["spec"]["data"]["client_stream"], {"mean": [0.485], "std": [0.229], "scale": 255.0})
 
 
 def _unused_port():

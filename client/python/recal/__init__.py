@@ -9,7 +9,9 @@ recal.Client wraps the recal.v1.Recal gRPC service (proto/recal/v1/recal.proto):
 that skip known models and resume, idempotent submits, watches that resume across server
 restarts, verified resumable downloads. Failures raise recal.RecalError (.code is the
 grpc.StatusCode, .message the server's message). The messages are in recal.recal_pb2 and
-recal.report_pb2; the JobState values are also here (recal.SUCCEEDED, ...).
+recal.report_pb2; the JobState values are also here (recal.SUCCEEDED, ...). recal.to_dict
+and recal.to_json turn a message (a RunReport, a Job) into plain values: ints as ints (not
+protobuf JSON's strings), enums by name.
 
 recal.torch (imported on first use; needs torch) recalibrates an nn.Module in place from a
 DataLoader: recal.torch.recalibrate(model, loader, server="host:port", token=...).
@@ -28,6 +30,7 @@ except ModuleNotFoundError as _error:  # pragma: no cover
 
 from recal.client import TERMINAL_STATES, Client
 from recal.errors import RecalError
+from recal.messages import read_report, to_dict, to_json
 from recal.specs import data_source, engine_options
 from recal.streams import PushStream, tensor_message
 
@@ -41,7 +44,8 @@ CANCELLED = recal_pb2.CANCELLED
 
 __all__ = ["Client", "RecalError", "JobState", "QUEUED", "RUNNING", "CANCELLING", "SUCCEEDED",
            "FAILED", "CANCELLED", "TERMINAL_STATES", "data_source", "engine_options", "recal_pb2",
-           "recal_pb2_grpc", "report_pb2", "PushStream", "tensor_message"]
+           "recal_pb2_grpc", "report_pb2", "PushStream", "tensor_message", "to_dict", "to_json",
+           "read_report"]
 
 
 def __getattr__(name):

@@ -10,7 +10,7 @@ import uuid
 
 import grpc
 
-from recal import specs, streams
+from recal import messages, specs, streams
 from recal._proto.grpc.health.v1 import health_pb2, health_pb2_grpc
 from recal._proto.recal.v1 import recal_pb2, recal_pb2_grpc
 from recal.errors import RecalError
@@ -175,6 +175,17 @@ class _CallDetails(collections.namedtuple(
         "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")),
         grpc.ClientCallDetails):
     pass
+
+
+def _write_atomically(path, text):
+    """PATH.tmp, fsynced, renamed to PATH: a reader sees the old file or the whole new one."""
+    temporary = os.fspath(path) + ".tmp"
+    with open(temporary, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, path)
+    _fsync_dir(path)
 
 
 def _fsync_dir(path):
@@ -585,7 +596,8 @@ class Client:
         """Uploads `model_path` (unless the server has it), runs a job on `data` (a spec as in
         submit(), server-side paths), waits for it and downloads the recalibrated model to
         `out`, the BatchNorm buffers to `bn_out` and the JSON report to `report` (each when
-        given). Other keyword arguments go to submit() (engine options, priority,
+        given; the report with ints as ints, recal.to_json's form, where the server's artifact,
+        as download() writes it, has int64s as strings). Other keyword arguments go to submit() (engine options, priority,
         timeout_seconds, labels, request_id). Returns the final Job; raises RecalError (with
         .code and .job) if the job FAILED or was CANCELLED."""
         model = self.upload_model(model_path)
@@ -600,4 +612,6 @@ class Client:
         for target, artifact in ((out, "model"), (bn_out, "bn"), (report, "report")):
             if target is not None:
                 self.download(job, target, artifact)
+        if report is not None:
+            _write_atomically(report, messages.to_json(messages.read_report(report)))
         return job

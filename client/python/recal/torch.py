@@ -45,11 +45,11 @@ from collections.abc import Mapping
 
 import grpc
 import torch
-from google.protobuf import json_format
 
 from recal.client import Client
 from recal.errors import RecalError
-from recal._proto.recal.v1 import recal_pb2, report_pb2
+from recal._proto.recal.v1 import recal_pb2
+from recal.messages import parse_report
 
 __all__ = ["recalibrate", "Result", "ShortDataWarning", "PreciseBN", "do_precise_bn"]
 
@@ -548,10 +548,6 @@ def _load_buffers(model, buffers, prefix):
     return tuple(sorted(mapped))
 
 
-def _parse_report(text):
-    return json_format.Parse(text, report_pb2.RunReport(), ignore_unknown_fields=True)
-
-
 # -------------------------------------------------------------------------- distributed
 
 
@@ -967,7 +963,7 @@ def _finish(target, outcome, ranks):
     if short:
         warnings.warn("recal.torch: the data had %d batches, fewer than num_batches=%d; used them all"
                       % (facts["batches"], facts["num_batches"]), ShortDataWarning, stacklevel=3)
-    return Result(report=_parse_report(report), job=recal_pb2.Job.FromString(facts["job"]),
+    return Result(report=parse_report(report), job=recal_pb2.Job.FromString(facts["job"]),
                   model_id=facts["model_id"], export=facts["export"], export_error=facts["export_error"],
                   batches=facts["batches"], num_batches=facts["num_batches"], short_data=short,
                   buffers=loaded, ranks=ranks)
