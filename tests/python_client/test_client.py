@@ -12,6 +12,7 @@ import re
 import secrets
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -768,6 +769,102 @@ class MessagesTest(unittest.TestCase):
         self.assertEqual(as_dict["spec"]["batch_size"], 8)
         self.assertEqual(list(as_dict["spec"]["data"]), ["client_stream"])  # the oneof member that is set
         self.assertEqual(as_dict["spec"]["data"]["client_stream"], {"mean": [0.485], "std": [0.229], "scale": 255.0})
+
+
+def _safetensors_file(path, header, data=b"", header_bytes=None):
+    """A safetensors file written by hand, header and all, as an attacker would."""
+    text = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text) if header_bytes is None else header_bytes) + text + data)
+    return path
+
+
+class SafetensorsReaderTest(unittest.TestCase):
+    """recal.read_safetensors (pure Python) against files the `safetensors` package and torch
+    write, and against hostile files, which it refuses with RecalError(DATA_LOSS)."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="recal-safetensors-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+
+    def test_reads_what_the_safetensors_package_writes_as_numpy_or_raw(self):
+        from safetensors.numpy import save_file
+
+        rng = np.random.default_rng(0)
+        arrays = {"bn.running_mean": rng.standard_normal(7).astype(np.float32),
+                  "bn.running_var": rng.standard_normal((2, 3)).astype(np.float64),
+                  "steps": np.array(5, dtype=np.int64), "mask": np.array([True, False]),
+                  "pixels": np.arange(6, dtype=np.uint8).reshape(3, 2, 1), "half": np.ones(3, np.float16),
+                  "big": np.array([2 ** 40], dtype=np.uint64), "empty": np.zeros((0, 4), np.float32)}
+        path = os.path.join(self.dir, "np.safetensors")
+        save_file(arrays, path, metadata={"format": "np"})
+        as_numpy = recal.read_safetensors(path, to="numpy")
+        self.assertEqual(sorted(as_numpy), sorted(arrays))
+        for name, expected in arrays.items():
+            self.assertEqual(as_numpy[name].dtype, expected.dtype, name)
+            np.testing.assert_array_equal(as_numpy[name], expected, err_msg=name)
+        raw = recal.read_safetensors(path, to="raw")
+        self.assertEqual(raw["bn.running_var"], ("F64", (2, 3), arrays["bn.running_var"].tobytes()))
+        self.assertEqual(raw["steps"].shape, ())
+
+    def test_reads_what_torch_writes_torch_tensors_by_default(self):
+        import torch
+        from safetensors.torch import save_file
+
+        tensors = {"a.running_mean": torch.randn(5), "b": torch.randn(2, 3, dtype=torch.float64),
+                   "c": torch.randn(4).to(torch.bfloat16), "d": torch.arange(3, dtype=torch.int32)}
+        path = os.path.join(self.dir, "torch.safetensors")
+        save_file(tensors, path)
+        loaded = recal.read_safetensors(path)  # torch is importable here: torch tensors
+        for name, expected in tensors.items():
+            self.assertIsInstance(loaded[name], torch.Tensor)
+            self.assertEqual(loaded[name].dtype, expected.dtype, name)
+            self.assertTrue(torch.equal(loaded[name], expected), name)
+        as_numpy = recal.read_safetensors(path, to="numpy")  # bfloat16 becomes float32, exactly
+        np.testing.assert_array_equal(as_numpy["c"], tensors["c"].float().numpy())
+
+    def test_refuses_hostile_files(self):
+        eight = struct.pack("<2f", 1.0, 2.0)
+        ok = {"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}
+        cases = {
+            "a header length past the end": (ok, eight, 1 << 20, "header of 1048576 bytes"),
+            "a huge header length": (ok, eight, (1 << 64) - 1, "the limit is"),
+            "offsets past the end": ({"x": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, eight, None,
+                                     "cover 16 bytes"),
+            "overlapping tensors": ({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                                     "y": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, eight, None,
+                                    "a gap or an overlap"),
+            "a gap": ({"x": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, eight, None, "a gap or an overlap"),
+            "bytes left over": ({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, eight, None,
+                                "the file holds 8"),
+            "a shape that is not the size": ({"x": {"dtype": "F32", "shape": [1 << 62, 4], "data_offsets": [0, 8]}},
+                                             eight, None, "spans 8 bytes"),
+            "a negative dimension": ({"x": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}}, eight, None,
+                                     "has shape"),
+            "an unknown dtype": ({"x": {"dtype": "F128", "shape": [1], "data_offsets": [0, 8]}}, eight, None,
+                                 "dtype 'F128'"),
+            "reversed offsets": ({"x": {"dtype": "F32", "shape": [0], "data_offsets": [8, 0]}}, eight, None,
+                                 "data_offsets"),
+            "a header that is not an object": ([1, 2], b"", None, "not a JSON object"),
+        }
+        for what, (header, data, header_bytes, expected) in cases.items():
+            path = _safetensors_file(os.path.join(self.dir, "bad.safetensors"), header, data, header_bytes)
+            with self.subTest(what), self.assertRaises(recal.RecalError) as caught:
+                recal.read_safetensors(path, to="raw")
+            self.assertEqual(caught.exception.code, grpc.StatusCode.DATA_LOSS, what)
+            self.assertIn(expected, caught.exception.message, what)
+        path = os.path.join(self.dir, "dup.safetensors")
+        text = b'{"x": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, "x": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}'
+        with open(path, "wb") as f:
+            f.write(struct.pack("<Q", len(text)) + text + b"\x01")
+        with self.assertRaises(recal.RecalError) as caught:
+            recal.read_safetensors(path, to="raw")
+        self.assertIn("appears twice", caught.exception.message)
+        with open(path, "wb") as f:
+            f.write(b"\x01\x02")
+        with self.assertRaises(recal.RecalError) as caught:
+            recal.read_safetensors(path)
+        self.assertIn("shorter than the 8-byte header length", caught.exception.message)
 
 
 def _unused_port():

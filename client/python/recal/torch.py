@@ -30,12 +30,10 @@ import dataclasses
 import inspect
 import io
 import itertools
-import json
 import keyword
 import linecache
 import logging
 import os
-import struct
 import sys
 import tempfile
 import time
@@ -50,6 +48,7 @@ from recal.client import Client
 from recal.errors import RecalError
 from recal._proto.recal.v1 import recal_pb2
 from recal.messages import parse_report
+from recal.safetensors_reader import read_safetensors
 
 __all__ = ["recalibrate", "Result", "ShortDataWarning", "PreciseBN", "do_precise_bn"]
 
@@ -492,29 +491,6 @@ def _floating_dtype(model):
 
 # ------------------------------------------------------------------------------ results
 
-_SAFETENSORS_DTYPES = {"F32": torch.float32, "F64": torch.float64, "F16": torch.float16,
-                       "BF16": torch.bfloat16, "I64": torch.int64}
-
-
-def _read_safetensors(path):
-    """{name: tensor} of a safetensors file (the server's BN artifact)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    (length,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + length])
-    base = 8 + length
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = info["data_offsets"]
-        dtype = _SAFETENSORS_DTYPES[info["dtype"]]
-        raw = bytearray(data[base + begin:base + end])
-        values = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
-        out[name] = values.reshape(info["shape"])
-    return out
-
-
 def _named_buffers(model):
     """{state_dict key: buffer} of a module, or of an ExportedProgram (its state_dict's
     tensors are what its module() runs with)."""
@@ -898,7 +874,7 @@ def _run_sharded(target, local, connect, rank, world, group, num_batches, progre
                 bn_path, report_path = os.path.join(tmp, "bn.safetensors"), os.path.join(tmp, "report.json")
                 client.download(ended_job, bn_path, "bn")
                 client.download(ended_job, report_path, "report")
-                buffers = _read_safetensors(bn_path)
+                buffers = read_safetensors(bn_path, to="torch")
                 with open(report_path) as f:
                     report = f.read()
             except BaseException as error:
@@ -943,7 +919,7 @@ def _run(target, batches, connect, num_batches, progress, bar, export, scale, me
                                             allow_short_data=True, bn_out=bn_path, report=report_path,
                                             on_progress=handle, scale=scale, mean=mean, std=std,
                                             **options)
-            buffers = _read_safetensors(bn_path)
+            buffers = read_safetensors(bn_path, to="torch")
             with open(report_path) as f:
                 report = f.read()
     finally:
