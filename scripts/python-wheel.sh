@@ -12,6 +12,10 @@ cd "$(dirname "$0")/.."
 out=$(realpath -m "${1:-dist}")
 python=${RECAL_PYTHON:-.venv/bin/python}
 [ -x "$python" ] || python=python3
+if ! "$python" -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 61)' 2>/dev/null; then
+  echo "python-wheel.sh: $python needs setuptools>=61 to make the sdist: $python -m pip install 'setuptools>=61'" >&2
+  exit 1
+fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$out" "$work/client"

@@ -2,7 +2,8 @@
 
 recal/_proto/ (the modules protoc generates from proto/) is not in git. The wheel gets it
 from the .proto files at build time, with grpcio-tools (a build requirement that pip
-installs from PyPI) and the same import fix as the CMake build (fix_imports.cmake), so that
+installs from PyPI; which one, and why, in pyproject.toml) and the same import fix as the
+CMake build (fix_imports.cmake), so that
 `pip install ./client/python` works without a built tree. The .proto files are found at
 ./proto (an sdist carries them there) or ../../proto (the checkout). The stubs go into the
 build directory only, never into the source tree.
@@ -14,6 +15,7 @@ recal/_proto/ (target recal_python) are packaged instead.
 import os
 import re
 import shutil
+import sys
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
@@ -24,7 +26,8 @@ PROTOS = ("recal/v1/report.proto", "recal/v1/recal.proto", "grpc/health/v1/healt
 STUBS = ("recal/v1/report_pb2.py", "recal/v1/recal_pb2.py", "recal/v1/recal_pb2_grpc.py",
          "grpc/health/v1/health_pb2.py", "grpc/health/v1/health_pb2_grpc.py")
 STUB_PACKAGES = ("", "recal", "recal/v1", "grpc", "grpc/health", "grpc/health/v1")
-GRPC_TOOLS = "grpcio-tools>=1.51,<1.63"  # as pyproject.toml's build requirement (why: there)
+# As pyproject.toml's build requirement (why: there).
+GRPC_TOOLS = "grpcio-tools>=1.51,<1.63" if sys.version_info < (3, 13) else "grpcio-tools==1.66.2"
 
 # fix_imports.cmake's rewrites: the generated modules import each other by their .proto
 # paths (`from recal.v1 import report_pb2`), and `recal` (this package) and `grpc` (grpcio)
@@ -119,4 +122,11 @@ class SdistWithProtos(sdist):
             shutil.copyfile(os.path.join(root, name), os.path.join(base_dir, "proto", name))
 
 
-setup(cmdclass={"build_py": BuildPyWithStubs, "sdist": SdistWithProtos})
+def wheel_python_tag():
+    """py3; py313 from CPython 3.13 on, whose stubs need protobuf >= 5.27.2 (pyproject.toml),
+    which the dependencies ask for only there: such a wheel must not go to an older Python."""
+    return "py3" if sys.version_info < (3, 13) else "py313"
+
+
+setup(cmdclass={"build_py": BuildPyWithStubs, "sdist": SdistWithProtos},
+      options={"bdist_wheel": {"python_tag": wheel_python_tag()}})
