@@ -596,9 +596,10 @@ class Client:
         """Uploads `model_path` (unless the server has it), runs a job on `data` (a spec as in
         submit(), server-side paths), waits for it and downloads the recalibrated model to
         `out`, the BatchNorm buffers to `bn_out` and the JSON report to `report` (each when
-        given; the report with ints as ints, recal.to_json's form, where the server's artifact,
-        as download() writes it, has int64s as strings). Other keyword arguments go to submit() (engine options, priority,
-        timeout_seconds, labels, request_id). Returns the final Job; raises RecalError (with
+        given; the report with ints as ints, as recal.to_json writes it, where the server's
+        artifact, which download() keeps byte for byte, has int64s as strings). Other keyword
+        arguments go to submit() (engine options, priority, timeout_seconds, labels,
+        request_id). Returns the final Job; raises RecalError (with
         .code and .job) if the job FAILED or was CANCELLED."""
         model = self.upload_model(model_path)
         job = self.submit(model, data, batch_size=batch_size, max_batches=max_batches, **options)
