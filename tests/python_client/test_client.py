@@ -11,18 +11,22 @@ import os
 import re
 import secrets
 import shutil
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import unittest
+from unittest import mock
 
 import grpc
 import numpy as np
+from google.protobuf import json_format
 
 import recal
-from recal import recal_pb2
+from recal import recal_pb2, report_pb2
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SERVER_BIN = os.environ.get("RECAL_SERVER_BIN", os.path.join(ROOT, "build", "bin", "recal-server"))
@@ -448,8 +452,15 @@ class ClientTest(unittest.TestCase):
         worst = _worst_reference_error(bn)
         print("\nrecalibrate(): worst relative difference from the float64 reference: %.2e" % worst)
         self.assertLessEqual(worst, 1e-5)
-        with open(report) as f:
-            self.assertEqual(json.load(f)["batches"], "3")
+        # The report recalibrate() writes: the server's artifact with ints as ints.
+        raw = os.path.join(self.dir, "raw.json")
+        self.client.download(job, raw, artifact="report")
+        with open(report) as f, open(raw) as g:
+            written, artifact = json.load(f), json.load(g)
+        self.assertEqual((written["batches"], written["samples"], written["layers"][0]["channels"]), (3, 20, 64))
+        self.assertEqual(written["estimator"], "POPULATION")
+        self.assertEqual(artifact["batches"], "3")  # the server's own JSON, byte for byte: int64 as strings
+        self.assertEqual(written, recal.to_dict(recal.read_report(raw)))
         import torch  # the recalibrated archive loads and holds the same statistics
 
         buffers = dict(torch.jit.load(out).named_buffers())
@@ -616,7 +627,7 @@ class ClientTest(unittest.TestCase):
         self.assertEqual((job.spec.data.image_folder.path, job.spec.data.image_folder.crop), ("imgs", 32))
         self.assertEqual(job.progress.samples_done, image_folders.IMAGES)
         with open(report) as f:
-            self.assertEqual(json.load(f)["samples"], str(image_folders.IMAGES))  # int64: a JSON string
+            self.assertEqual(json.load(f)["samples"], image_folders.IMAGES)  # recalibrate(): ints as ints
 
         with self.assertRaises(recal.RecalError) as caught:
             self.client.submit(self.model, "images:" + os.path.join(self.tmp, "outside", "imgs") + transform)
@@ -639,6 +650,22 @@ class ClientTest(unittest.TestCase):
             skipped_report = json.load(f)
         self.assertEqual(skipped_report["samples"], str(image_folders.IMAGES))
         self.assertEqual(skipped_report["skipped_files"], "1")
+
+    # ------------------------------------------------------------------ environment
+
+    def test_server_and_token_come_from_the_environment(self):
+        # Auth is on: list_models succeeds only if RECAL_TOKEN was sent, and only at RECAL_SERVER.
+        env = {"RECAL_SERVER": self.server.address, "RECAL_TOKEN": self.server.token}
+        with mock.patch.dict(os.environ, env), recal.Client(timeout=30) as client:
+            self.assertEqual(client.target, self.server.address)
+            self.assertIn(self.model.id, [m.id for m in client.list_models()])
+        with mock.patch.dict(os.environ, env), recal.Client(token="", timeout=30) as anonymous:
+            with self.assertRaises(recal.RecalError) as refused:  # token="": none, not the env's
+                anonymous.list_models()
+            self.assertEqual(refused.exception.code, grpc.StatusCode.UNAUTHENTICATED)
+        without = {k: v for k, v in os.environ.items() if k not in env}
+        with mock.patch.dict(os.environ, without, clear=True), recal.Client() as default:
+            self.assertEqual(default.target, "localhost:50051")
 
     # -------------------------------------------------------------------------- README
 
@@ -702,6 +729,185 @@ class RestartTest(unittest.TestCase):
         self.assertEqual(final.progress.batches_done, 60)
 
 
+class MessagesTest(unittest.TestCase):
+    """recal.to_dict / recal.to_json: ints as ints (protobuf's JSON writes int64 as strings),
+    enums by name, defaults included, unset sub-messages left out."""
+
+    def test_a_report_has_ints_as_ints_and_enums_by_name(self):
+        layer = report_pb2.LayerReport(name="bn1", channels=64, samples=1 << 40,
+                                       mean_shift_in_std=report_pb2.ChannelSpread(min=0.1, max=float("inf")))
+        report = report_pb2.RunReport(model="m.pt", estimator=report_pb2.BATCH_AVERAGE, batch_size=8, batches=3,
+                                      samples=24, seconds=0.5, unused_layers=["fc.bn"], layers=[layer])
+        # The control: protobuf's own dict has strings for these.
+        self.assertEqual(json_format.MessageToDict(report, preserving_proto_field_name=True)["batches"], "3")
+        as_dict = recal.to_dict(report)
+        self.assertEqual((as_dict["batches"], as_dict["samples"], as_dict["batch_size"]), (3, 24, 8))
+        self.assertEqual((as_dict["estimator"], as_dict["modules"]), ("BATCH_AVERAGE", "MODULE_MODE_UNSPECIFIED"))
+        self.assertEqual((as_dict["stopped_early"], as_dict["skipped_files"], as_dict["device"]), (False, 0, ""))
+        self.assertEqual(as_dict["unused_layers"], ["fc.bn"])
+        first = as_dict["layers"][0]
+        self.assertIs(type(first["samples"]), int)
+        self.assertEqual(first["samples"], 1 << 40)
+        self.assertEqual(first["mean_shift_in_std"], {"min": 0.1, "median": 0.0, "max": float("inf")})
+        self.assertNotIn("var_ratio", first)  # never set
+        text = recal.to_json(report)
+        loaded = json.loads(text)
+        self.assertEqual(loaded["layers"][0]["mean_shift_in_std"]["max"], "Infinity")  # standard JSON
+        self.assertEqual(loaded["batches"], 3)
+        self.assertEqual(recal.messages.parse_report(text), report)  # and it reads back
+
+    def test_a_job_with_timestamps_a_oneof_labels_and_float32_values(self):
+        source = recal_pb2.DataSource(client_stream=recal_pb2.ClientStreamSource(mean=[0.485], std=[0.229], scale=255))
+        job = recal_pb2.Job(id="j1", state=recal.SUCCEEDED,
+                            spec=recal_pb2.JobSpec(model_id="sha256:ab", data=source, batch_size=8, labels={"a": "b"}))
+        job.create_time.FromSeconds(86400)
+        as_dict = recal.to_dict(job)
+        self.assertEqual(as_dict["state"], "SUCCEEDED")
+        self.assertEqual(as_dict["create_time"], "1970-01-02T00:00:00Z")
+        self.assertNotIn("start_time", as_dict)
+        self.assertEqual(as_dict["spec"]["labels"], {"a": "b"})
+        self.assertEqual(as_dict["spec"]["batch_size"], 8)
+        self.assertEqual(list(as_dict["spec"]["data"]), ["client_stream"])  # the oneof member that is set
+        self.assertEqual(as_dict["spec"]["data"]["client_stream"], {"mean": [0.485], "std": [0.229], "scale": 255.0})
+
+
+def _safetensors_file(path, header, data=b"", header_bytes=None):
+    """A safetensors file written by hand, header and all, as an attacker would."""
+    text = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text) if header_bytes is None else header_bytes) + text + data)
+    return path
+
+
+class SafetensorsReaderTest(unittest.TestCase):
+    """recal.read_safetensors (pure Python) against files the `safetensors` package and torch
+    write, and against hostile files, which it refuses with RecalError(DATA_LOSS)."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="recal-safetensors-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+
+    def test_reads_what_the_safetensors_package_writes_as_numpy_or_raw(self):
+        from safetensors.numpy import save_file
+
+        rng = np.random.default_rng(0)
+        arrays = {"bn.running_mean": rng.standard_normal(7).astype(np.float32),
+                  "bn.running_var": rng.standard_normal((2, 3)).astype(np.float64),
+                  "steps": np.array(5, dtype=np.int64), "mask": np.array([True, False]),
+                  "pixels": np.arange(6, dtype=np.uint8).reshape(3, 2, 1), "half": np.ones(3, np.float16),
+                  "big": np.array([2 ** 40], dtype=np.uint64), "empty": np.zeros((0, 4), np.float32)}
+        path = os.path.join(self.dir, "np.safetensors")
+        save_file(arrays, path, metadata={"format": "np"})
+        as_numpy = recal.read_safetensors(path, to="numpy")
+        self.assertEqual(sorted(as_numpy), sorted(arrays))
+        for name, expected in arrays.items():
+            self.assertEqual(as_numpy[name].dtype, expected.dtype, name)
+            np.testing.assert_array_equal(as_numpy[name], expected, err_msg=name)
+        raw = recal.read_safetensors(path, to="raw")
+        self.assertEqual(raw["bn.running_var"], ("F64", (2, 3), arrays["bn.running_var"].tobytes()))
+        self.assertEqual(raw["steps"].shape, ())
+
+    def test_reads_what_torch_writes_torch_tensors_by_default(self):
+        import torch
+        from safetensors.torch import save_file
+
+        tensors = {"a.running_mean": torch.randn(5), "b": torch.randn(2, 3, dtype=torch.float64),
+                   "c": torch.randn(4).to(torch.bfloat16), "d": torch.arange(3, dtype=torch.int32)}
+        path = os.path.join(self.dir, "torch.safetensors")
+        save_file(tensors, path)
+        loaded = recal.read_safetensors(path)  # torch is importable here: torch tensors
+        for name, expected in tensors.items():
+            self.assertIsInstance(loaded[name], torch.Tensor)
+            self.assertEqual(loaded[name].dtype, expected.dtype, name)
+            self.assertTrue(torch.equal(loaded[name], expected), name)
+        as_numpy = recal.read_safetensors(path, to="numpy")  # bfloat16 becomes float32, exactly
+        np.testing.assert_array_equal(as_numpy["c"], tensors["c"].float().numpy())
+
+    def test_refuses_hostile_files(self):
+        eight = struct.pack("<2f", 1.0, 2.0)
+        ok = {"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}
+        cases = {
+            "a header length past the end": (ok, eight, 1 << 20, "header of 1048576 bytes"),
+            "a huge header length": (ok, eight, (1 << 64) - 1, "the limit is"),
+            "offsets past the end": ({"x": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, eight, None,
+                                     "cover 16 bytes"),
+            "overlapping tensors": ({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                                     "y": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, eight, None,
+                                    "a gap or an overlap"),
+            "a gap": ({"x": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, eight, None, "a gap or an overlap"),
+            "bytes left over": ({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, eight, None,
+                                "the file holds 8"),
+            "a shape that is not the size": ({"x": {"dtype": "F32", "shape": [1 << 62, 4], "data_offsets": [0, 8]}},
+                                             eight, None, "spans 8 bytes"),
+            "a negative dimension": ({"x": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}}, eight, None,
+                                     "has shape"),
+            "an unknown dtype": ({"x": {"dtype": "F128", "shape": [1], "data_offsets": [0, 8]}}, eight, None,
+                                 "dtype 'F128'"),
+            "reversed offsets": ({"x": {"dtype": "F32", "shape": [0], "data_offsets": [8, 0]}}, eight, None,
+                                 "data_offsets"),
+            "a header that is not an object": ([1, 2], b"", None, "not a JSON object"),
+        }
+        for what, (header, data, header_bytes, expected) in cases.items():
+            path = _safetensors_file(os.path.join(self.dir, "bad.safetensors"), header, data, header_bytes)
+            with self.subTest(what), self.assertRaises(recal.RecalError) as caught:
+                recal.read_safetensors(path, to="raw")
+            self.assertEqual(caught.exception.code, grpc.StatusCode.DATA_LOSS, what)
+            self.assertIn(expected, caught.exception.message, what)
+        path = os.path.join(self.dir, "dup.safetensors")
+        text = b'{"x": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, "x": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}'
+        with open(path, "wb") as f:
+            f.write(struct.pack("<Q", len(text)) + text + b"\x01")
+        with self.assertRaises(recal.RecalError) as caught:
+            recal.read_safetensors(path, to="raw")
+        self.assertIn("appears twice", caught.exception.message)
+        with open(path, "wb") as f:
+            f.write(b"\x01\x02")
+        with self.assertRaises(recal.RecalError) as caught:
+            recal.read_safetensors(path)
+        self.assertIn("shorter than the 8-byte header length", caught.exception.message)
+
+
+def _unused_port():
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class UnreachableServerTest(unittest.TestCase):
+    """No server at the address: the first call fails in seconds and says what to do,
+    instead of retrying in silence for retry_seconds (30 s)."""
+
+    def test_no_server_fails_fast_naming_the_address_and_the_fix(self):
+        address = "127.0.0.1:%d" % _unused_port()
+        started = time.monotonic()
+        with recal.Client(address, token="") as client, self.assertRaises(recal.RecalError) as caught:
+            client.list_models()
+        elapsed = time.monotonic() - started
+        self.assertLess(elapsed, 10)
+        self.assertGreaterEqual(elapsed, 4)  # it did wait for the default connect_seconds (5)
+        self.assertEqual(caught.exception.code, grpc.StatusCode.UNAVAILABLE)
+        message = caught.exception.message
+        self.assertIn(address, message)
+        self.assertIn("Is recal-server running there?", message)
+        self.assertIn("recal-server --listen=" + address, message)
+        self.assertIn("RECAL_SERVER", message)
+
+    def test_the_connect_deadline_is_a_parameter_and_covers_every_call(self):
+        address = "127.0.0.1:%d" % _unused_port()
+        tmp = tempfile.mkdtemp(prefix="recal-pyclient-unreachable-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        with recal.Client(address, token="", connect_seconds=0.5) as client:
+            for call in (client.list, lambda: client.get("job"), lambda: list(client.watch("job")),
+                         lambda: client.download("job", os.path.join(tmp, "out.pt"))):
+                started = time.monotonic()
+                with self.assertRaises(recal.RecalError) as caught:
+                    call()
+                self.assertLess(time.monotonic() - started, 3)
+                self.assertEqual(caught.exception.code, grpc.StatusCode.UNAVAILABLE)
+                self.assertIn("within 0.5 s", caught.exception.message)
+
+
 class MutualTlsTest(unittest.TestCase):
     """The client against the real server over mutual TLS, certificates made at test time."""
 
@@ -723,7 +929,7 @@ class MutualTlsTest(unittest.TestCase):
             self.assertEqual(job.state, recal.SUCCEEDED, job.error.message)
             bn = safetensors_io.load(os.path.join(tmp, "bn.safetensors"), as_numpy=True)
             self.assertLessEqual(_worst_reference_error(bn), 1e-5)
-        with recal.Client(server.address, token=server.token, timeout=5, retry_seconds=0,
+        with recal.Client(server.address, token=server.token, timeout=5, retry_seconds=0, connect_seconds=1,
                           tls_ca=os.path.join(certs, "ca.pem")) as anonymous:
             with self.assertRaises(recal.RecalError) as refused:
                 list(anonymous.list())

@@ -91,7 +91,9 @@ class TlsTest(unittest.TestCase):
                     tls_key=self.cert(name + ".key"))
 
     def client(self, target=None, **kwargs):
-        client = recal.Client(target or self.address, timeout=10, retry_seconds=0.3, **kwargs)
+        # A refused handshake never makes the channel ready: 1 s of connect deadline, not 5.
+        client = recal.Client(target or self.address, timeout=10, retry_seconds=0.3, connect_seconds=1,
+                              **kwargs)
         self.addCleanup(client.close)
         return client
 

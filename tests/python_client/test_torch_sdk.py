@@ -13,6 +13,7 @@ with RECAL_SERVER_BIN set (by hand it defaults to build/bin/recal-server).
 
 import copy
 import datetime
+import logging
 import os
 import re
 import shutil
@@ -491,6 +492,60 @@ class TorchSdkTest(unittest.TestCase):
         self.assertLess(len(drawn), 45)  # 21-23 here: 10 used, the rest in queues and windows
         self.assertMatchesReference(model, _reference(original, [(x,) for x, _ in data[:10]]))
 
+    # ------------------------------------------------------------- a user's first hour
+
+    def test_server_and_token_from_the_environment_and_progress_logged_without_tqdm(self):
+        """No server= nor token=: RECAL_SERVER and RECAL_TOKEN (auth is on, so the token was
+        sent). No tqdm: the progress goes to the "recal" loggers (batches, samples/s)."""
+        model = _seeded(SmallNet)
+        env = {"RECAL_SERVER": self.server.address, "RECAL_TOKEN": self.server.token}
+        with mock.patch.dict(os.environ, env), mock.patch.dict(sys.modules, {"tqdm": None}), \
+                self.assertLogs("recal", "INFO") as logs:
+            result = recal.torch.recalibrate(model, _small_batches(3, (4, 4, 4)), num_batches=3)
+        self.assertEqual(result.job.state, recal.SUCCEEDED)
+        lines = [r.getMessage() for r in logs.records if r.getMessage().startswith("recal: batch")]
+        self.assertTrue(lines, [r.getMessage() for r in logs.records])
+        self.assertRegex(lines[-1], r"^recal: batch 3/3, 12 samples, \d+\.\d samples/s$")
+        self.assertEqual({r.name for r in logs.records if r.getMessage() in lines}, {"recal.torch"})
+
+    def test_progress_lines_follow_logging_levels_and_bar_false(self):
+        """INFO: the first batch at once, the last one when the job ends (the rest at most
+        every 5 s); the "recal" logger at WARNING, or bar=False: no line."""
+        progress = [recal_pb2.JobProgress(batches_done=i, batches_total=3, samples_done=4 * i,
+                                          samples_per_second=10.0) for i in (1, 2, 3)]
+        package = logging.getLogger("recal")
+        lines = []
+        collect = logging.Handler()
+        collect.emit = lambda record: lines.append(record.getMessage())
+        package.addHandler(collect)
+        self.addCleanup(package.removeHandler, collect)
+        self.addCleanup(package.setLevel, package.level)
+        got = {}
+        with mock.patch.dict(sys.modules, {"tqdm": None}):
+            for level, bar in ((logging.INFO, None), (logging.WARNING, None), (logging.INFO, False)):
+                package.setLevel(level)
+                del lines[:]
+                handle, close = recal.torch._progress_handler(None, bar, 3)
+                for p in progress:
+                    handle(p)
+                close()
+                got[(logging.getLevelName(level), bar)] = list(lines)
+        self.assertEqual(got, {("INFO", None): ["recal: batch 1/3, 4 samples, 10.0 samples/s",
+                                                "recal: batch 3/3, 12 samples, 10.0 samples/s"],
+                               ("WARNING", None): [], ("INFO", False): []})
+
+    def test_progress_lines_show_on_stderr_when_logging_is_not_configured(self):
+        code = ("import sys\n"
+                "sys.modules['tqdm'] = None  # not installed\n"
+                "import recal.torch\n"
+                "handle, close = recal.torch._progress_handler(None, None, 2)\n"
+                "handle(recal.recal_pb2.JobProgress(batches_done=2, batches_total=2, samples_done=8,\n"
+                "                                   samples_per_second=4.0))\n"
+                "close()\n")
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stderr, "recal: batch 2/2, 8 samples, 4.0 samples/s\n")
+
     def test_failures_leave_the_model_untouched(self):
         class FailsOnSmallBatches(torch.nn.Module):
             def __init__(self):
@@ -672,7 +727,7 @@ class TorchSdkTest(unittest.TestCase):
             self.assertEqual(final.state, recal.SUCCEEDED, final.error.message)
             bn_path = os.path.join(os.path.dirname(path), "bn.safetensors")
             client.download(job, bn_path, "bn")
-        got = recal.torch._read_safetensors(bn_path)
+        got = recal.read_safetensors(bn_path)  # torch tensors: torch imports here
         self.assertLessEqual(reference.worst_error(got, _reference(eager, [(x,) for x in data])), 1.0)
         with self.assertRaisesRegex(TypeError, "float64"):
             recal.tensor_message(np.zeros((2, 3), dtype=np.float64))
@@ -755,7 +810,32 @@ class TorchSdkTest(unittest.TestCase):
         self.assertIn("recal.torch: no torch here", result.stdout)
 
     def test_pip_install_into_a_fresh_virtualenv(self):
+        """scripts/python-wheel.sh builds an sdist (carrying proto/, not the stubs) and from it a
+        wheel (the stubs generated by grpcio-tools from PyPI), with no CMake build involved;
+        the wheel installs into a fresh venv and recal.torch runs from there."""
         tmp = tempfile.mkdtemp(dir=self.tmp)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        dist = os.path.join(tmp, "dist")
+        built = subprocess.run(["bash", os.path.join(ROOT, "scripts", "python-wheel.sh"), dist],
+                               capture_output=True, text=True, timeout=300,
+                               env=dict(env, RECAL_PYTHON=sys.executable))
+        self.assertEqual(built.returncode, 0, built.stdout + built.stderr)
+        sdist, wheel = built.stdout.split()
+        import tarfile
+        import zipfile
+        with tarfile.open(sdist) as archive:
+            in_sdist = {n.split("/", 1)[1] for n in archive.getnames() if "/" in n}
+        for name in ("proto/recal/v1/recal.proto", "proto/recal/v1/report.proto",
+                     "proto/grpc/health/v1/health.proto", "recal/torch.py", "setup.py", "pyproject.toml"):
+            self.assertIn(name, in_sdist)
+        self.assertFalse([n for n in in_sdist if n.startswith("recal/_proto")])  # generated at build time
+        with zipfile.ZipFile(wheel) as archive:
+            in_wheel = set(archive.namelist())
+        for stub in ("recal/_proto/recal/v1/recal_pb2.py", "recal/_proto/recal/v1/recal_pb2_grpc.py",
+                     "recal/_proto/recal/v1/report_pb2.py", "recal/_proto/grpc/health/v1/health_pb2.py",
+                     "recal/_proto/grpc/health/v1/health_pb2_grpc.py", "recal/_proto/__init__.py"):
+            self.assertIn(stub, in_wheel)
+        self.assertFalse([n for n in in_wheel if n.startswith("proto/")])
         # A user's environment that already has torch, grpcio and protobuf, offline: a new venv
         # that sees this venv's packages (a .pth file; --system-site-packages would show the
         # base interpreter's, not this venv's), installed into by this venv's pip (--python).
@@ -768,14 +848,8 @@ class TorchSdkTest(unittest.TestCase):
                               capture_output=True, text=True, check=True).stdout.strip()
         with open(os.path.join(site, "project_venv.pth"), "w") as f:
             f.write(sysconfig.get_paths()["purelib"] + "\n")
-        # A copy of client/python, so that the in-tree build leaves the checkout as it is.
-        package = os.path.join(tmp, "python")
-        shutil.copytree(os.path.join(ROOT, "client", "python"), package,
-                        ignore=shutil.ignore_patterns("__pycache__", "build", "dist", "*.egg-info"))
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        installed = subprocess.run([sys.executable, "-m", "pip", "--python", python, "install",
-                                    "--no-build-isolation", "--no-index", package],
-                                   capture_output=True, text=True, timeout=300, env=env)
+        installed = subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "--no-index",
+                                    wheel], capture_output=True, text=True, timeout=300, env=env)
         self.assertEqual(installed.returncode, 0, installed.stdout + installed.stderr)
         code = ("import os, sys\n"
                 "import recal\n"
@@ -784,27 +858,17 @@ class TorchSdkTest(unittest.TestCase):
                 "model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))\n"
                 "data = [torch.randn(4, 3, 8, 8) for _ in range(2)]\n"
                 "result = recal.torch.recalibrate(model, data, server=sys.argv[1], num_batches=2,\n"
-                "                                 token=os.environ['RECAL_TOKEN'])\n"
+                "                                 token=os.environ['RECAL_TOKEN'], bar=False)\n"
                 "print(recal.__file__)\n"
+                "print(recal.recal_pb2.__file__)\n"
                 "print(recal.JobState.Name(result.job.state), result.report.samples)\n")
         ran = subprocess.run([python, "-c", code, self.server.address], capture_output=True, text=True,
                              timeout=120, cwd=tmp, env=dict(env, RECAL_TOKEN=self.server.token))
         self.assertEqual(ran.returncode, 0, ran.stdout + ran.stderr)
-        where, outcome = ran.stdout.split("\n")[:2]
+        where, stubs, outcome = ran.stdout.split("\n")[:3]
         self.assertTrue(where.startswith(venv), where)  # the installed package, not the checkout
+        self.assertTrue(stubs.startswith(venv), stubs)  # and the stubs the build generated
         self.assertEqual(outcome, "SUCCEEDED 8")
-        # The sdist carries the generated stubs (it builds without protoc).
-        built = subprocess.run([python, "-c", "import sys; from setuptools import build_meta; "
-                                "print(build_meta.build_sdist(sys.argv[1]))", os.path.join(tmp, "dist")],
-                               cwd=package, capture_output=True, text=True, timeout=120, env=env)
-        self.assertEqual(built.returncode, 0, built.stderr)
-        import tarfile
-        with tarfile.open(os.path.join(tmp, "dist", built.stdout.split()[-1])) as sdist:
-            names = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
-        for stub in ("recal/_proto/recal/v1/recal_pb2.py", "recal/_proto/recal/v1/recal_pb2_grpc.py",
-                     "recal/_proto/recal/v1/report_pb2.py", "recal/_proto/grpc/health/v1/health_pb2.py",
-                     "recal/torch.py", "pyproject.toml"):
-            self.assertIn(stub, names)
 
     def test_readme_training_loop_example_runs(self):
         """The training-loop example of client/python/README.md (its third Python block, also

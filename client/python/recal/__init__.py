@@ -9,12 +9,16 @@ recal.Client wraps the recal.v1.Recal gRPC service (proto/recal/v1/recal.proto):
 that skip known models and resume, idempotent submits, watches that resume across server
 restarts, verified resumable downloads. Failures raise recal.RecalError (.code is the
 grpc.StatusCode, .message the server's message). The messages are in recal.recal_pb2 and
-recal.report_pb2; the JobState values are also here (recal.SUCCEEDED, ...).
+recal.report_pb2; the JobState values are also here (recal.SUCCEEDED, ...). recal.to_dict
+and recal.to_json turn a message (a RunReport, a Job) into plain values: ints as ints (not
+protobuf JSON's strings), enums by name.
 
 recal.torch (imported on first use; needs torch) recalibrates an nn.Module in place from a
 DataLoader: recal.torch.recalibrate(model, loader, server="host:port", token=...).
 
-The gRPC stubs (recal/_proto/) are generated when the project is built.
+The gRPC stubs (recal/_proto/) are generated when the package is built (setup.py) or the
+project is (CMake). recal.read_safetensors reads the BatchNorm buffers artifact with no extra
+package.
 """
 
 try:
@@ -23,11 +27,13 @@ except ModuleNotFoundError as _error:  # pragma: no cover
     if not (_error.name or "").startswith("recal._proto"):
         raise
     raise ImportError("recal: the generated gRPC stubs (client/python/recal/_proto) are missing; "
-                      "build the project first (cmake --build build, or just its target "
-                      "recal_python)") from _error
+                      "install the package (pip install ./client/python generates them), or build "
+                      "the project first (cmake --build build, or just its target recal_python)") from _error
 
 from recal.client import TERMINAL_STATES, Client
 from recal.errors import RecalError
+from recal.messages import read_report, to_dict, to_json
+from recal.safetensors_reader import read_safetensors
 from recal.specs import data_source, engine_options
 from recal.streams import PushStream, tensor_message
 
@@ -41,7 +47,8 @@ CANCELLED = recal_pb2.CANCELLED
 
 __all__ = ["Client", "RecalError", "JobState", "QUEUED", "RUNNING", "CANCELLING", "SUCCEEDED",
            "FAILED", "CANCELLED", "TERMINAL_STATES", "data_source", "engine_options", "recal_pb2",
-           "recal_pb2_grpc", "report_pb2", "PushStream", "tensor_message"]
+           "recal_pb2_grpc", "report_pb2", "PushStream", "tensor_message", "to_dict", "to_json",
+           "read_report", "read_safetensors"]
 
 
 def __getattr__(name):

@@ -10,12 +10,16 @@ import uuid
 
 import grpc
 
-from recal import specs, streams
+from recal import messages, specs, streams
 from recal._proto.grpc.health.v1 import health_pb2, health_pb2_grpc
 from recal._proto.recal.v1 import recal_pb2, recal_pb2_grpc
 from recal.errors import RecalError
 
 CHUNK_BYTES = 1 << 20
+# Where recalctl looks too (client/recalctl/main.cc): --server / RECAL_SERVER, --token / RECAL_TOKEN.
+DEFAULT_SERVER = "localhost:50051"
+SERVER_ENV = "RECAL_SERVER"
+TOKEN_ENV = "RECAL_TOKEN"
 TERMINAL_STATES = frozenset((recal_pb2.SUCCEEDED, recal_pb2.FAILED, recal_pb2.CANCELLED))
 
 # Reconnect soon after the server comes back (gRPC's default backoff grows to 120 s).
@@ -26,6 +30,40 @@ _CHANNEL_OPTIONS = (
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 )
+
+
+def server_address(target=None):
+    """`target`, else $RECAL_SERVER, else localhost:50051 (recalctl's order)."""
+    return target or os.environ.get(SERVER_ENV) or DEFAULT_SERVER
+
+
+def server_token(token=None):
+    """`token`, else $RECAL_TOKEN (recalctl's order); "" means none."""
+    if token is None:
+        token = os.environ.get(TOKEN_ENV)
+    return token or None
+
+
+def _where_from(target):
+    """How the address was chosen, for the unreachable-server message."""
+    if target:
+        return "given"
+    if os.environ.get(SERVER_ENV):
+        return "from $%s" % SERVER_ENV
+    return "the default; $%s is not set" % SERVER_ENV
+
+
+def _unreachable_message(address, where, seconds, tls):
+    """What a user sees when nothing answers: where we looked and what to do about it."""
+    message = ("no recal-server answered at %s (%s) within %g s. Is recal-server running there? "
+               "Start one with `recal-server --listen=%s` (build/bin/recal-server after a build), "
+               "or point the client at yours: recal.Client(\"host:port\"), "
+               "recal.torch.recalibrate(..., server=\"host:port\"), or %s=host:port"
+               % (address, where, seconds, address, SERVER_ENV))
+    if tls:
+        message += ("; over TLS a refused handshake looks the same: check tls_ca, tls_cert, tls_key "
+                    "and tls_server_name")
+    return message
 
 
 def _id(value):
@@ -139,6 +177,17 @@ class _CallDetails(collections.namedtuple(
     pass
 
 
+def _write_atomically(path, text):
+    """PATH.tmp, fsynced, renamed to PATH: a reader sees the old file or the whole new one."""
+    temporary = os.fspath(path) + ".tmp"
+    with open(temporary, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, path)
+    _fsync_dir(path)
+
+
 def _fsync_dir(path):
     fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
     try:
@@ -150,10 +199,13 @@ def _fsync_dir(path):
 class Client:
     """A connection to recal-server.
 
-    target: "host:port" (or any gRPC target). token: sent as "authorization: Bearer TOKEN"
-    metadata on every call. timeout: seconds each unary call may take (None: no limit;
-    streams are never limited). retry_seconds: how long unary calls are retried while the
-    server is UNAVAILABLE; reconnect_seconds: how long watch / download / upload keep
+    target: "host:port" (or any gRPC target); None: $RECAL_SERVER, else localhost:50051.
+    token: sent as "authorization: Bearer TOKEN" metadata on every call; None: $RECAL_TOKEN
+    ("" for none). timeout: seconds each unary call may take (None: no limit; streams are
+    never limited). connect_seconds: how long the first call waits for the server to answer
+    at all before raising RecalError(UNAVAILABLE) that says what to do (None or 0: no such
+    check). retry_seconds: how long unary calls are retried while the server is UNAVAILABLE
+    after it has answered once; reconnect_seconds: how long watch / download / upload keep
     reconnecting after the connection broke (from the last answer). A Client may be used
     from several threads; close() it (or use `with`) when done.
 
@@ -165,17 +217,22 @@ class Client:
     that cannot be read raises OSError, one without PEM data ValueError.
     """
 
-    def __init__(self, target, token=None, timeout=None, *, retry_seconds=30.0,
-                 reconnect_seconds=60.0, channel=None, tls=False, tls_ca=None, tls_cert=None,
-                 tls_key=None, tls_server_name=None):
+    def __init__(self, target=None, token=None, timeout=None, *, connect_seconds=5.0,
+                 retry_seconds=30.0, reconnect_seconds=60.0, channel=None, tls=False, tls_ca=None,
+                 tls_cert=None, tls_key=None, tls_server_name=None):
         if channel is not None and (tls or tls_ca or tls_cert or tls_key or tls_server_name):
             raise ValueError("give a channel or TLS settings, not both")
-        self.target = target
+        self.target = server_address(target)
+        self._target_from = _where_from(target)
+        self._tls = bool(tls or tls_ca or tls_cert or tls_server_name)
+        token = server_token(token)
         self.timeout = timeout
+        self.connect_seconds = connect_seconds
+        self._answered = False  # set once the channel was ready: from then on, retries only
         self.retry_seconds = retry_seconds
         self.reconnect_seconds = reconnect_seconds
         self._metadata = None  # the token travels with the channel (_BearerToken)
-        self._channel = channel or _make_channel(target, tls, tls_ca, tls_cert, tls_key,
+        self._channel = channel or _make_channel(self.target, tls, tls_ca, tls_cert, tls_key,
                                                  tls_server_name)
         calls = grpc.intercept_channel(self._channel, _BearerToken(token)) if token else self._channel
         self.stub = recal_pb2_grpc.RecalStub(calls)
@@ -192,9 +249,27 @@ class Client:
 
     # ------------------------------------------------------------------------ plumbing
 
+    def _check_reachable(self):
+        """Before the first call: wait at most connect_seconds for the channel to connect, so
+        that a wrong address or a server that is not running fails in seconds, saying what
+        to do, instead of after retry_seconds of silent retries. A server that answered once
+        and went away is retried as before (it is likely restarting)."""
+        if self._answered or not self.connect_seconds:
+            return
+        ready = grpc.channel_ready_future(self._channel)
+        try:
+            ready.result(timeout=self.connect_seconds)
+        except grpc.FutureTimeoutError:
+            raise RecalError(grpc.StatusCode.UNAVAILABLE, _unreachable_message(
+                self.target, self._target_from, self.connect_seconds, self._tls)) from None
+        finally:
+            ready.cancel()
+        self._answered = True
+
     def _unary(self, method, request, retry=True):
         """Calls a unary RPC, retrying UNAVAILABLE with backoff (all our unary calls are
         idempotent: SubmitJob through its request_id); errors become RecalError."""
+        self._check_reachable()
         backoff = _Backoff(self.retry_seconds)
         while True:
             try:
@@ -323,6 +398,7 @@ class Client:
         yielded and goes on: no event is lost or repeated, and only the first snapshot is
         yielded. It gives up with RecalError(UNAVAILABLE) after `reconnect_seconds` without
         an answer."""
+        self._check_reachable()
         job_id = _id(job_id)
         last = after_seq
         snapshot_sent = False
@@ -370,6 +446,7 @@ class Client:
         Writes PATH.part, resumes from its size after a broken stream (and in a later call
         after a broken-off one), checks the size and sha256 the server gives, fsyncs and
         renames it to PATH. Returns the artifact's sha256 (hex)."""
+        self._check_reachable()
         job_id = _id(job_id)
         kind = specs.artifact(artifact)
         path = os.fspath(path)
@@ -439,6 +516,7 @@ class Client:
         """A PushStream feeding the client_stream job `job_id` (its shard `shard`, for a
         sharded job) from this thread: send(batch) per batch (blocks while the server's queue
         is full), then close(). See recal.streams.PushStream."""
+        self._check_reachable()
         return streams.PushStream(self.stub, _id(job_id), self._metadata, on_wait, shard=shard)
 
     def push(self, job_id, batches, shard=0):
@@ -518,8 +596,10 @@ class Client:
         """Uploads `model_path` (unless the server has it), runs a job on `data` (a spec as in
         submit(), server-side paths), waits for it and downloads the recalibrated model to
         `out`, the BatchNorm buffers to `bn_out` and the JSON report to `report` (each when
-        given). Other keyword arguments go to submit() (engine options, priority,
-        timeout_seconds, labels, request_id). Returns the final Job; raises RecalError (with
+        given; the report with ints as ints, as recal.to_json writes it, where the server's
+        artifact, which download() keeps byte for byte, has int64s as strings). Other keyword
+        arguments go to submit() (engine options, priority, timeout_seconds, labels,
+        request_id). Returns the final Job; raises RecalError (with
         .code and .job) if the job FAILED or was CANCELLED."""
         model = self.upload_model(model_path)
         job = self.submit(model, data, batch_size=batch_size, max_batches=max_batches, **options)
@@ -533,4 +613,6 @@ class Client:
         for target, artifact in ((out, "model"), (bn_out, "bn"), (report, "report")):
             if target is not None:
                 self.download(job, target, artifact)
+        if report is not None:
+            _write_atomically(report, messages.to_json(messages.read_report(report)))
         return job

@@ -30,25 +30,25 @@ import dataclasses
 import inspect
 import io
 import itertools
-import json
 import keyword
 import linecache
 import logging
 import os
-import struct
 import sys
 import tempfile
+import time
 import uuid
 import warnings
 from collections.abc import Mapping
 
 import grpc
 import torch
-from google.protobuf import json_format
 
 from recal.client import Client
 from recal.errors import RecalError
-from recal._proto.recal.v1 import recal_pb2, report_pb2
+from recal._proto.recal.v1 import recal_pb2
+from recal.messages import parse_report
+from recal.safetensors_reader import read_safetensors
 
 __all__ = ["recalibrate", "Result", "ShortDataWarning", "PreciseBN", "do_precise_bn"]
 
@@ -491,29 +491,6 @@ def _floating_dtype(model):
 
 # ------------------------------------------------------------------------------ results
 
-_SAFETENSORS_DTYPES = {"F32": torch.float32, "F64": torch.float64, "F16": torch.float16,
-                       "BF16": torch.bfloat16, "I64": torch.int64}
-
-
-def _read_safetensors(path):
-    """{name: tensor} of a safetensors file (the server's BN artifact)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    (length,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + length])
-    base = 8 + length
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = info["data_offsets"]
-        dtype = _SAFETENSORS_DTYPES[info["dtype"]]
-        raw = bytearray(data[base + begin:base + end])
-        values = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
-        out[name] = values.reshape(info["shape"])
-    return out
-
-
 def _named_buffers(model):
     """{state_dict key: buffer} of a module, or of an ExportedProgram (its state_dict's
     tensors are what its module() runs with)."""
@@ -545,10 +522,6 @@ def _load_buffers(model, buffers, prefix):
         for key, value in mapped.items():
             own[key].copy_(value.to(own[key].dtype))
     return tuple(sorted(mapped))
-
-
-def _parse_report(text):
-    return json_format.Parse(text, report_pb2.RunReport(), ignore_unknown_fields=True)
 
 
 # -------------------------------------------------------------------------- distributed
@@ -600,8 +573,9 @@ def _broadcast_outcome(outcome, group):
 
 
 def _progress_handler(progress, bar, total):
-    """on_progress for the client: the caller's callback and a tqdm bar when tqdm is
-    installed (bar=None) or asked for (bar=True); returns (handler, close)."""
+    """on_progress for the client: the caller's callback, and a tqdm bar when tqdm is
+    installed (bar=None) or asked for (bar=True), else log lines (logger "recal.torch", INFO;
+    bar=False: neither); returns (handler, close)."""
     meter = None
     if bar or bar is None:
         try:
@@ -611,20 +585,71 @@ def _progress_handler(progress, bar, total):
                 warnings.warn("recal.torch: bar=True but tqdm is not installed")
         else:
             meter = tqdm(total=total, desc="recal", unit="batch")
+    lines = _ProgressLog() if meter is None and bar is not False else None
 
     def handle(p):
         if meter is not None:
             if p.batches_total and meter.total != p.batches_total:
                 meter.total = p.batches_total
             meter.update(p.batches_done - meter.n)
+        if lines is not None:
+            lines.update(p)
         if progress is not None:
             progress(p)
 
     def close():
         if meter is not None:
             meter.close()
+        if lines is not None:
+            lines.close()
 
     return handle, close
+
+
+# Between two progress log lines, so that a long job does not log every batch.
+_LOG_EVERY_SECONDS = 5.0
+
+
+class _ProgressLog:
+    """Progress as log lines when there is no tqdm bar: the first batch, then at most one
+    line every _LOG_EVERY_SECONDS, and the last batch when the job ends. Logged at INFO on
+    "recal.torch" (quiet it with logging.getLogger("recal").setLevel(logging.WARNING))."""
+
+    def __init__(self):
+        _show_info_when_logging_is_unconfigured()
+        self.last = None  # the last JobProgress seen
+        self.logged = None  # batches_done of the last line
+        self.logged_at = 0.0
+
+    def update(self, p):
+        self.last = p
+        if p.batches_done and (self.logged is None or time.monotonic() - self.logged_at >= _LOG_EVERY_SECONDS):
+            self._line(p)
+
+    def close(self):
+        if self.last is not None and self.last.batches_done != self.logged:
+            self._line(self.last)
+
+    def _line(self, p):
+        self.logged, self.logged_at = p.batches_done, time.monotonic()
+        total = "/%d" % p.batches_total if p.batches_total else ""
+        _log.info("recal: batch %d%s, %d samples, %.1f samples/s", p.batches_done, total, p.samples_done,
+                  p.samples_per_second)
+
+
+def _show_info_when_logging_is_unconfigured():
+    """Without any logging configuration Python shows WARNING and above only, so progress
+    lines would be lost: then (and only then) the "recal" logger gets a stderr handler at
+    INFO, as PyTorch Lightning does for its own. A program that configured logging, or set
+    the "recal" logger's level, keeps what it chose."""
+    package = logging.getLogger("recal")
+    if logging.getLogger().handlers or package.handlers or package.level != logging.NOTSET:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    package.addHandler(handler)
+    package.setLevel(logging.INFO)
+    package.propagate = False
 
 
 # --------------------------------------------------------------------------- recalibrate
@@ -632,7 +657,7 @@ def _progress_handler(progress, bar, total):
 _MANAGED = ("max_batches", "allow_short_data")
 
 
-def recalibrate(model, data, *, server, num_batches=200, input_fn=None, token=None, tls=False,
+def recalibrate(model, data, *, server=None, num_batches=200, input_fn=None, token=None, tls=False,
                 tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None, timeout=None,
                 progress=None, bar=None, export="auto", shard=None, scale=None, mean=None, std=None,
                 **engine_options):
@@ -653,10 +678,14 @@ def recalibrate(model, data, *, server, num_batches=200, input_fn=None, token=No
         bytes a value; float64 / bfloat16 become float32; other dtypes are refused), and
         the server's forward gets them as float32, after scale / mean / std when given
         ((x / scale - mean) / std per channel, dim 1).
-    server: "host:port" or a recal.Client. token, tls, tls_ca, tls_cert, tls_key,
-        tls_server_name, timeout: as for recal.Client (unused when server is a Client).
+    server: "host:port" or a recal.Client; None: $RECAL_SERVER, else localhost:50051.
+        token (None: $RECAL_TOKEN), tls, tls_ca, tls_cert, tls_key, tls_server_name,
+        timeout: as for recal.Client (unused when server is a Client). A server that does
+        not answer within a few seconds raises RecalError(UNAVAILABLE) saying what to do.
     progress(JobProgress): called as the job goes (batches_done, samples_done, ...); a tqdm
-        bar is shown when tqdm is installed (bar=None) unless bar=False.
+        bar is shown when tqdm is installed (bar=None), else progress lines are logged
+        (logger "recal.torch", INFO: batches, samples, samples/s; shown on stderr when the
+        program configured no logging); bar=False: neither.
     export: "auto": torch.export.export of a CPU copy in the model's own train/eval modes,
         dim 0 of every input dynamic (one size, >= 1), saved with torch.export.save; when
         export fails (data-dependent control flow, ...) torch.jit.script, and when that
@@ -845,7 +874,7 @@ def _run_sharded(target, local, connect, rank, world, group, num_batches, progre
                 bn_path, report_path = os.path.join(tmp, "bn.safetensors"), os.path.join(tmp, "report.json")
                 client.download(ended_job, bn_path, "bn")
                 client.download(ended_job, report_path, "report")
-                buffers = _read_safetensors(bn_path)
+                buffers = read_safetensors(bn_path, to="torch")
                 with open(report_path) as f:
                     report = f.read()
             except BaseException as error:
@@ -890,7 +919,7 @@ def _run(target, batches, connect, num_batches, progress, bar, export, scale, me
                                             allow_short_data=True, bn_out=bn_path, report=report_path,
                                             on_progress=handle, scale=scale, mean=mean, std=std,
                                             **options)
-            buffers = _read_safetensors(bn_path)
+            buffers = read_safetensors(bn_path, to="torch")
             with open(report_path) as f:
                 report = f.read()
     finally:
@@ -910,7 +939,7 @@ def _finish(target, outcome, ranks):
     if short:
         warnings.warn("recal.torch: the data had %d batches, fewer than num_batches=%d; used them all"
                       % (facts["batches"], facts["num_batches"]), ShortDataWarning, stacklevel=3)
-    return Result(report=_parse_report(report), job=recal_pb2.Job.FromString(facts["job"]),
+    return Result(report=parse_report(report), job=recal_pb2.Job.FromString(facts["job"]),
                   model_id=facts["model_id"], export=facts["export"], export_error=facts["export_error"],
                   batches=facts["batches"], num_batches=facts["num_batches"], short_data=short,
                   buffers=loaded, ranks=ranks)
@@ -929,7 +958,7 @@ class PreciseBN:
     arguments go to recalibrate() (token, input_fn, tls options, estimator, ...). The last
     Result is in `last_result`."""
 
-    def __init__(self, period, model, data_loader, num_iter, *, server, token=None, **options):
+    def __init__(self, period, model, data_loader, num_iter, *, server=None, token=None, **options):
         self._period = period
         self._model = model
         self._data_loader = data_loader
@@ -989,7 +1018,7 @@ class PreciseBN:
         return self.last_result
 
 
-def do_precise_bn(model, data_loader, num_iters=200, *, server, estimator="batch_average", **options):
+def do_precise_bn(model, data_loader, num_iters=200, *, server=None, estimator="batch_average", **options):
     """PaddleVideo's do_preciseBN on recal-server: the BatchNorm layers of `model` get
     statistics from `num_iters` batches of `data_loader`, estimator "batch_average" (the
     mean of the batch means and of the unbiased batch variances, as its loop averages them;
