@@ -133,6 +133,25 @@ double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
 }
 
+// Why a forward failed when the data's floating dtype is not the model's (float64 data for a
+// float32 model fails deep in a convolution as "expected scalar type Double but found
+// Float"): both dtypes and the conversion that fixes it; empty when the dtypes agree.
+std::string DtypeMismatch(const std::vector<at::Tensor>& args, const ObservedModel& model) {
+  const auto buffers = model.BatchNormBuffers();
+  if (buffers.empty()) return "";
+  const at::ScalarType model_dtype = buffers.front().first.scalar_type();
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (!args[i].defined() || !args[i].is_floating_point() || args[i].scalar_type() == model_dtype) continue;
+    // torch's Python names: "float64", "float32".
+    const std::string data(c10::getDtypeNames(args[i].scalar_type()).first);
+    const std::string wanted(c10::getDtypeNames(model_dtype).first);
+    return absl::StrCat("input ", i, " is ", data, " but the model computes in ", wanted, ": convert the data to ",
+                        wanted, " (numpy: x.astype(np.", wanted, "); torch: x.to(torch.", wanted,
+                        ")) or save the model in ", data, " (model.to(torch.", data, ")) before exporting it");
+  }
+  return "";
+}
+
 }  // namespace
 
 Options ShardOptions(Options options, int shards, int64_t batches) {
@@ -249,7 +268,9 @@ absl::Status Recalibration::Forward(const std::vector<at::Tensor>& args) {
     AutocastScope autocast(device_, options_.compute_dtype);
     model_->Forward(args);
   } catch (const std::exception& e) {
-    return TorchErrorStatus(absl::StrCat("forward failed on batch ", batches_), e);
+    const std::string mismatch = DtypeMismatch(args, *model_);
+    return TorchErrorStatus(absl::StrCat("forward failed on batch ", batches_, mismatch.empty() ? "" : ": ", mismatch),
+                            e);
   }
   return absl::OkStatus();
 }

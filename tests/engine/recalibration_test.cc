@@ -355,6 +355,19 @@ TEST(Recalibration, WrongChannelCountIsAClearError) {
   EXPECT_THAT(run.status().message(), ::testing::Not(HasSubstr("\n")));
 }
 
+TEST(Recalibration, DataOfAnotherFloatDtypeNamesBothAndTheConversion) {
+  recal::testing::TempDir tmp;
+  const std::string model = SaveModule(MakeNet(3), tmp.File("net.pt"));
+  auto run = RunOn(model, {at::randn({4, 3}, at::kDouble)});
+  ASSERT_FALSE(run.ok());
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(run.status().message(), HasSubstr("input 0 is float64 but the model computes in float32"));
+  EXPECT_THAT(run.status().message(), HasSubstr("x.astype(np.float32)"));
+  EXPECT_THAT(run.status().message(), HasSubstr("model.to(torch.float64)"));
+  // The same model on float32 data runs: the hint is for the mismatch only.
+  EXPECT_TRUE(RunOn(model, {at::randn({4, 3})}).ok());
+}
+
 TEST(Recalibration, WrongInputRankIsAClearError) {
   recal::testing::TempDir tmp;
   const std::string model = SaveModule(MakeNet(3), tmp.File("net.pt"));

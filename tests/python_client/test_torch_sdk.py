@@ -780,7 +780,7 @@ class TorchSdkTest(unittest.TestCase):
             capture_output=True, text=True, timeout=300)
         self.assertEqual(run.returncode, 0, run.stderr)
         self.assertIn("3/3 batches", run.stderr)
-        got = recal.torch._read_safetensors(bn_path)
+        got = recal.read_safetensors(bn_path)
         self.assertLessEqual(reference.worst_error(got, ref, RTOL), 1.0)
 
         # One batch of 256 (154 MB: under the default --max_batch_bytes of 256 MiB).
