@@ -35,6 +35,7 @@ int Cancel(Context& ctx);
 int Download(Context& ctx);
 int Run(Context& ctx);
 int Health(Context& ctx);
+int Report(Context& ctx);  // report_command.cc
 
 // Needs no server, so it runs before (and without) connecting.
 int Token(const Args& args, bool json, bool quiet);
