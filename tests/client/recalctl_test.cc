@@ -333,6 +333,7 @@ TEST_F(RecalctlTest, RunEndToEndMatchesTheReference) {
   EXPECT_THAT(ReadBytes(report), HasSubstr("\"layers_recalibrated\": \"20\""));
   EXPECT_THAT(run.err, HasSubstr("SUCCEEDED"));
 
+  EXPECT_THAT(run.err, HasSubstr("per layer: recalctl report " + job.id()));  // the summary says where to look
   // The job's report from the server reads as the file `run` downloaded.
   const Result from_server = Ctl({"report", job.id(), "--html", tmp_.File("report.html")});
   ASSERT_EQ(from_server.exit_code, 0) << from_server.err;
