@@ -144,6 +144,9 @@ int Main(int argc, char** argv) {
   for (const LocalCommandEntry& entry : kLocalCommands) {
     if (args->command() == entry.name) local = &entry;
   }
+  // A report file on disk needs no server: no connection, so no server or TLS settings matter.
+  static constexpr LocalCommandEntry kReportFromFile = {"report", ReportFromFile};
+  if (args->command() == "report" && args->Has("from")) local = &kReportFromFile;
   if (command == nullptr && local == nullptr) {
     return UsageError(absl::InvalidArgumentError(absl::StrCat("unknown command '", args->command(), "'")));
   }

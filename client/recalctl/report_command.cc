@@ -2,6 +2,7 @@
 // downloaded) as a table, as JSON, or as an HTML page with plots.
 #include <stdlib.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <system_error>
@@ -11,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/recalctl/commands.h"
 #include "client/recalctl/exit_codes.h"
+#include "client/recalctl/output.h"
 #include "client/recalctl/report_html.h"
 #include "client/recalctl/report_text.h"
 #include "common/atomic_file.h"
@@ -88,28 +90,48 @@ absl::StatusOr<ReportViewOptions> ViewOptions(const Args& args) {
   return options;
 }
 
+// The flags both forms take, and the positional arguments of each. INVALID_ARGUMENT: usage.
+absl::StatusOr<ReportViewOptions> CheckArgs(const Args& args) {
+  RECAL_RETURN_IF_ERROR(args.AllowOnly({"top", "all", "from", "html", "warn_rel_error"}));
+  const bool from_file = args.Has("from");
+  RECAL_RETURN_IF_ERROR(
+      args.ExpectPositional(from_file ? 0 : 1, from_file ? "no job id with --from FILE" : "one job id"));
+  return ViewOptions(args);
+}
+
+// The report in hand: the page if asked for, then the table (or the JSON) on stdout.
+int Show(const Args& args, bool json, const ReportViewOptions& options, const v1::RunReport& report,
+         const std::string& source) {
+  std::string text = ReportText(report, options);
+  if (args.Has("html")) {
+    const std::string html_path = args.Get("html");
+    if (auto s = WriteFileAtomically(html_path, ReportHtml(report, options, source)); !s.ok()) return Fail(s);
+    absl::StrAppend(&text, "\nwrote: ", html_path, "\n");
+  }
+  const std::string out = json ? ToJson(report) : text;
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  std::fflush(stdout);
+  return kOk;
+}
+
 }  // namespace
 
 int Report(Context& ctx) {
-  if (auto s = ctx.args.AllowOnly({"top", "all", "from", "html", "warn_rel_error"}); !s.ok()) return UsageError(s);
-  const bool from_file = ctx.args.Has("from");
-  if (auto s = ctx.args.ExpectPositional(from_file ? 0 : 1, from_file ? "no job id with --from FILE" : "one job id");
-      !s.ok()) {
-    return UsageError(s);
-  }
-  auto options = ViewOptions(ctx.args);
+  if (ctx.args.Has("from")) return ReportFromFile(ctx.args, ctx.json, /*quiet=*/false);
+  auto options = CheckArgs(ctx.args);
   if (!options.ok()) return UsageError(options.status());
-  const std::string source = from_file ? ctx.args.Get("from") : absl::StrCat("job ", ctx.args.positional()[0]);
-  auto report = from_file ? ReadReportFile(ctx.args.Get("from")) : DownloadReport(ctx, ctx.args.positional()[0]);
+  const std::string& job_id = ctx.args.positional()[0];
+  auto report = DownloadReport(ctx, job_id);
   if (!report.ok()) return Fail(report.status());
-  std::string text = ReportText(*report, *options);
-  if (ctx.args.Has("html")) {
-    const std::string html_path = ctx.args.Get("html");
-    if (auto s = WriteFileAtomically(html_path, ReportHtml(*report, *options, source)); !s.ok()) return Fail(s);
-    absl::StrAppend(&text, "\nwrote: ", html_path, "\n");
-  }
-  Emit(ctx, *report, text);
-  return kOk;
+  return Show(ctx.args, ctx.json, *options, *report, absl::StrCat("job ", job_id));
+}
+
+int ReportFromFile(const Args& args, bool json, bool /*quiet: nothing to report progress on*/) {
+  auto options = CheckArgs(args);
+  if (!options.ok()) return UsageError(options.status());
+  auto report = ReadReportFile(args.Get("from"));
+  if (!report.ok()) return Fail(report.status());
+  return Show(args, json, *options, *report, args.Get("from"));
 }
 
 }  // namespace recal::ctl
