@@ -2,7 +2,9 @@
 // downloaded) as a table, as JSON, or as an HTML page with plots.
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <cstdlib>
 #include <filesystem>
 #include <system_error>
@@ -84,9 +86,9 @@ absl::StatusOr<ReportViewOptions> ViewOptions(const Args& args) {
   if (args.Has("top") && args.GetBool("all")) {
     return absl::InvalidArgumentError("--top N and --all contradict each other: give one");
   }
-  if (top < 1 || top > 1000000) return absl::InvalidArgumentError("--top must be at least 1 (--all shows every layer)");
+  if (top < 1) return absl::InvalidArgumentError("--top must be at least 1 (--all shows every layer)");
   if (!(options.warn_rel_error > 0)) return absl::InvalidArgumentError("--warn_rel_error must be a positive fraction, e.g. 0.05");
-  options.top = args.GetBool("all") ? 0 : static_cast<int>(top);
+  options.top = args.GetBool("all") ? 0 : static_cast<int>(std::min<int64_t>(top, std::numeric_limits<int>::max()));
   return options;
 }
 

@@ -21,6 +21,7 @@ struct Scale {
   bool log_y = false;
   double low = 0, high = 1;  // on a log scale: log10 of the bounds
   size_t points = 1;
+  double step = 1;  // between grid lines: a value (linear), a number of decades (log)
 
   double X(size_t i) const {
     return points <= 1 ? (kLeft + kRight) / 2 : kLeft + (kRight - kLeft) * static_cast<double>(i) / (points - 1);
@@ -31,9 +32,9 @@ struct Scale {
   }
 };
 
-// 1, 2 or 5 times a power of ten: the tick step for about four steps up to `high`.
-double NiceStep(double high) {
-  const double rough = high / 4;
+// 1, 2 or 5 times a power of ten: the tick step for about four steps over `range`.
+double NiceStep(double range) {
+  const double rough = range / 4;
   const double power = std::pow(10, std::floor(std::log10(rough)));
   for (double factor : {1.0, 2.0, 5.0}) {
     if (factor * power >= rough) return factor * power;
@@ -42,7 +43,9 @@ double NiceStep(double high) {
 }
 
 Scale ScaleFor(const LinePlot& plot) {
-  Scale scale{plot.log_y, 0, 0, plot.x_names.size()};
+  Scale scale;
+  scale.log_y = plot.log_y;
+  scale.points = plot.x_names.size();
   for (const PlotSeries& s : plot.series) scale.points = std::max(scale.points, s.values.size());
   std::vector<double> all;
   for (const PlotSeries& s : plot.series) {
@@ -51,16 +54,22 @@ Scale ScaleFor(const LinePlot& plot) {
     }
   }
   if (plot.guide && Drawable(*plot.guide, plot.log_y)) all.push_back(plot.log_y ? std::log10(*plot.guide) : *plot.guide);
-  if (all.empty()) return scale.log_y ? Scale{true, -1, 1, scale.points} : Scale{false, 0, 1, scale.points};
-  const auto [min, max] = std::minmax_element(all.begin(), all.end());
+  if (all.empty()) all = {plot.log_y ? -1.0 : 0.0, 1.0};
+  const double min = *std::min_element(all.begin(), all.end()), max = *std::max_element(all.begin(), all.end());
   if (plot.log_y) {
-    scale.low = std::floor(*min);
-    scale.high = std::max(std::ceil(*max), scale.low + 1);  // at least one decade
+    scale.low = std::floor(min);
+    scale.high = std::max(std::ceil(max), scale.low + 1);  // at least one decade
+    // Every decade, or every k-th where there are many (a variance that was near zero
+    // before gives ratios of 1e30): about eight grid lines at most.
+    scale.step = std::max(1.0, std::ceil((scale.high - scale.low) / 8));
+    scale.high = scale.low + std::ceil((scale.high - scale.low) / scale.step) * scale.step;
   } else {
-    const double step = NiceStep(*max > 0 ? *max : 1);
-    scale.low = 0;  // the linear plots show non-negative quantities
-    scale.high = std::ceil(*max / step) * step;
-    if (scale.high <= 0) scale.high = step;
+    // From 0 (lower only for a negative value): the linear plots show magnitudes, which are
+    // read against zero.
+    const double low = std::min(0.0, min), high = std::max(0.0, max);
+    scale.step = NiceStep(high > low ? high - low : 1);
+    scale.low = std::floor(low / scale.step) * scale.step;
+    scale.high = std::max(std::ceil(high / scale.step) * scale.step, scale.low + scale.step);
   }
   return scale;
 }
@@ -77,11 +86,9 @@ std::string YTick(const Scale& scale, double value) {
 // Frame, y grid lines with their values, x ticks at about eight layer indices, axis labels.
 std::string Axes(const LinePlot& plot, const Scale& scale) {
   std::string svg = "<g class=\"axes\">";
-  if (scale.log_y) {
-    for (double p = scale.low; p <= scale.high + 0.5; ++p) absl::StrAppend(&svg, YTick(scale, std::pow(10, p)));
-  } else {
-    const double step = NiceStep(scale.high);
-    for (double v = 0; v <= scale.high + step / 2; v += step) absl::StrAppend(&svg, YTick(scale, v));
+  // Grid lines from the bottom to the top of the frame, both included.
+  for (double v = scale.low; v <= scale.high + scale.step / 2; v += scale.step) {
+    absl::StrAppend(&svg, YTick(scale, scale.log_y ? std::pow(10, v) : v));
   }
   const size_t every = std::max<size_t>(1, (scale.points + 7) / 8);
   for (size_t i = 0; i < scale.points; i += every) {

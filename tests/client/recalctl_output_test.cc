@@ -222,6 +222,20 @@ TEST(SvgPlotTest, MissingValuesBreakTheLineAndLogScalesDropNonPositiveValues) {
   EXPECT_THAT(log, HasSubstr(">100</text>"));
 }
 
+TEST(SvgPlotTest, ManyDecadesGetAFewTicksAndNegativeValuesStayInTheFrame) {
+  ctl::LinePlot plot{"p", "title", "y", "x", true, {"a", "b"}, {}};
+  plot.series = {{"s", "#000", {1e-30, 1e30}}};  // a variance that was ~0 before
+  const std::string log = ctl::SvgLinePlot(plot);
+  EXPECT_LE(Count(log, "text-anchor=\"end\""), 9);  // the y ticks' labels
+  EXPECT_GE(Count(log, "text-anchor=\"end\""), 5);
+  plot.log_y = false;
+  plot.series = {{"s", "#000", {-2, 3}}};
+  const std::string linear = ctl::SvgLinePlot(plot);
+  EXPECT_THAT(linear, HasSubstr(">-2</text>"));  // the axis reaches below zero
+  EXPECT_THAT(linear, HasSubstr(">4</text>"));   // and up to the step above 3
+  EXPECT_THAT(linear, Not(HasSubstr("y=\"-")));  // every grid line and label inside the picture
+}
+
 TEST(SvgPlotTest, EveryStringIsEscaped) {
   ctl::LinePlot plot{"\"id", "<b>title", "<y", "<x", false, {"<script>n"}, {}};
   plot.series = {{"<s>", "red\"", {1}}};
