@@ -1,15 +1,14 @@
 // recalctl report: a finished job's RunReport (the REPORT artifact, or a file already
 // downloaded) as a table, as JSON, or as an HTML page with plots.
+#include <google/protobuf/util/json_util.h>
 #include <stdlib.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <limits>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <system_error>
-
-#include <google/protobuf/util/json_util.h>
 
 #include "absl/strings/str_cat.h"
 #include "client/recalctl/commands.h"
@@ -59,9 +58,9 @@ absl::StatusOr<v1::RunReport> ReadReportFile(const std::string& path) {
   options.ignore_unknown_fields = true;  // a newer server's report still reads
   const auto parsed = google::protobuf::util::JsonStringToMessage(std::string(file->bytes()), &report, options);
   if (!parsed.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, " is not a RunReport in JSON (", parsed.message().as_string(),
-        "): pass a file written by 'recalctl download JOB --artifact report' or 'recalctl run --report'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " is not a RunReport in JSON (", parsed.message().as_string(),
+                     "): pass a file written by 'recalctl download JOB --artifact report' or 'recalctl run --report'"));
   }
   return report;
 }
@@ -69,12 +68,11 @@ absl::StatusOr<v1::RunReport> ReadReportFile(const std::string& path) {
 absl::StatusOr<v1::RunReport> DownloadReport(Context& ctx, const std::string& job_id) {
   RECAL_ASSIGN_OR_RETURN(ScratchDir scratch, ScratchDir::Make());
   const std::string path = scratch.path() + "/report.json";
-  RECAL_RETURN_IF_ERROR(ctx.client
-                            .Download(job_id, v1::REPORT, path,
-                                      [&](int64_t done, int64_t total) {
-                                        ctx.progress.Transfer("download report", done, total);
-                                      })
-                            .status());
+  RECAL_RETURN_IF_ERROR(
+      ctx.client
+          .Download(job_id, v1::REPORT, path,
+                    [&](int64_t done, int64_t total) { ctx.progress.Transfer("download report", done, total); })
+          .status());
   return ReadReportFile(path);
 }
 
@@ -87,7 +85,8 @@ absl::StatusOr<ReportViewOptions> ViewOptions(const Args& args) {
     return absl::InvalidArgumentError("--top N and --all contradict each other: give one");
   }
   if (top < 1) return absl::InvalidArgumentError("--top must be at least 1 (--all shows every layer)");
-  if (!(options.warn_rel_error > 0)) return absl::InvalidArgumentError("--warn_rel_error must be a positive fraction, e.g. 0.05");
+  if (!(options.warn_rel_error > 0))
+    return absl::InvalidArgumentError("--warn_rel_error must be a positive fraction, e.g. 0.05");
   options.top = args.GetBool("all") ? 0 : static_cast<int>(std::min<int64_t>(top, std::numeric_limits<int>::max()));
   return options;
 }

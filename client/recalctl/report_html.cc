@@ -38,7 +38,8 @@ svg.plot text.title { font-size: 13px; font-weight: 600; }
 template <typename Getter>
 std::vector<double> PerLayer(const v1::RunReport& report, Getter value) {
   std::vector<double> values;
-  for (const v1::LayerReport& layer : report.layers()) values.push_back(HasNewStatistics(layer) ? value(layer) : kMissing);
+  for (const v1::LayerReport& layer : report.layers())
+    values.push_back(HasNewStatistics(layer) ? value(layer) : kMissing);
   return values;
 }
 
@@ -54,12 +55,11 @@ std::vector<LinePlot> Plots(const v1::RunReport& report, const ReportViewOptions
                   {"median", kBlue, PerLayer(report, [](auto& l) { return l.var_ratio().median(); })},
                   {"max", kOrange, PerLayer(report, [](auto& l) { return l.var_ratio().max(); })}};
   ratio.guide = 1;
-  LinePlot error{"rel-error", "Relative standard error across depth (log scale)", "rel. std error", x_label, true,
-                 names, {}};
+  LinePlot error{
+      "rel-error", "Relative standard error across depth (log scale)", "rel. std error", x_label, true, names, {}};
   // Negative: fewer than two calls, no estimate; left out of the plot.
-  error.series = {{"rel.err", kBlue, PerLayer(report, [](auto& l) {
-                     return l.rel_std_error() >= 0 ? l.rel_std_error() : kMissing;
-                   })}};
+  error.series = {{"rel.err", kBlue,
+                   PerLayer(report, [](auto& l) { return l.rel_std_error() >= 0 ? l.rel_std_error() : kMissing; })}};
   error.guide = options.warn_rel_error;
   return {shift, ratio, error};
 }
@@ -98,12 +98,13 @@ std::string LayerTable(const std::vector<LayerRow>& rows) {
 std::string ReportHtml(const v1::RunReport& report, const ReportViewOptions& options, const std::string& source) {
   std::string html = kHead;
   absl::StrAppend(&html, "<title>recal report: ", HtmlEscape(source), "</title>\n</head>\n<body>\n");
-  absl::StrAppend(&html, "<h1>BatchNorm recalibration report</h1>\n<p class=\"note\">", HtmlEscape(source),
-                  "</p>\n", FactsTable(report));
-  absl::StrAppend(&html, "<h2>Across the network's depth</h2>\n<p class=\"note\">One point per BatchNorm layer "
-                         "that got new statistics; gaps are layers that did not (unused or excluded). Hover a "
-                         "point for the layer's name. Dashed lines: variance ratio 1 (unchanged), and the "
-                         "relative-error threshold of the flags.</p>\n");
+  absl::StrAppend(&html, "<h1>BatchNorm recalibration report</h1>\n<p class=\"note\">", HtmlEscape(source), "</p>\n",
+                  FactsTable(report));
+  absl::StrAppend(&html,
+                  "<h2>Across the network's depth</h2>\n<p class=\"note\">One point per BatchNorm layer "
+                  "that got new statistics; gaps are layers that did not (unused or excluded). Hover a "
+                  "point for the layer's name. Dashed lines: variance ratio 1 (unchanged), and the "
+                  "relative-error threshold of the flags.</p>\n");
   for (const LinePlot& plot : Plots(report, options)) absl::StrAppend(&html, SvgLinePlot(plot));
   const std::vector<LayerRow> rows = RowsToShow(report, options);
   absl::StrAppend(&html, "<h2>Layers that moved most</h2>\n<p class=\"note\">", rows.size(), " of ",

@@ -41,8 +41,8 @@ std::vector<std::pair<std::string, std::string>> HeaderFacts(const v1::RunReport
   int excluded = 0;
   for (const v1::LayerReport& layer : report.layers()) excluded += layer.excluded() ? 1 : 0;
   std::vector<std::pair<std::string, std::string>> facts = {
-      {"model", report.model_format().empty() ? report.model()
-                                              : absl::StrCat(report.model(), " (", report.model_format(), ")")},
+      {"model",
+       report.model_format().empty() ? report.model() : absl::StrCat(report.model(), " (", report.model_format(), ")")},
       {"data", report.data()},
       {"estimator", EstimatorName(report.estimator())},
       {"modules", ModulesName(report.modules())},
@@ -73,8 +73,8 @@ std::vector<std::string> LayerFlags(const v1::LayerReport& layer, const ReportVi
     flags.push_back(absl::StrFormat("rel.err > %.3g%%", 100 * options.warn_rel_error));
   }
   if (layer.zero_var_channels() > 0) {
-    flags.push_back(absl::StrCat(layer.zero_var_channels(), " zero-var channel",
-                                 layer.zero_var_channels() == 1 ? "" : "s"));
+    flags.push_back(
+        absl::StrCat(layer.zero_var_channels(), " zero-var channel", layer.zero_var_channels() == 1 ? "" : "s"));
   }
   return flags;
 }
@@ -105,8 +105,8 @@ std::vector<LayerRow> FlaggedButNotShown(const v1::RunReport& report, const Repo
 }
 
 std::vector<std::string> ColumnNames() {
-  return {"layer",   "channels", "shift.med", "shift.max", "var.min", "var.med",
-          "var.max", "rel.err",  "samples",   "flags"};
+  return {"layer",   "channels", "shift.med", "shift.max", "var.min",
+          "var.med", "var.max",  "rel.err",   "samples",   "flags"};
 }
 
 std::vector<std::string> RowCells(const LayerRow& row) {

@@ -53,7 +53,8 @@ Scale ScaleFor(const LinePlot& plot) {
       if (Drawable(v, plot.log_y)) all.push_back(plot.log_y ? std::log10(v) : v);
     }
   }
-  if (plot.guide && Drawable(*plot.guide, plot.log_y)) all.push_back(plot.log_y ? std::log10(*plot.guide) : *plot.guide);
+  if (plot.guide && Drawable(*plot.guide, plot.log_y))
+    all.push_back(plot.log_y ? std::log10(*plot.guide) : *plot.guide);
   if (all.empty()) all = {plot.log_y ? -1.0 : 0.0, 1.0};
   const double min = *std::min_element(all.begin(), all.end()), max = *std::max_element(all.begin(), all.end());
   if (plot.log_y) {
@@ -78,9 +79,9 @@ std::string Num(double v) { return absl::StrFormat("%.1f", v); }
 
 std::string YTick(const Scale& scale, double value) {
   const double y = scale.Y(value);
-  return absl::StrCat("<line class=\"grid\" stroke=\"#e4e4e4\" x1=\"", Num(kLeft), "\" x2=\"", Num(kRight), "\" y1=\"", Num(y),
-                      "\" y2=\"", Num(y), "\"/><text class=\"tick\" x=\"", Num(kLeft - 6), "\" y=\"", Num(y + 4),
-                      "\" text-anchor=\"end\">", absl::StrFormat("%g", value), "</text>");
+  return absl::StrCat("<line class=\"grid\" stroke=\"#e4e4e4\" x1=\"", Num(kLeft), "\" x2=\"", Num(kRight), "\" y1=\"",
+                      Num(y), "\" y2=\"", Num(y), "\"/><text class=\"tick\" x=\"", Num(kLeft - 6), "\" y=\"",
+                      Num(y + 4), "\" text-anchor=\"end\">", absl::StrFormat("%g", value), "</text>");
 }
 
 // Frame, y grid lines with their values, x ticks at about eight layer indices, axis labels.
@@ -95,16 +96,16 @@ std::string Axes(const LinePlot& plot, const Scale& scale) {
     absl::StrAppend(&svg, "<text class=\"tick\" x=\"", Num(scale.X(i)), "\" y=\"", Num(kBottom + 16),
                     "\" text-anchor=\"middle\">", i, "</text>");
   }
-  absl::StrAppend(&svg, "<rect class=\"frame\" fill=\"none\" stroke=\"#888\" x=\"", Num(kLeft), "\" y=\"", Num(kTop), "\" width=\"",
-                  Num(kRight - kLeft), "\" height=\"", Num(kBottom - kTop), "\"/>");
+  absl::StrAppend(&svg, "<rect class=\"frame\" fill=\"none\" stroke=\"#888\" x=\"", Num(kLeft), "\" y=\"", Num(kTop),
+                  "\" width=\"", Num(kRight - kLeft), "\" height=\"", Num(kBottom - kTop), "\"/>");
   absl::StrAppend(&svg, "<text class=\"label\" x=\"", Num((kLeft + kRight) / 2), "\" y=\"", Num(kHeight - 6),
                   "\" text-anchor=\"middle\">", HtmlEscape(plot.x_label), "</text>");
   absl::StrAppend(&svg, "<text class=\"label\" transform=\"translate(14 ", Num((kTop + kBottom) / 2),
                   ") rotate(-90)\" text-anchor=\"middle\">", HtmlEscape(plot.y_label), "</text>");
   if (plot.guide && Drawable(*plot.guide, scale.log_y)) {
     const double y = scale.Y(*plot.guide);
-    absl::StrAppend(&svg, "<line class=\"guide\" stroke=\"#444\" stroke-dasharray=\"4 3\" x1=\"", Num(kLeft), "\" x2=\"", Num(kRight), "\" y1=\"", Num(y),
-                    "\" y2=\"", Num(y), "\"/>");
+    absl::StrAppend(&svg, "<line class=\"guide\" stroke=\"#444\" stroke-dasharray=\"4 3\" x1=\"", Num(kLeft),
+                    "\" x2=\"", Num(kRight), "\" y1=\"", Num(y), "\" y2=\"", Num(y), "\"/>");
   }
   return svg + "</g>";
 }
@@ -139,9 +140,9 @@ std::string Legend(const LinePlot& plot) {
   std::string svg = "<g class=\"legend\">";
   double x = kRight - 90.0 * plot.series.size();
   for (const PlotSeries& s : plot.series) {
-    absl::StrAppend(&svg, "<line x1=\"", Num(x), "\" x2=\"", Num(x + 18), "\" y1=\"18\" y2=\"18\" stroke-width=\"2\" stroke=\"",
-                    HtmlEscape(s.color), "\"/><text x=\"", Num(x + 22), "\" y=\"22\">", HtmlEscape(s.name),
-                    "</text>");
+    absl::StrAppend(&svg, "<line x1=\"", Num(x), "\" x2=\"", Num(x + 18),
+                    "\" y1=\"18\" y2=\"18\" stroke-width=\"2\" stroke=\"", HtmlEscape(s.color), "\"/><text x=\"",
+                    Num(x + 22), "\" y=\"22\">", HtmlEscape(s.name), "</text>");
     x += 90;
   }
   return svg + "</g>";
@@ -152,8 +153,8 @@ std::string Legend(const LinePlot& plot) {
 std::string SvgLinePlot(const LinePlot& plot) {
   const Scale scale = ScaleFor(plot);
   std::string svg = absl::StrCat("<svg class=\"plot\" id=\"", HtmlEscape(plot.id), "\" viewBox=\"0 0 ", kWidth, " ",
-                                 kHeight, "\" width=\"", kWidth, "\" height=\"", kHeight, "\" role=\"img\" aria-label=\"",
-                                 HtmlEscape(plot.title), "\">");
+                                 kHeight, "\" width=\"", kWidth, "\" height=\"", kHeight,
+                                 "\" role=\"img\" aria-label=\"", HtmlEscape(plot.title), "\">");
   absl::StrAppend(&svg, "<text class=\"title\" x=\"", Num(kLeft), "\" y=\"20\">", HtmlEscape(plot.title), "</text>");
   absl::StrAppend(&svg, Axes(plot, scale), Legend(plot));
   for (const PlotSeries& series : plot.series) absl::StrAppend(&svg, Series(plot, series, scale));

@@ -15,14 +15,14 @@ struct PlotSeries {
 };
 
 struct LinePlot {
-  std::string id;                    // the <svg> element's id
+  std::string id;  // the <svg> element's id
   std::string title;
   std::string y_label;
   std::string x_label;
   bool log_y = false;
   std::vector<std::string> x_names;  // per x position, in the points' hover text
   std::vector<PlotSeries> series;
-  std::optional<double> guide;       // a dashed horizontal line at this y
+  std::optional<double> guide;  // a dashed horizontal line at this y
 };
 
 // One <svg class="plot"> element. Each series is a <g class="series" data-series=NAME

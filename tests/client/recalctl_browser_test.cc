@@ -2,11 +2,10 @@
 // out, and a probe script added to a copy of the page reads back what was drawn. Skipped,
 // saying how to install it, where there is no chromium.
 #include <fcntl.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <map>
@@ -44,8 +43,14 @@ std::string FindChromium() {
 // coreutils' timeout if it hangs. -1 exit status if it did not exit normally.
 std::pair<int, std::string> Chromium(const std::string& chromium, const TempDir& tmp, const std::string& page,
                                      const std::vector<std::string>& flags) {
-  std::vector<std::string> argv = {"timeout", "120", chromium, "--headless", "--no-sandbox", "--disable-gpu",
-                                   "--user-data-dir=" + tmp.File("profile"), "--window-size=1000,2000"};
+  std::vector<std::string> argv = {"timeout",
+                                   "120",
+                                   chromium,
+                                   "--headless",
+                                   "--no-sandbox",
+                                   "--disable-gpu",
+                                   "--user-data-dir=" + tmp.File("profile"),
+                                   "--window-size=1000,2000"};
   argv.insert(argv.end(), flags.begin(), flags.end());
   argv.push_back("file://" + page);
   const std::string out_path = tmp.File("chromium.out");
@@ -165,14 +170,14 @@ TEST_F(ReportPageInChromiumTest, EveryPlotIsLaidOutWithAPointPerLayer) {
   const std::map<std::string, std::string> facts = ProbeFacts(dom);
   ASSERT_FALSE(facts.empty()) << "the probe wrote nothing:\n" << dom.substr(0, 3000);
   EXPECT_EQ(Fact(facts, "title"), "kept");  // the layer name's script never ran
-  EXPECT_EQ(Fact(facts, "scripts"), "1");    // the probe is the only script
+  EXPECT_EQ(Fact(facts, "scripts"), "1");   // the probe is the only script
   for (const char* plot : {"mean-shift", "var-ratio", "rel-error"}) {
     EXPECT_EQ(Fact(facts, absl::StrCat("plot ", plot)), "svg 760x260") << plot;
   }
   const std::string every = absl::StrCat("points=", kSampleUsedLayers, " circles=", kSampleUsedLayers,
                                          " inside=", kSampleUsedLayers, " lines=1 drawn=1");
-  for (const char* series : {"mean-shift/max", "mean-shift/median", "var-ratio/min", "var-ratio/median",
-                             "var-ratio/max"}) {
+  for (const char* series :
+       {"mean-shift/max", "mean-shift/median", "var-ratio/min", "var-ratio/median", "var-ratio/max"}) {
     EXPECT_EQ(Fact(facts, absl::StrCat("series ", series)), every) << series;
   }
   // layer9.bn ran once (no estimate): the line breaks there, into two drawn runs.

@@ -25,11 +25,11 @@
 namespace recal::testing {
 namespace {
 
+using ctl::LayerRow;
+using ctl::ReportViewOptions;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
-using ctl::LayerRow;
-using ctl::ReportViewOptions;
 
 google::protobuf::Struct AsStruct(const std::string& json) {
   google::protobuf::Struct parsed;
@@ -81,8 +81,9 @@ TEST(ToJsonTest, Int64FieldsAreNumbersEnumsAreNamesAndNothingElseChanges) {
   EXPECT_EQ(At(At(spec, "labels").struct_value(), "samples").string_value(), "123");
   EXPECT_EQ(At(spec, "modelId").string_value(), job.spec().model_id());
   EXPECT_EQ(At(parsed, "state").string_value(), "SUCCEEDED");
-  EXPECT_EQ(At(parsed, "createTime").string_value(), "2023-11-14T22:13:20Z");  // well-known types as protobuf prints them
-  EXPECT_THAT(json, HasSubstr("\"batchesDone\": 9007199254740993"));          // exact, not rounded
+  EXPECT_EQ(At(parsed, "createTime").string_value(),
+            "2023-11-14T22:13:20Z");                                  // well-known types as protobuf prints them
+  EXPECT_THAT(json, HasSubstr("\"batchesDone\": 9007199254740993"));  // exact, not rounded
   // And protobuf reads it back as the same message.
   v1::Job back;
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &back).ok());
@@ -163,7 +164,7 @@ TEST(ReportTableTest, FlagsPointAtRowsWorthALook) {
   EXPECT_THAT(flags_of("head.bn"), ElementsAre("unused"));
   EXPECT_THAT(flags_of("stem.bn"), ElementsAre("excluded"));
   EXPECT_THAT(flags_of("layer5.bn"), ElementsAre("rel.err > 5%"));
-  EXPECT_THAT(flags_of("layer5.bn", 0.1), ElementsAre());  // 9% is under a 10% threshold
+  EXPECT_THAT(flags_of("layer5.bn", 0.1), ElementsAre());                    // 9% is under a 10% threshold
   EXPECT_THAT(flags_of("layer4.bn", 0.004), ElementsAre("rel.err > 0.4%"));  // 0.5%
   EXPECT_THAT(flags_of("layer7.bn"), ElementsAre("2 zero-var channels"));
   EXPECT_THAT(flags_of("layer9.bn"), ElementsAre("1 call: no error estimate"));
@@ -174,20 +175,21 @@ TEST(ReportTableTest, TextHasTheHeaderThenTheRowsInShiftOrder) {
   ReportViewOptions top3;
   top3.top = 3;
   const std::string text = ctl::ReportText(SampleReport(), top3);
-  for (const char* fact : {"model:     sha256:0123abcd (torchscript)\n", "estimator: batch_average\n",
-                           "modules:   eval\n", "device:    cpu\n", "batches:   25 of 8\n", "samples:   200\n",
-                           "seconds:   2.50\n", "samples/s: 80.0\n",
-                           "layers:    20 recalibrated, 1 unused, 1 excluded\n"}) {
+  for (const char* fact :
+       {"model:     sha256:0123abcd (torchscript)\n", "estimator: batch_average\n", "modules:   eval\n",
+        "device:    cpu\n", "batches:   25 of 8\n", "samples:   200\n", "seconds:   2.50\n", "samples/s: 80.0\n",
+        "layers:    20 recalibrated, 1 unused, 1 excluded\n"}) {
     EXPECT_THAT(text, HasSubstr(fact));
   }
   EXPECT_THAT(text, HasSubstr("the 3 of 22 layers that moved most"));
-  const size_t first = text.find("\nlayer17.bn "), second = text.find("\nlayer14.bn "), third = text.find("\nlayer11.bn ");
+  const size_t first = text.find("\nlayer17.bn "), second = text.find("\nlayer14.bn "),
+               third = text.find("\nlayer11.bn ");
   ASSERT_NE(first, std::string::npos) << text;
   EXPECT_LT(first, second);
   EXPECT_LT(second, third);
   // Each table row: name, channels, 5 statistics, rel.err, samples (and the flags).
-  std::vector<std::string> cells = absl::StrSplit(text.substr(first + 1, text.find('\n', first + 1) - first - 1),
-                                                  ' ', absl::SkipEmpty());
+  std::vector<std::string> cells =
+      absl::StrSplit(text.substr(first + 1, text.find('\n', first + 1) - first - 1), ' ', absl::SkipEmpty());
   EXPECT_THAT(cells, ElementsAre("layer17.bn", "32", "5", "20", "0.25", "1.17", "4", "1.8%", "1017"));
   EXPECT_THAT(text, HasSubstr("flagged, not in the table above:"));
   EXPECT_THAT(text, HasSubstr("rel.err > 5%"));
@@ -252,8 +254,8 @@ TEST(ReportHtmlTest, OnePageThreePlotsTheTableAndNothingExecutableOrRemote) {
   EXPECT_EQ(Count(html, "<svg class=\"plot\""), 3);
   for (const char* id : {"id=\"mean-shift\"", "id=\"var-ratio\"", "id=\"rel-error\""}) EXPECT_THAT(html, HasSubstr(id));
   // Every used, not excluded layer is a point; layer9.bn's missing error estimate is not.
-  EXPECT_EQ(Count(html, "data-points=\"20\""), 5);  // shift max, median; ratio min, median, max
-  EXPECT_EQ(Count(html, "data-points=\"19\""), 1);  // rel.err
+  EXPECT_EQ(Count(html, "data-points=\"20\""), 5);          // shift max, median; ratio min, median, max
+  EXPECT_EQ(Count(html, "data-points=\"19\""), 1);          // rel.err
   EXPECT_EQ(Count(html, "<tr class=\"flagged\">"), 2 + 3);  // in the table, and apart
   EXPECT_THAT(html, HasSubstr("content=\"default-src 'none'; style-src 'unsafe-inline'\""));
   EXPECT_THAT(html, HasSubstr("<title>recal report: job &lt;job-1&gt;</title>"));
