@@ -118,6 +118,21 @@ TEST(ToJsonTest, TextThatIsNotProtobufsJsonComesBackUnchanged) {
   }
 }
 
+TEST(ToJsonTest, EveryTruncationOfADocumentComesBackUnchanged) {
+  // As protobuf prints it (64-bit integers quoted): every cut short of the closing brace is
+  // malformed, and must come back as it was (the rewriter reads no byte past the end).
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  ASSERT_TRUE(google::protobuf::util::MessageToJsonString(SampleReport(), &json, options).ok());
+  const size_t closing = json.rfind('}');
+  for (size_t length = 0; length < closing; ++length) {
+    const std::string cut = json.substr(0, length);
+    ASSERT_EQ(ctl::Int64FieldsAsNumbers(cut, *v1::RunReport::descriptor()), cut) << length;
+  }
+  EXPECT_NE(ctl::Int64FieldsAsNumbers(json, *v1::RunReport::descriptor()), json);
+}
+
 // ------------------------------------------------------------------------------ table
 
 TEST(ReportTableTest, LayersAreSortedByLargestMeanShiftThenThoseWithoutStatistics) {
