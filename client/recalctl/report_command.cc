@@ -85,8 +85,9 @@ absl::StatusOr<ReportViewOptions> ViewOptions(const Args& args) {
     return absl::InvalidArgumentError("--top N and --all contradict each other: give one");
   }
   if (top < 1) return absl::InvalidArgumentError("--top must be at least 1 (--all shows every layer)");
-  if (!(options.warn_rel_error > 0))
+  if (!(options.warn_rel_error > 0)) {  // NaN too
     return absl::InvalidArgumentError("--warn_rel_error must be a positive fraction, e.g. 0.05");
+  }
   options.top = args.GetBool("all") ? 0 : static_cast<int>(std::min<int64_t>(top, std::numeric_limits<int>::max()));
   return options;
 }
