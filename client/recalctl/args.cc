@@ -56,6 +56,12 @@ constexpr FlagInfo kFlags[] = {
     {"out", true},
     {"bn_out", true},
     {"report", true},
+    // report
+    {"top", true},
+    {"all", false},
+    {"from", true},
+    {"html", true},
+    {"warn_rel_error", true},
     // list / watch / download / health
     {"state", true},
     {"page_size", true},

@@ -137,7 +137,8 @@ int Download(Context& ctx) {
   fields["jobId"].set_string_value(job_id);
   fields["artifact"].set_string_value(v1::Artifact_Name(*artifact));
   fields["path"].set_string_value(path);
-  fields["size"].set_string_value(absl::StrCat(downloaded->size));  // int64 as a string, as protobuf does
+  // A double: exact up to 2^53 bytes (8 PiB), and a number like every other size printed.
+  fields["size"].set_number_value(static_cast<double>(downloaded->size));
   fields["sha256"].set_string_value(downloaded->sha256);
   Emit(ctx, result,
        absl::StrCat("wrote ", path, " (", downloaded->size, " bytes, sha256 ", downloaded->sha256, ")\n"));

@@ -35,8 +35,10 @@ int Cancel(Context& ctx);
 int Download(Context& ctx);
 int Run(Context& ctx);
 int Health(Context& ctx);
+int Report(Context& ctx);  // report_command.cc: report JOB
 
-// Needs no server, so it runs before (and without) connecting.
+// Need no server, so they run before (and without) connecting.
 int Token(const Args& args, bool json, bool quiet);
+int ReportFromFile(const Args& args, bool json, bool quiet);  // report --from FILE
 
 }  // namespace recal::ctl

@@ -40,6 +40,14 @@ Commands:
                                                 a succeeded job's result (resumes; sha256 checked)
   run MODEL --data SPEC -o OUT [--bn_out F.safetensors] [--report R.json] [--name N]
       [JOB FLAGS]                               upload, submit, watch and download in one go
+  report JOB [--top N | --all] [--warn_rel_error E] [--html PAGE.html]
+  report --from REPORT.json [...]                a succeeded job's per-layer report as a table:
+                                                the run's facts, then the N (15) layers whose
+                                                mean moved most, with flags for rows worth a
+                                                look (unused, rel.err above E (0.05), zero-
+                                                variance channels); --html also writes one
+                                                self-contained page with plots across depth;
+                                                --output=json prints the RunReport
   health [--service NAME]                       grpc.health.v1 Check; exit 0 only if SERVING
   token new --tenant T --role read|submit|admin
                                                 no server needed: prints a new bearer token
@@ -112,7 +120,7 @@ constexpr LocalCommandEntry kLocalCommands[] = {{"token", Token}};
 
 constexpr CommandEntry kCommands[] = {
     {"upload", Upload}, {"submit", Submit},     {"get", Get}, {"list", List},     {"watch", Watch},
-    {"cancel", Cancel}, {"download", Download}, {"run", Run}, {"health", Health},
+    {"cancel", Cancel}, {"download", Download}, {"run", Run}, {"health", Health}, {"report", Report},
 };
 
 std::string Env(const char* name, const std::string& fallback) {
@@ -136,6 +144,9 @@ int Main(int argc, char** argv) {
   for (const LocalCommandEntry& entry : kLocalCommands) {
     if (args->command() == entry.name) local = &entry;
   }
+  // A report file on disk needs no server: no connection, so no server or TLS settings matter.
+  static constexpr LocalCommandEntry kReportFromFile = {"report", ReportFromFile};
+  if (args->command() == "report" && args->Has("from")) local = &kReportFromFile;
   if (command == nullptr && local == nullptr) {
     return UsageError(absl::InvalidArgumentError(absl::StrCat("unknown command '", args->command(), "'")));
   }

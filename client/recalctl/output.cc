@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/recalctl/json_numbers.h"
 #include "recal/data.h"
 
 namespace recal::ctl {
@@ -33,6 +34,7 @@ std::string ToJson(const google::protobuf::Message& message) {
   std::string json;
   // Printing a well-formed message cannot fail; an empty object is the safe fallback.
   if (!google::protobuf::util::MessageToJsonString(message, &json, options).ok()) json = "{}\n";
+  json = Int64FieldsAsNumbers(json, *message.GetDescriptor());
   if (json.empty() || json.back() != '\n') json += '\n';
   return json;
 }

@@ -11,8 +11,9 @@
 
 namespace recal::ctl {
 
-// Protobuf's JSON mapping with its defaults: lowerCamelCase names, enums by name, 64-bit
-// integers as strings, fields at their default value left out. Indented; ends in '\n'.
+// Protobuf's JSON mapping with its defaults (lowerCamelCase names, enums by name, fields at
+// their default value left out), except that 64-bit integers are numbers, not strings
+// (json_numbers.h). Every JSON document recalctl prints comes from here. Indented; ends in '\n'.
 std::string ToJson(const google::protobuf::Message& message);
 
 std::string JobText(const v1::Job& job);

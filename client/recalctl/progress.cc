@@ -103,7 +103,7 @@ void ProgressDisplay::Event(const v1::JobEvent& event) {
     case v1::JobEvent::kSummary:
       Line(absl::StrCat("job ", job_id_, ": ", event.summary().layers_recalibrated(),
                         " BatchNorm layers recalibrated from ", event.summary().batches(), " batches (",
-                        event.summary().samples(), " samples)"));
+                        event.summary().samples(), " samples); per layer: recalctl report ", job_id_));
       break;
     case v1::JobEvent::kFailure:
       Line(absl::StrCat("job ", job_id_, " failed: ", event.failure().message()));

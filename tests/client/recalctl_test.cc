@@ -13,11 +13,14 @@
 #include "common/sha256.h"
 #include "recal/v1/recal.pb.h"
 #include "tests/client/client_test_util.h"
+#include "tests/client/sample_report.h"
 
 namespace recal::testing {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 namespace fs = std::filesystem;
 
 // The one JSON document on stdout, as `Message`.
@@ -138,6 +141,105 @@ TEST(RecalctlTokenTest, BadTenantsAndRolesAreUsageErrors) {
   }
 }
 
+// The names of the table's rows, in order: the lines after the column header ("layer ...")
+// up to the first empty line.
+std::vector<std::string> TableRows(const std::string& text) {
+  std::vector<std::string> names;
+  bool in_table = false;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::StartsWith(line, "layer ")) {
+      in_table = true;
+    } else if (line.empty()) {
+      if (in_table) break;
+    } else if (in_table) {
+      names.emplace_back(line.substr(0, line.find(' ')));
+    }
+  }
+  return names;
+}
+
+// SampleReport as the server writes report files: proto field names, every field, 64-bit
+// integers as strings.
+std::string WriteSampleReport(const TempDir& dir) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string json;
+  EXPECT_TRUE(google::protobuf::util::MessageToJsonString(SampleReport(), &json, options).ok());
+  EXPECT_THAT(json, HasSubstr("\"samples\": \"200\""));
+  const std::string path = dir.File("report.json");
+  WriteBytes(path, json);
+  return path;
+}
+
+TEST(RecalctlReportTest, ReadsAReportFileSortsByMeanShiftAndCutsAtTop) {
+  TempDir tmp;
+  const std::string report = WriteSampleReport(tmp);
+  const Result table = Recalctl({"report", "--from", report});
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("layers:    20 recalibrated, 1 unused, 1 excluded\n"));
+  const std::vector<std::string> rows = TableRows(table.out);
+  ASSERT_EQ(rows.size(), 15u) << table.out;
+  EXPECT_EQ(rows[0], "layer17.bn");
+  EXPECT_EQ(rows[14], "layer15.bn");
+  EXPECT_THAT(table.out, HasSubstr("flagged, not in the table above:"));
+
+  // A file needs no server: settings that would fail a connection do not matter.
+  const Result top = Recalctl({"report", "--from", report, "--top", "2", "--warn_rel_error", "0.1"},
+                              {"RECAL_TLS_CA=/nonexistent/ca.pem"});
+  ASSERT_EQ(top.exit_code, 0) << top.err;
+  EXPECT_THAT(TableRows(top.out), ElementsAre("layer17.bn", "layer14.bn"));
+  EXPECT_THAT(top.out, Not(HasSubstr("rel.err >")));  // layer5.bn's 9% is under 10%
+
+  const Result all = Recalctl({"report", "--from", report, "--all"});
+  ASSERT_EQ(all.exit_code, 0) << all.err;
+  EXPECT_EQ(TableRows(all.out).size(), static_cast<size_t>(kSampleLayers));
+  EXPECT_THAT(all.out, Not(HasSubstr("flagged, not in the table above")));
+
+  const Result json = Recalctl({"report", "--from", report, "--output=json"});
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  EXPECT_THAT(json.out, HasSubstr("\"samples\": 200"));  // a number, not "200"
+  EXPECT_THAT(json.out, HasSubstr("\"estimator\": \"BATCH_AVERAGE\""));
+  EXPECT_EQ(Parse<v1::RunReport>(json).layers_size(), kSampleLayers);
+
+  const std::string page = tmp.File("report.html");
+  const Result html = Recalctl({"report", "--from", report, "--html", page});
+  ASSERT_EQ(html.exit_code, 0) << html.err;
+  EXPECT_THAT(html.out, HasSubstr("wrote: " + page));
+  const std::string written = ReadBytes(page);
+  EXPECT_THAT(written, HasSubstr("<svg class=\"plot\" id=\"var-ratio\""));
+  EXPECT_THAT(written, HasSubstr("layer3.bn&lt;script&gt;"));
+  EXPECT_THAT(written, Not(HasSubstr("<script")));
+}
+
+TEST(RecalctlReportTest, BadFlagsAndFilesSayWhatToDo) {
+  TempDir tmp;
+  const std::string report = WriteSampleReport(tmp);
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"report"},
+           {"report", "job-1", "job-2"},
+           {"report", "job-1", "--from", report},
+           {"report", "--from", report, "--top", "0"},
+           {"report", "--from", report, "--top", "3", "--all"},
+           {"report", "--from", report, "--warn_rel_error", "-1"},
+           {"report", "--from", report, "--batch_size", "8"},
+       }) {
+    const Result r = Recalctl(args);
+    EXPECT_EQ(r.exit_code, 2) << absl::StrJoin(args, " ") << "\n" << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
+  const Result missing = Recalctl({"report", "--from", tmp.File("missing.json")});
+  EXPECT_EQ(missing.exit_code, 4) << missing.err;
+  EXPECT_THAT(missing.err, HasSubstr("missing.json"));
+  WriteBytes(tmp.File("model.pt"), "PK\x03\x04 not json");
+  const Result garbage = Recalctl({"report", "--from", tmp.File("model.pt")});
+  EXPECT_EQ(garbage.exit_code, 1);
+  EXPECT_THAT(garbage.err, HasSubstr("is not a RunReport in JSON"));
+  EXPECT_THAT(garbage.err, HasSubstr("--artifact report"));
+  EXPECT_TRUE(garbage.out.empty());
+}
+
 class RecalctlTest : public ServerTest {
  protected:
   Result Ctl(std::vector<std::string> args) {
@@ -232,6 +334,22 @@ TEST_F(RecalctlTest, RunEndToEndMatchesTheReference) {
   EXPECT_GT(fs::file_size(out), 1000000u);
   EXPECT_THAT(ReadBytes(report), HasSubstr("\"layers_recalibrated\": \"20\""));
   EXPECT_THAT(run.err, HasSubstr("SUCCEEDED"));
+
+  EXPECT_THAT(run.err, HasSubstr("per layer: recalctl report " + job.id()));  // the summary says where to look
+  // The job's report from the server reads as the file `run` downloaded.
+  const Result from_server = Ctl({"report", job.id(), "--html", tmp_.File("report.html")});
+  ASSERT_EQ(from_server.exit_code, 0) << from_server.err;
+  EXPECT_THAT(from_server.out, HasSubstr("layers:    20 recalibrated, 0 unused, 0 excluded\n"));
+  EXPECT_EQ(TableRows(from_server.out).size(), 15u) << from_server.out;
+  const Result from_file = Ctl({"report", "--from", report, "--html", tmp_.File("report.html")});
+  ASSERT_EQ(from_file.exit_code, 0) << from_file.err;
+  EXPECT_EQ(from_server.out, from_file.out);
+  // resnet18: every one of its 20 layers is a point of each curve.
+  EXPECT_THAT(ReadBytes(tmp_.File("report.html")), HasSubstr("data-series=\"max\" data-points=\"20\""));
+  const Result json = Ctl({"report", job.id(), "--output=json"});
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  EXPECT_THAT(json.out, HasSubstr("\"layersRecalibrated\": 20"));
+  EXPECT_EQ(Ctl({"report", "job-nope"}).exit_code, 4);
 
   // --stream: a local file outside every data root goes through PushBatches.
   const std::string local = tmp_.File("local.npy");
