@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/nearest_name.h"
 #include "common/version.h"
 
 namespace recal {
@@ -40,21 +41,6 @@ void PrintHelp(absl::string_view usage) {
   std::cout << "\n  --help      this list\n  --version   the version and the LibTorch of the build\n";
 }
 
-size_t EditDistance(absl::string_view a, absl::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
-
 // The flag `name` (of "--name=value", "-name") sets, or nullptr; "noname" sets a bool flag
 // false.
 const absl::CommandLineFlag* Find(absl::string_view name) {
@@ -67,24 +53,6 @@ const absl::CommandLineFlag* Find(absl::string_view name) {
 }
 
 }  // namespace
-
-std::string NearestName(absl::string_view unknown, const std::vector<std::string>& names) {
-  const std::string* nearest = nullptr;
-  size_t nearest_distance = unknown.size() + 1;
-  for (const std::string& name : names) {
-    const size_t distance = EditDistance(unknown, name);
-    if (distance < nearest_distance) {
-      nearest = &name;
-      nearest_distance = distance;
-    }
-  }
-  if (nearest != nullptr && nearest_distance <= std::max<size_t>(2, unknown.size() / 3)) return *nearest;
-  // A flag cut short (--max_batch for --max_batch_bytes) is far by edit distance.
-  for (const std::string& name : names) {
-    if (unknown.size() >= 4 && absl::StartsWith(name, unknown)) return name;
-  }
-  return "";
-}
 
 std::vector<char*> ParseCommandLineOrExit(int argc, char** argv, absl::string_view program, absl::string_view usage) {
   absl::SetProgramUsageMessage(usage);
@@ -108,9 +76,7 @@ std::vector<char*> ParseCommandLineOrExit(int argc, char** argv, absl::string_vi
     }
     std::vector<std::string> names;
     for (const absl::CommandLineFlag* flag : OwnFlags()) names.emplace_back(flag->Name());
-    const std::string nearest = NearestName(name, names);
-    std::cerr << program << ": unknown flag --" << name
-              << (nearest.empty() ? "" : absl::StrCat("; did you mean --", nearest, "?"))
+    std::cerr << program << ": unknown flag --" << name << DidYouMean(name, names, "--")
               << " (--help lists every flag)\n";
     std::exit(2);
   }

@@ -17,8 +17,4 @@ namespace recal {
 // positional arguments (argv[0] first), as absl::ParseCommandLine does.
 std::vector<char*> ParseCommandLineOrExit(int argc, char** argv, absl::string_view program, absl::string_view usage);
 
-// The known name nearest `unknown` by edit distance among `names`, or "" when none is close
-// enough to be a likely typo.
-std::string NearestName(absl::string_view unknown, const std::vector<std::string>& names);
-
 }  // namespace recal

@@ -284,4 +284,11 @@ std::string DataSpecToString(const DataSpec& spec) {
   return "";
 }
 
+absl::Status ShortDataError(int64_t batches, int64_t samples, int64_t max_batches) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the data has only ", batches, " batches (", samples, " samples), fewer than max_batches=", max_batches,
+      "; ask for fewer batches (--max_batches) or use what there is (--allow_short_data; in Python "
+      "allow_short_data=True)"));
+}
+
 }  // namespace recal::data

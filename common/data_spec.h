@@ -58,4 +58,8 @@ std::string DataSpecToString(const DataSpec& spec);
 // from a message spells 0.485, not 0.48500001430511475.
 double FloatAsDecimal(float value);
 
+// The refusal of data shorter than the max_batches a run asked for, with both ways out and
+// the names they have in each client.
+absl::Status ShortDataError(int64_t batches, int64_t samples, int64_t max_batches);
+
 }  // namespace recal::data

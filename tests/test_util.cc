@@ -1,5 +1,7 @@
 #include "tests/test_util.h"
 
+#include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -76,6 +78,36 @@ std::string NpyFile(absl::string_view dict, absl::string_view data, int major_ve
   const size_t len = header.size();
   for (size_t i = 0; i < prefix - 8; ++i) out += static_cast<char>((len >> (8 * i)) & 0xff);
   return absl::StrCat(out, header, data);
+}
+
+Result RunBinary(const std::string& binary, const std::vector<std::string>& args,
+                 const std::vector<std::string>& env) {
+  TempDir io;
+  const std::string out_path = io.File("out"), err_path = io.File("err");
+  std::vector<std::string> argv = {binary};
+  argv.insert(argv.end(), args.begin(), args.end());
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::unsetenv("RECAL_SERVER");
+    ::unsetenv("RECAL_TOKEN");
+    for (const std::string& e : env) ::putenv(const_cast<char*>(e.c_str()));
+    const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(out, STDOUT_FILENO);
+    ::dup2(err, STDERR_FILENO);
+    std::vector<char*> raw;
+    for (std::string& a : argv) raw.push_back(a.data());
+    raw.push_back(nullptr);
+    ::execv(raw[0], raw.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  Result result;
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  result.out = ReadBytes(out_path);
+  result.err = ReadBytes(err_path);
+  return result;
 }
 
 }  // namespace recal::testing

@@ -26,6 +26,18 @@ class TempDir {
   std::string path_;
 };
 
+// What a program run to its end left: exit code (128 + signal if killed), stdout, stderr.
+struct Result {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Runs `binary` with `args` (no shell), RECAL_SERVER / RECAL_TOKEN unset unless given in
+// `env` ("NAME=value").
+Result RunBinary(const std::string& binary, const std::vector<std::string>& args,
+                 const std::vector<std::string>& env = {});
+
 void WriteBytes(const std::string& path, absl::string_view bytes);
 std::string ReadBytes(const std::string& path);
 

@@ -5,6 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/nearest_name.h"
 
 namespace recal::ctl {
 namespace {
@@ -29,6 +30,7 @@ constexpr FlagInfo kFlags[] = {
     {"deadline", true},
     {"quiet", false},
     {"help", false},
+    {"version", false},
     // upload / run
     {"name", true},
     {"label", true},
@@ -76,7 +78,7 @@ constexpr FlagInfo kFlags[] = {
 };
 
 constexpr const char* kGlobal[] = {"server",  "token",           "output",   "tls",   "tls_ca", "tls_cert",
-                                   "tls_key", "tls_server_name", "deadline", "quiet", "help"};
+                                   "tls_key", "tls_server_name", "deadline", "quiet", "help", "version"};
 
 const FlagInfo* Find(const std::string& name) {
   for (const FlagInfo& flag : kFlags) {
@@ -115,7 +117,12 @@ absl::StatusOr<Args> Args::Parse(const std::vector<std::string>& argv) {
     const size_t eq = body.find('=');
     const std::string name = Alias(body.substr(0, eq));
     const FlagInfo* flag = Find(name);
-    if (flag == nullptr) return absl::InvalidArgumentError(absl::StrCat("unknown flag '", arg, "'"));
+    if (flag == nullptr) {
+      std::vector<std::string> names;
+      for (const FlagInfo& known : kFlags) names.emplace_back(known.name);
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown flag '", arg, "'", DidYouMean(body.substr(0, eq), names, "--")));
+    }
     std::string value;
     if (eq != std::string::npos) {
       value = body.substr(eq + 1);

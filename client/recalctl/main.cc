@@ -17,6 +17,8 @@
 #include "client/recalctl/commands.h"
 #include "client/recalctl/exit_codes.h"
 #include "client/recalctl/progress.h"
+#include "common/nearest_name.h"
+#include "common/version.h"
 #include "recal/client.h"
 
 namespace recal::ctl {
@@ -97,6 +99,7 @@ Global flags:
   --deadline SECONDS   per call (default 30)
   -q, --quiet          no progress on stderr
   -h, --help
+  --version            recalctl's version (and the server's, when one answers at --server)
 
 Exit codes:
   0 succeeded   1 other error   2 bad usage   3 server unreachable   4 not found
@@ -123,6 +126,19 @@ constexpr CommandEntry kCommands[] = {
     {"cancel", Cancel}, {"download", Download}, {"run", Run}, {"health", Health}, {"report", Report},
 };
 
+// recalctl's version, and the server's when one answers: a client and a server of different
+// versions are the first thing to rule out.
+int Version(Context& ctx) {
+  std::printf("recalctl %s (no LibTorch: the server runs the models)\n", recal::Version());
+  absl::StatusOr<v1::ServerInfo> server = ctx.client.GetServerInfo();
+  if (server.ok()) {
+    std::printf("recal-server %s (LibTorch %s)\n", server->version().c_str(), server->libtorch_version().c_str());
+  } else {
+    std::printf("recal-server: %s\n", std::string(server.status().message()).c_str());
+  }
+  return kOk;
+}
+
 std::string Env(const char* name, const std::string& fallback) {
   const char* value = std::getenv(name);
   return value != nullptr && *value != '\0' ? value : fallback;
@@ -135,10 +151,12 @@ int Main(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return kOk;
   }
-  if (args->command().empty()) return UsageError(absl::InvalidArgumentError("no command given"));
-  const CommandEntry* command = nullptr;
+  static constexpr CommandEntry kVersion = {"version", Version};
+  const bool version = args->GetBool("version");
+  if (args->command().empty() && !version) return UsageError(absl::InvalidArgumentError("no command given"));
+  const CommandEntry* command = version ? &kVersion : nullptr;
   for (const CommandEntry& entry : kCommands) {
-    if (args->command() == entry.name) command = &entry;
+    if (args->command() == entry.name && !version) command = &entry;
   }
   const LocalCommandEntry* local = nullptr;
   for (const LocalCommandEntry& entry : kLocalCommands) {
@@ -146,16 +164,21 @@ int Main(int argc, char** argv) {
   }
   // A report file on disk needs no server: no connection, so no server or TLS settings matter.
   static constexpr LocalCommandEntry kReportFromFile = {"report", ReportFromFile};
-  if (args->command() == "report" && args->Has("from")) local = &kReportFromFile;
+  if (args->command() == "report" && args->Has("from") && !version) local = &kReportFromFile;
   if (command == nullptr && local == nullptr) {
-    return UsageError(absl::InvalidArgumentError(absl::StrCat("unknown command '", args->command(), "'")));
+    std::vector<std::string> names;
+    for (const CommandEntry& entry : kCommands) names.emplace_back(entry.name);
+    for (const LocalCommandEntry& entry : kLocalCommands) names.emplace_back(entry.name);
+    return UsageError(absl::InvalidArgumentError(
+        absl::StrCat("unknown command '", args->command(), "'", DidYouMean(args->command(), names))));
   }
   const std::string output = args->Get("output", "text");
   if (output != "text" && output != "json") {
     return UsageError(absl::InvalidArgumentError("--output must be text or json"));
   }
   if (local != nullptr) return local->run(*args, output == "json", args->GetBool("quiet"));
-  auto deadline = args->GetDouble("deadline", 30);
+  // --version asks the server too, but must not wait long for one that is not there.
+  auto deadline = args->GetDouble("deadline", version ? 3 : 30);
   if (!deadline.ok() || *deadline <= 0) {
     return UsageError(absl::InvalidArgumentError("--deadline must be a positive number of seconds"));
   }

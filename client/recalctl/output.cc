@@ -8,7 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "client/recalctl/json_numbers.h"
+#include "common/json_numbers.h"
 #include "recal/data.h"
 
 namespace recal::ctl {

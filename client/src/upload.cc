@@ -131,7 +131,11 @@ absl::StatusOr<UploadResult> Client::UploadModel(const std::string& path, const 
     const bool again =
         client_internal::IsRetryable(finished) || (finished.code() == absl::StatusCode::kFailedPrecondition &&
                                                    ++refusals < options_.retry.max_attempts);
-    if (!again || !budget.Wait()) return impl_->Explain(finished);
+    if (!again || !budget.Wait()) {
+      // The server saw bytes only: the refusal names the user's file.
+      const absl::Status explained = impl_->Explain(finished);
+      return absl::Status(explained.code(), absl::StrCat("uploading '", path, "': ", explained.message()));
+    }
   }
 }
 

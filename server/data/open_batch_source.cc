@@ -107,9 +107,7 @@ absl::StatusOr<BatchRange> ShardBatchRange(std::optional<int64_t> num_samples, i
   if (num_samples) {
     const int64_t available = (*num_samples + batch_size - 1) / batch_size;
     if (plan.max_batches > 0 && available < plan.max_batches && !plan.allow_short_data) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the data has only ", available, " batches (", *num_samples, " samples), fewer than max_batches=",
-          plan.max_batches, "; ask for fewer batches or allow short data to use what there is"));
+      return ShortDataError(available, *num_samples, plan.max_batches);
     }
     total = std::min(available, limit);
   }

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
+#include "common/data_spec.h"
 #include "common/formats/safetensors.h"
 #include "server/engine/collector.h"
 #include "server/engine/devices.h"
@@ -301,9 +302,7 @@ absl::Status Recalibration::RunShard(const NextBatchFn& next_batch,
     if (!batch.ok()) return batch.status();
     if (!*batch) {
       if (options_.max_batches && !options_.allow_short_data) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "the data has only ", batches_, " batches (", samples_, " samples), fewer than "
-            "max_batches=", limit, "; ask for fewer batches or allow short data to use what there is"));
+        return data::ShortDataError(batches_, samples_, limit);
       }
       break;
     }

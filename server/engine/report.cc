@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include "common/json_numbers.h"
 #include "common/atomic_file.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -59,7 +60,7 @@ absl::Status WriteReportJson(const std::string& path, const v1::RunReport& repor
   std::string text;
   auto printed = google::protobuf::util::MessageToJsonString(report, &text, json);
   if (!printed.ok()) return absl::InternalError(std::string(printed.message()));
-  return WriteFileAtomically(path, text);
+  return WriteFileAtomically(path, Int64FieldsAsNumbers(text, *v1::RunReport::descriptor()));
 }
 
 }  // namespace recal::engine

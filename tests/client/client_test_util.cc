@@ -48,32 +48,7 @@ int ClosedPort() {
 }
 
 Result Recalctl(const std::vector<std::string>& args, const std::vector<std::string>& env) {
-  TempDir io;
-  const std::string out_path = io.File("out"), err_path = io.File("err");
-  std::vector<std::string> argv = {RECALCTL_BIN};
-  argv.insert(argv.end(), args.begin(), args.end());
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::unsetenv("RECAL_SERVER");
-    ::unsetenv("RECAL_TOKEN");
-    for (const std::string& e : env) ::putenv(const_cast<char*>(e.c_str()));
-    const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(out, STDOUT_FILENO);
-    ::dup2(err, STDERR_FILENO);
-    std::vector<char*> raw;
-    for (std::string& a : argv) raw.push_back(a.data());
-    raw.push_back(nullptr);
-    ::execv(raw[0], raw.data());
-    ::_exit(127);
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  Result result;
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  result.out = ReadBytes(out_path);
-  result.err = ReadBytes(err_path);
-  return result;
+  return RunBinary(RECALCTL_BIN, args, env);
 }
 
 }  // namespace recal::testing

@@ -40,12 +40,6 @@ class ServerTest : public ::testing::Test {
   std::unique_ptr<ServerProcess> server_;
 };
 
-struct Result {
-  int exit_code = -1;
-  std::string out;  // stdout
-  std::string err;  // stderr
-};
-
 // Runs build/bin/recalctl with `args` (no shell), RECAL_SERVER / RECAL_TOKEN unset unless
 // given in `env` ("NAME=value").
 Result Recalctl(const std::vector<std::string>& args, const std::vector<std::string>& env = {});

@@ -13,7 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "client/recalctl/html_escape.h"
-#include "client/recalctl/json_numbers.h"
+#include "common/json_numbers.h"
 #include "client/recalctl/output.h"
 #include "client/recalctl/report_html.h"
 #include "client/recalctl/report_summary.h"
@@ -107,14 +107,14 @@ TEST(ToJsonTest, Unsigned64AndSnakeCaseNamesToo) {
   options.preserve_proto_field_names = true;  // as the server writes its report files
   ASSERT_TRUE(google::protobuf::util::MessageToJsonString(source, &json, options).ok());
   EXPECT_THAT(json, HasSubstr("\"seed\":\"18446744073709551615\""));
-  EXPECT_THAT(ctl::Int64FieldsAsNumbers(json, *source.GetDescriptor()), HasSubstr("\"seed\":18446744073709551615"));
+  EXPECT_THAT(Int64FieldsAsNumbers(json, *source.GetDescriptor()), HasSubstr("\"seed\":18446744073709551615"));
 }
 
 TEST(ToJsonTest, TextThatIsNotProtobufsJsonComesBackUnchanged) {
   const auto& type = *v1::Job::descriptor();
   for (const std::string& bad : {std::string("{\"spec\": {\"batchSize\": \"8\""), std::string("[1, 2]"),
                                  std::string("{\"id\": \"unterminated}"), std::string("")}) {
-    EXPECT_EQ(ctl::Int64FieldsAsNumbers(bad, type), bad);
+    EXPECT_EQ(Int64FieldsAsNumbers(bad, type), bad);
   }
 }
 
@@ -128,9 +128,9 @@ TEST(ToJsonTest, EveryTruncationOfADocumentComesBackUnchanged) {
   const size_t closing = json.rfind('}');
   for (size_t length = 0; length < closing; ++length) {
     const std::string cut = json.substr(0, length);
-    ASSERT_EQ(ctl::Int64FieldsAsNumbers(cut, *v1::RunReport::descriptor()), cut) << length;
+    ASSERT_EQ(Int64FieldsAsNumbers(cut, *v1::RunReport::descriptor()), cut) << length;
   }
-  EXPECT_NE(ctl::Int64FieldsAsNumbers(json, *v1::RunReport::descriptor()), json);
+  EXPECT_NE(Int64FieldsAsNumbers(json, *v1::RunReport::descriptor()), json);
 }
 
 // ------------------------------------------------------------------------------ table

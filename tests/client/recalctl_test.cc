@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
@@ -69,6 +70,23 @@ TEST(RecalctlUsageTest, BadUsageExitsWith2AndHelpDocumentsTheExitCodes) {
     EXPECT_TRUE(r.out.empty()) << r.out;
     EXPECT_THAT(r.err, HasSubstr("recalctl --help"));
   }
+}
+
+TEST(RecalctlUsageTest, MistypedCommandsAndFlagsNameTheNearestAndVersionSaysWhatRuns) {
+  const Result command = Recalctl({"lst"});
+  EXPECT_EQ(command.exit_code, 2);
+  EXPECT_THAT(command.err, HasSubstr("unknown command 'lst'; did you mean list?"));
+  const Result flag = Recalctl({"list", "--stat=queued"});
+  EXPECT_EQ(flag.exit_code, 2);
+  EXPECT_THAT(flag.err, HasSubstr("unknown flag '--stat=queued'; did you mean --state?"));
+  const Result far = Recalctl({"list", "--frobnicate"});
+  EXPECT_THAT(far.err, Not(HasSubstr("did you mean")));
+  // --version answers with no server too (and says none answered).
+  const Result version = Recalctl({"--version", "--server=127.0.0.1:" + std::to_string(ClosedPort())});
+  EXPECT_EQ(version.exit_code, 0) << version.err;
+  EXPECT_THAT(version.out, HasSubstr("recalctl "));
+  EXPECT_THAT(version.out, HasSubstr("recal-server: "));
+  EXPECT_THAT(Recalctl({"--help"}).out, HasSubstr("--version"));
 }
 
 TEST(RecalctlUsageTest, AnUnreachableServerExitsWith3) {
@@ -321,6 +339,18 @@ TEST_F(RecalctlTest, EveryCommandInTextAndJson) {
   }
 }
 
+TEST_F(RecalctlTest, RefusedUploadsNameTheFileAndTheExportAndVersionNamesTheServer) {
+  const std::string junk = tmp_.File("weights.pt");
+  std::ofstream(junk, std::ios::binary) << "not a zip at all";
+  const Result upload = Ctl({"upload", junk});
+  EXPECT_NE(upload.exit_code, 0);
+  EXPECT_THAT(upload.err, HasSubstr("uploading '" + junk + "': model refused: not a model archive"));
+  EXPECT_THAT(upload.err, HasSubstr("torch.export.save(torch.export.export(model, example_inputs)"));
+  const Result version = Ctl({"--version"});
+  EXPECT_EQ(version.exit_code, 0) << version.err;
+  EXPECT_THAT(version.out, ::testing::MatchesRegex("recalctl .*\nrecal-server .* \\(LibTorch .*\\)\n"));
+}
+
 TEST_F(RecalctlTest, RunEndToEndMatchesTheReference) {
   const std::string out = tmp_.File("out.pt"), bn = tmp_.File("bn.safetensors"),
                     report = tmp_.File("report.json");
@@ -332,7 +362,7 @@ TEST_F(RecalctlTest, RunEndToEndMatchesTheReference) {
   EXPECT_EQ(job.spec().model_id(), "sha256:" + *Sha256OfFile(kModel));
   EXPECT_LE(WorstBnError(bn), 1e-5);
   EXPECT_GT(fs::file_size(out), 1000000u);
-  EXPECT_THAT(ReadBytes(report), HasSubstr("\"layers_recalibrated\": \"20\""));
+  EXPECT_THAT(ReadBytes(report), HasSubstr("\"layers_recalibrated\": 20"));
   EXPECT_THAT(run.err, HasSubstr("SUCCEEDED"));
 
   EXPECT_THAT(run.err, HasSubstr("per layer: recalctl report " + job.id()));  // the summary says where to look

@@ -269,6 +269,7 @@ TEST(Recalibration, ShortDataFailsUnlessAllowed) {
   auto run = RunOn(model, {at::randn({4, 3}), at::randn({4, 3})}, options);
   ASSERT_FALSE(run.ok());
   EXPECT_THAT(run.status().message(), HasSubstr("only 2 batches"));
+  EXPECT_THAT(run.status().message(), HasSubstr("--allow_short_data"));  // the way out, by its name
   options.allow_short_data = true;
   run = RunOn(model, {at::randn({4, 3}), at::randn({4, 3})}, options);
   ASSERT_TRUE(run.ok()) << run.status();

@@ -339,7 +339,7 @@ absl::StatusOr<Step> PlanNode(const json& node, const OperatorPolicy& policy, Sl
   const std::string op = absl::StrCat(parts[0], "::", parts[1]);
   if (!policy.Allows(op)) {
     return NodeError(node, absl::StrCat("operator ", op, " is not allowed on this server (only tensor math "
-                                        "and shape operators run; an administrator can allow more)"));
+                                        "and shape operators run; an administrator can allow more with --extra_allowed_ops)"));
   }
   RECAL_RETURN_IF_ERROR(PlanOperator(node, parts[0], parts[1], parts[2], slots, device, step));
   if (step.batch_norm == BatchNormForm::kNone && absl::StrContains(parts[1], "batch_norm") &&

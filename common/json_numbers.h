@@ -1,6 +1,7 @@
 // Protobuf's JSON mapping writes 64-bit integers as strings ("samples": "1024"), because
-// JavaScript's numbers lose precision above 2^53. recalctl's output is read by people and by
-// jq / Python, which want numbers; this rewrites those strings as numbers.
+// JavaScript's numbers lose precision above 2^53. Recal's JSON (the report artifact,
+// recalctl's output) is read by people and by jq / Python, which want numbers; this rewrites
+// those strings as numbers (protobuf's JSON parser takes either).
 #pragma once
 
 #include <google/protobuf/descriptor.h>
@@ -9,7 +10,7 @@
 
 #include "absl/strings/string_view.h"
 
-namespace recal::ctl {
+namespace recal {
 
 // `json`, as protobuf printed a message of `type`, with the quotes around every value of a
 // 64-bit integer field (int64, uint64, sint64, fixed64, sfixed64; singular, repeated or as a
@@ -19,4 +20,4 @@ namespace recal::ctl {
 // not the JSON protobuf prints comes back unchanged.
 std::string Int64FieldsAsNumbers(absl::string_view json, const google::protobuf::Descriptor& type);
 
-}  // namespace recal::ctl
+}  // namespace recal

@@ -1,11 +1,11 @@
-#include "client/recalctl/json_numbers.h"
+#include "common/json_numbers.h"
 
 #include <optional>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 
-namespace recal::ctl {
+namespace recal {
 namespace {
 
 using google::protobuf::Descriptor;
@@ -178,4 +178,4 @@ std::string Int64FieldsAsNumbers(absl::string_view json, const google::protobuf:
   return std::move(rewriter.out());
 }
 
-}  // namespace recal::ctl
+}  // namespace recal
