@@ -51,6 +51,7 @@ std::optional<DataSpec> DataSpecOfSource(const v1::DataSource& source) {
       spec.shuffle = folder.shuffle();
       spec.seed = folder.seed();
       spec.skip_bad = folder.on_bad() == v1::ImageFolderSource::SKIP;
+      FillImageNetDefaults(&spec);
       return spec;
     }
     case v1::DataSource::kSynthetic:
@@ -63,6 +64,17 @@ std::optional<DataSpec> DataSpecOfSource(const v1::DataSource& source) {
     default:
       return std::nullopt;
   }
+}
+
+v1::ImageFolderSource WithImageNetDefaults(v1::ImageFolderSource folder) {
+  v1::DataSource source;
+  *source.mutable_image_folder() = folder;
+  const DataSpec spec = *DataSpecOfSource(source);
+  folder.set_resize(spec.resize);
+  folder.set_crop(spec.crop);
+  folder.mutable_mean()->Assign(spec.mean.begin(), spec.mean.end());
+  folder.mutable_std()->Assign(spec.std.begin(), spec.std.end());
+  return folder;
 }
 
 }  // namespace recal::data

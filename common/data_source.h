@@ -13,6 +13,12 @@ namespace recal::data {
 // The spec `source` stands for, field for field, without checks (the server checks the
 // fields before it asks). std::nullopt for client_stream, no source, or a tensor file
 // without a known format.
+// An image folder's resize, crop, mean and std left unset (0, empty) are ImageNet's
+// (FillImageNetDefaults).
 std::optional<DataSpec> DataSpecOfSource(const v1::DataSource& source);
+
+// `folder` with what it leaves unset filled in as DataSpecOfSource does: what the server
+// checks and runs.
+v1::ImageFolderSource WithImageNetDefaults(v1::ImageFolderSource folder);
 
 }  // namespace recal::data

@@ -19,7 +19,7 @@ namespace {
 constexpr absl::string_view kSyntax =
     "expected npy:PATH, safetensors:PATH[:KEY,KEY...], torch:PATH (each with an optional "
     "?scale=S&mean=M,..&std=S,..), synthetic:SHAPE[,seed=S] or "
-    "images:DIR?resize=R&crop=C&mean=M,M,M&std=S,S,S[&samples=N&seed=S&shuffle=0|1&on_bad=fail|skip]";
+    "images:DIR[?resize=R&crop=C&mean=M,M,M&std=S,S,S&samples=N&seed=S&shuffle=0|1&on_bad=fail|skip]";
 
 absl::Status Bad(absl::string_view spec, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("bad data spec '", spec, "': ", why));
@@ -103,14 +103,12 @@ size_t SchemeLength(absl::string_view path) { return absl::StartsWith(path, "s3:
 absl::StatusOr<DataSpec> ParseImages(absl::string_view spec, absl::string_view rest) {
   DataSpec out;
   out.scheme = DataSpec::Scheme::kImages;
-  const size_t q = rest.rfind('?');
-  if (q == absl::string_view::npos) {
-    return Bad(spec, "images needs options: images:DIR?resize=R&crop=C&mean=M,M,M&std=S,S,S");
-  }
+  const size_t q = std::min(rest.rfind('?'), rest.size());  // no '?': no options
   out.path = std::string(rest.substr(0, q));
   if (out.path.empty()) return Bad(spec, "empty directory after 'images:'");
   std::set<std::string> seen;
-  for (absl::string_view option : absl::StrSplit(rest.substr(q + 1), '&')) {
+  const absl::string_view options = q < rest.size() ? rest.substr(q + 1) : absl::string_view();
+  for (absl::string_view option : absl::StrSplit(options, '&', absl::SkipEmpty())) {
     const size_t eq = option.find('=');
     if (eq == absl::string_view::npos) return Bad(spec, absl::StrCat("option '", option, "' is not KEY=VALUE"));
     const std::string key(option.substr(0, eq));
@@ -145,9 +143,7 @@ absl::StatusOr<DataSpec> ParseImages(absl::string_view spec, absl::string_view r
                                     "'; images takes resize, crop, mean, std, samples, seed, shuffle, on_bad"));
     }
   }
-  for (const char* required : {"resize", "crop", "mean", "std"}) {
-    if (!seen.count(required)) return Bad(spec, absl::StrCat("images needs ", required, "="));
-  }
+  FillImageNetDefaults(&out);
   if (out.crop > out.resize) {
     return Bad(spec, absl::StrCat("crop ", out.crop, " is larger than resize ", out.resize, " (padding is not supported)"));
   }
@@ -282,6 +278,19 @@ std::string DataSpecToString(const DataSpec& spec) {
     }
   }
   return "";
+}
+
+void FillImageNetDefaults(DataSpec* spec) {
+  if (spec->resize == 0 && spec->crop == 0) {
+    spec->resize = kImageNetResize;
+    spec->crop = kImageNetCrop;
+  } else if (spec->crop == 0) {
+    spec->crop = std::max<int64_t>(1, spec->resize * kImageNetCrop / kImageNetResize);
+  } else if (spec->resize == 0) {
+    spec->resize = (spec->crop * kImageNetResize + kImageNetCrop - 1) / kImageNetCrop;
+  }
+  if (spec->mean.empty()) spec->mean.assign(std::begin(kImageNetMean), std::end(kImageNetMean));
+  if (spec->std.empty()) spec->std.assign(std::begin(kImageNetStd), std::end(kImageNetStd));
 }
 
 absl::Status ShortDataError(int64_t batches, int64_t samples, int64_t max_batches) {

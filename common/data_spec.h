@@ -9,11 +9,13 @@
 //     per channel of dim 1): uint8 and float16 inputs become float32 (x / S - mean) / std.
 //     Options start at the last '?', so a PATH containing '?' needs a trailing '?'.
 //   synthetic:SHAPE[,seed=S]        SHAPE per sample, e.g. 3x224x224; S defaults to 0
-//   images:DIR?resize=R&crop=C&mean=m0,m1,m2&std=s0,s1,s2[&samples=N&seed=S&shuffle=0|1&on_bad=fail|skip]
+//   images:DIR[?resize=R&crop=C&mean=m0,m1,m2&std=s0,s1,s2&samples=N&seed=S&shuffle=0|1&on_bad=fail|skip]
 //                                   every .jpg/.jpeg/.png under DIR (recursive), sorted by
 //                                   relative path (or shuffled with seed S), the first N;
-//                                   torchvision eval transform; needs 1 <= C <= R. The
-//                                   options start at the last '?', so DIR may contain '?'.
+//                                   torchvision eval transform; needs 1 <= C <= R; what is
+//                                   left out is ImageNet's (FillImageNetDefaults). The
+//                                   options start at the last '?', so a DIR containing '?'
+//                                   needs a trailing '?'.
 // PATH and DIR may be s3://BUCKET/KEY and s3://BUCKET/PREFIX/ (npy, safetensors, images):
 // the ':' of "s3://" is part of the path, never the one before safetensors keys. Where
 // such paths are read from, and which are refused, is the server's: server/data_access/s3_paths.h.
@@ -57,6 +59,17 @@ std::string DataSpecToString(const DataSpec& spec);
 // decimal that reads back as the same float, so 0.485f becomes 0.485 and a spec built
 // from a message spells 0.485, not 0.48500001430511475.
 double FloatAsDecimal(float value);
+
+// torchvision's ImageNet evaluation transform: Resize(256), CenterCrop(224), ImageNet's mean
+// and std. An image folder gets what its spec (or ImageFolderSource) leaves out: a resize
+// without a crop crops 224/256 of it, a crop without a resize resizes to 256/224 of it (the
+// crop fraction 0.875 of timm and torchvision's references), mean and std each ImageNet's.
+inline constexpr int64_t kImageNetResize = 256;
+inline constexpr int64_t kImageNetCrop = 224;
+inline constexpr double kImageNetMean[3] = {0.485, 0.456, 0.406};
+inline constexpr double kImageNetStd[3] = {0.229, 0.224, 0.225};
+// Fills resize, crop (0: unset), mean and std (empty: unset) of an images spec.
+void FillImageNetDefaults(DataSpec* spec);
 
 // The refusal of data shorter than the max_batches a run asked for, with both ways out and
 // the names they have in each client.

@@ -36,7 +36,7 @@ ABSL_FLAG(std::string, data, "",
           "data spec: npy:PATH | safetensors:PATH[:key,key...] | torch:PATH | "
           "synthetic:SHAPE[,seed=S] (SHAPE per sample, e.g. 3x224x224) | "
           "the file schemes take ?scale=S&mean=M,..&std=S,.. for uint8/float16 data | "
-          "images:DIR?resize=R&crop=C&mean=M,M,M&std=S,S,S[&samples=N&seed=S&shuffle=0|1&on_bad=fail|skip]");
+          "images:DIR[?resize=R&crop=C&mean=M,M,M&std=S,S,S&samples=N&seed=S&shuffle=0|1&on_bad=fail|skip]");
 ABSL_FLAG(std::string, out, "", "where to write the recalibrated model (in the format it came in)");
 ABSL_FLAG(std::string, bn_out, "", "optional: the BatchNorm buffers alone, as .safetensors");
 ABSL_FLAG(std::string, report, "", "optional: the report, as JSON");

@@ -77,7 +77,7 @@ Data SPEC (paths are the server's, relative to its --data_root or absolute):
   npy:PATH[?NORM]  safetensors:PATH[:KEY,KEY...][?NORM]  torch:PATH[?NORM]
       NORM = scale=S&mean=M,..&std=S,..: uint8/float16 inputs become (x / S - mean) / std
   synthetic:SHAPE[,seed=S]
-  images:DIR?resize=R&crop=C&mean=M,M,M&std=S,S,S[&samples=N&shuffle=0|1&seed=S&on_bad=fail|skip]
+  images:DIR[?resize=R&crop=C&mean=M,M,M&std=S,S,S&samples=N&shuffle=0|1&seed=S&on_bad=fail|skip]
       every .jpg/.jpeg/.png under DIR through torchvision's Resize(R), CenterCrop(C),
       ToTensor, Normalize(mean, std); sorted (or shuffled with seed S), the first N;
       on_bad=skip skips unreadable files instead of failing the job

@@ -78,8 +78,9 @@ absl::StatusOr<std::string> CheckTensorFile(const v1::TensorFileSource& file,
   return data::ResolveUnderRoots(data_roots, file.path());
 }
 
-absl::StatusOr<std::string> CheckImageFolder(const v1::ImageFolderSource& folder,
+absl::StatusOr<std::string> CheckImageFolder(const v1::ImageFolderSource& given,
                                              const std::vector<std::string>& data_roots) {
+  const v1::ImageFolderSource folder = data::WithImageNetDefaults(given);
   if (folder.resize() < 1 || folder.resize() > kMaxImageSide) {
     return Invalid(absl::StrCat("image_folder.resize is ", folder.resize(), "; it must be in 1..", kMaxImageSide,
                                 " (the shorter side after resizing)"));

@@ -9,6 +9,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/data_source.h"
 #include "tests/test_util.h"
 
 namespace recal::data {
@@ -289,18 +290,49 @@ TEST(ImageSpec, ParsesAndRejects) {
   for (const char* bad : {
            "images:/d?resize=0&crop=1&mean=0,0,0&std=1,1,1",        // bad resize
            "images:/d?resize=x&crop=1&mean=0,0,0&std=1,1,1",        // bad resize
-           "images:/d?resize=8&mean=0,0,0&std=1,1,1",               // missing crop
            "images:/d?resize=8&crop=4&mean=0,0,0&std=1,1,1&foo=1",  // unknown key
            "images:/d?resize=8&crop=9&mean=0,0,0&std=1,1,1",        // crop > resize
            "images:/d?resize=8&crop=4&mean=0,0&std=1,1,1",          // 2 means
            "images:/d?resize=8&crop=4&mean=0,0,0&std=1,0,1",        // zero std
            "images:/d?resize=8&crop=4&mean=0,0,0&std=1,1,1&on_bad=x",
            "images:/d?resize=8&resize=8&crop=4&mean=0,0,0&std=1,1,1",
-           "images:/d",
            "images:?resize=8&crop=4&mean=0,0,0&std=1,1,1",
+           "images:",
        }) {
     EXPECT_EQ(ParseDataSpec(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
+}
+
+TEST(ImageSpec, WhatIsLeftOutIsImageNetsEvaluationTransformAndTheSpecSaysSo) {
+  struct Case {
+    const char* spec;
+    int64_t resize, crop;
+  };
+  for (const Case& c : {Case{"images:/d", 256, 224}, Case{"images:/d?", 256, 224}, Case{"images:/d?samples=3", 256, 224},
+                        Case{"images:/d?crop=299", 342, 299}, Case{"images:/d?resize=320", 320, 280},
+                        Case{"images:/d?resize=8&crop=8", 8, 8}}) {
+    absl::StatusOr<DataSpec> s = ParseDataSpec(c.spec);
+    ASSERT_TRUE(s.ok()) << c.spec << ": " << s.status();
+    EXPECT_EQ(s->path, "/d") << c.spec;
+    EXPECT_EQ(s->resize, c.resize) << c.spec;
+    EXPECT_EQ(s->crop, c.crop) << c.spec;
+    EXPECT_EQ(s->mean, (std::vector<double>{0.485, 0.456, 0.406})) << c.spec;
+    EXPECT_EQ(s->std, (std::vector<double>{0.229, 0.224, 0.225})) << c.spec;
+  }
+  // The canonical spelling (what the report's `data` shows) spells the transform out.
+  EXPECT_EQ(DataSpecToString(*ParseDataSpec("images:/d")),
+            "images:/d?resize=256&crop=224&mean=0.485,0.456,0.406&std=0.229,0.224,0.225");
+  // An explicit mean keeps ImageNet's std, and the other way round.
+  EXPECT_EQ(ParseDataSpec("images:/d?mean=0,0,0")->std, (std::vector<double>{0.229, 0.224, 0.225}));
+  // A message from the API that leaves them unset gets the same (what the server checks and runs).
+  v1::ImageFolderSource folder;
+  folder.set_path("/d");
+  folder.set_crop(299);
+  const v1::ImageFolderSource filled = WithImageNetDefaults(folder);
+  EXPECT_EQ(filled.resize(), 342);
+  EXPECT_EQ(filled.crop(), 299);
+  EXPECT_EQ(filled.mean_size(), 3);
+  EXPECT_FLOAT_EQ(filled.std(2), 0.225f);
 }
 
 }  // namespace

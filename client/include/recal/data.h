@@ -9,7 +9,7 @@
 //     value per channel of dim 1): the server turns uint8 / float16 inputs into float32
 //     (x / S - mean) / std, e.g. npy:calib/u8.npy?scale=255&mean=0.485,0.456,0.406&std=0.229,0.224,0.225
 //   synthetic:SHAPE[,seed=S]                e.g. synthetic:3x224x224,seed=1
-//   images:DIR?resize=R&crop=C&mean=M,M,M&std=S,S,S[&samples=N&seed=S&shuffle=0|1&on_bad=fail|skip]
+//   images:DIR[?resize=R&crop=C&mean=M,M,M&std=S,S,S&samples=N&seed=S&shuffle=0|1&on_bad=fail|skip]
 //     every .jpg/.jpeg/.png under DIR (recursively) through torchvision's eval transform
 //     (Resize(R), CenterCrop(C), ToTensor, Normalize(mean, std)); the first N files (all by
 //     default) in sorted order, or shuffled with seed S; on_bad=skip skips corrupt files

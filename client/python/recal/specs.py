@@ -12,13 +12,15 @@ syntax as the C++ client's (common/data_spec.h):
         (x / S - mean) / std. Options start at the last '?', so a PATH containing '?' needs
         a trailing '?' ("npy:/d/what?.npy?").
     synthetic:SHAPE[,seed=S]        per-sample SHAPE such as 3x224x224
-    images:DIR?resize=R&crop=C&mean=M,M,M&std=S,S,S[&samples=N&seed=S&shuffle=0|1&on_bad=fail|skip]
+    images:DIR[?resize=R&crop=C&mean=M,M,M&std=S,S,S&samples=N&seed=S&shuffle=0|1&on_bad=fail|skip]
                                     every .jpg/.jpeg/.png under DIR (recursively) through
                                     torchvision's Resize(R), CenterCrop(C), ToTensor,
                                     Normalize(mean, std); sorted by path (or shuffled with
                                     seed S), the first N (default all); on_bad=skip skips
                                     unreadable files instead of failing the job.
-                                    1 <= C <= R <= 65536. DIR may contain '?'.
+                                    1 <= C <= R <= 65536. Left out: ImageNet's transform
+                                    (256, 224, its mean and std; the server fills it in).
+                                    A DIR containing '?' needs a trailing '?'.
 """
 
 import math
@@ -31,7 +33,7 @@ from recal.errors import RecalError
 
 _SYNTAX = ("expected npy:PATH, safetensors:PATH[:KEY,KEY...], torch:PATH (each with an optional "
            "?scale=S&mean=M,..&std=S,..), synthetic:SHAPE[,seed=S] or "
-           "images:DIR?resize=R&crop=C&mean=M,M,M&std=S,S,S[&samples=N&seed=S&shuffle=0|1&on_bad=fail|skip]")
+           "images:DIR[?resize=R&crop=C&mean=M,M,M&std=S,S,S&samples=N&seed=S&shuffle=0|1&on_bad=fail|skip]")
 # What the C++ parser (absl::SimpleAtod) reads as a number; Python's float() would also
 # take "1_0", " 1" and the like.
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
@@ -79,6 +81,8 @@ def _options(spec, text):
     """{KEY: VALUE} of KEY=VALUE&KEY=VALUE..., each KEY once."""
     options = {}
     for option in text.split("&"):
+        if option == "":  # "images:DIR?" or a doubled '&'
+            continue
         key, eq, value = option.partition("=")
         if not eq:
             raise _bad(spec, "option %r is not KEY=VALUE" % option)
@@ -109,8 +113,8 @@ def _normalization(spec, text, file):
 
 def _images(spec, rest):
     path, question, text = rest.rpartition("?")
-    if not question:
-        raise _bad(spec, "images needs options: images:DIR?resize=R&crop=C&mean=M,M,M&std=S,S,S")
+    if not question:  # no options: ImageNet's transform, filled in by the server
+        path, text = rest, ""
     if not path:
         raise _bad(spec, "empty directory after 'images:'")
     folder = recal_pb2.ImageFolderSource(path=path, on_bad=recal_pb2.ImageFolderSource.FAIL)
@@ -138,10 +142,9 @@ def _images(spec, rest):
         else:
             raise _bad(spec, "unknown option %r; images takes resize, crop, mean, std, samples, seed, "
                        "shuffle, on_bad" % key)
-    for required in ("resize", "crop", "mean", "std"):
-        if required not in options:
-            raise _bad(spec, "images needs %s=" % required)
-    if folder.crop > folder.resize:
+    # What is left out (resize, crop, mean, std) stays unset: the server fills it with
+    # ImageNet's evaluation transform (common/data_spec.h, FillImageNetDefaults).
+    if folder.crop and folder.resize and folder.crop > folder.resize:
         raise _bad(spec, "crop %d is larger than resize %d (padding is not supported)"
                    % (folder.crop, folder.resize))
     return recal_pb2.DataSource(image_folder=folder)
