@@ -98,7 +98,7 @@ Result RunBinary(const std::string& binary, const std::vector<std::string>& args
     std::vector<char*> raw;
     for (std::string& a : argv) raw.push_back(a.data());
     raw.push_back(nullptr);
-    ::execv(raw[0], raw.data());
+    ::execvp(raw[0], raw.data());
     ::_exit(127);
   }
   int status = 0;

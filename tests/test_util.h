@@ -33,8 +33,8 @@ struct Result {
   std::string err;
 };
 
-// Runs `binary` with `args` (no shell), RECAL_SERVER / RECAL_TOKEN unset unless given in
-// `env` ("NAME=value").
+// Runs `binary` (a path, or a name looked up on PATH) with `args` (no shell), RECAL_SERVER /
+// RECAL_TOKEN unset unless given in `env` ("NAME=value").
 Result RunBinary(const std::string& binary, const std::vector<std::string>& args,
                  const std::vector<std::string>& env = {});
 

@@ -1,10 +1,8 @@
 // The report's HTML page in a real browser: headless Chromium (Debian's `chromium`) lays it
 // out, and a probe script added to a copy of the page reads back what was drawn. Skipped,
 // saying how to install it, where there is no chromium.
-#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -39,12 +37,11 @@ std::string FindChromium() {
   return "";
 }
 
-// Chromium's stdout for `page` (file://), its stderr (noisy without D-Bus) dropped; killed by
-// coreutils' timeout if it hangs. -1 exit status if it did not exit normally.
+// Chromium's exit status and stdout for `page` (file://); killed by coreutils' timeout if it
+// hangs.
 std::pair<int, std::string> Chromium(const std::string& chromium, const TempDir& tmp, const std::string& page,
                                      const std::vector<std::string>& flags) {
-  std::vector<std::string> argv = {"timeout",
-                                   "120",
+  std::vector<std::string> argv = {"120",
                                    chromium,
                                    "--headless",
                                    "--no-sandbox",
@@ -53,22 +50,8 @@ std::pair<int, std::string> Chromium(const std::string& chromium, const TempDir&
                                    "--window-size=1000,2000"};
   argv.insert(argv.end(), flags.begin(), flags.end());
   argv.push_back("file://" + page);
-  const std::string out_path = tmp.File("chromium.out");
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int null = ::open("/dev/null", O_WRONLY);
-    ::dup2(out, STDOUT_FILENO);
-    ::dup2(null, STDERR_FILENO);
-    std::vector<char*> raw;
-    for (std::string& a : argv) raw.push_back(a.data());
-    raw.push_back(nullptr);
-    ::execvp(raw[0], raw.data());
-    ::_exit(127);
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, ReadBytes(out_path)};
+  const Result run = RunBinary("timeout", argv);
+  return {run.exit_code, run.out};
 }
 
 // Runs after the page has been parsed and laid out; writes one line per fact into a <pre>
