@@ -293,9 +293,9 @@ absl::Status PostgresMetadataStore::Impl::NumberModels() {
 }
 
 absl::StatusOr<std::optional<v1::Model>> PostgresMetadataStore::Impl::FindModel(const std::string& tenant,
-                                                                                  const std::string& id) {
-  RECAL_ASSIGN_OR_RETURN(Result r,
-                         Exec("SELECT proto FROM models WHERE tenant = $1 AND id = $2", Params().Text(tenant).Text(id)));
+                                                                                const std::string& id) {
+  RECAL_ASSIGN_OR_RETURN(
+      Result r, Exec("SELECT proto FROM models WHERE tenant = $1 AND id = $2", Params().Text(tenant).Text(id)));
   if (r.rows() == 0) return std::optional<v1::Model>();
   RECAL_ASSIGN_OR_RETURN(v1::Model model, Parse<v1::Model>(r.Bytes(0, 0), "model", id));
   return std::optional<v1::Model>(std::move(model));

@@ -318,13 +318,14 @@ absl::StatusOr<int64_t> SqliteMetadataStore::Impl::LastVersion(const std::string
 
 absl::Status SqliteMetadataStore::Impl::SetLastVersion(const std::string& tenant, const std::string& name,
                                                        int64_t version) {
-  RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("INSERT INTO model_names(tenant, name, last_version) VALUES(?1, ?2, ?3) "
-                                             "ON CONFLICT(tenant, name) DO UPDATE SET last_version = excluded.last_version"));
+  RECAL_ASSIGN_OR_RETURN(Query q,
+                         db.Prepare("INSERT INTO model_names(tenant, name, last_version) VALUES(?1, ?2, ?3) "
+                                    "ON CONFLICT(tenant, name) DO UPDATE SET last_version = excluded.last_version"));
   return q.Bind(1, tenant).Bind(2, name).Bind(3, version).Run();
 }
 
 absl::StatusOr<std::optional<v1::Model>> SqliteMetadataStore::Impl::FindModel(const std::string& tenant,
-                                                                                const std::string& id) {
+                                                                              const std::string& id) {
   RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT proto FROM models WHERE tenant = ?1 AND id = ?2"));
   RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, tenant).Bind(2, id).Step());
   if (!row) return std::optional<v1::Model>();

@@ -2,11 +2,11 @@
 // refused saying which forms there are.
 #include "server/jobs/model_ref.h"
 
-#include <string>
-#include <vector>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
 
 namespace recal::jobs {
 namespace {
@@ -26,8 +26,8 @@ TEST(ModelRefTest, DigestsAndPrefixesWithOrWithoutTheSchemeAreLowercased) {
     EXPECT_EQ(ref->kind, ModelRef::Kind::kId) << text;
     EXPECT_EQ(ref->digest, kHex);
   }
-  for (const std::string& text : {std::string("sha256:8b129e"), std::string("8b129e"), std::string("8B129E"),
-                                  "sha256:" + kHex.substr(0, 63)}) {
+  for (const std::string& text :
+       {std::string("sha256:8b129e"), std::string("8b129e"), std::string("8B129E"), "sha256:" + kHex.substr(0, 63)}) {
     absl::StatusOr<ModelRef> ref = ParseModelRef(text);
     ASSERT_TRUE(ref.ok()) << text << ": " << ref.status();
     EXPECT_EQ(ref->kind, ModelRef::Kind::kPrefix) << text;
@@ -64,11 +64,12 @@ TEST(ModelRefTest, EverythingElseIsInvalidArgumentNamingTheForms) {
 }
 
 TEST(ModelRefTest, NamesThatCouldNotBeReadBackAreRefused) {
-  for (const std::string& name : std::vector<std::string>{"rn50", "ResNet.pt", "my model.pt", "abcde", "Décade", "x:", "a/b", "", " x",
-                                  "x ", "sha256", "deadbeef", "DEADBEEF", std::string(129, 'x'), std::string("a\tb")}) {
+  for (const std::string& name :
+       std::vector<std::string>{"rn50", "ResNet.pt", "my model.pt", "abcde", "Décade", "x:", "a/b", "", " x", "x ",
+                                "sha256", "deadbeef", "DEADBEEF", std::string(129, 'x'), std::string("a\tb")}) {
     const absl::Status status = CheckModelName(name);
-    const bool good = name == "rn50" || name == "ResNet.pt" || name == "my model.pt" || name == "abcde" ||
-                      name == "Décade";
+    const bool good =
+        name == "rn50" || name == "ResNet.pt" || name == "my model.pt" || name == "abcde" || name == "Décade";
     EXPECT_EQ(status.ok(), good) << "'" << name << "': " << status;
     if (!good) {
       EXPECT_TRUE(absl::IsInvalidArgument(status)) << name;

@@ -52,9 +52,9 @@ TEST_F(ModelRegistryTest, NewBytesUnderANameAreItsNextVersionAndEveryReferenceFo
   EXPECT_EQ(Resolved("t", "rn50"), "rn50:2");
   EXPECT_EQ(Resolved("t", "rn50:1"), "rn50:1");
   EXPECT_EQ(Resolved("t", v1), "rn50:1");
-  EXPECT_EQ(Resolved("t", v1.substr(7)), "rn50:1");              // bare hex
-  EXPECT_EQ(Resolved("t", v2.substr(0, 7 + 6)), "rn50:2");       // sha256: and 6 digits
-  EXPECT_EQ(Resolved("t", v2.substr(7, 6)), "rn50:2");           // 6 digits
+  EXPECT_EQ(Resolved("t", v1.substr(7)), "rn50:1");         // bare hex
+  EXPECT_EQ(Resolved("t", v2.substr(0, 7 + 6)), "rn50:2");  // sha256: and 6 digits
+  EXPECT_EQ(Resolved("t", v2.substr(7, 6)), "rn50:2");      // 6 digits
   EXPECT_EQ(Resolved("t", "rn50:3"), "NOT_FOUND");
   EXPECT_EQ(Resolved("t", "resnet"), "NOT_FOUND");
   EXPECT_EQ(Resolved("t", "rn50:0"), "INVALID_ARGUMENT");
@@ -87,10 +87,10 @@ TEST_F(ModelRegistryTest, AnAmbiguousPrefixListsItsCandidatesAndALongerOneResolv
   }
   absl::StatusOr<v1::Model> ambiguous = models_->Resolve("t", "abcdef");
   ASSERT_TRUE(absl::IsInvalidArgument(ambiguous.status())) << ambiguous.status();
-  EXPECT_THAT(ambiguous.status().message(),
-              AllOf(HasSubstr("ambiguous"), HasSubstr(absl::StrCat("sha256:abcdef", std::string(57, '0'), "1 (twin:1)")),
-                    HasSubstr(absl::StrCat("sha256:abcdef", std::string(57, '0'), "2 (twin:2)")),
-                    HasSubstr("more digits")));
+  EXPECT_THAT(
+      ambiguous.status().message(),
+      AllOf(HasSubstr("ambiguous"), HasSubstr(absl::StrCat("sha256:abcdef", std::string(57, '0'), "1 (twin:1)")),
+            HasSubstr(absl::StrCat("sha256:abcdef", std::string(57, '0'), "2 (twin:2)")), HasSubstr("more digits")));
   EXPECT_EQ(Resolved("t", absl::StrCat("sha256:abcdef", std::string(57, '0'), "2")), "twin:2");
   EXPECT_EQ(Resolved("t", absl::StrCat("abcdef", std::string(57, '0'), "1")), "twin:1");  // 64: the full id
 }
@@ -99,8 +99,8 @@ TEST_F(ModelRegistryTest, AnotherTenantsNamesPrefixesAndIdsAreNotFoundWithoutAHi
   const std::string theirs = UploadAnyModel(*models_, "victim", "secret bytes", "secret-model");
   ASSERT_FALSE(theirs.empty());
   const std::string prefix = theirs.substr(7, 8);
-  for (const std::string& reference : {std::string("secret-model"), std::string("secret-model:1"), prefix,
-                                       theirs.substr(0, 7 + 8), theirs}) {
+  for (const std::string& reference :
+       {std::string("secret-model"), std::string("secret-model:1"), prefix, theirs.substr(0, 7 + 8), theirs}) {
     absl::StatusOr<v1::Model> model = models_->Resolve("attacker", reference);
     ASSERT_TRUE(absl::IsNotFound(model.status())) << reference << ": " << model.status();
     EXPECT_THAT(model.status().message(), AllOf(Not(HasSubstr("victim")), Not(HasSubstr("secret bytes"))));

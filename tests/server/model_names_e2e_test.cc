@@ -2,12 +2,12 @@
 // tenants, uploads of different archives under one name, jobs submitted by every form of
 // reference keeping the exact bytes they resolved to, ambiguous digest prefixes, deletion by
 // reference, and another tenant's names, prefixes and ids tried as an attacker would.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <filesystem>
 #include <fstream>
 #include <map>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
 #include "server/store/metadata_store.h"
@@ -45,8 +45,8 @@ class ModelNamesTest : public ::testing::Test {
     std::filesystem::create_directories(tmp_.File("data"));
     SeedTwins();
     server_ = std::make_unique<ServerProcess>(
-        tmp_.File("data"), std::vector<std::string>{"--auth_file=" + auth_file, "--data_root=" + kFixtures,
-                                                    "--cpu_workers=1"},
+        tmp_.File("data"),
+        std::vector<std::string>{"--auth_file=" + auth_file, "--data_root=" + kFixtures, "--cpu_workers=1"},
         ServerProcess::Auth::kOpen);
     ASSERT_TRUE(server_->ok()) << server_->log();
   }
@@ -214,16 +214,16 @@ TEST_F(ModelNamesTest, AnAmbiguousPrefixIsInvalidArgumentListingTheCandidates) {
 // message is the same as for one nobody has.
 TEST_F(ModelNamesTest, AnotherTenantsModelsNeverResolve) {
   const v1::Model secret = UploadAs("a", kTrain2d, "secret.pt");
-  const std::vector<std::string> references = {"secret.pt", "secret.pt:1", secret.id().substr(7, 8),
-                                               secret.id().substr(0, 7 + 8), secret.id(), "abcdef", "twin"};
+  const std::vector<std::string> references = {
+      "secret.pt", "secret.pt:1", secret.id().substr(7, 8), secret.id().substr(0, 7 + 8), secret.id(),
+      "abcdef",    "twin"};
   for (const std::string& reference : references) {
     v1::Model model;
     const grpc::Status got = GetModel("b", reference, &model);
     EXPECT_EQ(got.error_code(), grpc::StatusCode::NOT_FOUND) << reference << ": " << got.error_message();
     EXPECT_THAT(got.error_message(), AllOf(Not(HasSubstr("team-a")), Not(HasSubstr("twin:")))) << reference;
     v1::Job job;
-    EXPECT_EQ(Submit("b", NpyJob(reference, kData2d, 8), &job).error_code(), grpc::StatusCode::NOT_FOUND)
-        << reference;
+    EXPECT_EQ(Submit("b", NpyJob(reference, kData2d, 8), &job).error_code(), grpc::StatusCode::NOT_FOUND) << reference;
     v1::DeleteModelResponse deleted;
     EXPECT_EQ(Delete("b", reference, &deleted).error_code(), grpc::StatusCode::NOT_FOUND) << reference;
   }
