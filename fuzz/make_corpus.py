@@ -415,6 +415,37 @@ def read_request_seeds():
     yield "progress.pb", f_bytes(2, f_varint(1, 3))  # another event: not a read
 
 
+# -------------------------------------------------------------------- model references
+
+
+def model_ref_seeds():
+    digest = "8b129e" + "a" * 58
+    refs = [
+        "sha256:" + digest,
+        digest,
+        "sha256:8b129e",
+        "8B129E",
+        "sha256:" + digest + "0",
+        "sha256:xyz123",
+        "rn50",
+        "rn50:3",
+        "ResNet.pt:12",
+        "rn50:0",
+        "rn50:",
+        "a:b:c",
+        "deadbeef",
+        "deadbeef:2",
+        "sha256",
+        "my model.pt",
+        " rn50",
+        "a/b",
+        "rn50:99999999999999999999",
+        "",
+    ]
+    for i, ref in enumerate(refs):
+        yield f"ref{i:02d}.txt", ref.encode()
+
+
 TARGETS = {
     "npy": npy_seeds,
     "safetensors": safetensors_seeds,
@@ -424,6 +455,7 @@ TARGETS = {
     "image": image_seeds,
     "auth_file": auth_file_seeds,
     "upload_header": upload_header_seeds,
+    "model_ref": model_ref_seeds,
     "s3_xml": s3_xml_seeds,
     "read_request": read_request_seeds,
 }

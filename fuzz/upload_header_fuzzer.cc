@@ -8,8 +8,8 @@
 // and the end of the stream (FinishUpload: the digest verified, then inspection, which this
 // target's runner refuses, so nothing is ever stored as a model).
 //
-// Contract: a bad header (no header, size <= 0 or over the limit, a digest that is not 64
-// lowercase hex, so never a path) is refused with a message; an accepted one leads to a
+// Contract: a bad header (no header, a name CheckModelName refuses, size <= 0 or over the
+// limit, a digest that is not 64 lowercase hex, so never a path) is refused with a message; an accepted one leads to a
 // partial upload inside the store and to a clear error at the end, never to a stored model.
 #include <cstdint>
 #include <memory>
@@ -21,6 +21,7 @@
 #include "fuzz/fuzz_util.h"
 #include "recal/v1/recal.pb.h"
 #include "server/jobs/job_runner.h"
+#include "server/jobs/model_ref.h"
 #include "server/jobs/model_registry.h"
 #include "server/store/local_blob_store.h"
 #include "server/store/sqlite_metadata_store.h"
@@ -90,6 +91,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                start.status().ToString());
     return 0;
   }
+  FUZZ_CHECK(recal::jobs::CheckModelName(recal::jobs::ModelNameOf(header)).ok(), "name '", header.name(),
+             "' accepted");
   FUZZ_CHECK(header.size() > 0 && header.size() <= kMaxStoredBytes, "size ", header.size(), " accepted");
   FUZZ_CHECK(recal::IsSha256Hex(header.sha256()), "digest '", header.sha256(), "' accepted");
   FUZZ_CHECK(!start->has_value(), "a model is stored, yet the runner refuses every model");

@@ -139,7 +139,7 @@ grpc::Status RecalService::GetModel(grpc::ServerContext* context, const v1::GetM
                                     v1::Model* response) {
   auto who = Admit(context, auth::Role::kRead, "GetModel", request->id());
   if (!who.ok()) return ToGrpcStatus(who.status());
-  return Respond(models_->Get(who->tenant, request->id()), response);
+  return Respond(models_->Resolve(who->tenant, request->id()), response);
 }
 
 grpc::Status RecalService::ListModels(grpc::ServerContext* context, const v1::ListModelsRequest* request,
@@ -148,7 +148,7 @@ grpc::Status RecalService::ListModels(grpc::ServerContext* context, const v1::Li
   if (!who.ok()) return ToGrpcStatus(who.status());
   std::string tenant;
   RECAL_GRPC_RETURN_IF_ERROR(TenantFilter(*who, request->tenant(), "models", &tenant));
-  auto page = models_->List(tenant, request->page_size(), request->page_token());
+  auto page = models_->List(tenant, request->page_size(), request->page_token(), request->name());
   if (!page.ok()) return ToGrpcStatus(page.status());
   for (v1::Model& model : page->models) *response->add_models() = std::move(model);
   response->set_next_page_token(page->next_page_token);
@@ -156,12 +156,16 @@ grpc::Status RecalService::ListModels(grpc::ServerContext* context, const v1::Li
 }
 
 grpc::Status RecalService::DeleteModel(grpc::ServerContext* context, const v1::DeleteModelRequest* request,
-                                       v1::DeleteModelResponse*) {
+                                       v1::DeleteModelResponse* response) {
   auto who = Admit(context, auth::Role::kAdmin, "DeleteModel", request->id());
   if (!who.ok()) return ToGrpcStatus(who.status());
   const std::string tenant = request->tenant().empty() ? who->tenant : request->tenant();
-  grpc::Status outcome = ToGrpcStatus(models_->Delete(tenant, request->id()));
-  Audit(*who, "DeleteModel", absl::StrCat(tenant, "/", request->id()), outcome);
+  absl::StatusOr<v1::Model> deleted = models_->Delete(tenant, request->id());
+  grpc::Status outcome = ToGrpcStatus(deleted.status());
+  // The reference as given, and the exact bytes it named.
+  Audit(*who, "DeleteModel",
+        absl::StrCat(tenant, "/", request->id(), deleted.ok() ? absl::StrCat(" = ", deleted->id()) : ""), outcome);
+  if (deleted.ok()) *response->mutable_model() = *std::move(deleted);
   return outcome;
 }
 

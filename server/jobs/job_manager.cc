@@ -57,9 +57,6 @@ void JobManager::Shutdown(absl::Duration deadline) {
 }
 
 absl::Status JobManager::ValidateSpec(const std::string& tenant, const v1::JobSpec& spec) {
-  if (spec.model_id().empty()) return absl::InvalidArgumentError("spec.model_id is required");
-  auto model = models_->Get(tenant, spec.model_id());
-  if (!model.ok()) return model.status();
   if (spec.batch_size() < 1 || spec.batch_size() > options_.max_batch_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("spec.batch_size must be in 1..", options_.max_batch_size, ", got ", spec.batch_size()));
@@ -108,7 +105,11 @@ store::JobQuota JobManager::QuotaOf(const std::string& tenant) const {
 
 absl::StatusOr<v1::Job> JobManager::Submit(const Caller& caller, const v1::SubmitJobRequest& request) {
   if (stopping_) return absl::UnavailableError("the server is shutting down");
-  if (absl::Status valid = ValidateSpec(caller.tenant, request.spec()); !valid.ok()) return valid;
+  if (request.spec().model_id().empty()) return absl::InvalidArgumentError("spec.model_id is required");
+  // The model is resolved once, here: the job keeps its full id, and so runs these bytes
+  // whatever is uploaded under the name after.
+  RECAL_ASSIGN_OR_RETURN(const v1::Model model, models_->Resolve(caller.tenant, request.spec().model_id()));
+  RECAL_RETURN_IF_ERROR(ValidateSpec(caller.tenant, request.spec()));
   // One submission at a time past this point, so that the queue's bound holds. The tenant's
   // quotas are the store's to check, in the transaction that creates the job, so that they
   // hold across api replicas too.
@@ -118,6 +119,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const Caller& caller, const v1::Submi
   job.set_tenant(caller.tenant);
   job.set_request_id(request.request_id());
   *job.mutable_spec() = request.spec();
+  job.mutable_spec()->set_model_id(model.id());
   if (!request.request_id().empty()) {
     // A retried submission is answered with its job, the queue full or not (and over quota
     // or not: the store looks it up before it counts).

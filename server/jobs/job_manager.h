@@ -62,7 +62,8 @@ class JobManager {
   // and ends watches. Returns when the workers have stopped or `deadline` has passed.
   void Shutdown(absl::Duration deadline);
 
-  // The job belongs to the caller's tenant, within its quotas.
+  // The job belongs to the caller's tenant, within its quotas. spec.model_id may be any
+  // model reference (ModelRegistry::Resolve); the job stores the full id it resolves to.
   absl::StatusOr<v1::Job> Submit(const Caller& caller, const v1::SubmitJobRequest& request);
   absl::StatusOr<v1::Job> Get(const Caller& caller, const std::string& id);
   // One tenant's jobs (empty: every tenant's); who may list which is the API's to decide.
@@ -110,6 +111,7 @@ class JobManager {
   int running() const { return scheduler_.running(); }
 
  private:
+  // Everything of the spec but its model, which Submit resolves.
   absl::Status ValidateSpec(const std::string& tenant, const v1::JobSpec& spec);
   // The job if the caller may see it; NOT_FOUND (worded as for a missing job) otherwise.
   absl::StatusOr<v1::Job> Visible(const Caller& caller, const std::string& id);

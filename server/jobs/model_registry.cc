@@ -2,9 +2,13 @@
 
 #include <google/protobuf/util/time_util.h>
 
+#include <algorithm>
+
 #include "absl/strings/match.h"
-#include "common/now.h"
 #include "absl/strings/str_cat.h"
+#include "common/now.h"
+#include "common/status_macros.h"
+#include "server/jobs/model_ref.h"
 
 namespace recal::jobs {
 namespace {
@@ -12,6 +16,19 @@ namespace {
 constexpr absl::string_view kIdPrefix = "sha256:";
 
 const std::vector<v1::JobState> kActiveStates = {v1::QUEUED, v1::RUNNING, v1::CANCELLING};
+
+// How many models an ambiguous digest prefix's error lists: enough to pick from, short
+// enough to read.
+constexpr int kMaxCandidates = 10;
+
+// What the tenant does next when a reference finds nothing (only its own models are looked
+// at, so nothing here says whether another tenant has one).
+constexpr absl::string_view kListHint = "; ListModels lists your models with their names and versions";
+
+// "sha256:<hex> (name:version)", as a person picks a model from a list.
+std::string Describe(const v1::Model& model) {
+  return absl::StrCat(model.id(), " (", model.name(), ":", model.version(), ")");
+}
 
 }  // namespace
 
@@ -23,6 +40,10 @@ absl::StatusOr<std::string> DigestOfModelId(const std::string& id) {
 }
 
 std::string ModelIdOf(const std::string& sha256_hex) { return absl::StrCat(kIdPrefix, sha256_hex); }
+
+std::string ModelNameOf(const v1::UploadHeader& header) {
+  return header.name().empty() ? std::string(store::kDefaultModelName) : header.name();
+}
 
 absl::Status ModelRegistry::CheckStorage(const std::string& tenant, int64_t more_bytes) {
   const int64_t limit = limits_ ? limits_(tenant).max_stored_bytes : 0;
@@ -40,6 +61,7 @@ absl::Status ModelRegistry::CheckStorage(const std::string& tenant, int64_t more
 absl::StatusOr<std::optional<v1::Model>> ModelRegistry::StartUpload(const std::string& tenant,
                                                                     const v1::UploadHeader& header) {
   if (header.size() <= 0) return absl::InvalidArgumentError("upload header: size must be positive");
+  RECAL_RETURN_IF_ERROR(CheckModelName(ModelNameOf(header)));
   if (header.size() > max_model_bytes_) {
     return absl::ResourceExhaustedError(absl::StrCat("model of ", header.size(), " bytes exceeds the server's limit of ",
                                                      max_model_bytes_, " (--max_model_bytes)"));
@@ -79,7 +101,7 @@ absl::StatusOr<v1::Model> ModelRegistry::FinishUpload(const std::string& tenant,
   v1::Model model;
   model.set_id(ModelIdOf(header.sha256()));
   model.set_tenant(tenant);
-  model.set_name(header.name());
+  model.set_name(ModelNameOf(header));
   model.set_size(header.size());
   model.mutable_labels()->insert(header.labels().begin(), header.labels().end());
   for (v1::BatchNormLayer& layer : *layers) *model.add_layers() = std::move(layer);
@@ -103,29 +125,64 @@ absl::StatusOr<v1::UploadStatus> ModelRegistry::UploadStatus(const std::string& 
   return status;
 }
 
-absl::StatusOr<v1::Model> ModelRegistry::Get(const std::string& tenant, const std::string& id) {
-  if (auto digest = DigestOfModelId(id); !digest.ok()) return digest.status();
-  return metadata_->GetModel(tenant, id);
+absl::StatusOr<v1::Model> ModelRegistry::Resolve(const std::string& tenant, const std::string& reference) {
+  RECAL_ASSIGN_OR_RETURN(const ModelRef ref, ParseModelRef(reference));
+  absl::StatusOr<v1::Model> model;
+  switch (ref.kind) {
+    case ModelRef::Kind::kId:
+      model = metadata_->GetModel(tenant, ModelIdOf(ref.digest));
+      break;
+    case ModelRef::Kind::kName:
+      model = metadata_->GetModelVersion(tenant, ref.name, ref.version);
+      break;
+    case ModelRef::Kind::kPrefix:
+      return ResolvePrefix(tenant, reference, ref.digest);
+  }
+  if (absl::IsNotFound(model.status())) {
+    return absl::NotFoundError(absl::StrCat(model.status().message(), kListHint));
+  }
+  return model;
+}
+
+absl::StatusOr<v1::Model> ModelRegistry::ResolvePrefix(const std::string& tenant, const std::string& reference,
+                                                       const std::string& hex) {
+  RECAL_ASSIGN_OR_RETURN(std::vector<v1::Model> found,
+                         metadata_->FindModelsByDigestPrefix(tenant, hex, kMaxCandidates + 1));
+  if (found.empty()) return absl::NotFoundError(absl::StrCat("no model's digest starts with ", hex, kListHint));
+  if (found.size() == 1) return std::move(found.front());
+  std::string candidates;
+  for (size_t i = 0; i < found.size() && i < kMaxCandidates; ++i) {
+    absl::StrAppend(&candidates, i == 0 ? "" : ", ", Describe(found[i]));
+  }
+  if (found.size() > kMaxCandidates) absl::StrAppend(&candidates, ", and more");
+  return absl::InvalidArgumentError(absl::StrCat("model '", reference, "' is ambiguous: the digests of ",
+                                                 found.size() > kMaxCandidates ? "more than " : "",
+                                                 std::min<size_t>(found.size(), kMaxCandidates),
+                                                 " models start with it: ", candidates,
+                                                 "; give more digits, or NAME:VERSION"));
 }
 
 absl::StatusOr<store::ModelPage> ModelRegistry::List(const std::string& tenant, int page_size,
-                                                     const std::string& page_token) {
-  return metadata_->ListModels(tenant, page_size, page_token);
+                                                     const std::string& page_token, const std::string& name) {
+  return metadata_->ListModels(tenant, page_size, page_token, name);
 }
 
-absl::Status ModelRegistry::Delete(const std::string& tenant, const std::string& id) {
-  auto digest = DigestOfModelId(id);
-  if (!digest.ok()) return digest.status();
-  auto users = metadata_->CountJobsUsingModel(tenant, id, kActiveStates);
-  if (!users.ok()) return users.status();
-  if (*users > 0) {
-    return absl::FailedPreconditionError(absl::StrCat("model ", id, " is used by ", *users, " queued or running job(s)"));
+absl::StatusOr<v1::Model> ModelRegistry::Delete(const std::string& tenant, const std::string& reference) {
+  RECAL_ASSIGN_OR_RETURN(v1::Model model, Resolve(tenant, reference));
+  RECAL_ASSIGN_OR_RETURN(const std::string digest, DigestOfModelId(model.id()));
+  // Jobs keep full ids (JobManager::Submit resolves them), so this counts the jobs submitted
+  // with any reference to these bytes.
+  RECAL_ASSIGN_OR_RETURN(const int64_t users, metadata_->CountJobsUsingModel(tenant, model.id(), kActiveStates));
+  if (users > 0) {
+    return absl::FailedPreconditionError(absl::StrCat("model ", Describe(model), " is used by ", users,
+                                                      " queued or running job(s); cancel them or wait for them "
+                                                      "to end, then delete it"));
   }
-  if (absl::Status deleted = metadata_->DeleteModel(tenant, id); !deleted.ok()) return deleted;
-  auto kept = metadata_->ModelStoredByAnyTenant(id);
-  auto referenced = metadata_->BlobReferenced(*digest);
-  if (kept.ok() && !*kept && referenced.ok() && !*referenced) return blobs_->Remove(*digest);
-  return absl::OkStatus();
+  RECAL_RETURN_IF_ERROR(metadata_->DeleteModel(tenant, model.id()));
+  auto kept = metadata_->ModelStoredByAnyTenant(model.id());
+  auto referenced = metadata_->BlobReferenced(digest);
+  if (kept.ok() && !*kept && referenced.ok() && !*referenced) RECAL_RETURN_IF_ERROR(blobs_->Remove(digest));
+  return model;
 }
 
 absl::StatusOr<std::string> ModelRegistry::DigestOf(const std::string& tenant, const std::string& id) {

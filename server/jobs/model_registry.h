@@ -1,5 +1,6 @@
 // Models: content-addressed uploads (resumable, digest verified, inspected before they are
-// accepted), lookup, listing and deletion.
+// accepted) with a name and a version per tenant; references resolved to exact bytes
+// (model_ref.h, docs/models.md), listing and deletion.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +26,8 @@ struct TenantLimits {
 using TenantLimitsFn = std::function<TenantLimits(const std::string& tenant)>;
 
 // Every call names the tenant it acts for: a tenant sees only its own models; another
-// tenant's model answers exactly as a model that does not exist.
+// tenant's model answers exactly as a model that does not exist (references are resolved
+// among the tenant's own models only).
 class ModelRegistry {
  public:
   // `runner` validates and inspects every upload (the server never loads a model itself).
@@ -37,29 +39,39 @@ class ModelRegistry {
         runner_(runner),
         limits_(std::move(limits)) {}
 
-  // Checks the header (and the tenant's stored-bytes quota). Returns the model if the
-  // tenant has these bytes already (nothing to upload), std::nullopt if the upload should
-  // proceed.
+  // Checks the header (its name: CheckModelName; and the tenant's stored-bytes quota).
+  // Returns the model if the tenant has these bytes already (nothing to upload; it keeps the
+  // name and version it has), std::nullopt if the upload should proceed.
   absl::StatusOr<std::optional<v1::Model>> StartUpload(const std::string& tenant, const v1::UploadHeader& header);
   absl::Status AppendChunk(const std::string& tenant, const v1::UploadHeader& header, const v1::UploadChunk& chunk);
   // Once every byte is committed: verifies the digest, loads the archive, validates its
-  // graphs, inspects it, and stores the model.
+  // graphs, inspects it, and stores the model as the next version of its name.
   absl::StatusOr<v1::Model> FinishUpload(const std::string& tenant, const v1::UploadHeader& header);
   absl::StatusOr<v1::UploadStatus> UploadStatus(const std::string& tenant, const std::string& sha256);
 
-  absl::StatusOr<v1::Model> Get(const std::string& tenant, const std::string& id);
-  // `tenant` empty: every tenant's (for admins).
-  absl::StatusOr<store::ModelPage> List(const std::string& tenant, int page_size, const std::string& page_token);
-  // FAILED_PRECONDITION while a queued or running job of the tenant uses it. The bytes go
-  // once no tenant's model or result needs them.
-  absl::Status Delete(const std::string& tenant, const std::string& id);
+  // The tenant's model that `reference` names (model_ref.h): INVALID_ARGUMENT for a malformed
+  // reference or a digest prefix several of the tenant's models share (listing them),
+  // NOT_FOUND saying what was looked for. Where a request names a model, this is the one
+  // place it is resolved; what is kept afterwards is the model's full id.
+  absl::StatusOr<v1::Model> Resolve(const std::string& tenant, const std::string& reference);
+  // Newest first. `tenant` empty: every tenant's (for admins); `name` not empty: its versions.
+  absl::StatusOr<store::ModelPage> List(const std::string& tenant, int page_size, const std::string& page_token,
+                                        const std::string& name);
+  // Deletes the model `reference` names (as Resolve) and returns it. FAILED_PRECONDITION
+  // while a queued or running job of the tenant uses it. The bytes go once no tenant's model
+  // or result needs them. Its version number is never given to other bytes.
+  absl::StatusOr<v1::Model> Delete(const std::string& tenant, const std::string& reference);
 
-  // The digest of a stored model (NOT_FOUND as Get; UNAVAILABLE while the metadata store is
-  // away). Its archive is BlobStore::LocalPath of it.
+  // The digest of the stored model with full id `id` (as a job keeps it; NOT_FOUND if the
+  // tenant has no such model; UNAVAILABLE while the metadata store is away). Its archive is
+  // BlobStore::LocalPath of it.
   absl::StatusOr<std::string> DigestOf(const std::string& tenant, const std::string& id);
 
  private:
   absl::Status CheckStorage(const std::string& tenant, int64_t more_bytes);
+  // The one model of the tenant whose digest starts with `hex` (Resolve of a prefix).
+  absl::StatusOr<v1::Model> ResolvePrefix(const std::string& tenant, const std::string& reference,
+                                          const std::string& hex);
 
   store::MetadataStore* metadata_;
   store::BlobStore* blobs_;
@@ -71,5 +83,7 @@ class ModelRegistry {
 // "sha256:<hex>" <-> "<hex>"; INVALID_ARGUMENT for anything else.
 absl::StatusOr<std::string> DigestOfModelId(const std::string& id);
 std::string ModelIdOf(const std::string& sha256_hex);
+// The name an upload stores: its header's, or store::kDefaultModelName for none.
+std::string ModelNameOf(const v1::UploadHeader& header);
 
 }  // namespace recal::jobs

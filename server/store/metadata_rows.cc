@@ -104,4 +104,30 @@ absl::Status CheckQuota(const std::string& tenant, const JobQuota& quota, int64_
   return absl::OkStatus();
 }
 
+absl::Status CheckNewModel(const v1::Model& model) {
+  if (model.id().empty()) return absl::InvalidArgumentError("cannot store a model without an id");
+  if (model.tenant().empty()) return absl::InvalidArgumentError("cannot store a model without a tenant");
+  return absl::OkStatus();
+}
+
+std::string StoredModelName(const v1::Model& model) {
+  return model.name().empty() ? std::string(kDefaultModelName) : model.name();
+}
+
+v1::Model AsNextVersion(v1::Model model, int64_t last_version) {
+  model.set_name(StoredModelName(model));
+  model.set_version(last_version + 1);
+  return model;
+}
+
+std::map<std::pair<std::string, std::string>, int64_t> NumberVersions(std::vector<v1::Model>& models) {
+  std::map<std::pair<std::string, std::string>, int64_t> last;
+  for (v1::Model& model : models) {
+    int64_t& version = last[{model.tenant(), StoredModelName(model)}];
+    model = AsNextVersion(std::move(model), version);
+    version = model.version();
+  }
+  return last;
+}
+
 }  // namespace recal::store::internal::rows

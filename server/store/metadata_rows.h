@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -54,6 +56,19 @@ absl::Status CheckQuota(const std::string& tenant, const JobQuota& quota, int64_
 // Sorts a sharded job's children, read in create_seq order, by shard index (stable: equal
 // indexes stay in create_seq order).
 void SortByShard(std::vector<v1::Job>& children);
+
+// What PutModel needs of a model: an id and a tenant (INVALID_ARGUMENT otherwise).
+absl::Status CheckNewModel(const v1::Model& model);
+// The name a model is stored under: its own, or kDefaultModelName when it has none.
+std::string StoredModelName(const v1::Model& model);
+// The model as stored when its bytes are new to its tenant: under StoredModelName, as version
+// `last_version` + 1, where `last_version` is the highest version the name ever had in the
+// tenant (0: none). The one rule for numbering versions, for PutModel and migrations alike.
+v1::Model AsNextVersion(v1::Model model, int64_t last_version);
+// Schema version 7 numbers the models of an older database: `models` (all of them, in the
+// order they were created) get AsNextVersion of their tenant and name in turn. Returns the
+// last version of each (tenant, name), for the table that keeps them.
+std::map<std::pair<std::string, std::string>, int64_t> NumberVersions(std::vector<v1::Model>& models);
 
 template <typename Message>
 absl::StatusOr<Message> Parse(const std::string& bytes, absl::string_view what, absl::string_view id) {

@@ -49,6 +49,10 @@ struct JobQuota {
 // from before tenants had.
 inline constexpr char kDefaultTenant[] = "default";
 
+// The name of a model uploaded without one, and of models stored before models had names
+// (schema version 7).
+inline constexpr char kDefaultModelName[] = "model";
+
 // How long a worker endpoint nobody refreshed, whose owner holds no lease, is kept.
 inline constexpr int64_t kForgetWorkerEndpointAfterMs = int64_t{7} * 24 * 3600 * 1000;
 
@@ -98,12 +102,26 @@ class MetadataStore {
   // store, and after any gap in which changes may have been missed, until the handle goes.
   // nullptr: this backend cannot tell other processes' changes (SQLite; watchers poll).
   virtual std::unique_ptr<ChangeWatch> WatchChanges(std::function<void()> on_change) { return nullptr; }
-  // Models (keyed by tenant and id). PutModel inserts or keeps the existing one (same
-  // tenant and bytes = one model).
+  // Models, keyed by tenant and id ("sha256:<hex>": one row per tenant and bytes), each with
+  // a name and a version under it (unique per tenant; docs/models.md).
+  // PutModel keeps the stored model if the tenant has these bytes already (the first name,
+  // version and metadata win). Otherwise it stores the model as the next version of its name
+  // (an empty name: kDefaultModelName): one more than the highest version the name ever had
+  // in the tenant, so that a number is never reused, also after deletions; model.version is
+  // ignored. Returns the model as stored.
   virtual absl::StatusOr<v1::Model> PutModel(const v1::Model& model) = 0;
   virtual absl::StatusOr<v1::Model> GetModel(const std::string& tenant, const std::string& id) = 0;  // NOT_FOUND
-  // `tenant` empty: every tenant's.
-  virtual absl::StatusOr<ModelPage> ListModels(const std::string& tenant, int page_size, const std::string& page_token) = 0;
+  // The tenant's model `name` at `version`, or its latest version when `version` is 0
+  // (NOT_FOUND if it has none).
+  virtual absl::StatusOr<v1::Model> GetModelVersion(const std::string& tenant, const std::string& name,
+                                                    int64_t version) = 0;
+  // The tenant's models whose id starts with "sha256:" + `hex_prefix`, by id, at most `limit`.
+  virtual absl::StatusOr<std::vector<v1::Model>> FindModelsByDigestPrefix(const std::string& tenant,
+                                                                          const std::string& hex_prefix,
+                                                                          int limit) = 0;
+  // Newest first. `tenant` empty: every tenant's; `name` not empty: that name's versions only.
+  virtual absl::StatusOr<ModelPage> ListModels(const std::string& tenant, int page_size, const std::string& page_token,
+                                               const std::string& name) = 0;
   virtual absl::Status DeleteModel(const std::string& tenant, const std::string& id) = 0;  // NOT_FOUND
   // Whether some tenant still has the model (so that its bytes must stay).
   virtual absl::StatusOr<bool> ModelStoredByAnyTenant(const std::string& id) = 0;

@@ -25,7 +25,7 @@ using namespace internal::rows;  // NOLINT: the rows helpers are this file's voc
 
 // The row of schema_version. 2 is SQLite's version 2, table for table (PostgreSQL stores
 // began there). Bump it, and add a step in MigrateSchema, whenever a table changes.
-constexpr int64_t kSchemaVersion = 6;
+constexpr int64_t kSchemaVersion = 7;
 
 // The advisory lock that whoever creates or migrates the schema holds: "recal" and a 1.
 constexpr int64_t kSchemaLockKey = 0x726563616c000001;
@@ -119,6 +119,22 @@ ALTER TABLE jobs ADD COLUMN created_ms BIGINT;
 CREATE INDEX jobs_created_by_tenant ON jobs(tenant, created_ms);
 )sql";
 
+// Version 7: model names and versions, as in SQLite's version 7. NumberModels fills the
+// columns for older rows, then makes the unique index; model_names keeps the highest version
+// each name ever had (never reused), and its row is what concurrent uploads under one name
+// lock to take turns.
+constexpr char kModelsV7[] = R"sql(
+ALTER TABLE models ADD COLUMN name TEXT NOT NULL DEFAULT '',
+                   ADD COLUMN version BIGINT NOT NULL DEFAULT 0;
+CREATE TABLE model_names (
+  tenant TEXT NOT NULL,
+  name TEXT NOT NULL,
+  last_version BIGINT NOT NULL,
+  PRIMARY KEY (tenant, name)
+);
+)sql";
+constexpr char kModelVersionsIndexV7[] = "CREATE UNIQUE INDEX models_by_name ON models(tenant, name, version)";
+
 // "($3,$4,$5)" for a state filter whose parameters start at $first.
 std::string Placeholders(int first, size_t n) {
   std::string s = "(";
@@ -160,6 +176,12 @@ struct PostgresMetadataStore::Impl {
     return conn.Exec(sql, params);
   }
   absl::Status MigrateSchema();
+  // Gives every model a name and a version (rows::NumberVersions) and indexes them.
+  absl::Status NumberModels();
+  // The tenant's model with this id, if any.
+  absl::StatusOr<std::optional<v1::Model>> FindModel(const std::string& tenant, const std::string& id);
+  // Inserts `model` (a new version) unless the tenant has its bytes already: whether it did.
+  absl::StatusOr<bool> InsertModel(const v1::Model& model);
   absl::StatusOr<bool> JobExists(const std::string& id);
   // JobExists that also locks the row until the transaction ends.
   absl::StatusOr<bool> LockJob(const std::string& id);
@@ -214,7 +236,7 @@ absl::Status PostgresMetadataStore::Impl::MigrateSchema() {
     }
   }
   if (version == kSchemaVersion) return absl::OkStatus();  // rolls back the empty transaction
-  if (version != 0 && version != 2 && version != 3 && version != 4 && version != 5) {
+  if (version != 0 && (version < 2 || version > kSchemaVersion)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "database ", conn.where(), " has schema version ", version, " but this recal-server knows only ",
         kSchemaVersion, "; run a matching server or point --store elsewhere"));
@@ -235,11 +257,61 @@ absl::Status PostgresMetadataStore::Impl::MigrateSchema() {
   // Every existing job stays top-level and uncoordinated: the columns' defaults.
   if (version < 4) RECAL_RETURN_IF_ERROR(conn.ExecScript(kJobsV4));
   if (version < 5) RECAL_RETURN_IF_ERROR(conn.ExecScript(kWorkerEndpointsV5));
-  RECAL_RETURN_IF_ERROR(conn.ExecScript(kJobsV6));
+  if (version < 6) RECAL_RETURN_IF_ERROR(conn.ExecScript(kJobsV6));
+  RECAL_RETURN_IF_ERROR(conn.ExecScript(kModelsV7));
+  RECAL_RETURN_IF_ERROR(NumberModels());
   RECAL_RETURN_IF_ERROR(Exec("DELETE FROM schema_version").status());
   RECAL_RETURN_IF_ERROR(
       Exec("INSERT INTO schema_version(version) VALUES($1)", Params().Int64(kSchemaVersion)).status());
   return txn.Commit();
+}
+
+absl::Status PostgresMetadataStore::Impl::NumberModels() {
+  RECAL_ASSIGN_OR_RETURN(Result r, Exec("SELECT id, proto, tenant FROM models ORDER BY create_seq"));
+  std::vector<v1::Model> models;
+  for (int i = 0; i < r.rows(); ++i) {
+    RECAL_ASSIGN_OR_RETURN(v1::Model model, Parse<v1::Model>(r.Bytes(i, 1), "model", r.Bytes(i, 0)));
+    model.set_tenant(r.Bytes(i, 2));  // the column is the key; older protos may lack it
+    models.push_back(std::move(model));
+  }
+  for (const auto& [key, last] : NumberVersions(models)) {
+    RECAL_RETURN_IF_ERROR(Exec("INSERT INTO model_names(tenant, name, last_version) VALUES($1, $2, $3)",
+                               Params().Text(key.first).Text(key.second).Int64(last))
+                              .status());
+  }
+  for (const v1::Model& model : models) {
+    RECAL_RETURN_IF_ERROR(Exec("UPDATE models SET name = $3, version = $4, proto = $5 WHERE tenant = $1 AND id = $2",
+                               Params()
+                                   .Text(model.tenant())
+                                   .Text(model.id())
+                                   .Text(model.name())
+                                   .Int64(model.version())
+                                   .Bytes(model.SerializeAsString()))
+                              .status());
+  }
+  return Exec(kModelVersionsIndexV7).status();
+}
+
+absl::StatusOr<std::optional<v1::Model>> PostgresMetadataStore::Impl::FindModel(const std::string& tenant,
+                                                                                const std::string& id) {
+  RECAL_ASSIGN_OR_RETURN(
+      Result r, Exec("SELECT proto FROM models WHERE tenant = $1 AND id = $2", Params().Text(tenant).Text(id)));
+  if (r.rows() == 0) return std::optional<v1::Model>();
+  RECAL_ASSIGN_OR_RETURN(v1::Model model, Parse<v1::Model>(r.Bytes(0, 0), "model", id));
+  return std::optional<v1::Model>(std::move(model));
+}
+
+absl::StatusOr<bool> PostgresMetadataStore::Impl::InsertModel(const v1::Model& model) {
+  RECAL_ASSIGN_OR_RETURN(Result r, Exec("INSERT INTO models(tenant, id, size, proto, name, version) "
+                                        "VALUES($1, $2, $3, $4, $5, $6) ON CONFLICT (tenant, id) DO NOTHING",
+                                        Params()
+                                            .Text(model.tenant())
+                                            .Text(model.id())
+                                            .Int64(model.size())
+                                            .Bytes(model.SerializeAsString())
+                                            .Text(model.name())
+                                            .Int64(model.version())));
+  return r.Affected() > 0;
 }
 
 absl::StatusOr<std::unique_ptr<PostgresMetadataStore>> PostgresMetadataStore::Open(const std::string& uri) {
@@ -255,32 +327,80 @@ PostgresMetadataStore::~PostgresMetadataStore() = default;
 // ------------------------------------------------------------------------------ models
 
 absl::StatusOr<v1::Model> PostgresMetadataStore::PutModel(const v1::Model& model) {
-  if (model.id().empty()) return absl::InvalidArgumentError("cannot store a model without an id");
-  if (model.tenant().empty()) return absl::InvalidArgumentError("cannot store a model without a tenant");
+  RECAL_RETURN_IF_ERROR(CheckNewModel(model));
+  const std::string name = StoredModelName(model);
   return impl_->Run([&]() -> absl::StatusOr<v1::Model> {
     RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn));
-    // Same tenant and id = same bytes: the first stored metadata (name, labels, create_time)
-    // wins. A concurrent insert of the same key is waited for, then seen by the SELECT.
-    RECAL_RETURN_IF_ERROR(impl_->Exec("INSERT INTO models(tenant, id, size, proto) VALUES($1, $2, $3, $4) "
-                                      "ON CONFLICT (tenant, id) DO NOTHING",
-                                      Params().Text(model.tenant()).Text(model.id()).Int64(model.size()).Bytes(
-                                          model.SerializeAsString()))
+    // The name's row, locked until COMMIT: uploads under one name in any process take turns,
+    // so that each gets a version of its own.
+    RECAL_RETURN_IF_ERROR(impl_->Exec("INSERT INTO model_names(tenant, name, last_version) VALUES($1, $2, 0) "
+                                      "ON CONFLICT (tenant, name) DO NOTHING",
+                                      Params().Text(model.tenant()).Text(name))
                               .status());
-    RECAL_ASSIGN_OR_RETURN(Result r, impl_->Exec("SELECT proto FROM models WHERE tenant = $1 AND id = $2",
-                                                 Params().Text(model.tenant()).Text(model.id())));
-    if (r.rows() == 0) return absl::InternalError(absl::StrCat("model '", model.id(), "' vanished while being stored"));
-    const std::string bytes = r.Bytes(0, 0);
+    RECAL_ASSIGN_OR_RETURN(Result last, impl_->Exec("SELECT last_version FROM model_names WHERE tenant = $1 AND "
+                                                    "name = $2 FOR UPDATE",
+                                                    Params().Text(model.tenant()).Text(name)));
+    if (last.rows() == 0) return absl::InternalError(absl::StrCat("model name '", name, "' vanished while locked"));
+    // Same tenant and bytes: the stored model stays (rolling back leaves no trace of a name
+    // it brought). The same bytes inserted meanwhile under another name are waited for by the
+    // insert, which then does nothing: that model is the answer too.
+    RECAL_ASSIGN_OR_RETURN(std::optional<v1::Model> existing, impl_->FindModel(model.tenant(), model.id()));
+    if (existing) return *std::move(existing);
+    const v1::Model stored = AsNextVersion(model, last.Int64(0, 0));
+    RECAL_ASSIGN_OR_RETURN(const bool inserted, impl_->InsertModel(stored));
+    if (!inserted) {
+      RECAL_ASSIGN_OR_RETURN(existing, impl_->FindModel(model.tenant(), model.id()));
+      if (!existing) return absl::InternalError(absl::StrCat("model '", model.id(), "' vanished while being stored"));
+      return *std::move(existing);
+    }
+    RECAL_RETURN_IF_ERROR(impl_->Exec("UPDATE model_names SET last_version = $3 WHERE tenant = $1 AND name = $2",
+                                      Params().Text(model.tenant()).Text(name).Int64(stored.version()))
+                              .status());
     RECAL_RETURN_IF_ERROR(txn.Commit());
-    return Parse<v1::Model>(bytes, "model", model.id());
+    return stored;
   });
 }
 
 absl::StatusOr<v1::Model> PostgresMetadataStore::GetModel(const std::string& tenant, const std::string& id) {
   return impl_->Run([&]() -> absl::StatusOr<v1::Model> {
-    RECAL_ASSIGN_OR_RETURN(Result r, impl_->Exec("SELECT proto FROM models WHERE tenant = $1 AND id = $2",
-                                                 Params().Text(tenant).Text(id)));
-    if (r.rows() == 0) return absl::NotFoundError(absl::StrCat("no model '", id, "'"));
-    return Parse<v1::Model>(r.Bytes(0, 0), "model", id);
+    RECAL_ASSIGN_OR_RETURN(std::optional<v1::Model> model, impl_->FindModel(tenant, id));
+    if (!model) return absl::NotFoundError(absl::StrCat("no model '", id, "'"));
+    return *std::move(model);
+  });
+}
+
+absl::StatusOr<v1::Model> PostgresMetadataStore::GetModelVersion(const std::string& tenant, const std::string& name,
+                                                                 int64_t version) {
+  return impl_->Run([&]() -> absl::StatusOr<v1::Model> {
+    RECAL_ASSIGN_OR_RETURN(Result r, impl_->Exec("SELECT id, proto FROM models WHERE tenant = $1 AND name = $2 "
+                                                 "AND ($3 = 0 OR version = $3) ORDER BY version DESC LIMIT 1",
+                                                 Params().Text(tenant).Text(name).Int64(version)));
+    if (r.rows() == 0) {
+      return absl::NotFoundError(version == 0 ? absl::StrCat("no model named '", name, "'")
+                                              : absl::StrCat("no version ", version, " of model '", name, "'"));
+    }
+    return Parse<v1::Model>(r.Bytes(0, 1), "model", r.Bytes(0, 0));
+  });
+}
+
+absl::StatusOr<std::vector<v1::Model>> PostgresMetadataStore::FindModelsByDigestPrefix(const std::string& tenant,
+                                                                                       const std::string& hex_prefix,
+                                                                                       int limit) {
+  const std::string prefix = absl::StrCat("sha256:", hex_prefix);
+  return impl_->Run([&]() -> absl::StatusOr<std::vector<v1::Model>> {
+    RECAL_ASSIGN_OR_RETURN(Result r, impl_->Exec("SELECT id, proto FROM models WHERE tenant = $1 "
+                                                 "AND substr(id, 1, $2::int) = $3 ORDER BY id LIMIT $4",
+                                                 Params()
+                                                     .Text(tenant)
+                                                     .Int64(static_cast<int64_t>(prefix.size()))
+                                                     .Text(prefix)
+                                                     .Int64(limit)));
+    std::vector<v1::Model> models;
+    for (int i = 0; i < r.rows(); ++i) {
+      RECAL_ASSIGN_OR_RETURN(v1::Model model, Parse<v1::Model>(r.Bytes(i, 1), "model", r.Bytes(i, 0)));
+      models.push_back(std::move(model));
+    }
+    return models;
   });
 }
 
@@ -292,15 +412,16 @@ absl::StatusOr<bool> PostgresMetadataStore::ModelStoredByAnyTenant(const std::st
 }
 
 absl::StatusOr<ModelPage> PostgresMetadataStore::ListModels(const std::string& tenant, int page_size,
-                                                            const std::string& page_token) {
+                                                            const std::string& page_token, const std::string& name) {
   RECAL_ASSIGN_OR_RETURN(const int64_t below, DecodePageToken("models", page_token));
   const int limit = ClampPageSize(page_size);
   return impl_->Run([&]() -> absl::StatusOr<ModelPage> {
     // Newest first, like ListJobs. One extra row tells whether there is a next page.
     RECAL_ASSIGN_OR_RETURN(
         Result r, impl_->Exec("SELECT id, create_seq, proto FROM models WHERE ($1 = 0 OR create_seq < $1) "
-                              "AND ($3 = '' OR tenant = $3) ORDER BY create_seq DESC LIMIT $2",
-                              Params().Int64(below).Int64(int64_t{limit} + 1).Text(tenant)));
+                              "AND ($3 = '' OR tenant = $3) AND ($4 = '' OR name = $4) "
+                              "ORDER BY create_seq DESC LIMIT $2",
+                              Params().Int64(below).Int64(int64_t{limit} + 1).Text(tenant).Text(name)));
     ModelPage page;
     for (int i = 0; i < r.rows(); ++i) {
       if (i == limit) {

@@ -25,7 +25,7 @@ using namespace internal::rows;  // NOLINT: the rows helpers are this file's voc
 
 // PRAGMA user_version of the schema below. Bump it (and add a migration step in
 // MigrateSchema) whenever a table changes.
-constexpr int64_t kSchemaVersion = 6;
+constexpr int64_t kSchemaVersion = 7;
 
 // create_seq is a per-table counter, so "newest first" and page tokens do not depend on
 // clock resolution or clock steps. Every model and job belongs to one tenant: a model's
@@ -96,6 +96,21 @@ constexpr char kJobsV6[] = R"sql(
 ALTER TABLE jobs ADD COLUMN created_ms INTEGER;
 CREATE INDEX jobs_created_by_tenant ON jobs(tenant, created_ms);
 )sql";
+// Version 7: model names and versions. A model row is still one per tenant and bytes; its
+// name and version are columns (NumberModels fills them for older rows, then the unique index
+// is made), and model_names keeps the highest version each name ever had, so that a deleted
+// version's number is never given to other bytes.
+constexpr char kModelsV7[] = R"sql(
+ALTER TABLE models ADD COLUMN name TEXT NOT NULL DEFAULT '';
+ALTER TABLE models ADD COLUMN version INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE model_names (
+  tenant TEXT NOT NULL,
+  name TEXT NOT NULL,
+  last_version INTEGER NOT NULL,
+  PRIMARY KEY (tenant, name)
+) WITHOUT ROWID;
+)sql";
+constexpr char kModelVersionsIndexV7[] = "CREATE UNIQUE INDEX models_by_name ON models(tenant, name, version);";
 constexpr char kEventsAndResults[] = R"sql(
 CREATE TABLE events (
   job_id TEXT NOT NULL,
@@ -140,7 +155,13 @@ struct SqliteMetadataStore::Impl {
   absl::Status MigrateV3ToV4();
   absl::Status MigrateV4ToV5();
   absl::Status MigrateV5ToV6();
+  // Gives every model a name and a version (rows::NumberVersions) and indexes them.
+  absl::Status NumberModels();
   absl::Status InsertModel(const v1::Model& model);
+  // The highest version `name` ever had in `tenant` (0: none); and its new value.
+  absl::StatusOr<int64_t> LastVersion(const std::string& tenant, const std::string& name);
+  absl::Status SetLastVersion(const std::string& tenant, const std::string& name, int64_t version);
+  absl::StatusOr<std::optional<v1::Model>> FindModel(const std::string& tenant, const std::string& id);
   // `created_ms` nullopt: a row from before version 6 (migrated), which has none.
   absl::Status InsertJob(const v1::Job& job, std::optional<int64_t> created_ms);
   // Inserts a new job and its events (seq and time assigned). ALREADY_EXISTS if the id is
@@ -187,7 +208,10 @@ absl::Status SqliteMetadataStore::Impl::MigrateSchema() {
     RECAL_RETURN_IF_ERROR(MigrateV3ToV4());
   }
   if (version < 5) RECAL_RETURN_IF_ERROR(MigrateV4ToV5());
-  if (version != 1) RECAL_RETURN_IF_ERROR(MigrateV5ToV6());  // version 1 went straight to it
+  // Version 1 went straight to version 7's columns.
+  if (version != 1 && version < 6) RECAL_RETURN_IF_ERROR(MigrateV5ToV6());
+  if (version != 1) RECAL_RETURN_IF_ERROR(db.Exec(kModelsV7));
+  RECAL_RETURN_IF_ERROR(NumberModels());
   RECAL_RETURN_IF_ERROR(db.Exec(absl::StrCat("PRAGMA user_version = ", kSchemaVersion)));
   return txn.Commit();
 }
@@ -198,7 +222,8 @@ absl::Status SqliteMetadataStore::Impl::MigrateV1ToV2() {
   RECAL_RETURN_IF_ERROR(db.Exec(kTablesV2));
   RECAL_RETURN_IF_ERROR(db.Exec(kJobsV3));
   RECAL_RETURN_IF_ERROR(db.Exec(kJobsV4));
-  RECAL_RETURN_IF_ERROR(db.Exec(kJobsV6));  // InsertJob writes created_ms
+  RECAL_RETURN_IF_ERROR(db.Exec(kJobsV6));    // InsertJob writes created_ms
+  RECAL_RETURN_IF_ERROR(db.Exec(kModelsV7));  // InsertModel writes name and version
   {
     RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT id, proto FROM models_v1 ORDER BY create_seq"));
     while (true) {
@@ -243,11 +268,69 @@ absl::Status SqliteMetadataStore::Impl::MigrateV4ToV5() { return db.Exec(kWorker
 
 absl::Status SqliteMetadataStore::Impl::MigrateV5ToV6() { return db.Exec(kJobsV6); }
 
+absl::Status SqliteMetadataStore::Impl::NumberModels() {
+  std::vector<v1::Model> models;
+  {
+    RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT id, proto, tenant FROM models ORDER BY create_seq"));
+    while (true) {
+      RECAL_ASSIGN_OR_RETURN(const bool row, q.Step());
+      if (!row) break;
+      RECAL_ASSIGN_OR_RETURN(v1::Model model, Parse<v1::Model>(q.Blob(1), "model", q.Text(0)));
+      model.set_tenant(q.Text(2));  // the column is the key; older protos may lack it
+      models.push_back(std::move(model));
+    }
+  }
+  for (const auto& [key, last] : NumberVersions(models)) {
+    RECAL_RETURN_IF_ERROR(SetLastVersion(key.first, key.second, last));
+  }
+  for (const v1::Model& model : models) {
+    RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("UPDATE models SET name = ?3, version = ?4, proto = ?5 "
+                                               "WHERE tenant = ?1 AND id = ?2"));
+    RECAL_RETURN_IF_ERROR(q.Bind(1, model.tenant())
+                              .Bind(2, model.id())
+                              .Bind(3, model.name())
+                              .Bind(4, model.version())
+                              .BindBlob(5, model.SerializeAsString())
+                              .Run());
+  }
+  return db.Exec(kModelVersionsIndexV7);
+}
+
 absl::Status SqliteMetadataStore::Impl::InsertModel(const v1::Model& model) {
-  RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("INSERT OR IGNORE INTO models(tenant, id, create_seq, size, proto) "
-                                             "VALUES(?1, ?2, (SELECT COALESCE(MAX(create_seq), 0) + 1 FROM models), "
-                                             "?3, ?4)"));
-  return q.Bind(1, model.tenant()).Bind(2, model.id()).Bind(3, model.size()).BindBlob(4, model.SerializeAsString()).Run();
+  RECAL_ASSIGN_OR_RETURN(Query q,
+                         db.Prepare("INSERT OR IGNORE INTO models(tenant, id, create_seq, size, proto, name, version) "
+                                    "VALUES(?1, ?2, (SELECT COALESCE(MAX(create_seq), 0) + 1 FROM models), "
+                                    "?3, ?4, ?5, ?6)"));
+  return q.Bind(1, model.tenant())
+      .Bind(2, model.id())
+      .Bind(3, model.size())
+      .BindBlob(4, model.SerializeAsString())
+      .Bind(5, model.name())
+      .Bind(6, model.version())
+      .Run();
+}
+
+absl::StatusOr<int64_t> SqliteMetadataStore::Impl::LastVersion(const std::string& tenant, const std::string& name) {
+  RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT last_version FROM model_names WHERE tenant = ?1 AND name = ?2"));
+  RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, tenant).Bind(2, name).Step());
+  return row ? q.Int64(0) : 0;
+}
+
+absl::Status SqliteMetadataStore::Impl::SetLastVersion(const std::string& tenant, const std::string& name,
+                                                       int64_t version) {
+  RECAL_ASSIGN_OR_RETURN(Query q,
+                         db.Prepare("INSERT INTO model_names(tenant, name, last_version) VALUES(?1, ?2, ?3) "
+                                    "ON CONFLICT(tenant, name) DO UPDATE SET last_version = excluded.last_version"));
+  return q.Bind(1, tenant).Bind(2, name).Bind(3, version).Run();
+}
+
+absl::StatusOr<std::optional<v1::Model>> SqliteMetadataStore::Impl::FindModel(const std::string& tenant,
+                                                                              const std::string& id) {
+  RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT proto FROM models WHERE tenant = ?1 AND id = ?2"));
+  RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, tenant).Bind(2, id).Step());
+  if (!row) return std::optional<v1::Model>();
+  RECAL_ASSIGN_OR_RETURN(v1::Model model, Parse<v1::Model>(q.Blob(0), "model", id));
+  return std::optional<v1::Model>(std::move(model));
 }
 
 absl::Status SqliteMetadataStore::Impl::InsertJob(const v1::Job& job, std::optional<int64_t> created_ms) {
@@ -327,30 +410,59 @@ SqliteMetadataStore::~SqliteMetadataStore() = default;
 // ------------------------------------------------------------------------------ models
 
 absl::StatusOr<v1::Model> SqliteMetadataStore::PutModel(const v1::Model& model) {
-  if (model.id().empty()) return absl::InvalidArgumentError("cannot store a model without an id");
-  if (model.tenant().empty()) return absl::InvalidArgumentError("cannot store a model without a tenant");
+  RECAL_RETURN_IF_ERROR(CheckNewModel(model));
   std::lock_guard<std::mutex> lock(impl_->mu);
   Db& db = impl_->db;
+  // One write transaction (BEGIN IMMEDIATE) from the look-up to the insert: no other writer
+  // can take the same bytes or the same version in between.
   RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
-  // Same tenant and id = same bytes: the first stored metadata (name, labels, create_time) wins.
-  RECAL_RETURN_IF_ERROR(impl_->InsertModel(model));
-  std::string bytes;
-  {
-    RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT proto FROM models WHERE tenant = ?1 AND id = ?2"));
-    RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, model.tenant()).Bind(2, model.id()).Step());
-    if (!row) return absl::InternalError(absl::StrCat("model '", model.id(), "' vanished while being stored"));
-    bytes = q.Blob(0);
-  }
+  RECAL_ASSIGN_OR_RETURN(std::optional<v1::Model> existing, impl_->FindModel(model.tenant(), model.id()));
+  if (existing) return *std::move(existing);  // rolls back the transaction: nothing written
+  const std::string name = StoredModelName(model);
+  RECAL_ASSIGN_OR_RETURN(const int64_t last, impl_->LastVersion(model.tenant(), name));
+  const v1::Model stored = AsNextVersion(model, last);
+  RECAL_RETURN_IF_ERROR(impl_->InsertModel(stored));
+  RECAL_RETURN_IF_ERROR(impl_->SetLastVersion(stored.tenant(), name, stored.version()));
   RECAL_RETURN_IF_ERROR(txn.Commit());
-  return Parse<v1::Model>(bytes, "model", model.id());
+  return stored;
 }
 
 absl::StatusOr<v1::Model> SqliteMetadataStore::GetModel(const std::string& tenant, const std::string& id) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("SELECT proto FROM models WHERE tenant = ?1 AND id = ?2"));
-  RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, tenant).Bind(2, id).Step());
-  if (!row) return absl::NotFoundError(absl::StrCat("no model '", id, "'"));
-  return Parse<v1::Model>(q.Blob(0), "model", id);
+  RECAL_ASSIGN_OR_RETURN(std::optional<v1::Model> model, impl_->FindModel(tenant, id));
+  if (!model) return absl::NotFoundError(absl::StrCat("no model '", id, "'"));
+  return *std::move(model);
+}
+
+absl::StatusOr<v1::Model> SqliteMetadataStore::GetModelVersion(const std::string& tenant, const std::string& name,
+                                                               int64_t version) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("SELECT id, proto FROM models WHERE tenant = ?1 AND name = ?2 "
+                                                    "AND (?3 = 0 OR version = ?3) ORDER BY version DESC LIMIT 1"));
+  RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, tenant).Bind(2, name).Bind(3, version).Step());
+  if (!row) {
+    return absl::NotFoundError(version == 0 ? absl::StrCat("no model named '", name, "'")
+                                            : absl::StrCat("no version ", version, " of model '", name, "'"));
+  }
+  return Parse<v1::Model>(q.Blob(1), "model", q.Text(0));
+}
+
+absl::StatusOr<std::vector<v1::Model>> SqliteMetadataStore::FindModelsByDigestPrefix(const std::string& tenant,
+                                                                                     const std::string& hex_prefix,
+                                                                                     int limit) {
+  const std::string prefix = absl::StrCat("sha256:", hex_prefix);
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("SELECT id, proto FROM models WHERE tenant = ?1 "
+                                                    "AND substr(id, 1, ?2) = ?3 ORDER BY id LIMIT ?4"));
+  q.Bind(1, tenant).Bind(2, static_cast<int64_t>(prefix.size())).Bind(3, prefix).Bind(4, int64_t{limit});
+  std::vector<v1::Model> models;
+  while (true) {
+    RECAL_ASSIGN_OR_RETURN(const bool row, q.Step());
+    if (!row) break;
+    RECAL_ASSIGN_OR_RETURN(v1::Model model, Parse<v1::Model>(q.Blob(1), "model", q.Text(0)));
+    models.push_back(std::move(model));
+  }
+  return models;
 }
 
 absl::StatusOr<bool> SqliteMetadataStore::ModelStoredByAnyTenant(const std::string& id) {
@@ -360,15 +472,16 @@ absl::StatusOr<bool> SqliteMetadataStore::ModelStoredByAnyTenant(const std::stri
 }
 
 absl::StatusOr<ModelPage> SqliteMetadataStore::ListModels(const std::string& tenant, int page_size,
-                                                    const std::string& page_token) {
+                                                          const std::string& page_token, const std::string& name) {
   RECAL_ASSIGN_OR_RETURN(const int64_t below, DecodePageToken("models", page_token));
   const int limit = ClampPageSize(page_size);
   std::lock_guard<std::mutex> lock(impl_->mu);
   // Newest first, like ListJobs. One extra row tells whether there is a next page.
   RECAL_ASSIGN_OR_RETURN(
       Query q, impl_->db.Prepare("SELECT id, create_seq, proto FROM models WHERE (?1 = 0 OR create_seq < ?1) "
-                                 "AND (?3 = '' OR tenant = ?3) ORDER BY create_seq DESC LIMIT ?2"));
-  q.Bind(1, below).Bind(2, int64_t{limit} + 1).Bind(3, tenant);
+                                 "AND (?3 = '' OR tenant = ?3) AND (?4 = '' OR name = ?4) "
+                                 "ORDER BY create_seq DESC LIMIT ?2"));
+  q.Bind(1, below).Bind(2, int64_t{limit} + 1).Bind(3, tenant).Bind(4, name);
   ModelPage page;
   int64_t last_seq = 0;
   while (true) {

@@ -17,7 +17,12 @@ class SqliteMetadataStore final : public MetadataStore {
 
   absl::StatusOr<v1::Model> PutModel(const v1::Model& model) override;
   absl::StatusOr<v1::Model> GetModel(const std::string& tenant, const std::string& id) override;
-  absl::StatusOr<ModelPage> ListModels(const std::string& tenant, int page_size, const std::string& page_token) override;
+  absl::StatusOr<v1::Model> GetModelVersion(const std::string& tenant, const std::string& name,
+                                            int64_t version) override;
+  absl::StatusOr<std::vector<v1::Model>> FindModelsByDigestPrefix(const std::string& tenant,
+                                                                  const std::string& hex_prefix, int limit) override;
+  absl::StatusOr<ModelPage> ListModels(const std::string& tenant, int page_size, const std::string& page_token,
+                                       const std::string& name) override;
   absl::Status DeleteModel(const std::string& tenant, const std::string& id) override;
   absl::StatusOr<bool> ModelStoredByAnyTenant(const std::string& id) override;
   absl::StatusOr<int64_t> CountJobsUsingModel(const std::string& tenant, const std::string& model_id,

@@ -36,11 +36,11 @@ inline void WriteResults(const RecalibrationTask& task) {
   }
 }
 
-// Uploads `bytes` as a model (the fake runner inspects nothing) and returns its id.
+// Uploads `bytes` as a model named `name` (the fake runner inspects nothing) and returns its id.
 inline std::string UploadAnyModel(ModelRegistry& models, const std::string& tenant = "t",
-                                  const std::string& bytes = "a model archive") {
+                                  const std::string& bytes = "a model archive", const std::string& name = "m") {
   v1::UploadHeader header;
-  header.set_name("m");
+  header.set_name(name);
   header.set_size(bytes.size());
   header.set_sha256(Sha256Hex(bytes));
   if (!models.StartUpload(tenant, header).ok()) return "";

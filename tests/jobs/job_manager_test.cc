@@ -141,6 +141,37 @@ TEST_F(JobManagerTest, FilesAWorkerLinkedElsewhereAreNotAdopted) {
 
 // Two api replicas (no workers: their jobs stay queued) on one store, each with a connection
 // of its own: a tenant's quotas are counted in the store, so they hold across both.
+// A job is submitted with any reference to a model and keeps the full id it resolved to:
+// bytes uploaded under the name after it do not change what it runs.
+TEST_F(JobManagerTest, AJobKeepsTheFullIdItsModelReferenceResolvedTo) {
+  runner_.recalibrate = [](const RecalibrationTask& task, const RunHooks&) -> absl::StatusOr<v1::RunReport> {
+    WriteResults(task);
+    return v1::RunReport();
+  };
+  const std::string first = UploadAnyModel(*models_, "t", "rn50 bytes", "rn50");
+  ASSERT_FALSE(first.empty());
+  for (const std::string& reference : {std::string("rn50"), std::string("rn50:1"), first.substr(7, 6), first}) {
+    model_id_ = reference;
+    const v1::Job job = Submit();
+    EXPECT_EQ(job.spec().model_id(), first) << reference;
+    EXPECT_EQ(jobs_->Get(caller_, job.id())->spec().model_id(), first) << reference;
+  }
+  model_id_ = "rn50";
+  const v1::Job before = Submit();
+  const std::string second = UploadAnyModel(*models_, "t", "newer rn50 bytes", "rn50");
+  ASSERT_FALSE(second.empty());
+  EXPECT_EQ(WaitForEnd(before.id()).spec().model_id(), first);
+  EXPECT_EQ(Submit().spec().model_id(), second);
+  // Resolution happens in the caller's tenant only.
+  v1::SubmitJobRequest request;
+  request.mutable_spec()->set_model_id("rn50");
+  request.mutable_spec()->set_batch_size(4);
+  request.mutable_spec()->mutable_data()->mutable_synthetic()->add_sample_shape(3);
+  EXPECT_TRUE(absl::IsNotFound(jobs_->Submit(Caller{"u"}, request).status()));
+  request.mutable_spec()->set_model_id("");
+  EXPECT_THAT(jobs_->Submit(caller_, request).status().message(), HasSubstr("spec.model_id is required"));
+}
+
 TEST_F(JobManagerTest, QuotasHoldAcrossTwoApiReplicasOnOneStore) {
   jobs_->Shutdown(absl::Seconds(10));  // runs nothing here
   const std::string u_model = UploadAnyModel(*models_, "u");

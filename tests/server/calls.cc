@@ -10,15 +10,17 @@
 
 namespace recal::testing {
 
-// Sends header + chunks [from, to) of `bytes`, then ends the stream, or with `break_off`
-// drops the connection instead (a broken upload).
-grpc::Status Upload(v1::Recal::Stub& stub, const std::string& bytes, v1::Model* model, int64_t from, int64_t to,
-                    std::string digest, bool break_off, int64_t chunk) {
+namespace {
+
+// Sends header (naming the model `name`) + chunks [from, to) of `bytes`, then ends the
+// stream, or with `break_off` drops the connection instead (a broken upload).
+grpc::Status UploadPart(v1::Recal::Stub& stub, const std::string& bytes, const std::string& name, v1::Model* model,
+                        int64_t from, int64_t to, std::string digest, bool break_off, int64_t chunk) {
   if (to < 0) to = bytes.size();
   grpc::ClientContext context;
   auto writer = stub.UploadModel(&context, model);
   v1::UploadModelRequest header;
-  header.mutable_header()->set_name("resnet18");
+  header.mutable_header()->set_name(name);
   header.mutable_header()->set_size(bytes.size());
   header.mutable_header()->set_sha256(digest.empty() ? Sha256Hex(bytes) : digest);
   writer->Write(header);
@@ -36,6 +38,17 @@ grpc::Status Upload(v1::Recal::Stub& stub, const std::string& bytes, v1::Model* 
     writer->WritesDone();
   }
   return writer->Finish();
+}
+
+}  // namespace
+
+grpc::Status Upload(v1::Recal::Stub& stub, const std::string& bytes, v1::Model* model, int64_t from, int64_t to,
+                    std::string digest, bool break_off, int64_t chunk) {
+  return UploadPart(stub, bytes, "resnet18", model, from, to, std::move(digest), break_off, chunk);
+}
+
+grpc::Status UploadNamed(v1::Recal::Stub& stub, const std::string& bytes, const std::string& name, v1::Model* model) {
+  return UploadPart(stub, bytes, name, model, 0, -1, "", false, 1 << 20);
 }
 
 grpc::Status PushAll(v1::Recal::Stub& stub, const std::string& id, int shard, const std::vector<v1::Tensor>& batches,

@@ -16,6 +16,9 @@ namespace recal::testing {
 grpc::Status Upload(v1::Recal::Stub& stub, const std::string& bytes, v1::Model* model, int64_t from = 0,
                     int64_t to = -1, std::string digest = "", bool break_off = false, int64_t chunk = 1 << 20);
 
+// All of `bytes` as the model `name` (Upload names every model "resnet18").
+grpc::Status UploadNamed(v1::Recal::Stub& stub, const std::string& bytes, const std::string& name, v1::Model* model);
+
 // Pushes `batches` (one input each) into shard `shard` of the client-stream job `id`, then
 // the message marked last; the call's status. part_bytes > 0: each batch in parts of that
 // many bytes of data (PushBatchesRequest.batch_continues), as the clients send large ones.

@@ -269,7 +269,9 @@ TEST_F(ServerTest, BadSpecsAndPathsOutsideTheDataRootsAreRefused) {
       {NpyJob(model_id, "data/no_such_file.npy", 8), grpc::StatusCode::NOT_FOUND},
       {NpyJob(model_id, "data/resnet18.npy", 0), grpc::StatusCode::INVALID_ARGUMENT},
       {NpyJob("sha256:" + std::string(64, '0'), "data/resnet18.npy", 8), grpc::StatusCode::NOT_FOUND},
-      {NpyJob("not-an-id", "data/resnet18.npy", 8), grpc::StatusCode::INVALID_ARGUMENT},
+      {NpyJob("not-an-id", "data/resnet18.npy", 8), grpc::StatusCode::NOT_FOUND},  // a name nobody has
+      {NpyJob("sha256:not-hex", "data/resnet18.npy", 8), grpc::StatusCode::INVALID_ARGUMENT},
+      {NpyJob("resnet18:0", "data/resnet18.npy", 8), grpc::StatusCode::INVALID_ARGUMENT},
   };
   for (const Case& c : cases) {
     grpc::Status status;

@@ -21,6 +21,7 @@
 namespace recal::store {
 namespace {
 
+using ::recal::store::test::DigestId;
 using ::recal::store::test::Ids;
 using ::recal::store::test::MakeJob;
 using ::recal::store::test::MakeModel;
@@ -66,8 +67,8 @@ TEST_P(MetadataStoreTest, TenantsKeepTheirOwnModelsJobsAndRequestIds) {
   EXPECT_EQ(db_->GetModel("t", "sha256:a")->name(), "mine");
   EXPECT_EQ(db_->GetModel("u", "sha256:a")->name(), "theirs");
   EXPECT_TRUE(absl::IsNotFound(db_->GetModel("v", "sha256:a").status()));
-  EXPECT_EQ(db_->ListModels("t", 0, "")->models.size(), 1u);
-  EXPECT_EQ(db_->ListModels("", 0, "")->models.size(), 2u);
+  EXPECT_EQ(db_->ListModels("t", 0, "", "")->models.size(), 1u);
+  EXPECT_EQ(db_->ListModels("", 0, "", "")->models.size(), 2u);
   ASSERT_TRUE(db_->DeleteModel("t", "sha256:a").ok());
   EXPECT_TRUE(*db_->ModelStoredByAnyTenant("sha256:a"));
   ASSERT_TRUE(db_->DeleteModel("u", "sha256:a").ok());
@@ -110,7 +111,7 @@ TEST_P(MetadataStoreTest, ModelPutTwiceIsOneModel) {
   // The same id again keeps what is stored.
   EXPECT_EQ(db_->PutModel(MakeModel("sha256:a", "second"))->name(), "first");
   EXPECT_EQ(db_->GetModel("t", "sha256:a")->name(), "first");
-  EXPECT_EQ(db_->ListModels("", 0, "")->models.size(), 1u);
+  EXPECT_EQ(db_->ListModels("", 0, "", "")->models.size(), 1u);
   EXPECT_TRUE(absl::IsNotFound(db_->GetModel("t", "sha256:b").status()));
   EXPECT_TRUE(absl::IsInvalidArgument(db_->PutModel(v1::Model()).status()));
 }
@@ -121,7 +122,7 @@ TEST_P(MetadataStoreTest, ModelPaginationAndDelete) {
   std::string token;
   int pages = 0;
   do {
-    absl::StatusOr<ModelPage> page = db_->ListModels("", 2, token);
+    absl::StatusOr<ModelPage> page = db_->ListModels("", 2, token, "");
     ASSERT_TRUE(page.ok()) << page.status();
     for (const auto& m : page->models) seen.push_back(m.id());
     token = page->next_page_token;
@@ -133,7 +134,103 @@ TEST_P(MetadataStoreTest, ModelPaginationAndDelete) {
   ASSERT_TRUE(db_->DeleteModel("t", "m2").ok());
   EXPECT_TRUE(absl::IsNotFound(db_->GetModel("t", "m2").status()));
   EXPECT_TRUE(absl::IsNotFound(db_->DeleteModel("t", "m2")));
-  EXPECT_EQ(db_->ListModels("", 100, "")->models.size(), 4u);
+  EXPECT_EQ(db_->ListModels("", 100, "", "")->models.size(), 4u);
+}
+
+TEST_P(MetadataStoreTest, NewBytesUnderANameAreItsNextVersionAndNumbersAreNeverReused) {
+  EXPECT_EQ(db_->PutModel(MakeModel(DigestId("a"), "rn50"))->version(), 1);
+  EXPECT_EQ(db_->PutModel(MakeModel(DigestId("b"), "rn50"))->version(), 2);
+  // The same bytes again, under any name, are the stored model: its first name and version.
+  EXPECT_EQ(db_->PutModel(MakeModel(DigestId("a"), "rn50"))->version(), 1);
+  absl::StatusOr<v1::Model> renamed = db_->PutModel(MakeModel(DigestId("a"), "other"));
+  ASSERT_TRUE(renamed.ok()) << renamed.status();
+  EXPECT_EQ(absl::StrCat(renamed->name(), ":", renamed->version()), "rn50:1");
+  EXPECT_TRUE(absl::IsNotFound(db_->GetModelVersion("t", "other", 0).status()));
+  // Names are per tenant; no name is kDefaultModelName.
+  EXPECT_EQ(db_->PutModel(MakeModel(DigestId("c"), "rn50", "u"))->version(), 1);
+  absl::StatusOr<v1::Model> unnamed = db_->PutModel(MakeModel(DigestId("d"), ""));
+  ASSERT_TRUE(unnamed.ok()) << unnamed.status();
+  EXPECT_EQ(absl::StrCat(unnamed->name(), ":", unnamed->version()), absl::StrCat(kDefaultModelName, ":1"));
+
+  // The latest version deleted: the name is the one before, and the next bytes get 3, never
+  // 2 again (a job or a note that says "rn50:2" keeps meaning the bytes it meant).
+  ASSERT_TRUE(db_->DeleteModel("t", DigestId("b")).ok());
+  EXPECT_EQ(db_->GetModelVersion("t", "rn50", 0)->id(), DigestId("a"));
+  EXPECT_EQ(db_->PutModel(MakeModel(DigestId("e"), "rn50"))->version(), 3);
+  EXPECT_EQ(db_->GetModelVersion("t", "rn50", 0)->id(), DigestId("e"));
+  EXPECT_EQ(db_->GetModelVersion("t", "rn50", 1)->id(), DigestId("a"));
+  EXPECT_EQ(db_->GetModel("t", DigestId("e"))->version(), 3);
+  EXPECT_TRUE(absl::IsNotFound(db_->GetModelVersion("t", "rn50", 2).status()));
+  EXPECT_TRUE(absl::IsNotFound(db_->GetModelVersion("u", "rn50", 3).status()));
+  EXPECT_TRUE(absl::IsNotFound(db_->GetModelVersion("v", "rn50", 0).status()));
+  // Survives reopening: the numbers are stored, not counted.
+  db_ = OpenDb(spec_);
+  ASSERT_NE(db_, nullptr);
+  EXPECT_EQ(db_->PutModel(MakeModel(DigestId("f"), "rn50"))->version(), 4);
+}
+
+TEST_P(MetadataStoreTest, DigestPrefixesFindTheTenantsOwnModelsOnly) {
+  for (const char* hex : {"abc123", "abc124", "abd"}) ASSERT_TRUE(db_->PutModel(MakeModel(DigestId(hex), "n")).ok());
+  ASSERT_TRUE(db_->PutModel(MakeModel(DigestId("abc125"), "n", "u")).ok());
+  const auto found = [&](const std::string& tenant, const std::string& prefix, int limit) {
+    absl::StatusOr<std::vector<v1::Model>> models = db_->FindModelsByDigestPrefix(tenant, prefix, limit);
+    EXPECT_TRUE(models.ok()) << models.status();
+    std::vector<std::string> ids;
+    if (models.ok()) for (const v1::Model& m : *models) ids.push_back(m.id());
+    return ids;
+  };
+  EXPECT_EQ(found("t", "abc12", 10), (std::vector<std::string>{DigestId("abc123"), DigestId("abc124")}));
+  EXPECT_EQ(found("t", "abc123", 10), std::vector<std::string>{DigestId("abc123")});
+  EXPECT_EQ(found("t", DigestId("abd").substr(7), 10), std::vector<std::string>{DigestId("abd")});
+  EXPECT_EQ(found("t", "ab", 2).size(), 2u);  // the limit
+  EXPECT_TRUE(found("t", "abc125", 10).empty());  // tenant u's
+  EXPECT_EQ(found("u", "abc", 10), std::vector<std::string>{DigestId("abc125")});
+}
+
+TEST_P(MetadataStoreTest, ListModelsOfOneNameShowsItsVersionsNewestFirstInPages) {
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(db_->PutModel(MakeModel(DigestId(absl::StrCat("a", i)), "n")).ok());
+    ASSERT_TRUE(db_->PutModel(MakeModel(DigestId(absl::StrCat("b", i)), "m")).ok());
+  }
+  ASSERT_TRUE(db_->PutModel(MakeModel(DigestId("c"), "n", "u")).ok());
+  absl::StatusOr<ModelPage> first = db_->ListModels("t", 2, "", "n");
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->models.size(), 2u);
+  EXPECT_EQ(first->models[0].version(), 3);
+  EXPECT_EQ(first->models[1].version(), 2);
+  absl::StatusOr<ModelPage> second = db_->ListModels("t", 2, first->next_page_token, "n");
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_EQ(second->models.size(), 1u);
+  EXPECT_EQ(second->models[0].id(), DigestId("a0"));
+  EXPECT_TRUE(second->next_page_token.empty());
+  EXPECT_EQ(db_->ListModels("", 0, "", "n")->models.size(), 4u);  // every tenant's "n"
+  EXPECT_TRUE(db_->ListModels("t", 0, "", "nope")->models.empty());
+}
+
+// Uploads of different bytes under one name, at once from two processes: each its own
+// version, none skipped.
+TEST_P(MetadataStoreTest, ConcurrentUploadsUnderOneNameOnTwoStoresGetDistinctDenseVersions) {
+  std::unique_ptr<MetadataStore> other = OpenDb(spec_);
+  ASSERT_NE(other, nullptr);
+  constexpr int kThreads = 4, kEach = 5;
+  std::mutex mu;
+  std::set<int64_t> versions;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      MetadataStore& store = t % 2 == 0 ? *db_ : *other;
+      for (int i = 0; i < kEach; ++i) {
+        absl::StatusOr<v1::Model> model = store.PutModel(MakeModel(DigestId(absl::StrCat(t, "f", i)), "n"));
+        ASSERT_TRUE(model.ok()) << model.status();
+        std::lock_guard<std::mutex> lock(mu);
+        EXPECT_TRUE(versions.insert(model->version()).second) << model->version();
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  ASSERT_EQ(versions.size(), static_cast<size_t>(kThreads * kEach));
+  EXPECT_EQ(*versions.begin(), 1);
+  EXPECT_EQ(*versions.rbegin(), kThreads * kEach);
 }
 
 TEST_P(MetadataStoreTest, GarbagePageTokensAreInvalidArgument) {
@@ -142,12 +239,12 @@ TEST_P(MetadataStoreTest, GarbagePageTokensAreInvalidArgument) {
     ASSERT_TRUE(db_->CreateJob(MakeJob(absl::StrCat("j", i), v1::QUEUED), nullptr).ok());
   }
   const std::string jobs_token = db_->ListJobs("", {}, 1, "")->next_page_token;
-  const std::string models_token = db_->ListModels("", 1, "")->next_page_token;
+  const std::string models_token = db_->ListModels("", 1, "", "")->next_page_token;
   ASSERT_FALSE(jobs_token.empty());
   for (const std::string& bad : {std::string("garbage"), std::string("!!"), std::string("0"), models_token}) {
     EXPECT_TRUE(absl::IsInvalidArgument(db_->ListJobs("", {}, 1, bad).status())) << bad;
   }
-  EXPECT_TRUE(absl::IsInvalidArgument(db_->ListModels("", 1, jobs_token).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(db_->ListModels("", 1, jobs_token, "").status()));
 }
 
 TEST_P(MetadataStoreTest, CreateJobIsIdempotentOnRequestId) {

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
@@ -26,6 +27,34 @@ inline v1::Model MakeModel(const std::string& id, const std::string& name, const
   m.set_name(name);
   m.set_size(42);
   return m;
+}
+
+// "sha256:" + `hex`, padded with zeros to a full digest.
+inline std::string DigestId(const std::string& hex) { return "sha256:" + hex + std::string(64 - hex.size(), '0'); }
+
+// A store opened on a database from before schema v7 (models without names or versions) that
+// held, in this creation order: DigestId("a1") "rn50", DigestId("b2") unnamed, DigestId("c3")
+// "rn50" of tenant "t", and DigestId("d4") "rn50" of tenant "u". Each (tenant, name) counts
+// from 1 in creation order; the unnamed one is kDefaultModelName's; new bytes go on from there.
+inline void ExpectPreV7ModelsNumberedInCreationOrder(MetadataStore& store) {
+  const auto version_of = [&](const std::string& tenant, const std::string& id) {
+    absl::StatusOr<v1::Model> model = store.GetModel(tenant, id);
+    EXPECT_TRUE(model.ok()) << model.status();
+    return model.ok() ? absl::StrCat(model->name(), ":", model->version()) : "";
+  };
+  EXPECT_EQ(version_of("t", DigestId("a1")), "rn50:1");
+  EXPECT_EQ(version_of("t", DigestId("c3")), "rn50:2");
+  EXPECT_EQ(version_of("t", DigestId("b2")), absl::StrCat(kDefaultModelName, ":1"));
+  EXPECT_EQ(version_of("u", DigestId("d4")), "rn50:1");
+  EXPECT_EQ(store.GetModelVersion("t", "rn50", 0)->id(), DigestId("c3"));
+  EXPECT_EQ(store.GetModelVersion("t", kDefaultModelName, 1)->id(), DigestId("b2"));
+  v1::Model next;
+  next.set_id(DigestId("e5"));
+  next.set_tenant("t");
+  next.set_name("rn50");
+  EXPECT_EQ(store.PutModel(next)->version(), 3);
+  next.set_tenant("u");
+  EXPECT_EQ(store.PutModel(next)->version(), 2);
 }
 
 inline v1::Job MakeJob(const std::string& id, v1::JobState state, const std::string& request_id = "",

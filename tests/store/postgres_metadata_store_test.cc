@@ -17,7 +17,10 @@
 namespace recal::store {
 namespace {
 
+using ::recal::store::test::DigestId;
 using ::recal::store::test::ExpectPreV6JobsCountAsActiveButInNoMinute;
+using ::recal::store::test::ExpectPreV7ModelsNumberedInCreationOrder;
+using ::recal::store::test::MakeModel;
 using ::recal::store::test::Ids;
 using ::recal::store::test::MakeJob;
 using ::recal::store::test::OpenDb;
@@ -144,9 +147,9 @@ TEST_F(PostgresMetadataStoreTest, ADatabaseFromBeforeShardedJobsKeepsItsJobsTopL
     EXPECT_EQ((*claimed)->id(), "queued");
   }
   // Version 4's columns and indexes, the old rows at their defaults, version 5's table of
-  // worker endpoints, version 6's creation times (none for old rows); the version is 6.
+  // worker endpoints, version 6's creation times (none for old rows); the version is 7.
   const std::string checks[] = {
-      "DO $$ BEGIN IF (SELECT MAX(version) FROM schema_version) <> 6 THEN RAISE 'version'; END IF; END $$",
+      "DO $$ BEGIN IF (SELECT MAX(version) FROM schema_version) <> 7 THEN RAISE 'version'; END IF; END $$",
       "DO $$ BEGIN IF EXISTS (SELECT 1 FROM jobs WHERE created_ms IS NOT NULL) THEN RAISE 'created_ms'; END IF; "
       "END $$",
       "DO $$ BEGIN IF to_regclass('worker_endpoints') IS NULL THEN RAISE 'worker_endpoints'; END IF; END $$",
@@ -183,13 +186,57 @@ TEST_F(PostgresMetadataStoreTest, ADatabaseFromBeforeCreationTimesCountsItsJobsA
     ExpectPreV6JobsCountAsActiveButInNoMinute(*db);
   }
   const std::string checks[] = {
-      "DO $$ BEGIN IF (SELECT MAX(version) FROM schema_version) <> 6 THEN RAISE 'version'; END IF; END $$",
+      "DO $$ BEGIN IF (SELECT MAX(version) FROM schema_version) <> 7 THEN RAISE 'version'; END IF; END $$",
       "DO $$ BEGIN IF (SELECT string_agg(id, ',' ORDER BY create_seq) FROM jobs WHERE created_ms IS NULL) "
       "<> 'queued,done' THEN RAISE 'old rows'; END IF; END $$",
       "DO $$ BEGIN IF (SELECT string_agg(id, ',' ORDER BY create_seq) FROM jobs WHERE created_ms IS NOT NULL) "
       "<> 'new,second' THEN RAISE 'new rows'; END IF; END $$",
       "DO $$ BEGIN IF (SELECT indexdef FROM pg_indexes WHERE indexname = 'jobs_created_by_tenant') NOT LIKE "
       "'%(tenant, created_ms)' THEN RAISE 'created index'; END IF; END $$",
+  };
+  for (const std::string& check : checks) {
+    const absl::Status s = PostgresServer::Execute(uri_, check);
+    EXPECT_TRUE(s.ok()) << s;
+  }
+}
+
+// Schema version 6 (before model names and versions) as the previous release made it: each
+// tenant's models are numbered per name in creation order (rows inserted out of that order).
+TEST_F(PostgresMetadataStoreTest, ADatabaseFromBeforeModelVersionsNumbersItsModelsInCreationOrder) {
+  std::string sql = absl::StrCat(kSchemaV3, kSchemaV4AndV5,
+                                 "ALTER TABLE jobs ADD COLUMN created_ms BIGINT;"
+                                 "CREATE INDEX jobs_created_by_tenant ON jobs(tenant, created_ms);"
+                                 "INSERT INTO schema_version(version) VALUES(6);");
+  struct Row {
+    const char* hex;
+    const char* name;
+    const char* tenant;
+    int create_seq;
+  };
+  for (const Row& row : {Row{"c3", "rn50", "t", 3}, Row{"a1", "rn50", "t", 1}, Row{"d4", "rn50", "u", 4},
+                         Row{"b2", "", "t", 2}}) {
+    const v1::Model model = MakeModel(DigestId(row.hex), row.name, "");  // old protos may lack the tenant
+    absl::StrAppend(&sql, "INSERT INTO models(tenant, id, create_seq, size, proto) VALUES('", row.tenant, "', '",
+                    model.id(), "', ", row.create_seq, ", 42, '\\x",
+                    absl::BytesToHexString(model.SerializeAsString()), "'::bytea);");
+  }
+  // New rows' create_seq must go on after the old ones, as the identity would have.
+  absl::StrAppend(&sql, "SELECT setval(pg_get_serial_sequence('models', 'create_seq'), 4);");
+  const absl::Status written = PostgresServer::Execute(uri_, sql);
+  ASSERT_TRUE(written.ok()) << written;
+  {
+    auto db = OpenDb(uri_);
+    ASSERT_NE(db, nullptr);
+    ExpectPreV7ModelsNumberedInCreationOrder(*db);
+  }
+  const std::string checks[] = {
+      "DO $$ BEGIN IF (SELECT MAX(version) FROM schema_version) <> 7 THEN RAISE 'version'; END IF; END $$",
+      "DO $$ BEGIN IF (SELECT string_agg(tenant || '/' || name || ':' || version, ',' ORDER BY create_seq) "
+      "FROM models) <> 't/rn50:1,t/model:1,t/rn50:2,u/rn50:1,t/rn50:3,u/rn50:2' THEN RAISE 'models'; END IF; END $$",
+      "DO $$ BEGIN IF (SELECT string_agg(tenant || '/' || name || ':' || last_version, ',' ORDER BY tenant, name) "
+      "FROM model_names) <> 't/model:1,t/rn50:3,u/rn50:2' THEN RAISE 'names'; END IF; END $$",
+      "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_indexes WHERE indexname = 'models_by_name') "
+      "THEN RAISE 'index'; END IF; END $$",
   };
   for (const std::string& check : checks) {
     const absl::Status s = PostgresServer::Execute(uri_, check);

@@ -18,7 +18,9 @@
 namespace recal::store {
 namespace {
 
+using ::recal::store::test::DigestId;
 using ::recal::store::test::ExpectPreV6JobsCountAsActiveButInNoMinute;
+using ::recal::store::test::ExpectPreV7ModelsNumberedInCreationOrder;
 using ::recal::store::test::Ids;
 using ::recal::store::test::MakeJob;
 using ::recal::store::test::MakeModel;
@@ -105,6 +107,8 @@ TEST(SqliteMetadataStoreTest, ADatabaseFromBeforeTenantsBecomesTheDefaultTenants
   auto model = db->GetModel(kDefaultTenant, "sha256:a");
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_EQ(model->name(), "old");
+  EXPECT_EQ(model->version(), 1);
+  EXPECT_EQ(db->GetModelVersion(kDefaultTenant, "old", 0)->id(), "sha256:a");
   EXPECT_EQ(model->tenant(), kDefaultTenant);
   EXPECT_EQ(db->GetJob("old-job")->tenant(), kDefaultTenant);
   EXPECT_EQ(db->FindJobByRequestId(kDefaultTenant, "key")->id(), "old-job");
@@ -165,7 +169,7 @@ TEST(SqliteMetadataStoreTest, ADatabaseFromBeforeShardedJobsKeepsItsJobsTopLevel
   sqlite3* raw = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
   const auto query = [&](const std::string& sql) { return QueryColumn(raw, sql); };
-  EXPECT_EQ(query("PRAGMA user_version"), std::vector<std::string>{"6"});
+  EXPECT_EQ(query("PRAGMA user_version"), std::vector<std::string>{"7"});
   EXPECT_EQ(query("SELECT COALESCE(created_ms, 'NULL') FROM jobs ORDER BY create_seq"),
             (std::vector<std::string>{"NULL", "NULL"}));
   EXPECT_EQ(query("SELECT name FROM sqlite_master WHERE name = 'worker_endpoints'"),
@@ -207,7 +211,7 @@ TEST(SqliteMetadataStoreTest, ADatabaseFromBeforeCreationTimesCountsItsJobsAsAct
   }
   sqlite3* raw = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
-  EXPECT_EQ(QueryColumn(raw, "PRAGMA user_version"), std::vector<std::string>{"6"});
+  EXPECT_EQ(QueryColumn(raw, "PRAGMA user_version"), std::vector<std::string>{"7"});
   EXPECT_EQ(QueryColumn(raw, "SELECT id || ':' || COALESCE(created_ms, 'NULL') FROM jobs WHERE created_ms IS NULL "
                              "ORDER BY create_seq"),
             (std::vector<std::string>{"queued:NULL", "done:NULL"}));
@@ -215,6 +219,49 @@ TEST(SqliteMetadataStoreTest, ADatabaseFromBeforeCreationTimesCountsItsJobsAsAct
             (std::vector<std::string>{"new", "second"}));
   EXPECT_EQ(QueryColumn(raw, "SELECT sql FROM sqlite_master WHERE name = 'jobs_created_by_tenant'"),
             std::vector<std::string>{"CREATE INDEX jobs_created_by_tenant ON jobs(tenant, created_ms)"});
+  sqlite3_close(raw);
+}
+
+// Schema version 6 (before model names and versions) as the previous release made it: each
+// tenant's models are numbered per name in creation order (rows inserted out of that order).
+TEST(SqliteMetadataStoreTest, ADatabaseFromBeforeModelVersionsNumbersItsModelsInCreationOrder) {
+  TempDir dir;
+  const std::string path = dir.File("meta.db");
+  {
+    sqlite3* raw = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
+    std::string sql = absl::StrCat(kSchemaV3, kSchemaV4AndV5,
+                                   "ALTER TABLE jobs ADD COLUMN created_ms INTEGER;"
+                                   "CREATE INDEX jobs_created_by_tenant ON jobs(tenant, created_ms);");
+    struct Row {
+      const char* hex;
+      const char* name;
+      const char* tenant;
+      int create_seq;
+    };
+    for (const Row& row : {Row{"c3", "rn50", "t", 3}, Row{"a1", "rn50", "t", 1}, Row{"d4", "rn50", "u", 4},
+                           Row{"b2", "", "t", 2}}) {
+      const v1::Model model = MakeModel(DigestId(row.hex), row.name, "");  // old protos may lack the tenant
+      absl::StrAppend(&sql, "INSERT INTO models VALUES('", row.tenant, "', '", model.id(), "', ", row.create_seq,
+                      ", 42, x'", absl::BytesToHexString(model.SerializeAsString()), "');");
+    }
+    absl::StrAppend(&sql, "PRAGMA user_version = 6;");
+    ASSERT_EQ(sqlite3_exec(raw, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(raw);
+    sqlite3_close(raw);
+  }
+  {
+    auto db = OpenDb(path);
+    ASSERT_NE(db, nullptr);
+    ExpectPreV7ModelsNumberedInCreationOrder(*db);
+  }
+  sqlite3* raw = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
+  EXPECT_EQ(QueryColumn(raw, "PRAGMA user_version"), std::vector<std::string>{"7"});
+  EXPECT_EQ(QueryColumn(raw, "SELECT tenant || '/' || name || ':' || version FROM models ORDER BY create_seq"),
+            (std::vector<std::string>{"t/rn50:1", "t/model:1", "t/rn50:2", "u/rn50:1", "t/rn50:3", "u/rn50:2"}));
+  EXPECT_EQ(QueryColumn(raw, "SELECT tenant || '/' || name || ':' || last_version FROM model_names "
+                             "ORDER BY tenant, name"),
+            (std::vector<std::string>{"t/model:1", "t/rn50:3", "u/rn50:2"}));
   sqlite3_close(raw);
 }
 

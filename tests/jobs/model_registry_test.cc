@@ -1,0 +1,132 @@
+// ModelRegistry over the real SQLite and blob stores and a fake runner: names and versions of
+// uploads, every form of reference, ambiguity, and tenants that cannot see each other's models
+// (tried as an attacker: a prefix or a name only another tenant has is NOT_FOUND, worded as
+// for one nobody has).
+#include "server/jobs/model_registry.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "server/store/local_blob_store.h"
+#include "tests/jobs/fake_runner.h"
+
+namespace recal::jobs {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+class ModelRegistryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    metadata_ = *store::OpenMetadataStore(tmp_.File("recal.db"));
+    blobs_ = *store::LocalBlobStore::Open(tmp_.File("blobs"));
+    models_ = std::make_unique<ModelRegistry>(metadata_.get(), blobs_.get(), 1 << 20, &runner_);
+  }
+  // name:version of what `reference` resolves to in `tenant`, or the status's code name.
+  std::string Resolved(const std::string& tenant, const std::string& reference) {
+    absl::StatusOr<v1::Model> model = models_->Resolve(tenant, reference);
+    if (!model.ok()) return absl::StatusCodeToString(model.status().code());
+    return absl::StrCat(model->name(), ":", model->version());
+  }
+
+  testing::TempDir tmp_;
+  FakeRunner runner_;
+  std::unique_ptr<store::MetadataStore> metadata_;
+  std::unique_ptr<store::LocalBlobStore> blobs_;
+  std::unique_ptr<ModelRegistry> models_;
+};
+
+TEST_F(ModelRegistryTest, NewBytesUnderANameAreItsNextVersionAndEveryReferenceFormResolves) {
+  const std::string v1 = UploadAnyModel(*models_, "t", "first bytes", "rn50");
+  const std::string v2 = UploadAnyModel(*models_, "t", "second bytes", "rn50");
+  ASSERT_FALSE(v1.empty());
+  ASSERT_FALSE(v2.empty());
+  // The same bytes again under the same name, or another: the same model and version.
+  EXPECT_EQ(UploadAnyModel(*models_, "t", "first bytes", "rn50"), v1);
+  EXPECT_EQ(UploadAnyModel(*models_, "t", "first bytes", "other"), v1);
+  EXPECT_EQ(Resolved("t", "other"), "NOT_FOUND");
+
+  EXPECT_EQ(Resolved("t", "rn50"), "rn50:2");
+  EXPECT_EQ(Resolved("t", "rn50:1"), "rn50:1");
+  EXPECT_EQ(Resolved("t", v1), "rn50:1");
+  EXPECT_EQ(Resolved("t", v1.substr(7)), "rn50:1");         // bare hex
+  EXPECT_EQ(Resolved("t", v2.substr(0, 7 + 6)), "rn50:2");  // sha256: and 6 digits
+  EXPECT_EQ(Resolved("t", v2.substr(7, 6)), "rn50:2");      // 6 digits
+  EXPECT_EQ(Resolved("t", "rn50:3"), "NOT_FOUND");
+  EXPECT_EQ(Resolved("t", "resnet"), "NOT_FOUND");
+  EXPECT_EQ(Resolved("t", "rn50:0"), "INVALID_ARGUMENT");
+  EXPECT_EQ(Resolved("t", "12345"), "NOT_FOUND");  // 5 hex digits: a name, which nobody has
+
+  // An upload without a name gets the default one.
+  EXPECT_FALSE(UploadAnyModel(*models_, "t", "unnamed bytes", "").empty());
+  EXPECT_EQ(Resolved("t", store::kDefaultModelName), absl::StrCat(store::kDefaultModelName, ":1"));
+}
+
+TEST_F(ModelRegistryTest, UploadsUnderANameThatWouldNotReadBackAreRefusedBeforeAnyByte) {
+  for (const std::string name : {"a:b", "deadbeef", "sha256", "x/y"}) {
+    v1::UploadHeader header;
+    header.set_name(name);
+    header.set_size(5);
+    header.set_sha256(Sha256Hex("bytes"));
+    absl::StatusOr<std::optional<v1::Model>> started = models_->StartUpload("t", header);
+    EXPECT_TRUE(absl::IsInvalidArgument(started.status())) << name << ": " << started.status();
+  }
+}
+
+TEST_F(ModelRegistryTest, AnAmbiguousPrefixListsItsCandidatesAndALongerOneResolves) {
+  // Digests that share 6 digits cannot be made by uploading; the store takes them as given.
+  for (const char* last : {"1", "2"}) {
+    v1::Model model;
+    model.set_id(absl::StrCat("sha256:abcdef", std::string(57, '0'), last));
+    model.set_tenant("t");
+    model.set_name("twin");
+    ASSERT_TRUE(metadata_->PutModel(model).ok());
+  }
+  absl::StatusOr<v1::Model> ambiguous = models_->Resolve("t", "abcdef");
+  ASSERT_TRUE(absl::IsInvalidArgument(ambiguous.status())) << ambiguous.status();
+  EXPECT_THAT(
+      ambiguous.status().message(),
+      AllOf(HasSubstr("ambiguous"), HasSubstr(absl::StrCat("sha256:abcdef", std::string(57, '0'), "1 (twin:1)")),
+            HasSubstr(absl::StrCat("sha256:abcdef", std::string(57, '0'), "2 (twin:2)")), HasSubstr("more digits")));
+  EXPECT_EQ(Resolved("t", absl::StrCat("sha256:abcdef", std::string(57, '0'), "2")), "twin:2");
+  EXPECT_EQ(Resolved("t", absl::StrCat("abcdef", std::string(57, '0'), "1")), "twin:1");  // 64: the full id
+}
+
+TEST_F(ModelRegistryTest, AnotherTenantsNamesPrefixesAndIdsAreNotFoundWithoutAHint) {
+  const std::string theirs = UploadAnyModel(*models_, "victim", "secret bytes", "secret-model");
+  ASSERT_FALSE(theirs.empty());
+  const std::string prefix = theirs.substr(7, 8);
+  for (const std::string& reference :
+       {std::string("secret-model"), std::string("secret-model:1"), prefix, theirs.substr(0, 7 + 8), theirs}) {
+    absl::StatusOr<v1::Model> model = models_->Resolve("attacker", reference);
+    ASSERT_TRUE(absl::IsNotFound(model.status())) << reference << ": " << model.status();
+    EXPECT_THAT(model.status().message(), AllOf(Not(HasSubstr("victim")), Not(HasSubstr("secret bytes"))));
+    EXPECT_TRUE(absl::IsNotFound(models_->Delete("attacker", reference).status())) << reference;
+  }
+  // Worded exactly as for a prefix nobody has.
+  EXPECT_EQ(models_->Resolve("attacker", prefix).status().message(),
+            absl::StrCat("no model's digest starts with ", prefix,
+                         "; ListModels lists your models with their names and versions"));
+  EXPECT_EQ(Resolved("victim", "secret-model"), "secret-model:1");  // still theirs
+}
+
+TEST_F(ModelRegistryTest, DeleteTakesAnyReferenceReturnsWhatItDeletedAndNeverReusesTheNumber) {
+  const std::string v1 = UploadAnyModel(*models_, "t", "first bytes", "rn50");
+  const std::string v2 = UploadAnyModel(*models_, "t", "second bytes", "rn50");
+  absl::StatusOr<v1::Model> deleted = models_->Delete("t", "rn50");
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  EXPECT_EQ(deleted->id(), v2);
+  EXPECT_FALSE(blobs_->Has(v2.substr(7)));  // nobody else had its bytes
+  EXPECT_EQ(Resolved("t", "rn50"), "rn50:1");
+  EXPECT_EQ(UploadAnyModel(*models_, "t", "third bytes", "rn50").empty(), false);
+  EXPECT_EQ(Resolved("t", "rn50"), "rn50:3");
+  EXPECT_EQ(Resolved("t", "rn50:2"), "NOT_FOUND");
+  ASSERT_TRUE(models_->Delete("t", v1.substr(7, 10)).ok());
+  EXPECT_EQ(Resolved("t", "rn50:1"), "NOT_FOUND");
+}
+
+}  // namespace
+}  // namespace recal::jobs

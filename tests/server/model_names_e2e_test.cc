@@ -1,0 +1,243 @@
+// Model names, versions and references through the real recal-server (docs/models.md): two
+// tenants, uploads of different archives under one name, jobs submitted by every form of
+// reference keeping the exact bytes they resolved to, ambiguous digest prefixes, deletion by
+// reference, and another tenant's names, prefixes and ids tried as an attacker would.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "server/store/metadata_store.h"
+#include "tests/server/calls.h"
+#include "tests/server/server_process.h"
+#include "tests/test_util.h"
+
+namespace recal::testing {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+const std::string kFixtures = RECAL_FIXTURES_DIR;
+// Three different archives: two of one architecture (Linear -> BatchNorm1d on 12 features)
+// and one that cannot run on its data (Conv1d over 4 channels), so a job that ran the wrong
+// bytes fails.
+const std::string kEval2d = kFixtures + "/models/bn1d_2d.traced_eval.pt";
+const std::string kTrain2d = kFixtures + "/models/bn1d_2d.traced_train.pt";
+const std::string kConv3d = kFixtures + "/models/bn1d_3d.traced_train.pt";
+const std::string kData2d = "data/bn1d_2d.npy";
+
+// Digests no upload can make share 6 digits: seeded into the store before the server starts.
+const std::string kTwin1 = "sha256:abcdef" + std::string(57, '0') + "1";
+const std::string kTwin2 = "sha256:abcdef" + std::string(57, '0') + "2";
+
+class ModelNamesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tokens_["a"] = NewToken();
+    tokens_["b"] = NewToken();
+    const std::string auth_file = tmp_.File("auth.txt");
+    std::ofstream(auth_file) << AuthLine(tokens_["a"], "team-a", "admin") << AuthLine(tokens_["b"], "team-b", "admin");
+    std::filesystem::create_directories(tmp_.File("data"));
+    SeedTwins();
+    server_ = std::make_unique<ServerProcess>(
+        tmp_.File("data"),
+        std::vector<std::string>{"--auth_file=" + auth_file, "--data_root=" + kFixtures, "--cpu_workers=1"},
+        ServerProcess::Auth::kOpen);
+    ASSERT_TRUE(server_->ok()) << server_->log();
+  }
+
+  // Two models of team-a whose digests share the prefix "abcdef" (their bytes are never read).
+  void SeedTwins() {
+    auto store = store::OpenMetadataStore("sqlite:" + tmp_.File("data/recal.db"));
+    ASSERT_TRUE(store.ok()) << store.status();
+    for (const std::string& id : {kTwin1, kTwin2}) {
+      v1::Model model;
+      model.set_id(id);
+      model.set_tenant("team-a");
+      model.set_name("twin");
+      model.set_size(1);
+      ASSERT_TRUE((*store)->PutModel(model).ok());
+    }
+  }
+
+  std::unique_ptr<v1::Recal::Stub> As(const std::string& who) { return server_->Stub(tokens_.at(who)); }
+
+  v1::Model UploadAs(const std::string& who, const std::string& path, const std::string& name) {
+    v1::Model model;
+    const grpc::Status status = UploadNamed(*As(who), ReadBytes(path), name, &model);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return model;
+  }
+  grpc::Status GetModel(const std::string& who, const std::string& reference, v1::Model* model) {
+    grpc::ClientContext context;
+    v1::GetModelRequest request;
+    request.set_id(reference);
+    return As(who)->GetModel(&context, request, model);
+  }
+  grpc::Status Submit(const std::string& who, const v1::SubmitJobRequest& request, v1::Job* job) {
+    grpc::ClientContext context;
+    return As(who)->SubmitJob(&context, request, job);
+  }
+  grpc::Status Delete(const std::string& who, const std::string& reference, v1::DeleteModelResponse* response) {
+    grpc::ClientContext context;
+    v1::DeleteModelRequest request;
+    request.set_id(reference);
+    return As(who)->DeleteModel(&context, request, response);
+  }
+  // A client-stream job nobody pushes to: it holds the only worker until it is cancelled.
+  v1::Job StartBlocker(const std::string& reference) {
+    v1::SubmitJobRequest request;
+    request.mutable_spec()->set_model_id(reference);
+    request.mutable_spec()->set_batch_size(8);
+    request.mutable_spec()->mutable_data()->mutable_client_stream();
+    v1::Job job;
+    EXPECT_TRUE(Submit("a", request, &job).ok());
+    return WaitForState(*As("a"), job.id(), v1::RUNNING);
+  }
+  void Cancel(const std::string& id) {
+    grpc::ClientContext context;
+    v1::CancelJobRequest request;
+    request.set_id(id);
+    v1::Job job;
+    ASSERT_TRUE(As("a")->CancelJob(&context, request, &job).ok());
+  }
+
+  TempDir tmp_;
+  std::map<std::string, std::string> tokens_;
+  std::unique_ptr<ServerProcess> server_;
+};
+
+std::string NameVersion(const v1::Model& model) { return model.name() + ":" + std::to_string(model.version()); }
+
+TEST_F(ModelNamesTest, VersionsReferencesAndJobsThatKeepTheirBytes) {
+  const v1::Model first = UploadAs("a", kEval2d, "bn.pt");
+  const v1::Model second = UploadAs("a", kTrain2d, "bn.pt");
+  EXPECT_EQ(NameVersion(first), "bn.pt:1");
+  EXPECT_EQ(NameVersion(second), "bn.pt:2");
+  // The same bytes again are the same model and version, under any name.
+  EXPECT_EQ(NameVersion(UploadAs("a", kEval2d, "bn.pt")), "bn.pt:1");
+  EXPECT_EQ(UploadAs("a", kEval2d, "renamed.pt").id(), first.id());
+
+  // Every form of reference, and the full id each job stores.
+  const std::map<std::string, std::string> references = {
+      {"bn.pt", second.id()},
+      {"bn.pt:1", first.id()},
+      {second.id().substr(7, 8), second.id()},
+      {first.id().substr(0, 7 + 6), first.id()},
+      {first.id(), first.id()},
+  };
+  for (const auto& [reference, id] : references) {
+    v1::Model model;
+    ASSERT_TRUE(GetModel("a", reference, &model).ok()) << reference;
+    EXPECT_EQ(model.id(), id) << reference;
+    v1::Job job;
+    const grpc::Status submitted = Submit("a", NpyJob(reference, kData2d, 8), &job);
+    ASSERT_TRUE(submitted.ok()) << reference << ": " << submitted.error_message();
+    EXPECT_EQ(job.spec().model_id(), id) << reference;
+    EXPECT_EQ(WaitForState(*As("a"), job.id(), v1::SUCCEEDED).spec().model_id(), id) << reference;
+  }
+
+  // A job submitted by name while the worker is busy, then version 3 (other bytes, which
+  // cannot run on its data) uploaded before it starts: it runs version 2's bytes.
+  const v1::Job blocker = StartBlocker("bn.pt:1");
+  v1::Job waiting;
+  ASSERT_TRUE(Submit("a", NpyJob("bn.pt", kData2d, 8), &waiting).ok());
+  const v1::Model third = UploadAs("a", kConv3d, "bn.pt");
+  EXPECT_EQ(NameVersion(third), "bn.pt:3");
+  grpc::ClientContext context;
+  v1::GetJobRequest get;
+  get.set_id(waiting.id());
+  v1::Job still;
+  ASSERT_TRUE(As("a")->GetJob(&context, get, &still).ok());
+  EXPECT_EQ(still.state(), v1::QUEUED);  // the upload came before it ran
+  // The model a running job uses cannot be deleted, by any reference to it.
+  v1::DeleteModelResponse refused;
+  const grpc::Status in_use = Delete("a", first.id().substr(7, 10), &refused);
+  EXPECT_EQ(in_use.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << in_use.error_message();
+  EXPECT_THAT(in_use.error_message(), HasSubstr("bn.pt:1"));
+  Cancel(blocker.id());
+  const v1::Job ran = WaitForState(*As("a"), waiting.id(), v1::SUCCEEDED);
+  EXPECT_EQ(ran.spec().model_id(), second.id());
+  // The same reference now names version 3, whose bytes do not fit the data: the job above
+  // would have failed had it run them.
+  v1::Job latest;
+  ASSERT_TRUE(Submit("a", NpyJob("bn.pt", kData2d, 8), &latest).ok());
+  EXPECT_EQ(latest.spec().model_id(), third.id());
+  EXPECT_EQ(WaitForState(*As("a"), latest.id(), v1::FAILED).state(), v1::FAILED);
+
+  // ListModels of one name: its versions, newest first, with names and versions.
+  grpc::ClientContext list_context;
+  v1::ListModelsRequest list;
+  list.set_name("bn.pt");
+  v1::ListModelsResponse listed;
+  ASSERT_TRUE(As("a")->ListModels(&list_context, list, &listed).ok());
+  std::vector<std::string> versions;
+  for (const v1::Model& model : listed.models()) versions.push_back(NameVersion(model));
+  EXPECT_EQ(versions, (std::vector<std::string>{"bn.pt:3", "bn.pt:2", "bn.pt:1"}));
+
+  // Deleting by name takes the latest version, says which, and the name goes back to the one
+  // before; the deleted number is not given again.
+  v1::DeleteModelResponse deleted;
+  ASSERT_TRUE(Delete("a", "bn.pt", &deleted).ok());
+  EXPECT_EQ(deleted.model().id(), third.id());
+  v1::Model now;
+  ASSERT_TRUE(GetModel("a", "bn.pt", &now).ok());
+  EXPECT_EQ(NameVersion(now), "bn.pt:2");
+  EXPECT_EQ(NameVersion(UploadAs("a", kConv3d, "bn.pt")), "bn.pt:4");
+}
+
+TEST_F(ModelNamesTest, AnAmbiguousPrefixIsInvalidArgumentListingTheCandidates) {
+  v1::Model model;
+  const grpc::Status ambiguous = GetModel("a", "abcdef", &model);
+  EXPECT_EQ(ambiguous.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(ambiguous.error_message(),
+              AllOf(HasSubstr(kTwin1 + " (twin:1)"), HasSubstr(kTwin2 + " (twin:2)"), HasSubstr("more digits")));
+  v1::Job job;
+  EXPECT_EQ(Submit("a", NpyJob("sha256:abcdef", kData2d, 8), &job).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  v1::DeleteModelResponse deleted;
+  EXPECT_EQ(Delete("a", "abcdef", &deleted).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // The twins differ in their last digit only: all 63 before it are still ambiguous.
+  EXPECT_EQ(GetModel("a", kTwin2.substr(0, 70), &model).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  ASSERT_TRUE(GetModel("a", kTwin2.substr(7), &model).ok());
+  EXPECT_EQ(model.id(), kTwin2);
+  ASSERT_TRUE(GetModel("a", "twin:1", &model).ok());
+  EXPECT_EQ(model.id(), kTwin1);
+  EXPECT_EQ(GetModel("a", "rn50:0", &model).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+// Team b tries team a's names, prefixes and ids: each answers as a model nobody has, and the
+// message is the same as for one nobody has.
+TEST_F(ModelNamesTest, AnotherTenantsModelsNeverResolve) {
+  const v1::Model secret = UploadAs("a", kTrain2d, "secret.pt");
+  const std::vector<std::string> references = {
+      "secret.pt", "secret.pt:1", secret.id().substr(7, 8), secret.id().substr(0, 7 + 8), secret.id(),
+      "abcdef",    "twin"};
+  for (const std::string& reference : references) {
+    v1::Model model;
+    const grpc::Status got = GetModel("b", reference, &model);
+    EXPECT_EQ(got.error_code(), grpc::StatusCode::NOT_FOUND) << reference << ": " << got.error_message();
+    EXPECT_THAT(got.error_message(), AllOf(Not(HasSubstr("team-a")), Not(HasSubstr("twin:")))) << reference;
+    v1::Job job;
+    EXPECT_EQ(Submit("b", NpyJob(reference, kData2d, 8), &job).error_code(), grpc::StatusCode::NOT_FOUND) << reference;
+    v1::DeleteModelResponse deleted;
+    EXPECT_EQ(Delete("b", reference, &deleted).error_code(), grpc::StatusCode::NOT_FOUND) << reference;
+  }
+  v1::Model model;
+  const grpc::Status theirs = GetModel("b", secret.id().substr(7, 8), &model);
+  const grpc::Status nobodys = GetModel("b", "12345678", &model);
+  EXPECT_EQ(theirs.error_message(), absl::StrCat("no model's digest starts with ", secret.id().substr(7, 8),
+                                                 "; ListModels lists your models with their names and versions"));
+  EXPECT_THAT(nobodys.error_message(), HasSubstr("no model's digest starts with 12345678"));
+  // Team b's own "secret.pt" is its version 1, and team a's stays theirs.
+  EXPECT_EQ(NameVersion(UploadAs("b", kEval2d, "secret.pt")), "secret.pt:1");
+  ASSERT_TRUE(GetModel("a", "secret.pt", &model).ok());
+  EXPECT_EQ(model.id(), secret.id());
+}
+
+}  // namespace
+}  // namespace recal::testing
