@@ -57,6 +57,16 @@ int Upload(Context& ctx) {
   return kOk;
 }
 
+int Delete(Context& ctx) {
+  if (auto s = ctx.args.AllowOnly({}); !s.ok()) return UsageError(s);
+  if (auto s = ctx.args.ExpectPositional(1, "one model (name, name:version or digest)"); !s.ok()) return UsageError(s);
+  auto deleted = ctx.client.DeleteModel(ctx.args.positional()[0]);
+  if (!deleted.ok()) return Fail(deleted.status());
+  ctx.progress.Line(absl::StrCat("deleted ", deleted->name(), ":", deleted->version(), " (", deleted->id(), ")"));
+  Emit(ctx, *deleted, ModelText(*deleted));
+  return kOk;
+}
+
 int Get(Context& ctx) {
   if (auto s = ctx.args.AllowOnly({}); !s.ok()) return UsageError(s);
   if (auto s = ctx.args.ExpectPositional(1, "one job id"); !s.ok()) return UsageError(s);
@@ -67,7 +77,7 @@ int Get(Context& ctx) {
 }
 
 int List(Context& ctx) {
-  if (auto s = ctx.args.AllowOnly({"state", "page_size", "page_token", "models"}); !s.ok()) {
+  if (auto s = ctx.args.AllowOnly({"state", "page_size", "page_token", "models", "name"}); !s.ok()) {
     return UsageError(s);
   }
   if (auto s = ctx.args.ExpectPositional(0, "no arguments"); !s.ok()) return UsageError(s);
@@ -77,11 +87,12 @@ int List(Context& ctx) {
     if (ctx.args.Has("state")) {
       return UsageError(absl::InvalidArgumentError("--state lists jobs, not models"));
     }
-    auto models = ctx.client.ListModels(static_cast<int>(*page_size), ctx.args.Get("page_token"));
+    auto models = ctx.client.ListModels(static_cast<int>(*page_size), ctx.args.Get("page_token"), ctx.args.Get("name"));
     if (!models.ok()) return Fail(models.status());
     Emit(ctx, *models, ModelsTable(*models));
     return kOk;
   }
+  if (ctx.args.Has("name")) return UsageError(absl::InvalidArgumentError("--name lists models: add --models"));
   std::vector<v1::JobState> states;
   for (const std::string& name : ctx.args.GetAll("state")) {
     v1::JobState state;

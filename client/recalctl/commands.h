@@ -29,6 +29,7 @@ void Emit(const Context& ctx, const google::protobuf::Message& message, const st
 int Upload(Context& ctx);
 int Submit(Context& ctx);
 int Get(Context& ctx);
+int Delete(Context& ctx);  // delete MODEL: a model, by any reference
 int List(Context& ctx);
 int Watch(Context& ctx);
 int Cancel(Context& ctx);

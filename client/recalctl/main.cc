@@ -31,11 +31,15 @@ Usage: recalctl COMMAND [ARGS] [FLAGS]
 Commands:
   upload MODEL [--name N] [--label K=V]...      upload a model: TorchScript (.pt) or a
                                                 torch.export program (.pt2) (skipped if the
-                                                server has these bytes; resumes a broken upload)
-  submit --model ID --data SPEC [JOB FLAGS]     submit a job; prints it
+                                                server has these bytes; resumes a broken upload);
+                                                new bytes under a name (default: the file's)
+                                                are its next version
+  submit --model REF --data SPEC [JOB FLAGS]    submit a job; prints it. REF: name, name:version,
+                                                sha256:<hex> or a digest prefix (6+ hex digits)
   get JOB                                       a job's state, progress and error
-  list [--state S]... [--models] [--page_size N] [--page_token T]
-                                                jobs (or models with --models)
+  list [--state S]... [--models [--name N]] [--page_size N] [--page_token T]
+                                                jobs (or models, newest version first)
+  delete REF                                    delete a model (refused while a job uses it)
   watch JOB [--after_seq N]                     follow a job to its end (reconnects); prints it
   cancel JOB                                    cancel a queued or running job
   download JOB -o PATH [--artifact model|bn|report]
@@ -124,6 +128,7 @@ constexpr LocalCommandEntry kLocalCommands[] = {{"token", Token}};
 constexpr CommandEntry kCommands[] = {
     {"upload", Upload}, {"submit", Submit},     {"get", Get}, {"list", List},     {"watch", Watch},
     {"cancel", Cancel}, {"download", Download}, {"run", Run}, {"health", Health}, {"report", Report},
+    {"delete", Delete},
 };
 
 // recalctl's version, and the server's when one answers: a client and a server of different

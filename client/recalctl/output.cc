@@ -59,7 +59,8 @@ std::string JobText(const v1::Job& job) {
 }
 
 std::string ModelText(const v1::Model& model) {
-  std::string text = absl::StrCat("id: ", model.id(), "\nname: ", model.name(), "\nsize: ", model.size(),
+  std::string text = absl::StrCat("id: ", model.id(), "\nname: ", model.name(), "\nversion: ", model.version(),
+                                  "\nreference: ", model.name(), ":", model.version(), "\nsize: ", model.size(),
                                   "\nbatchnorm_layers: ", model.layers_size(), "\n");
   for (const auto& [key, value] : model.labels()) absl::StrAppend(&text, "label: ", key, "=", value, "\n");
   if (model.has_create_time()) absl::StrAppend(&text, "created: ", Time(model.create_time()), "\n");
@@ -80,10 +81,14 @@ std::string JobsTable(const v1::ListJobsResponse& jobs) {
 }
 
 std::string ModelsTable(const v1::ListModelsResponse& models) {
-  std::string text = absl::StrFormat("%-71s  %-24s  %10s  %s\n", "ID", "NAME", "SIZE", "LAYERS");
+  // Name and version first: what a person refers to a model by; the digest's first 12 hex
+  // digits are a prefix any command takes too.
+  std::string text = absl::StrFormat("%-32s  %-19s  %10s  %6s  %s\n", "NAME:VERSION", "DIGEST", "SIZE", "LAYERS",
+                                     "CREATED");
   for (const v1::Model& model : models.models()) {
-    absl::StrAppendFormat(&text, "%-71s  %-24s  %10s  %d\n", model.id(), model.name(),
-                          FormatBytes(model.size()), model.layers_size());
+    absl::StrAppendFormat(&text, "%-32s  %-19s  %10s  %6d  %s\n", absl::StrCat(model.name(), ":", model.version()),
+                          model.id().substr(0, 19), FormatBytes(model.size()), model.layers_size(),
+                          model.has_create_time() ? Time(model.create_time()) : "");
   }
   if (!models.next_page_token().empty()) {
     absl::StrAppend(&text, "next_page_token: ", models.next_page_token(), "\n");

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "client/src/channel_security.h"
 #include "client/src/client_impl.h"
+#include "common/status_macros.h"
 
 namespace recal {
 namespace {
@@ -90,27 +91,29 @@ absl::StatusOr<v1::Model> Client::GetModel(const std::string& model_id) {
       [&](grpc::ClientContext* c, v1::Model* r) { return impl_->stub->GetModel(c, request, r); });
 }
 
-absl::StatusOr<v1::ListModelsResponse> Client::ListModels(int page_size, const std::string& page_token) {
+absl::StatusOr<v1::ListModelsResponse> Client::ListModels(int page_size, const std::string& page_token,
+                                                          const std::string& name) {
   v1::ListModelsRequest request;
   request.set_page_size(page_size);
   request.set_page_token(page_token);
+  request.set_name(name);
   return impl_->Unary<v1::ListModelsResponse>([&](grpc::ClientContext* c, v1::ListModelsResponse* r) {
     return impl_->stub->ListModels(c, request, r);
   });
 }
 
-absl::Status Client::DeleteModel(const std::string& model_id) {
+absl::StatusOr<v1::Model> Client::DeleteModel(const std::string& model) {
   v1::DeleteModelRequest request;
-  request.set_id(model_id);
+  request.set_id(model);
   // Not retried: a delete that went through before the connection broke would report
   // NOT_FOUND the second time, hiding that it worked.
-  return impl_
-      ->Unary<v1::DeleteModelResponse>(
-          [&](grpc::ClientContext* c, v1::DeleteModelResponse* r) {
-            return impl_->stub->DeleteModel(c, request, r);
-          },
-          /*retry=*/false)
-      .status();
+  RECAL_ASSIGN_OR_RETURN(v1::DeleteModelResponse deleted,
+                         impl_->Unary<v1::DeleteModelResponse>(
+                             [&](grpc::ClientContext* c, v1::DeleteModelResponse* r) {
+                               return impl_->stub->DeleteModel(c, request, r);
+                             },
+                             /*retry=*/false));
+  return std::move(*deleted.mutable_model());
 }
 
 absl::StatusOr<v1::Job> Client::Submit(const v1::JobSpec& spec) { return Submit(spec, NewRequestId()); }

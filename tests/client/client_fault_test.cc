@@ -240,7 +240,7 @@ TEST_F(FaultTest, IdempotentCallsAreRetriedOnUnavailableOnly) {
   fake_.Locked([&] { fake_.get_job_failures = 0; });
   EXPECT_EQ(client->Get("missing").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(fake_.Locked([&] { return fake_.get_job_calls; }), 7);
-  EXPECT_EQ(client->DeleteModel("sha256:x").code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(client->DeleteModel("sha256:x").status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(fake_.Locked([&] { return fake_.delete_calls; }), 1);
 }
 

@@ -351,6 +351,38 @@ TEST_F(RecalctlTest, RefusedUploadsNameTheFileAndTheExportAndVersionNamesTheServ
   EXPECT_THAT(version.out, ::testing::MatchesRegex("recalctl .*\nrecal-server .* \\(LibTorch .*\\)\n"));
 }
 
+TEST_F(RecalctlTest, ModelsHaveNamesAndVersionsThatEveryCommandTakes) {
+  // Two archives under one name: versions 1 and 2.
+  const Result first = Ctl({"upload", kModel, "--name", "rn18"});
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_EQ(Field(first.out, "reference"), "rn18:1");
+  const std::string second_path = kFixtures + "/models/resnet18.exported_eval.pt2";
+  const Result second = Ctl({"upload", second_path, "--name", "rn18"});
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_EQ(Field(second.out, "reference"), "rn18:2");
+  // The file's name when none is given.
+  EXPECT_EQ(Field(Ctl({"upload", kFixtures + "/models/resnet18.scripted_eval.pt"}).out, "reference"),
+            "resnet18.scripted_eval.pt:1");
+
+  const Result listed = Ctl({"list", "--models", "--name", "rn18"});
+  ASSERT_EQ(listed.exit_code, 0) << listed.err;
+  EXPECT_LT(listed.out.find("rn18:2"), listed.out.find("rn18:1")) << listed.out;  // newest first
+  EXPECT_THAT(listed.out, Not(HasSubstr("scripted_eval")));
+
+  // A job by name runs the latest version; the job keeps the full digest.
+  const Result submitted = Ctl({"submit", "--model", "rn18", "--data", "npy:data/resnet18.npy", "--output=json"});
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
+  EXPECT_EQ(Parse<v1::Job>(submitted).spec().model_id(), Field(second.out, "id"));
+  ASSERT_EQ(Ctl({"watch", Parse<v1::Job>(submitted).id(), "-q"}).exit_code, 0);
+  // By a digest prefix too, and delete by name:version.
+  const std::string prefix = Field(first.out, "id").substr(0, 7 + 8);  // "sha256:" and 8 hex digits
+  const Result deleted = Ctl({"delete", "rn18:1"});
+  ASSERT_EQ(deleted.exit_code, 0) << deleted.err;
+  EXPECT_THAT(deleted.err, HasSubstr("deleted rn18:1 (" + Field(first.out, "id") + ")"));
+  EXPECT_EQ(Ctl({"delete", prefix}).exit_code, 4);  // gone: not found
+  EXPECT_EQ(Ctl({"delete", "nobody"}).exit_code, 4);
+}
+
 TEST_F(RecalctlTest, RunEndToEndMatchesTheReference) {
   const std::string out = tmp_.File("out.pt"), bn = tmp_.File("bn.safetensors"),
                     report = tmp_.File("report.json");

@@ -651,8 +651,19 @@ class ClientTest(unittest.TestCase):
         self.client.download(skipped, skipped_path, artifact="report")
         with open(skipped_path) as f:
             skipped_report = json.load(f)
-        self.assertEqual(skipped_report["samples"], str(image_folders.IMAGES))
-        self.assertEqual(skipped_report["skipped_files"], "1")
+        self.assertEqual(skipped_report["samples"], image_folders.IMAGES)  # int64 as JSON numbers
+        self.assertEqual(skipped_report["skipped_files"], 1)
+
+        # No options: ImageNet's evaluation transform, filled in by the server and spelled out
+        # in the report (the job itself keeps what was asked).
+        imagenet = self.client.wait(self.client.submit(self.model, "images:imgs", batch_size=3, max_batches=1))
+        self.assertEqual(imagenet.state, recal.SUCCEEDED, imagenet.error.message)
+        self.assertEqual(imagenet.spec.data.image_folder.resize, 0)
+        imagenet_path = os.path.join(self.dir, "imagenet.json")
+        self.client.download(imagenet, imagenet_path, artifact="report")
+        with open(imagenet_path) as f:
+            self.assertRegex(json.load(f)["data"],
+                             r"^images:\S*imgs\?resize=256&crop=224&mean=0\.485,0\.456,0\.406&std=0\.229,0\.224,0\.225$")
 
     # ------------------------------------------------------------------ environment
 

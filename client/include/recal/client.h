@@ -163,8 +163,12 @@ class Client {
                                            const TransferCallback& on_progress = nullptr);
   absl::StatusOr<v1::UploadStatus> GetUploadStatus(const std::string& sha256);
   absl::StatusOr<v1::Model> GetModel(const std::string& model_id);
-  absl::StatusOr<v1::ListModelsResponse> ListModels(int page_size = 0, const std::string& page_token = "");
-  absl::Status DeleteModel(const std::string& model_id);  // not retried
+  // Models take a reference wherever they are named: "sha256:<hex>", a unique digest prefix
+  // (6+ hex digits), "name" (its latest version) or "name:version" (docs/models.md).
+  // `name`: that name's versions only, newest first.
+  absl::StatusOr<v1::ListModelsResponse> ListModels(int page_size = 0, const std::string& page_token = "",
+                                                    const std::string& name = "");
+  absl::StatusOr<v1::Model> DeleteModel(const std::string& model);  // the model deleted; not retried
 
   // ------------------------------------------------------------------------------ jobs
   // Submits with a fresh request_id (NewRequestId()), so retries never make two jobs.

@@ -297,14 +297,19 @@ class Client:
 
     # -------------------------------------------------------------------------- models
 
-    def get_model(self, model_id):
-        return self._unary(self.stub.GetModel, recal_pb2.GetModelRequest(id=_id(model_id)))
+    # A model is named by a reference wherever one is taken: "sha256:<hex>", a unique digest
+    # prefix (6+ hex digits), "name" (its latest version) or "name:version" (docs/models.md).
 
-    def list_models(self):
-        return self._all_pages(self.stub.ListModels, recal_pb2.ListModelsRequest(), "models")
+    def get_model(self, model):
+        return self._unary(self.stub.GetModel, recal_pb2.GetModelRequest(id=_id(model)))
 
-    def delete_model(self, model_id):
-        self._unary(self.stub.DeleteModel, recal_pb2.DeleteModelRequest(id=_id(model_id)))
+    def list_models(self, name=None):
+        """The tenant's models (with `name`: that name's versions), newest first."""
+        return self._all_pages(self.stub.ListModels, recal_pb2.ListModelsRequest(name=name or ""), "models")
+
+    def delete_model(self, model):
+        """Deletes a model (refused while a queued or running job uses it); returns it."""
+        return self._unary(self.stub.DeleteModel, recal_pb2.DeleteModelRequest(id=_id(model)), retry=False).model
 
     def upload_model(self, path, name=None, labels=None):
         """Uploads a model archive (TorchScript or a torch.export PT2) and returns its Model (id "sha256:<hex>").
