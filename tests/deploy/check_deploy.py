@@ -132,9 +132,9 @@ def load_yaml_docs(path):
 
 # ------------------------------------------------------------------ recal-server's flags
 def server_flags(binary):
-    """The flag names `recal-server --helpfull` lists (absl prints `    --name (help); default: ...`)."""
+    """The flag names `recal-server --helpfull` lists (`  --name=default`, then its help)."""
     r = subprocess.run([binary, "--helpfull"], capture_output=True, text=True, timeout=60)
-    names = set(re.findall(r"^\s+--([A-Za-z_][A-Za-z0-9_]*)\s", r.stdout + r.stderr, re.M))
+    names = set(re.findall(r"^\s+--([A-Za-z_][A-Za-z0-9_]*)[=\s]", r.stdout + r.stderr, re.M))
     check({"listen", "metrics_listen", "role", "store", "blobs", "auth_file", "data_root"} <= names,
           f"recal-server --helpfull lists its flags ({len(names)})")
     return names
