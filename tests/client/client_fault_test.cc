@@ -399,7 +399,10 @@ TEST(DataTest, ImageSpecsMapToImageFolderSources) {
   }
   EXPECT_EQ(DataSourceToSpec(made), "images:x?resize=2&crop=1&mean=0.1,0.2,0.3&std=0.1,0.2,0.3");
 
-  for (const char* bad : {"images:d", "images:d?resize=4&crop=8&mean=0,0,0&std=1,1,1",
+  // No options: ImageNet's evaluation transform, spelled out in the message the client sends.
+  EXPECT_EQ(DataSourceToSpec(*DataSourceFromSpec("images:d")),
+            "images:d?resize=256&crop=224&mean=0.485,0.456,0.406&std=0.229,0.224,0.225");
+  for (const char* bad : {"images:", "images:d?resize=4&crop=8&mean=0,0,0&std=1,1,1",
                           "images:d?resize=4&crop=4&mean=0,0&std=1,1,1", "images:d?resize=4&crop=4&mean=0,0,0&std=1,0,1",
                           "images:d?resize=4&crop=4&mean=0,0,0&std=1,1,1&on_bad=ignore"}) {
     const auto refused = DataSourceFromSpec(bad);

@@ -236,13 +236,15 @@ TEST_F(DataSpecForTest, BadImageFoldersAreRefusedNamingTheField) {
     const char* message;
   };
   const std::vector<Case> cases = {
-      {"resize 0", [](auto& f) { f.set_resize(0); }, absl::StatusCode::kInvalidArgument, "image_folder.resize is 0"},
+      {"negative resize", [](auto& f) { f.set_resize(-1); }, absl::StatusCode::kInvalidArgument,
+       "image_folder.resize is -1"},
       {"resize too large", [](auto& f) { f.set_resize(65537); }, absl::StatusCode::kInvalidArgument,
        "image_folder.resize is 65537"},
-      {"crop 0", [](auto& f) { f.set_crop(0); }, absl::StatusCode::kInvalidArgument, "image_folder.crop is 0"},
+      {"negative crop", [](auto& f) { f.set_crop(-1); }, absl::StatusCode::kInvalidArgument, "image_folder.crop is -1"},
       {"crop > resize", [](auto& f) { f.set_crop(37); }, absl::StatusCode::kInvalidArgument,
        "image_folder.crop is 37; it must be in 1..resize (36)"},
-      {"no mean", [](auto& f) { f.clear_mean(); }, absl::StatusCode::kInvalidArgument, "image_folder.mean"},
+      {"2 means", [](auto& f) { f.mutable_mean()->RemoveLast(); }, absl::StatusCode::kInvalidArgument,
+       "got 2 and 3"},
       {"4 std", [](auto& f) { f.add_std(1); }, absl::StatusCode::kInvalidArgument, "got 3 and 4"},
       {"zero std", [](auto& f) { f.set_std(1, 0); }, absl::StatusCode::kInvalidArgument, "image_folder.std[1] is 0"},
       {"negative std", [](auto& f) { f.set_std(2, -1); }, absl::StatusCode::kInvalidArgument,
@@ -271,11 +273,27 @@ TEST_F(DataSpecForTest, BadImageFoldersAreRefusedNamingTheField) {
   }
   // The fields are checked before the path: a malformed source is refused as such anywhere.
   v1::DataSource both = ImageFolder("/etc");
-  both.mutable_image_folder()->set_crop(0);
+  both.mutable_image_folder()->set_crop(-1);
   EXPECT_EQ(Error(both).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Error(ImageFolder("/etc")).code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(DataSpecFor(ImageFolder("images"), {}).status().code(), absl::StatusCode::kPermissionDenied)
       << "no data roots: nothing is served";
+}
+
+TEST_F(DataSpecForTest, AnImageFolderLeavingTheTransformUnsetGetsImageNets) {
+  v1::DataSource source = ImageFolder("images");
+  v1::ImageFolderSource& folder = *source.mutable_image_folder();
+  folder.clear_resize();
+  folder.clear_crop();
+  folder.clear_mean();
+  folder.clear_std();
+  const DataSpec spec = Parsed(source);
+  EXPECT_EQ(spec.resize, 256);
+  EXPECT_EQ(spec.crop, 224);
+  EXPECT_THAT(spec.mean, ElementsAre(0.485, 0.456, 0.406));
+  EXPECT_THAT(spec.std, ElementsAre(0.229, 0.224, 0.225));
+  folder.set_resize(36);  // a resize alone crops 224/256 of it
+  EXPECT_EQ(Parsed(source).crop, 31);
 }
 
 TEST_F(DataSpecForTest, SyntheticClientStreamAndNothing) {
