@@ -116,9 +116,9 @@ absl::StatusOr<DataSpec> ParseImages(absl::string_view spec, absl::string_view r
     if (!seen.insert(key).second) return Bad(spec, absl::StrCat("repeated option '", key, "'"));
     if (key == "resize" || key == "crop" || key == "samples") {
       int64_t v = 0;
-      if (!ParsePositive(value, &v) || v > (key == "samples" ? std::numeric_limits<int64_t>::max() : 65536)) {
+      if (!ParsePositive(value, &v) || v > (key == "samples" ? std::numeric_limits<int64_t>::max() : kMaxImageSide)) {
         return Bad(spec, absl::StrCat(key, " '", value, "' must be a positive integer",
-                                      key == "samples" ? "" : " <= 65536"));
+                                      key == "samples" ? "" : absl::StrCat(" <= ", kMaxImageSide)));
       }
       (key == "resize" ? out.resize : key == "crop" ? out.crop : out.samples) = v;
     } else if (key == "mean" || key == "std") {
@@ -281,13 +281,20 @@ std::string DataSpecToString(const DataSpec& spec) {
 }
 
 void FillImageNetDefaults(DataSpec* spec) {
+  // Sides outside 1..kMaxImageSide are left for the checks to refuse, never multiplied (an
+  // API message's int64 would overflow).
+  const auto in_range = [](int64_t side) { return side >= 1 && side <= kMaxImageSide; };
   if (spec->resize == 0 && spec->crop == 0) {
     spec->resize = kImageNetResize;
     spec->crop = kImageNetCrop;
   } else if (spec->crop == 0) {
-    spec->crop = std::max<int64_t>(1, spec->resize * kImageNetCrop / kImageNetResize);
+    spec->crop = in_range(spec->resize) ? std::max<int64_t>(1, spec->resize * kImageNetCrop / kImageNetResize) : 1;
   } else if (spec->resize == 0) {
-    spec->resize = (spec->crop * kImageNetResize + kImageNetCrop - 1) / kImageNetCrop;
+    // Within the largest side: a crop near it would otherwise ask for a resize beyond it.
+    spec->resize = in_range(spec->crop)
+                       ? std::max(spec->crop, std::min(kMaxImageSide, (spec->crop * kImageNetResize + kImageNetCrop - 1) /
+                                                                          kImageNetCrop))
+                       : kMaxImageSide;
   }
   if (spec->mean.empty()) spec->mean.assign(std::begin(kImageNetMean), std::end(kImageNetMean));
   if (spec->std.empty()) spec->std.assign(std::begin(kImageNetStd), std::end(kImageNetStd));

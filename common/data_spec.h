@@ -64,6 +64,7 @@ double FloatAsDecimal(float value);
 // and std. An image folder gets what its spec (or ImageFolderSource) leaves out: a resize
 // without a crop crops 224/256 of it, a crop without a resize resizes to 256/224 of it (the
 // crop fraction 0.875 of timm and torchvision's references), mean and std each ImageNet's.
+inline constexpr int64_t kMaxImageSide = 65536;  // the largest resize (and so crop) a spec may ask
 inline constexpr int64_t kImageNetResize = 256;
 inline constexpr int64_t kImageNetCrop = 224;
 inline constexpr double kImageNetMean[3] = {0.485, 0.456, 0.406};

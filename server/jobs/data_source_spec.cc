@@ -17,7 +17,6 @@ namespace {
 
 using data::DataSpec;
 
-constexpr int64_t kMaxImageSide = 65536;  // what the images: spec accepts for resize and crop
 
 absl::Status Invalid(absl::string_view message) { return absl::InvalidArgumentError(message); }
 
@@ -81,8 +80,8 @@ absl::StatusOr<std::string> CheckTensorFile(const v1::TensorFileSource& file,
 absl::StatusOr<std::string> CheckImageFolder(const v1::ImageFolderSource& given,
                                              const std::vector<std::string>& data_roots) {
   const v1::ImageFolderSource folder = data::WithImageNetDefaults(given);
-  if (folder.resize() < 1 || folder.resize() > kMaxImageSide) {
-    return Invalid(absl::StrCat("image_folder.resize is ", folder.resize(), "; it must be in 1..", kMaxImageSide,
+  if (folder.resize() < 1 || folder.resize() > data::kMaxImageSide) {
+    return Invalid(absl::StrCat("image_folder.resize is ", folder.resize(), "; it must be in 1..", data::kMaxImageSide,
                                 " (the shorter side after resizing)"));
   }
   if (folder.crop() < 1 || folder.crop() > folder.resize()) {

@@ -310,7 +310,9 @@ TEST(ImageSpec, WhatIsLeftOutIsImageNetsEvaluationTransformAndTheSpecSaysSo) {
   };
   for (const Case& c : {Case{"images:/d", 256, 224}, Case{"images:/d?", 256, 224}, Case{"images:/d?samples=3", 256, 224},
                         Case{"images:/d?crop=299", 342, 299}, Case{"images:/d?resize=320", 320, 280},
-                        Case{"images:/d?resize=8&crop=8", 8, 8}}) {
+                        Case{"images:/d?resize=8&crop=8", 8, 8},
+                        // A crop near the largest side: the resize derived from it stays within it.
+                        Case{"images:/d?crop=58427", 65536, 58427}, Case{"images:/d?crop=65536", 65536, 65536}}) {
     absl::StatusOr<DataSpec> s = ParseDataSpec(c.spec);
     ASSERT_TRUE(s.ok()) << c.spec << ": " << s.status();
     EXPECT_EQ(s->path, "/d") << c.spec;

@@ -294,6 +294,10 @@ TEST_F(DataSpecForTest, AnImageFolderLeavingTheTransformUnsetGetsImageNets) {
   EXPECT_THAT(spec.std, ElementsAre(0.229, 0.224, 0.225));
   folder.set_resize(36);  // a resize alone crops 224/256 of it
   EXPECT_EQ(Parsed(source).crop, 31);
+  // A crop alone beyond the largest side is refused as the crop (and never multiplied).
+  folder.clear_resize();
+  folder.set_crop(int64_t{1} << 62);
+  EXPECT_THAT(Error(source).message(), HasSubstr("image_folder.crop is 4611686018427387904"));
 }
 
 TEST_F(DataSpecForTest, SyntheticClientStreamAndNothing) {
