@@ -63,7 +63,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   // The server: check and queue.
   recal::jobs::StreamFeed feed(normalisation, kMaxBatchBytes);
-  feed.set_deadline(std::chrono::steady_clock::now());  // never wait for more
+  feed.set_deadline(std::chrono::steady_clock::now(), std::chrono::hours(1), "--stream_idle_seconds");  // never wait for more
   google::protobuf::RepeatedPtrField<recal::v1::Tensor> inputs = request.inputs();  // Push takes them; kept to compare
   const absl::Status pushed = feed.Push(inputs, request.last());
   if (!pushed.ok()) {

@@ -7,5 +7,7 @@ scripts/venv.sh
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.ccache}"
 # Relative paths in the cache keys: a fresh clone elsewhere (CI) reuses earlier builds.
 export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
+# LibTorch's precompiled header (cmake/TorchPrecompiledHeader.cmake) is cached only with these.
+export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}"
 cmake --preset default >/dev/null
 cmake --build --preset default -j "$(nproc)"

@@ -107,6 +107,8 @@ ABSL_FLAG(int32_t, max_message_bytes, 8 << 20, "largest gRPC message accepted");
 ABSL_FLAG(int64_t, max_batch_size, 4096, "largest batch_size a job may ask for");
 ABSL_FLAG(int64_t, max_batch_bytes, int64_t{256} << 20, "largest batch a client may push (PushBatches), all its inputs together");
 ABSL_FLAG(double, job_timeout_seconds, 6 * 3600, "a job's time limit unless its spec sets one");
+ABSL_FLAG(double, stream_idle_seconds, 300,
+          "a client_stream job fails when no batch is pushed for this long, giving its worker back");
 ABSL_FLAG(double, shutdown_timeout_seconds, 20, "how long SIGTERM waits for workers and calls");
 ABSL_FLAG(std::string, worker_binary, "", "recal-worker, which runs every model (default: beside recal-server)");
 ABSL_FLAG(int64_t, job_memory_bytes, int64_t{16} << 30, "address space of each job's worker (RLIMIT_AS); 0: no limit");
@@ -326,6 +328,7 @@ int main(int argc, char** argv) {
   options.scheduler.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_jobs);
   options.scheduler.data_roots = data_roots;
   options.scheduler.default_timeout_seconds = absl::GetFlag(FLAGS_job_timeout_seconds);
+  options.scheduler.stream_idle = absl::Seconds(absl::GetFlag(FLAGS_stream_idle_seconds));
   options.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
   options.max_batch_bytes = absl::GetFlag(FLAGS_max_batch_bytes);
   options.scheduler.metrics = metrics.get();

@@ -420,8 +420,9 @@ absl::StatusOr<Scheduler::Outputs> Scheduler::Execute(const v1::Job& job, const 
     }
     if (!feed) return absl::CancelledError("the job's stream was closed before it started");
     feed->set_deadline(std::chrono::steady_clock::now() +
-                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                           std::chrono::duration<double>(timeout)));
+                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                               std::chrono::duration<double>(timeout)),
+                       absl::ToChronoNanoseconds(options_.stream_idle), "--stream_idle_seconds");
     hooks.next_pushed = [feed] { return feed->Next(); };
     hooks.release_pushed = [feed] { feed->Close(absl::FailedPreconditionError("the job has ended")); };
   }
@@ -480,7 +481,9 @@ absl::StatusOr<Scheduler::Outputs> Scheduler::Execute(const v1::Job& job, const 
     task.shard_count = spec.shards();
   }
   absl::StatusOr<v1::RunReport> report = runner_->Recalibrate(task, hooks);
-  if (absl::IsDeadlineExceeded(report.status())) {
+  // Past the job's own deadline, whichever part noticed; before it, a pushed stream that went
+  // idle (--stream_idle_seconds), which says so itself.
+  if (absl::IsDeadlineExceeded(report.status()) && absl::Now() >= hooks.deadline) {
     return absl::DeadlineExceededError(absl::StrCat("the job ran past its timeout of ", timeout, " s"));
   }
   if (!report.ok()) return report.status();

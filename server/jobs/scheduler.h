@@ -45,6 +45,9 @@ struct SchedulerOptions {
   int max_queued_jobs = 64;
   DataRoots data_roots;
   double default_timeout_seconds = 6 * 3600;
+  // A client_stream job fails when no batch is pushed for this long, so that a client that
+  // went away does not hold a worker until the job's timeout.
+  absl::Duration stream_idle = absl::Minutes(5);
   absl::Duration progress_interval = absl::Milliseconds(250);
   metrics::Metrics* metrics = nullptr;  // none: nothing is counted
   // Runs of a job the server died during; past it the job fails instead of running again.

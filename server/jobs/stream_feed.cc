@@ -1,7 +1,10 @@
 #include "server/jobs/stream_feed.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "common/status_macros.h"
 
 namespace recal::jobs {
@@ -74,6 +77,7 @@ absl::Status StreamFeed::Push(google::protobuf::RepeatedPtrField<v1::Tensor>& in
   if (!closed_.ok()) return closed_;
   if (ended_) return absl::FailedPreconditionError("the job's data has ended (a batch was marked last)");
   batches_.push_back(std::move(batch));
+  last_push_ = std::chrono::steady_clock::now();
   ended_ = last;
   changed_.notify_all();
   return absl::OkStatus();
@@ -85,9 +89,13 @@ void StreamFeed::Close(const absl::Status& reason) {
   changed_.notify_all();
 }
 
-void StreamFeed::set_deadline(std::chrono::steady_clock::time_point deadline) {
+void StreamFeed::set_deadline(std::chrono::steady_clock::time_point deadline,
+                              std::chrono::steady_clock::duration idle, const std::string& idle_flag) {
   std::lock_guard<std::mutex> lock(mu_);
   deadline_ = deadline;
+  idle_ = idle;
+  idle_flag_ = idle_flag;
+  last_push_ = std::chrono::steady_clock::now();
   changed_.notify_all();
 }
 
@@ -95,8 +103,18 @@ absl::StatusOr<std::optional<worker::v1::PushedBatch>> StreamFeed::Next() {
   std::unique_lock<std::mutex> lock(mu_);
   const auto ready = [&] { return !closed_.ok() || !batches_.empty() || (ended_ && delivered_last_); };
   while (!ready()) {
-    if (changed_.wait_until(lock, deadline_) == std::cv_status::timeout && !ready()) {
-      return absl::DeadlineExceededError("the job ran past its timeout waiting for pushed batches");
+    const auto idle_end =
+        idle_ < deadline_ - last_push_ ? last_push_ + idle_ : std::chrono::steady_clock::time_point::max();
+    if (changed_.wait_until(lock, std::min(deadline_, idle_end)) == std::cv_status::no_timeout || ready()) {
+      continue;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline_) return absl::DeadlineExceededError("the job ran past its timeout waiting for pushed batches");
+    if (now >= idle_end) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no batch was pushed for ", absl::FormatDuration(absl::FromChrono(idle_)),
+          ": the job gave its worker back. Push the batches without pausing that long, or ask the operator to "
+          "raise ", idle_flag_));
     }
   }
   if (!closed_.ok()) return closed_;

@@ -38,8 +38,12 @@ class StreamFeed {
   // Wakes both sides: Next() returns `reason` (cancellation, shutdown), Push() fails.
   void Close(const absl::Status& reason);
 
-  // Next() waits no later than this for the client (DEADLINE_EXCEEDED after).
-  void set_deadline(std::chrono::steady_clock::time_point deadline);
+  // Next() waits no later than `deadline` for the client, nor longer than `idle` after the
+  // last batch pushed (or after this call, before any): DEADLINE_EXCEEDED after either, so
+  // that a client that stops pushing gives the worker back. `idle_flag` names the setting in
+  // the message.
+  void set_deadline(std::chrono::steady_clock::time_point deadline, std::chrono::steady_clock::duration idle,
+                    const std::string& idle_flag);
 
   // The next batch, or std::nullopt after the one marked last.
   absl::StatusOr<std::optional<worker::v1::PushedBatch>> Next();
@@ -56,6 +60,9 @@ class StreamFeed {
   bool ended_ = false;          // the client sent the batch marked last
   bool delivered_last_ = false;  // and Next() has handed it out
   std::chrono::steady_clock::time_point deadline_ = std::chrono::steady_clock::time_point::max();
+  std::chrono::steady_clock::duration idle_ = std::chrono::steady_clock::duration::max();
+  std::string idle_flag_;
+  std::chrono::steady_clock::time_point last_push_ = std::chrono::steady_clock::now();
   absl::Status closed_;
 };
 

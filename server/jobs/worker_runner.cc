@@ -110,12 +110,15 @@ std::string LastLine(std::string text) {
 // the model, but what decides which libraries and devices it finds: the library path the
 // server was started with (a LibTorch, a driver or their dependencies outside the system's
 // directories), and which GPUs CUDA shows and in what order (cuda:N must name the same
-// device in every worker, and the count --print_cuda_devices gives must be theirs). A
-// sanitizer build (tests only) passes the runtime's own options on (suppressions, leak
+// device in every worker, and the count --print_cuda_devices gives must be theirs), and how
+// its OpenMP threads wait: spinning threads of several workers on a shared host (or of
+// tests run side by side) take the cores the others compute on, so the operator's
+// OMP_WAIT_POLICY=passive must reach them. A sanitizer build (tests only) passes the runtime's own options on (suppressions, leak
 // checks, halt on error): the worker is checked as the server is.
 std::vector<std::string> WorkerEnvironment() {
   std::vector<std::string> env = {"PATH=/usr/bin:/bin", "LANG=C.UTF-8"};
-  for (const char* name : {"LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"}) {
+  for (const char* name : {"LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "OMP_WAIT_POLICY",
+                           "GOMP_SPINCOUNT"}) {
     if (const char* value = std::getenv(name)) env.push_back(absl::StrCat(name, "=", value));
   }
   if (kSanitizer != nullptr) {
@@ -402,6 +405,10 @@ absl::StatusOr<wire::Event> WorkerRunner::Run(const wire::Task& task, const std:
     if (input.get() < 0) return absl::FailedPreconditionError("the worker's input is closed");
     return worker::WriteMessage(input.get(), message);
   };
+  // Why the feed stopped before the job ended (a client that stopped pushing): the job's
+  // error, rather than the worker's view of it (its input ended early).
+  absl::Status feed_error;
+  std::atomic<bool> releasing_feed{false};
   std::thread feeder([&] {
     absl::Cleanup close_input = [&] {
       // Closing stdin says nothing more comes, unless replies to reads still may.
@@ -412,6 +419,7 @@ absl::StatusOr<wire::Event> WorkerRunner::Run(const wire::Task& task, const std:
     if (!hooks.next_pushed) return;
     while (true) {
       auto batch = hooks.next_pushed();
+      if (!batch.ok() && !releasing_feed) feed_error = batch.status();
       if (!batch.ok() || !batch->has_value()) return;
       if (!write_input(**batch).ok()) return;
       if ((*batch)->last()) return;
@@ -464,6 +472,7 @@ absl::StatusOr<wire::Event> WorkerRunner::Run(const wire::Task& task, const std:
   watchdog.join();
   err_reader.join();
   // A feeder blocked in next_pushed() is released by the job's end (its feed is closed).
+  releasing_feed = true;
   if (hooks.release_pushed) hooks.release_pushed();
   feeder.join();
 
@@ -473,6 +482,7 @@ absl::StatusOr<wire::Event> WorkerRunner::Run(const wire::Task& task, const std:
     return absl::DeadlineExceededError(absl::StrCat(
         "the job ran past its deadline; its worker was stopped"));
   }
+  if (!feed_error.ok()) return feed_error;
   if (last && WIFEXITED(status) && WEXITSTATUS(status) == 0) return *std::move(last);
   if (WIFSIGNALED(status)) {
     const int signal = WTERMSIG(status);

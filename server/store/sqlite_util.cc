@@ -1,7 +1,12 @@
 #include "server/store/sqlite_util.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace recal::store::internal {
@@ -75,6 +80,7 @@ absl::StatusOr<Db> Db::Open(const std::string& path) {
   const int rc = sqlite3_open_v2(path.c_str(), &raw,
                                  SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);
   Db db(raw, path);  // closes `raw` on every return, also on failure
+  db.file_.in_memory = path.empty() || path == ":memory:" || absl::StartsWith(path, "file:");
   if (rc != SQLITE_OK) {
     return absl::InternalError(absl::StrCat("cannot open database '", path,
                                             "': ", raw != nullptr ? sqlite3_errmsg(raw) : sqlite3_errstr(rc),
@@ -84,9 +90,28 @@ absl::StatusOr<Db> Db::Open(const std::string& path) {
   return db;
 }
 
+absl::Status Db::CheckFile() {
+  if (file_.in_memory) return absl::OkStatus();
+  struct stat now;
+  const bool present = ::stat(path_.c_str(), &now) == 0;
+  if (present && !file_.known) {  // SQLite creates the file at its first statement, not at open
+    file_ = {static_cast<uint64_t>(now.st_dev), static_cast<uint64_t>(now.st_ino), true, false};
+  }
+  if (!file_.known && !present && errno == ENOENT) return absl::OkStatus();
+  if (present && static_cast<uint64_t>(now.st_dev) == file_.device && static_cast<uint64_t>(now.st_ino) == file_.inode) {
+    return absl::OkStatus();
+  }
+  const std::string what = present ? "was replaced by another file"
+                                   : absl::StrCat("is gone (", std::strerror(errno), ")");
+  return absl::DataLossError(absl::StrCat(
+      "the database file '", path_, "' ", what, " while the server ran: nothing more is read from or written to it. "
+      "Put the file back (or restore it from a backup) and restart the server"));
+}
+
 Db::Db(Db&& other) noexcept
     : db_(std::exchange(other.db_, nullptr)),
       path_(std::move(other.path_)),
+      file_(other.file_),
       statements_(std::move(other.statements_)) {
   other.statements_.clear();
 }
@@ -97,6 +122,7 @@ Db::~Db() {
 }
 
 absl::StatusOr<Query> Db::Prepare(const std::string& sql) {
+  if (absl::Status file = CheckFile(); !file.ok()) return file;
   auto it = statements_.find(sql);
   if (it == statements_.end()) {
     sqlite3_stmt* stmt = nullptr;
@@ -110,6 +136,7 @@ absl::StatusOr<Query> Db::Prepare(const std::string& sql) {
 }
 
 absl::Status Db::Exec(const std::string& sql) {
+  if (absl::Status file = CheckFile(); !file.ok()) return file;
   if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, nullptr) != SQLITE_OK) {
     return Error(absl::StrCat("`", sql, "`"));
   }

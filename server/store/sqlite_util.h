@@ -71,9 +71,22 @@ class Db {
   const std::string& path() const { return path_; }
 
  private:
+  // A file the connection opened stays readable and writable after it is deleted or renamed
+  // away, and another file may take its path: what this connection writes would then reach
+  // no file anyone will open again. So every statement first checks that `path_` is still
+  // the file opened (device and inode): DATA_LOSS naming it, before anything is written,
+  // when it is not. The health check fails with it too (recal-server's NOT_SERVING).
+  struct FileIdentity {
+    uint64_t device = 0, inode = 0;
+    bool known = false;      // the file existed at a statement: these are its numbers
+    bool in_memory = false;  // nothing to check (or a URI, whose file is not `path_`)
+  };
+  absl::Status CheckFile();
+
   Db(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
   sqlite3* db_ = nullptr;
   std::string path_;
+  FileIdentity file_;
   std::map<std::string, sqlite3_stmt*> statements_;
 };
 

@@ -647,6 +647,29 @@ TEST_F(ServerTest, ServesTheStandardHealthService) {
   EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING);
 }
 
+// The database deleted under a running server: it says NOT_SERVING, logs why, and refuses
+// to write past the file (DATA_LOSS naming it) rather than losing what it is told.
+TEST_F(ServerTest, ADatabaseFileRemovedUnderTheServerIsDetectedAndNeverWrittenPast) {
+  const std::string model_id = UploadModel();
+  ASSERT_TRUE(fs::remove(data_dir_ + "/recal.db"));
+  auto health = grpc::health::v1::Health::NewStub(server_->Channel());
+  grpc::health::v1::HealthCheckResponse response;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  do {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    grpc::ClientContext context;
+    ASSERT_TRUE(health->Check(&context, grpc::health::v1::HealthCheckRequest(), &response).ok());
+  } while (response.status() == grpc::health::v1::HealthCheckResponse::SERVING &&
+           std::chrono::steady_clock::now() < deadline);
+  EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  EXPECT_THAT(server_->log(), HasSubstr("recal.db' is gone"));
+
+  grpc::Status refused;
+  Submit(NpyJob(model_id, kFixtures + "/data/resnet18.npy", 8), &refused);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::DATA_LOSS);
+  EXPECT_THAT(refused.error_message(), HasSubstr("restart the server"));
+}
+
 class OneWorkerServerTest : public ServerTest {
  protected:
   std::vector<std::string> Flags() override {
@@ -679,6 +702,32 @@ TEST_F(OneWorkerServerTest, CancelsQueuedAndRunningJobsAndBoundsTheQueue) {
   remove.set_id(model_id);
   v1::DeleteModelResponse removed;
   EXPECT_TRUE(stub_->DeleteModel(&context, remove, &removed).ok());
+}
+
+class IdleStreamServerTest : public ServerTest {
+ protected:
+  std::vector<std::string> Flags() override {
+    return {"--data_root=" + kFixtures + "," + own_root(), "--threads_per_worker=1", "--stream_idle_seconds=1"};
+  }
+};
+
+// A client that submits a client_stream job and never pushes (or stops pushing) does not
+// hold the only worker until the job's 6-hour timeout: the job fails after the idle time,
+// naming the flag, and the next job runs.
+TEST_F(IdleStreamServerTest, AStreamThatIsNeverFedGivesItsWorkerBack) {
+  const std::string model_id = UploadModel();
+  v1::SubmitJobRequest request;
+  request.mutable_spec()->set_model_id(model_id);
+  request.mutable_spec()->set_batch_size(8);
+  request.mutable_spec()->mutable_data()->mutable_client_stream();
+  v1::Job starved = Submit(request);
+  v1::Job next = Submit(NpyJob(model_id, kFixtures + "/data/resnet18.npy", 8));
+
+  v1::Job failed = WaitForState(*stub_, starved.id(), v1::FAILED, 30);
+  EXPECT_EQ(failed.error().code(), static_cast<int>(grpc::StatusCode::DEADLINE_EXCEEDED));
+  EXPECT_THAT(failed.error().message(), HasSubstr("no batch was pushed for 1s"));
+  EXPECT_THAT(failed.error().message(), HasSubstr("--stream_idle_seconds"));
+  EXPECT_EQ(WaitForState(*stub_, next.id(), v1::SUCCEEDED, 60).state(), v1::SUCCEEDED);
 }
 
 TEST_F(OneWorkerServerTest, WatchersResumeBySeqAndSeveralWatchAtOnce) {

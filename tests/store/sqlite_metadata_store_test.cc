@@ -4,12 +4,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/store/metadata_store.h"
 #include "tests/store/metadata_test_util.h"
@@ -294,6 +296,31 @@ TEST(SqliteMetadataStoreTest, OpenFailsWithAnActionableMessage) {
   absl::StatusOr<std::unique_ptr<MetadataStore>> db = OpenMetadataStore(dir.File("no/such/dir/meta.db"));
   ASSERT_FALSE(db.ok());
   EXPECT_NE(db.status().message().find("no/such/dir/meta.db"), absl::string_view::npos) << db.status();
+}
+
+// The database deleted, or another file put in its place, under a running server: every
+// later call fails with DATA_LOSS naming the file (the health check is one such call), and
+// nothing is written to the file nobody will open again.
+TEST(SqliteMetadataStoreTest, ADatabaseFileRemovedOrReplacedIsNeverWrittenPast) {
+  for (const bool replace : {false, true}) {
+    SCOPED_TRACE(replace ? "replaced" : "removed");
+    TempDir dir;
+    const std::string path = dir.File("meta.db");
+    auto db = OpenDb(path);
+    ASSERT_TRUE(db->CreateJob(MakeJob("before", v1::QUEUED), nullptr).ok());
+    ASSERT_EQ(std::rename(path.c_str(), dir.File("moved.db").c_str()), 0);
+    if (replace) OpenDb(path);  // a fresh database at the same path
+
+    absl::StatusOr<int64_t> counted = db->CountJobsInStates({v1::QUEUED});
+    EXPECT_EQ(counted.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_THAT(std::string(counted.status().message()),
+                ::testing::AllOf(::testing::HasSubstr(path), ::testing::HasSubstr(replace ? "replaced" : "gone"),
+                                 ::testing::HasSubstr("restart the server")));
+    EXPECT_EQ(db->CreateJob(MakeJob("after", v1::QUEUED), nullptr).status().code(), absl::StatusCode::kDataLoss);
+    if (replace) {
+      EXPECT_FALSE(OpenDb(path)->GetJob("after").ok());  // the new file got nothing
+    }
+  }
 }
 
 }  // namespace
