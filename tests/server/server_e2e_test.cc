@@ -125,6 +125,24 @@ TEST_F(ServerTest, ModelsThatDoMoreThanMathAreRefusedAtUploadNamingTheOperator) 
   UploadModel();  // the server goes on
 }
 
+TEST_F(ServerTest, CraftedArchivesAreRefusedAtUploadNamingTheTensorOrTheLimit) {
+  // tests/fixtures/crafted_archives.py: bn.weight cut to a 16-byte record (unchecked, a job
+  // returned the worker's heap in it, or the worker crashed), a graph too large or too deep.
+  const std::string crafted = RECAL_CRAFTED_DIR;
+  for (const auto& [name, reason] : std::vector<std::pair<std::string, std::string>>{
+           {"truncated_weight_200000.pt", "tensor 'bn.weight'"},
+           {"truncated_weight_8.pt", "tensor 'bn.weight'"},
+           {"truncated_weight_200000.pt2", "tensor 'bn.weight'"},
+           {"wide_graph.pt", "max_graph_nodes"},
+           {"nested_ifs.pt", "max_graph_depth"}}) {
+    v1::Model model;
+    grpc::Status status = Upload(*stub_, ReadBytes(crafted + "/" + name), &model);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << name << ": " << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr(reason)) << name;
+  }
+  UploadModel();  // the server goes on
+}
+
 TEST_F(ServerTest, EndlessModelEndsAtItsTimeoutOrOnCancelAndTheNextJobRuns) {
   // 32 samples of 4 features, what the hostile models take.
   std::vector<float> values(32 * 4);
