@@ -54,6 +54,24 @@ TEST(TruncatedStorage, TorchScriptRefusalGivesTheRecordAndTheNumbers) {
                                           "in record data/0, which holds 16 bytes"));
 }
 
+TEST(TruncatedStorage, AViewPastAStorageThatFitsItsRecordIsRefusedWithItsNumbers) {
+  // window views floats 4..7 of a storage data.pkl says holds 4 floats, in a 16-byte record.
+  // LibTorch 2.14's unpickler checks such a view itself as the scan unpickles, before the
+  // scan can name it (the scan checks it too, for the versions that do not).
+  const absl::Status status = Load("view_past_storage.pt");
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(status.message(), HasSubstr("TorchScript archive: cannot read its tensors"));
+  EXPECT_THAT(status.message(), HasSubstr("storage offset 4"));
+  EXPECT_THAT(status.message(), HasSubstr("16 bytes"));
+}
+
+TEST(TruncatedStorage, CodeConstantsAreCheckedAndNamedAsTheCodeReadsThem) {
+  const absl::Status status = Load("truncated_constant.pt");
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(status.message(), HasSubstr("tensor 'CONSTANTS.c0' claims a storage of 48 bytes in record constants/0, "
+                                          "which holds 16 bytes"));
+}
+
 TEST(TensorView, ViewPastItsStorageIsRefusedWithItsNumbers) {
   TensorView view{c10::kFloat, {4}, {1}, 2};
   EXPECT_TRUE(CheckViewFits("w", view, 24, "data/0").ok());
