@@ -52,17 +52,10 @@ class TensorScan {
   }
 
  private:
-  // The size of `record`: INVALID_ARGUMENT when it is missing or reaches past the archive
-  // (a compressed record expanding beyond it included).
   absl::StatusOr<int64_t> RecordBytes(const std::string& record) const {
-    if (!reader_->hasRecord(record)) return Refused(absl::StrCat("has no record ", record));
-    const size_t size = reader_->getRecordSize(record);
-    const size_t offset = reader_->getRecordOffset(record);
-    if (offset > archive_bytes_ || size > archive_bytes_ - offset) {
-      return Refused(absl::StrCat("record ", record, " claims ", size, " bytes at offset ", offset,
-                                  ", past the end of the ", archive_bytes_, "-byte archive"));
-    }
-    return static_cast<int64_t>(size);
+    absl::StatusOr<int64_t> bytes = RecordInArchive(*reader_, record, archive_bytes_);
+    if (!bytes.ok()) return Refused(bytes.status().message());
+    return bytes;
   }
 
   c10::StrongTypePtr TypeOf(const c10::QualifiedName& name) {
@@ -160,7 +153,7 @@ class TensorScan {
           const std::string key = item.key().isString() ? item.key().toStringRef()
                                   : item.key().isInt() ? std::to_string(item.key().toInt())
                                                        : "?";
-          pending.emplace_back(item.key(), child(path, key + "(key)"));
+          if (item.key().isTensor()) pending.emplace_back(item.key(), child(path, key + " (a key)"));
           pending.emplace_back(item.value(), child(path, key));
         }
       } else if (value.isList() || value.isTuple()) {

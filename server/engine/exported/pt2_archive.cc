@@ -165,16 +165,9 @@ const StoredTensor* Pt2Archive::Find(const std::string& name) const {
 
 absl::StatusOr<int64_t> Pt2Archive::RecordBytes(const std::string& record) const {
   try {
-    if (!reader_->hasRecord(record)) return Invalid(absl::StrCat("has no ", record));
-    const size_t size = reader_->getRecordSize(record);
-    const size_t offset = reader_->getRecordOffset(record);
-    // A stored record lies inside the archive: one claiming more is a compressed bomb or a
-    // crafted directory, not a weight torch.export.save wrote.
-    if (offset > file_->size() || size > file_->size() - offset) {
-      return Invalid(absl::StrCat(record, " claims ", size, " bytes at offset ", offset, ", past the end of the ",
-                                  file_->size(), "-byte archive"));
-    }
-    return static_cast<int64_t>(size);
+    absl::StatusOr<int64_t> bytes = RecordInArchive(*reader_, record, file_->size());
+    if (!bytes.ok()) return Invalid(bytes.status().message());
+    return bytes;
   } catch (const std::exception& e) {
     return Invalid(absl::StrCat("cannot read ", record, ": ", TorchErrorLine(e)));
   }
