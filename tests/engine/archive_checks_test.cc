@@ -11,6 +11,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "server/engine/exported/pt2_archive.h"
 #include "server/engine/observed_model.h"
 #include "server/engine/script_source.h"
 #include "server/engine/script_tensors.h"
@@ -87,20 +88,25 @@ TEST(TensorView, ViewPastItsStorageIsRefusedWithItsNumbers) {
 }
 
 TEST(ArchiveChecks, PassEveryFixtureModel) {
-  // Scripted and traced, train and eval, with code constants, shared storages and torch
-  // 1.13's format: what the checks refuse is only what is crafted.
+  // Scripted and traced, train and eval, with code constants, shared storages, torch 1.13's
+  // format, and exported programs: what the checks refuse is only what is crafted.
   int checked = 0;
   for (const char* dir : {RECAL_FIXTURES_DIR "/models", RECAL_SOURCE_DIR "/tests/fixtures/torch113"}) {
     for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-      if (entry.path().extension() != ".pt") continue;
+      const std::string extension = entry.path().extension().string();
+      if (extension != ".pt" && extension != ".pt2") continue;
       auto file = OpenModelFile(entry.path().string());
       ASSERT_TRUE(file.ok()) << file.status();
+      ++checked;
+      if (extension == ".pt2") {
+        EXPECT_TRUE(exported::Pt2Archive::Read(*file, {}).ok()) << entry.path();
+        continue;
+      }
       EXPECT_TRUE(CheckScriptSource(*file, GraphPolicy{}).ok()) << entry.path() << CheckScriptSource(*file, {});
       EXPECT_TRUE(CheckScriptTensors(*file).ok()) << entry.path() << CheckScriptTensors(*file);
-      ++checked;
     }
   }
-  EXPECT_GT(checked, 20);
+  EXPECT_GT(checked, 40);
 }
 
 // Refused with INVALID_ARGUMENT naming `limit`, timed: the bound is generous against a loaded
