@@ -24,6 +24,10 @@ struct GraphPolicy {
   // Nodes in all graphs together, and in forward once every call in it is inlined (what the
   // rewrite builds): beyond either the model is refused before anything is inlined.
   int64_t max_graph_nodes = 500000;
+  // Blocks (if, loop) or brackets nested in a TorchScript archive's code: Python itself takes
+  // 100 levels of indentation and 200 of brackets; what is deeper is crafted, and costs
+  // quadratic time in every pass over it.
+  int64_t max_graph_depth = 200;
 };
 
 // OK, or INVALID_ARGUMENT naming the first operator outside the allowlist with the function

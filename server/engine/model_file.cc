@@ -92,6 +92,18 @@ std::shared_ptr<ReadAdapter> BytesReader(absl::string_view bytes) {
   return std::make_shared<BytesReaderImpl>(bytes);
 }
 
+absl::StatusOr<int64_t> RecordInArchive(caffe2::serialize::PyTorchStreamReader& reader, const std::string& record,
+                                        size_t archive_bytes) {
+  if (!reader.hasRecord(record)) return absl::InvalidArgumentError(absl::StrCat("has no record ", record));
+  const size_t size = reader.getRecordSize(record);
+  const size_t offset = reader.getRecordOffset(record);
+  if (offset > archive_bytes || size > archive_bytes - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("record ", record, " claims ", size, " bytes at offset ", offset,
+                                                   ", past the end of the ", archive_bytes, "-byte archive"));
+  }
+  return static_cast<int64_t>(size);
+}
+
 const char* ModelFormatName(ModelFormat format) {
   return format == ModelFormat::kExportedProgram ? "exported_program" : "torchscript";
 }

@@ -11,6 +11,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
+namespace caffe2::serialize {
+class PyTorchStreamReader;
+}
+
 namespace recal::engine {
 
 // A model path "fd:N" names an archive open on file descriptor N (recal-worker).
@@ -24,6 +28,13 @@ absl::StatusOr<std::shared_ptr<ReadAdapter>> OpenModelFile(const std::string& pa
 
 // Bytes held in memory, read in place (the reload checks read what they are about to write).
 std::shared_ptr<ReadAdapter> BytesReader(absl::string_view bytes);
+
+// The size of `record` as the zip's directory gives it; INVALID_ARGUMENT (unprefixed) when
+// the record is missing or its bytes reach past the end of the archive (a compressed record
+// expanding beyond it included: torch.jit.save and torch.export.save store tensors and
+// pickles uncompressed). Throws what the reader throws.
+absl::StatusOr<int64_t> RecordInArchive(caffe2::serialize::PyTorchStreamReader& reader, const std::string& record,
+                                        size_t archive_bytes);
 
 enum class ModelFormat {
   kTorchScript,       // torch.jit.save

@@ -13,6 +13,8 @@
 #include "common/status_macros.h"
 #include "server/engine/graph_rewrite.h"
 #include "server/engine/run_aside.h"
+#include "server/engine/script_source.h"
+#include "server/engine/script_tensors.h"
 #include "server/engine/torch_error.h"
 
 namespace recal::engine {
@@ -168,6 +170,10 @@ absl::Status ScriptModel::CheckReloads(absl::string_view bytes, const NamedTenso
 
 absl::StatusOr<std::unique_ptr<ObservedModel>> LoadScriptModel(std::shared_ptr<ReadAdapter> file,
                                                                 const std::string& path, const LoadOptions& options) {
+  // Before LibTorch compiles the code or makes any tensor of the archive (the output copy is
+  // loaded from the same bytes).
+  RECAL_RETURN_IF_ERROR(CheckScriptSource(file, options.graph_policy));
+  RECAL_RETURN_IF_ERROR(CheckScriptTensors(file));
   RECAL_ASSIGN_OR_RETURN(torch::jit::Module module, LoadModule(file, path, options.device));
   RECAL_RETURN_IF_ERROR(ValidateGraphs(module, options.graph_policy));
   auto model = std::make_unique<ScriptModel>(std::move(module), std::move(file), path);

@@ -159,7 +159,7 @@ TEST(ExportedProgramTest, RefusesAShapeTheStoredBytesCannotHold) {
     meta["sizes"] = json::array({json{{"as_int", 1000000}}, json{{"as_int", 1000000}}});
     meta["strides"] = json::array({json{{"as_int", 1000000}}, json{{"as_int", 1}}});
   });
-  ExpectRefused(path, "too few for a");
+  ExpectRefused(path, "which holds");
 }
 
 TEST(ExportedProgramTest, RefusesNegativeOrOverflowingViews) {
@@ -169,7 +169,7 @@ TEST(ExportedProgramTest, RefusesNegativeOrOverflowingViews) {
       meta["sizes"] = json::array({json{{"as_int", size}}, json{{"as_int", size}}});
       meta["strides"] = json::array({json{{"as_int", size}}, json{{"as_int", 1}}});
     });
-    ExpectRefused(path, "impossible shape, strides or offset");
+    ExpectRefused(path, "has an impossible shape");
   }
 }
 
@@ -220,7 +220,7 @@ TEST(ExportedProgramTest, RefusesACompressedBombInPlaceOfAWeight) {
       },
       {{weight, zeros}}, /*compress_extra=*/true);
   ASSERT_LT(std::filesystem::file_size(bombed), 16u << 20);
-  ExpectRefused(bombed, "more than the archive holds");
+  ExpectRefused(bombed, "past the end of the");
 }
 
 TEST(ExportedProgramTest, RefusesAnArchiveOfSeveralPrograms) {

@@ -32,35 +32,17 @@ absl::Status Invalid(absl::string_view what) {
 // Thrown by the parser's callback to stop at a nesting no program has (a JSON bomb).
 struct TooDeep {};
 
-// The element count of sizes/strides at `offset`, and the storage elements the view reaches;
-// false on overflow or negative values.
-bool ViewExtent(const StoredTensor& t, int64_t* numel, int64_t* reach) {
-  int64_t n = 1, last = t.storage_offset;
-  if (t.storage_offset < 0 || t.sizes.size() != t.strides.size()) return false;
-  for (size_t i = 0; i < t.sizes.size(); ++i) {
-    if (t.sizes[i] < 0 || t.strides[i] < 0) return false;
-    if (__builtin_mul_overflow(n, t.sizes[i], &n)) return false;
-    int64_t span;
-    if (t.sizes[i] > 0 && (__builtin_mul_overflow(t.sizes[i] - 1, t.strides[i], &span) ||
-                           __builtin_add_overflow(last, span, &last))) {
-      return false;
-    }
-  }
-  *numel = n;
-  *reach = n == 0 ? 0 : last + 1;
-  return true;
-}
-
 // `stored`'s view of the bytes of its record, sharing them.
 absl::StatusOr<at::Tensor> ViewOver(const at::Tensor& bytes, const StoredTensor& stored) {
-  int64_t numel = 0, reach = 0;
-  if (!ViewExtent(stored, &numel, &reach)) return Invalid(absl::StrCat(stored.record, ": impossible view"));
-  const int64_t element = static_cast<int64_t>(c10::elementSize(stored.dtype));
-  if (bytes.numel() % element != 0 || reach > bytes.numel() / element) {
-    return Invalid(absl::StrCat(stored.record, " holds ", bytes.numel(), " bytes, too few for a ",
-                                std::string(c10::toString(stored.dtype)), " tensor of ", numel, " elements"));
+  const TensorView& view = stored.view;
+  if (absl::Status fits = CheckViewFits(stored.name, view, bytes.numel(), stored.record); !fits.ok()) {
+    return Invalid(fits.message());
   }
-  return bytes.view(stored.dtype).as_strided(stored.sizes, stored.strides, stored.storage_offset);
+  if (bytes.numel() % static_cast<int64_t>(c10::elementSize(view.dtype)) != 0) {
+    return Invalid(absl::StrCat(stored.record, " holds ", bytes.numel(), " bytes, not a whole number of ",
+                                c10::toString(view.dtype), " elements"));
+  }
+  return bytes.view(view.dtype).as_strided(view.sizes, view.strides, view.storage_offset);
 }
 
 }  // namespace
@@ -150,18 +132,21 @@ absl::Status Pt2Archive::ReadPayloadConfig(const std::string& config, const std:
       }
       const json& tensor_meta = meta.at("tensor_meta");
       StoredTensor stored;
+      stored.name = fqn;
       stored.record = dir + meta.at("path_name").get<std::string>();
-      RECAL_ASSIGN_OR_RETURN(stored.dtype, ScalarTypeOf(tensor_meta.at("dtype").get<int64_t>()));
-      RECAL_ASSIGN_OR_RETURN(stored.sizes, ConcreteInts(tensor_meta.at("sizes")));
-      RECAL_ASSIGN_OR_RETURN(stored.strides, ConcreteInts(tensor_meta.at("strides")));
+      TensorView& view = stored.view;
+      RECAL_ASSIGN_OR_RETURN(view.dtype, ScalarTypeOf(tensor_meta.at("dtype").get<int64_t>()));
+      RECAL_ASSIGN_OR_RETURN(view.sizes, ConcreteInts(tensor_meta.at("sizes")));
+      RECAL_ASSIGN_OR_RETURN(view.strides, ConcreteInts(tensor_meta.at("strides")));
       RECAL_ASSIGN_OR_RETURN(std::vector<int64_t> offset, ConcreteInts(json::array({tensor_meta.at("storage_offset")})));
-      stored.storage_offset = offset.front();
+      view.storage_offset = offset.front();
       if (tensor_meta.value("layout", kStridedLayout) != kStridedLayout) {
         return Invalid(absl::StrCat("'", fqn, "' is not a strided (dense) tensor"));
       }
-      int64_t numel, reach;
-      if (!ViewExtent(stored, &numel, &reach)) {
-        return Invalid(absl::StrCat("'", fqn, "' has an impossible shape, strides or offset"));
+      // Every weight and constant, read by the program or not, before any is loaded.
+      RECAL_ASSIGN_OR_RETURN(int64_t record_bytes, RecordBytes(stored.record));
+      if (absl::Status fits = CheckViewFits(fqn, view, record_bytes, stored.record); !fits.ok()) {
+        return Invalid(fits.message());
       }
       into->emplace(fqn, std::move(stored));
     }
@@ -178,15 +163,19 @@ const StoredTensor* Pt2Archive::Find(const std::string& name) const {
   return found != constants_.end() ? &found->second : nullptr;
 }
 
-absl::StatusOr<at::Tensor> Pt2Archive::Load(const StoredTensor& stored) const {
+absl::StatusOr<int64_t> Pt2Archive::RecordBytes(const std::string& record) const {
   try {
-    if (!reader_->hasRecord(stored.record)) return Invalid(absl::StrCat("has no ", stored.record));
-    const int64_t bytes = static_cast<int64_t>(reader_->getRecordSize(stored.record));
-    // A stored record is as large in the archive as in memory: a record claiming more than
-    // the whole archive is a compressed bomb, not a weight torch.export.save wrote.
-    if (bytes > static_cast<int64_t>(file_->size())) {
-      return Invalid(absl::StrCat(stored.record, " claims ", bytes, " bytes, more than the archive holds"));
-    }
+    absl::StatusOr<int64_t> bytes = RecordInArchive(*reader_, record, file_->size());
+    if (!bytes.ok()) return Invalid(bytes.status().message());
+    return bytes;
+  } catch (const std::exception& e) {
+    return Invalid(absl::StrCat("cannot read ", record, ": ", TorchErrorLine(e)));
+  }
+}
+
+absl::StatusOr<at::Tensor> Pt2Archive::Load(const StoredTensor& stored) const {
+  RECAL_ASSIGN_OR_RETURN(int64_t bytes, RecordBytes(stored.record));
+  try {
     at::Tensor record = at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
     if (bytes > 0) reader_->getRecord(stored.record, record.data_ptr(), static_cast<size_t>(bytes));
     return ViewOver(record, stored);
@@ -217,7 +206,7 @@ absl::StatusOr<std::string> Pt2Archive::WithTensors(
         for (const auto& [stored, value] : changed->second) {
           const at::Tensor record = at::from_blob(data.get(), {static_cast<int64_t>(size)}, at::kByte);
           RECAL_ASSIGN_OR_RETURN(at::Tensor view, ViewOver(record, *stored));
-          view.copy_(value.to(stored->dtype).reshape(view.sizes()));
+          view.copy_(value.to(stored->view.dtype).reshape(view.sizes()));
         }
       }
       writer.writeRecord(name, data.get(), size);

@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/engine/model_file.h"
+#include "server/engine/tensor_view.h"
 
 namespace caffe2::serialize {
 class PyTorchStreamReader;
@@ -30,17 +31,17 @@ struct ArchiveLimits {
 
 // One weight or constant: the record that holds its storage and its view into it.
 struct StoredTensor {
+  std::string name;    // in the program's signature: "bn.weight"
   std::string record;  // "data/weights/weight_3"
-  at::ScalarType dtype = at::kFloat;
-  std::vector<int64_t> sizes;
-  std::vector<int64_t> strides;
-  int64_t storage_offset = 0;  // in elements
+  TensorView view;
 };
 
 class Pt2Archive {
  public:
   // INVALID_ARGUMENT naming what is wrong: not a PT2 archive, several programs in it,
-  // a big-endian archive, JSON past the limits, pickled or malformed payloads.
+  // a big-endian archive, JSON past the limits, pickled or malformed payloads, a weight or
+  // constant whose record is missing or reaches past the archive, or whose view reaches past
+  // its record (named, with the numbers). Reads no tensor data.
   static absl::StatusOr<Pt2Archive> Read(std::shared_ptr<ReadAdapter> file, const ArchiveLimits& limits);
 
   const nlohmann::json& program() const { return *program_; }
@@ -51,8 +52,7 @@ class Pt2Archive {
   // The weight or constant named `name`; nullptr when the archive holds none.
   const StoredTensor* Find(const std::string& name) const;
 
-  // The tensor over its record's bytes, on the CPU. INVALID_ARGUMENT when the view does
-  // not fit in the record.
+  // The tensor over its record's bytes, on the CPU (its view was checked by Read).
   absl::StatusOr<at::Tensor> Load(const StoredTensor& stored) const;
 
   // The archive with the named tensors (weights or constants) given new values of their
@@ -65,6 +65,8 @@ class Pt2Archive {
   absl::StatusOr<nlohmann::json> ReadJson(const std::string& name) const;
   absl::Status ReadPayloadConfig(const std::string& config, const std::string& dir,
                                  std::map<std::string, StoredTensor>* into) const;
+  // The size of `record`; INVALID_ARGUMENT when it is missing or reaches past the archive.
+  absl::StatusOr<int64_t> RecordBytes(const std::string& record) const;
 
   std::shared_ptr<ReadAdapter> file_;
   // The zip's directory, read once (its own lock serialises record reads).
