@@ -107,23 +107,13 @@ absl::StatusOr<auth::Principal> RecalService::Admit(grpc::ServerContext* context
 void RecalService::RefusedUnauthenticated(grpc::ServerContext* context, absl::string_view action,
                                           absl::string_view resource, const absl::Status& refusal) const {
   if (metrics_) metrics_->unauthenticated_requests.Increment();
-  const std::string host = log::PeerHost(context->peer());
-  const log::RepeatLimiter::Decision decision = unauthenticated_log_.Note(host, absl::Now());
-  if (decision.suppressed_before > 0) {
-    log::Warning(absl::StrCat("audit: ", decision.suppressed_before, " more unauthenticated calls suppressed"),
-                 {{"peer", host}, {"suppressed", decision.suppressed_before}});
-  }
-  if (decision.write) {
-    log::Warning("audit", {{"tenant", ""},
-                           {"identity", "unknown"},
-                           {"peer", context->peer()},
-                           {"method", std::string(action)},
-                           {"resource", log::ClientValue(resource)},
-                           {"outcome", log::ClientValue(absl::StrCat("refused: ", refusal.message()))}});
-  } else if (decision.first_unwritten) {
-    log::Warning("audit: further unauthenticated calls from this peer are counted, not logged, for the interval",
-                 {{"peer", host}, {"interval", absl::FormatDuration(limits_.unauthenticated_log_interval)}});
-  }
+  log::WarnLimited(unauthenticated_log_, log::PeerHost(context->peer()), "audit",
+                   {{"tenant", ""},
+                    {"identity", "unknown"},
+                    {"peer", context->peer()},
+                    {"method", std::string(action)},
+                    {"resource", log::ClientValue(resource)},
+                    {"outcome", log::ClientValue(absl::StrCat("refused: ", refusal.message()))}});
 }
 
 int64_t RecalService::ListPageBytes() const {

@@ -1,6 +1,7 @@
 #include "server/log/repeat_limiter.h"
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 
 namespace recal::log {
 namespace {
@@ -29,6 +30,20 @@ RepeatLimiter::Decision RepeatLimiter::Note(const std::string& source, absl::Tim
   decision.write = ++window.events <= burst_;
   decision.first_unwritten = window.events == burst_ + 1;
   return decision;
+}
+
+void WarnLimited(RepeatLimiter& limiter, const std::string& source, absl::string_view msg, const Fields& fields) {
+  const RepeatLimiter::Decision decision = limiter.Note(source, absl::Now());
+  if (decision.suppressed_before > 0) {
+    Warning(absl::StrCat(msg, ": ", decision.suppressed_before, " more suppressed"),
+            {{"peer", source}, {"suppressed", decision.suppressed_before}});
+  }
+  if (decision.write) {
+    Warning(msg, fields);
+  } else if (decision.first_unwritten) {
+    Warning(absl::StrCat(msg, ": further ones from this peer are counted, not logged, for the interval"),
+            {{"peer", source}, {"interval", absl::FormatDuration(limiter.interval())}});
+  }
 }
 
 std::string PeerHost(absl::string_view peer) {

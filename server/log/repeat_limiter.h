@@ -3,9 +3,7 @@
 // are counted and reported by one summary at the source's next event after the interval.
 // Holds at most `max_sources` sources; beyond them the others share one entry. Thread-safe.
 //   RepeatLimiter limiter(5, absl::Seconds(60));
-//   const RepeatLimiter::Decision d = limiter.Note(PeerHost(context->peer()), absl::Now());
-//   if (d.suppressed_before > 0) log::Warning("... suppressed", {{"suppressed", d.suppressed_before}});
-//   if (d.write) log::Warning(...);
+//   WarnLimited(limiter, PeerHost(context->peer()), "audit", {{"peer", context->peer()}, ...});
 #pragma once
 
 #include <cstdint>
@@ -15,6 +13,7 @@
 
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "server/log/log.h"
 
 namespace recal::log {
 
@@ -30,6 +29,7 @@ class RepeatLimiter {
       : burst_(burst), interval_(interval), max_sources_(max_sources) {}
 
   Decision Note(const std::string& source, absl::Time now);
+  absl::Duration interval() const { return interval_; }
 
  private:
   struct Window {
@@ -42,6 +42,11 @@ class RepeatLimiter {
   std::mutex mu_;
   std::map<std::string, Window> windows_;
 };
+
+// A warning `msg` from `source` (a peer), written if `limiter` lets it through; the first one
+// it holds back says that further ones are counted, not logged; the source's next line after
+// the interval is preceded by "<msg>: N more suppressed".
+void WarnLimited(RepeatLimiter& limiter, const std::string& source, absl::string_view msg, const Fields& fields);
 
 // A gRPC peer ("ipv4:10.0.0.1:5123", "ipv6:[::1]:5123") without its port: one client opening
 // new connections is still one source.

@@ -1,6 +1,10 @@
 #include "server/log/repeat_limiter.h"
 
+#include <string>
+
 #include <gtest/gtest.h>
+
+#include "absl/time/clock.h"
 
 namespace recal::log {
 namespace {
@@ -43,6 +47,20 @@ TEST(RepeatLimiterTest, ManyPeersShareOneEntryBeyondTheMost) {
   EXPECT_EQ(written, 1);
   // Ended windows that owe no summary make room again.
   EXPECT_TRUE(limiter.Note("c", kT0 + absl::Seconds(20)).write);
+}
+
+TEST(WarnLimitedTest, WritesTheAllowanceThenOneNoticeThenTheSummary) {
+  RepeatLimiter limiter(2, absl::Milliseconds(300));
+  ::testing::internal::CaptureStderr();
+  for (int i = 0; i < 10; ++i) WarnLimited(limiter, "ipv4:10.0.0.9", "audit", {{"resource", "x"}});
+  absl::SleepFor(absl::Milliseconds(310));
+  WarnLimited(limiter, "ipv4:10.0.0.9", "audit", {{"resource", "x"}});
+  const std::string written = ::testing::internal::GetCapturedStderr();
+  int lines = 0;
+  for (char c : written) lines += c == '\n';
+  EXPECT_EQ(lines, 5) << written;  // 2, the notice, the summary, then the next interval's first
+  EXPECT_NE(written.find("audit: further ones from this peer are counted, not logged"), std::string::npos);
+  EXPECT_NE(written.find("audit: 8 more suppressed"), std::string::npos) << written;
 }
 
 TEST(PeerHostTest, DropsThePortSoNewConnectionsAreTheSamePeer) {

@@ -588,7 +588,7 @@ TEST_F(AuthTest, AThousandUnauthenticatedCallsWithHugeIdsWriteABoundedLogAndAreC
   const std::string log = server_->log().substr(log_before);
   EXPECT_LT(log.size(), 16u << 10) << log.substr(0, 4096);
   EXPECT_THAT(log, HasSubstr("(1048576 bytes, truncated)"));
-  EXPECT_THAT(log, HasSubstr("further unauthenticated calls from this peer are counted, not logged"));
+  EXPECT_THAT(log, HasSubstr("audit: further ones from this peer are counted, not logged"));
   const std::string metrics = ScrapeMetrics(server_->metrics_port());
   EXPECT_THAT(metrics, HasSubstr("\nrecal_unauthenticated_requests_total 1000\n"));
 }
