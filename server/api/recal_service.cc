@@ -1,10 +1,14 @@
 #include "server/api/recal_service.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/request_limits.h"
 #include "common/version.h"
+#include "server/api/list_pages.h"
+#include "server/api/request_bounds.h"
 #include "server/log/log.h"
 #include "server/metrics/metrics.h"
 
@@ -64,8 +68,8 @@ void Audit(const auth::Principal& who, absl::string_view method, absl::string_vi
   log::Info("audit", {{"tenant", who.tenant},
                       {"identity", who.name},
                       {"method", std::string(method)},
-                      {"resource", std::string(resource)},
-                      {"outcome", outcome.ok() ? "OK" : absl::StrCat("refused: ", outcome.error_message())}});
+                      {"resource", log::ClientValue(resource)},
+                      {"outcome", outcome.ok() ? "OK" : log::ClientValue(absl::StrCat("refused: ", outcome.error_message()))}});
 }
 
 }  // namespace
@@ -75,20 +79,45 @@ absl::StatusOr<auth::Principal> RecalService::Admit(grpc::ServerContext* context
   std::optional<std::string> authorization;
   const auto& metadata = context->client_metadata();
   if (auto found = metadata.find("authorization"); found != metadata.end()) {
+    // Held to its limit before it is hashed or looked up; too long is no credential.
+    if (absl::Status bounded = CheckAuthorization({found->second.data(), found->second.size()}); !bounded.ok()) {
+      const absl::Status refusal = absl::UnauthenticatedError(bounded.message());
+      RefusedUnauthenticated(context, action, resource, refusal);
+      return refusal;
+    }
     authorization = std::string(found->second.data(), found->second.size());
   }
   auto principal = auth_->Authenticate(authorization, CertificateNames(*context));
-  absl::Status allowed = principal.ok() ? auth::Authorize(*principal, role, action) : principal.status();
-  if (!allowed.ok()) {
-    log::Warning("audit", {{"tenant", principal.ok() ? principal->tenant : ""},
-                           {"identity", principal.ok() ? principal->name : "unknown"},
+  if (!principal.ok()) {
+    RefusedUnauthenticated(context, action, resource, principal.status());
+    return principal.status();
+  }
+  if (absl::Status allowed = auth::Authorize(*principal, role, action); !allowed.ok()) {
+    log::Warning("audit", {{"tenant", principal->tenant},
+                           {"identity", principal->name},
                            {"peer", context->peer()},
                            {"method", std::string(action)},
-                           {"resource", std::string(resource)},
+                           {"resource", log::ClientValue(resource)},
                            {"outcome", absl::StrCat("refused: ", allowed.message())}});
     return allowed;
   }
   return principal;
+}
+
+void RecalService::RefusedUnauthenticated(grpc::ServerContext* context, absl::string_view action,
+                                          absl::string_view resource, const absl::Status& refusal) const {
+  if (metrics_) metrics_->unauthenticated_requests.Increment();
+  log::WarnLimited(unauthenticated_log_, log::PeerHost(context->peer()), "audit",
+                   {{"tenant", ""},
+                    {"identity", "unknown"},
+                    {"peer", context->peer()},
+                    {"method", std::string(action)},
+                    {"resource", log::ClientValue(resource)},
+                    {"outcome", log::ClientValue(absl::StrCat("refused: ", refusal.message()))}});
+}
+
+int64_t RecalService::ListPageBytes() const {
+  return std::min(limits::kListPageBytes, limits_.max_message_bytes / 2);
 }
 
 grpc::Status RecalService::UploadModel(grpc::ServerContext* context,
@@ -102,7 +131,8 @@ grpc::Status RecalService::UploadModel(grpc::ServerContext* context,
     return ToGrpcStatus(absl::InvalidArgumentError("the first message of an upload is its header"));
   }
   const v1::UploadHeader header = message.header();
-  grpc::Status outcome = Upload(*who, context, reader, header, response);
+  const absl::Status bounded = CheckBounds(header);
+  grpc::Status outcome = bounded.ok() ? Upload(*who, context, reader, header, response) : ToGrpcStatus(bounded);
   Audit(*who, "UploadModel", absl::StrCat("sha256:", header.sha256()), outcome);
   return outcome;
 }
@@ -132,6 +162,7 @@ grpc::Status RecalService::GetUploadStatus(grpc::ServerContext* context, const v
                                            v1::UploadStatus* response) {
   auto who = Admit(context, auth::Role::kRead, "GetUploadStatus", request->sha256());
   if (!who.ok()) return ToGrpcStatus(who.status());
+  RECAL_GRPC_RETURN_IF_ERROR(CheckBounds(*request));
   return Respond(models_->UploadStatus(who->tenant, request->sha256()), response);
 }
 
@@ -139,6 +170,7 @@ grpc::Status RecalService::GetModel(grpc::ServerContext* context, const v1::GetM
                                     v1::Model* response) {
   auto who = Admit(context, auth::Role::kRead, "GetModel", request->id());
   if (!who.ok()) return ToGrpcStatus(who.status());
+  RECAL_GRPC_RETURN_IF_ERROR(CheckBounds(*request));
   return Respond(models_->Resolve(who->tenant, request->id()), response);
 }
 
@@ -146,9 +178,13 @@ grpc::Status RecalService::ListModels(grpc::ServerContext* context, const v1::Li
                                       v1::ListModelsResponse* response) {
   auto who = Admit(context, auth::Role::kRead, "ListModels", request->tenant());
   if (!who.ok()) return ToGrpcStatus(who.status());
+  RECAL_GRPC_RETURN_IF_ERROR(CheckBounds(*request));
   std::string tenant;
   RECAL_GRPC_RETURN_IF_ERROR(TenantFilter(*who, request->tenant(), "models", &tenant));
-  auto page = models_->List(tenant, request->page_size(), request->page_token(), request->name());
+  auto page = PageWithin(
+      request->page_size(), ListPageBytes(),
+      [&](int size) { return models_->List(tenant, size, request->page_token(), request->name()); },
+      [](const store::ModelPage& p) -> const std::vector<v1::Model>& { return p.models; });
   if (!page.ok()) return ToGrpcStatus(page.status());
   for (v1::Model& model : page->models) *response->add_models() = std::move(model);
   response->set_next_page_token(page->next_page_token);
@@ -159,6 +195,7 @@ grpc::Status RecalService::DeleteModel(grpc::ServerContext* context, const v1::D
                                        v1::DeleteModelResponse* response) {
   auto who = Admit(context, auth::Role::kAdmin, "DeleteModel", request->id());
   if (!who.ok()) return ToGrpcStatus(who.status());
+  RECAL_GRPC_RETURN_IF_ERROR(CheckBounds(*request));
   const std::string tenant = request->tenant().empty() ? who->tenant : request->tenant();
   absl::StatusOr<v1::Model> deleted = models_->Delete(tenant, request->id());
   grpc::Status outcome = ToGrpcStatus(deleted.status());
@@ -173,7 +210,10 @@ grpc::Status RecalService::SubmitJob(grpc::ServerContext* context, const v1::Sub
                                      v1::Job* response) {
   auto who = Admit(context, auth::Role::kSubmit, "SubmitJob", request->spec().model_id());
   if (!who.ok()) return ToGrpcStatus(who.status());
-  grpc::Status outcome = Respond(jobs_->Submit(CallerOf(*who), *request), response);
+  absl::Status bounded = CheckBounds(*request);
+  if (bounded.ok()) bounded = CheckPriority(who->role, request->spec().priority());
+  grpc::Status outcome =
+      bounded.ok() ? Respond(jobs_->Submit(CallerOf(*who), *request), response) : ToGrpcStatus(bounded);
   Audit(*who, "SubmitJob", outcome.ok() ? response->id() : request->spec().model_id(), outcome);
   return outcome;
 }
@@ -181,6 +221,7 @@ grpc::Status RecalService::SubmitJob(grpc::ServerContext* context, const v1::Sub
 grpc::Status RecalService::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request, v1::Job* response) {
   auto who = Admit(context, auth::Role::kRead, "GetJob", request->id());
   if (!who.ok()) return ToGrpcStatus(who.status());
+  RECAL_GRPC_RETURN_IF_ERROR(CheckBounds(*request));
   return Respond(jobs_->Get(CallerOf(*who), request->id()), response);
 }
 
@@ -188,11 +229,15 @@ grpc::Status RecalService::ListJobs(grpc::ServerContext* context, const v1::List
                                     v1::ListJobsResponse* response) {
   auto who = Admit(context, auth::Role::kRead, "ListJobs", request->tenant());
   if (!who.ok()) return ToGrpcStatus(who.status());
+  RECAL_GRPC_RETURN_IF_ERROR(CheckBounds(*request));
   std::string tenant;
   std::vector<v1::JobState> states;
   for (int state : request->states()) states.push_back(static_cast<v1::JobState>(state));
   RECAL_GRPC_RETURN_IF_ERROR(TenantFilter(*who, request->tenant(), "jobs", &tenant));
-  auto page = jobs_->List(tenant, states, request->page_size(), request->page_token());
+  auto page = PageWithin(
+      request->page_size(), ListPageBytes(),
+      [&](int size) { return jobs_->List(tenant, states, size, request->page_token()); },
+      [](const store::JobPage& p) -> const std::vector<v1::Job>& { return p.jobs; });
   if (!page.ok()) return ToGrpcStatus(page.status());
   for (v1::Job& job : page->jobs) *response->add_jobs() = std::move(job);
   response->set_next_page_token(page->next_page_token);
@@ -203,7 +248,9 @@ grpc::Status RecalService::CancelJob(grpc::ServerContext* context, const v1::Can
                                      v1::Job* response) {
   auto who = Admit(context, auth::Role::kSubmit, "CancelJob", request->id());
   if (!who.ok()) return ToGrpcStatus(who.status());
-  grpc::Status outcome = Respond(jobs_->Cancel(CallerOf(*who), request->id()), response);
+  const absl::Status bounded = CheckBounds(*request);
+  grpc::Status outcome =
+      bounded.ok() ? Respond(jobs_->Cancel(CallerOf(*who), request->id()), response) : ToGrpcStatus(bounded);
   Audit(*who, "CancelJob", request->id(), outcome);
   return outcome;
 }
@@ -212,6 +259,7 @@ grpc::Status RecalService::WatchJob(grpc::ServerContext* context, const v1::Watc
                                     grpc::ServerWriter<v1::JobEvent>* writer) {
   auto who = Admit(context, auth::Role::kRead, "WatchJob", request->id());
   if (!who.ok()) return ToGrpcStatus(who.status());
+  RECAL_GRPC_RETURN_IF_ERROR(CheckBounds(*request));
   struct Open {
     metrics::Metrics* metrics;
     explicit Open(metrics::Metrics* m) : metrics(m) {
@@ -239,6 +287,7 @@ grpc::Status RecalService::PushBatches(grpc::ServerContext* context,
   std::unique_ptr<jobs::PushStream> stream;
   grpc::Status outcome;
   while (outcome.ok() && reader->Read(&message)) {
+    if (outcome = ToGrpcStatus(CheckBounds(message)); !outcome.ok()) break;
     if (!stream) {
       job_id = message.job_id();
       if (job_id.empty()) {
@@ -270,6 +319,7 @@ grpc::Status RecalService::DownloadResult(grpc::ServerContext* context,
                                           grpc::ServerWriter<v1::DownloadResultChunk>* writer) {
   auto who = Admit(context, auth::Role::kRead, "DownloadResult", request->job_id());
   if (!who.ok()) return ToGrpcStatus(who.status());
+  RECAL_GRPC_RETURN_IF_ERROR(CheckBounds(*request));
   auto result = jobs_->OpenResult(CallerOf(*who), request->job_id(), request->artifact());
   if (!result.ok()) return ToGrpcStatus(result.status());
   const store::ResultRef& ref = result->ref;

@@ -1,14 +1,19 @@
 // The gRPC adapters: caller -> principal (auth::Authenticator) -> role check -> domain call
-// (jobs::ModelRegistry, jobs::JobManager) in the principal's tenant -> status. One audit line
-// per mutating call and per refused call. No logic of their own beyond streaming.
+// (jobs::ModelRegistry, jobs::JobManager) in the principal's tenant -> status. Every request's
+// fields are held to their limits (request_bounds.h) before the domain sees them; listings
+// page by bytes too (list_pages.h). One audit line per mutating call and per refused call,
+// client values clipped (log::ClientValue); unauthenticated calls' lines limited per peer.
+// No logic of their own beyond streaming.
 #pragma once
 
 #include <cstdint>
 
+#include "absl/time/time.h"
 #include "recal/v1/recal.grpc.pb.h"
 #include "server/auth/authenticator.h"
 #include "server/jobs/job_manager.h"
 #include "server/jobs/model_registry.h"
+#include "server/log/repeat_limiter.h"
 
 namespace recal::metrics {
 struct Metrics;
@@ -21,11 +26,20 @@ class RecalService final : public v1::Recal::Service {
   struct Limits {
     int64_t download_chunk_bytes = 1 << 20;  // bytes per DownloadResult message
     int64_t max_message_bytes = 8 << 20;     // what the gRPC server accepts (GetServerInfo tells clients)
+    // Audit lines of unauthenticated calls: the first `burst` per peer per `interval`, then
+    // one line saying how many more were suppressed (all are counted in the metrics).
+    int unauthenticated_log_burst = 5;
+    absl::Duration unauthenticated_log_interval = absl::Minutes(1);
   };
   // `metrics` may be null.
   RecalService(const auth::Authenticator* auth, jobs::ModelRegistry* models, jobs::JobManager* jobs, Limits limits,
                metrics::Metrics* metrics = nullptr)
-      : auth_(auth), models_(models), jobs_(jobs), limits_(limits), metrics_(metrics) {}
+      : auth_(auth),
+        models_(models),
+        jobs_(jobs),
+        limits_(limits),
+        metrics_(metrics),
+        unauthenticated_log_(limits.unauthenticated_log_burst, limits.unauthenticated_log_interval) {}
 
   grpc::Status UploadModel(grpc::ServerContext* context,
                            grpc::ServerReader<v1::UploadModelRequest>* reader,
@@ -60,6 +74,11 @@ class RecalService final : public v1::Recal::Service {
   // The caller's principal if it may do `action` (which needs `role`); the refusal is logged.
   absl::StatusOr<auth::Principal> Admit(grpc::ServerContext* context, auth::Role role, absl::string_view action,
                                         absl::string_view resource) const;
+  // The audit line of a call refused as UNAUTHENTICATED, limited per peer, and its count.
+  void RefusedUnauthenticated(grpc::ServerContext* context, absl::string_view action, absl::string_view resource,
+                              const absl::Status& refusal) const;
+  // The byte budget of one ListJobs / ListModels response.
+  int64_t ListPageBytes() const;
 
   grpc::Status Upload(const auth::Principal& who, grpc::ServerContext* context,
                       grpc::ServerReader<v1::UploadModelRequest>* reader, const v1::UploadHeader& header,
@@ -70,6 +89,7 @@ class RecalService final : public v1::Recal::Service {
   jobs::JobManager* jobs_;
   const Limits limits_;
   metrics::Metrics* metrics_;
+  mutable log::RepeatLimiter unauthenticated_log_;
 };
 
 }  // namespace recal::api

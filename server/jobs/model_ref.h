@@ -9,13 +9,14 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/request_limits.h"
 
 namespace recal::jobs {
 
 // Fewer hex digits would match too many models to be worth a look-up.
 inline constexpr int kMinDigestPrefix = 6;
 // Longer names are a mistake (a path, a pasted blob), not a name.
-inline constexpr int kMaxModelNameBytes = 128;
+inline constexpr int kMaxModelNameBytes = static_cast<int>(limits::kMaxModelNameBytes);
 
 struct ModelRef {
   enum class Kind {

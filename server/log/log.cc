@@ -64,6 +64,14 @@ void AppendTextValue(std::string& out, absl::string_view s) {
 
 }  // namespace
 
+std::string ClientValue(absl::string_view value) {
+  if (value.size() <= kMaxClientValueBytes) return std::string(value);
+  // Not within a UTF-8 sequence: back off over its continuation bytes.
+  size_t end = kMaxClientValueBytes;
+  while (end > 0 && (static_cast<unsigned char>(value[end]) & 0xC0) == 0x80) --end;
+  return absl::StrCat(value.substr(0, end), "\u2026(", value.size(), " bytes, truncated)");
+}
+
 absl::Status Configure(absl::string_view format, absl::string_view level) {
   if (format != "text" && format != "json") {
     return absl::InvalidArgumentError(absl::StrCat("--log_format must be text or json, got '", format, "'"));

@@ -29,6 +29,12 @@ struct Value {
 };
 using Fields = std::vector<std::pair<std::string, Value>>;
 
+// A value a client sent (an id, a reference, an error message quoting one), as it may be
+// logged: its first kMaxClientValueBytes bytes, then "…(N bytes, truncated)". Every
+// client-supplied value goes through here, so that no request writes more than a line.
+inline constexpr size_t kMaxClientValueBytes = 256;
+std::string ClientValue(absl::string_view value);
+
 // "text" | "json" and "debug" | "info" | "warning" | "error"; INVALID_ARGUMENT otherwise.
 absl::Status Configure(absl::string_view format, absl::string_view level);
 bool Enabled(Level level);

@@ -76,12 +76,12 @@ class CallInterceptor : public grpc::experimental::Interceptor {
         metrics_->GrpcHandled(service_, method_, code).Increment();
         metrics_->GrpcHandlingSeconds(service_, method_).Observe(seconds);
       }
-      if (!status.ok()) {
+      if (!status.ok() && status.error_code() != grpc::StatusCode::UNAUTHENTICATED) {
         grpc::ServerContextBase* context = info_->server_context();
         log::Warning("call failed", {{"method", absl::StrCat("/", service_, "/", method_)},
                                      {"peer", context ? context->peer() : std::string("unknown")},
                                      {"code", code},
-                                     {"error", status.error_message()}});
+                                     {"error", log::ClientValue(status.error_message())}});
       }
     }
     methods->Proceed();
@@ -188,6 +188,11 @@ Metrics::Metrics(const std::string& role)
                       .Help("Runs this process stopped because their lease went to another worker")
                       .Register(*registry)
                       .Add({})),
+      unauthenticated_requests(BuildCounter()
+                                   .Name("recal_unauthenticated_requests_total")
+                                   .Help("Calls refused as UNAUTHENTICATED (no credential, or an unknown one)")
+                                   .Register(*registry)
+                                   .Add({})),
       build_info(BuildGauge()
                      .Name("recal_build_info")
                      .Help("Always 1; the version is a label")

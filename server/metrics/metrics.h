@@ -61,6 +61,9 @@ struct Metrics {
   // runs this process abandoned because its lease went to another worker.
   prometheus::Counter& leases_expired;
   prometheus::Counter& leases_lost;
+  // Calls refused as UNAUTHENTICATED (no credential, an unknown one): counted each, while
+  // their log lines are limited per peer.
+  prometheus::Counter& unauthenticated_requests;
   prometheus::Gauge& build_info;
 
   // The gauges Serve() computes at scrape time (the exposer only holds a weak pointer).
@@ -83,7 +86,8 @@ int PortOf(const prometheus::Exposer& exposer);
 // Bytes of the regular files under `dir` (recursively); 0 if it cannot be read.
 double DirectoryBytes(const std::string& dir);
 
-// Counts calls (grpc_server_*) and logs failed ones (peer, method, code, message). `metrics`
+// Counts calls (grpc_server_*) and logs failed ones (peer, method, code, message), except
+// UNAUTHENTICATED ones: the API's audit line is their record, limited per peer. `metrics`
 // may be null: then it only logs.
 class ServerInterceptorFactory : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:

@@ -18,8 +18,8 @@ grpc::Status RelayService::PushBatches(grpc::ServerContext* context,
                                        grpc::ServerReader<v1::PushBatchesRequest>* reader,
                                        v1::PushBatchesResponse* response) {
   if (!secret_.Admits(*context)) {
-    log::Warning("internal call refused: no valid cluster secret",
-                 {{"method", "BatchRelay.PushBatches"}, {"peer", context->peer()}});
+    log::WarnLimited(refused_log_, log::PeerHost(context->peer()), "internal call refused: no valid cluster secret",
+                     {{"method", "BatchRelay.PushBatches"}, {"peer", context->peer()}});
     return ToGrpcStatus(absl::UnauthenticatedError("this endpoint serves the cluster's own processes only"));
   }
   jobs::JobManager* jobs = jobs_.load();

@@ -9,6 +9,7 @@
 
 #include "recal/internal/v1/relay.grpc.pb.h"
 #include "server/jobs/job_manager.h"
+#include "server/log/repeat_limiter.h"
 #include "server/relay/relay_secret.h"
 
 namespace recal::relay {
@@ -27,6 +28,8 @@ class RelayService final : public internal::v1::BatchRelay::Service {
  private:
   const RelaySecret secret_;
   std::atomic<jobs::JobManager*> jobs_{nullptr};
+  // Refused callers' lines: the first few per peer a minute (server/log/repeat_limiter.h).
+  log::RepeatLimiter refused_log_{5, absl::Minutes(1)};
 };
 
 }  // namespace recal::relay

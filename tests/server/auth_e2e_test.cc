@@ -9,13 +9,16 @@
 
 #include <filesystem>
 #include <fstream>
+#include <atomic>
 #include <map>
+#include <set>
 #include <thread>
 
 #include <gmock/gmock.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <gtest/gtest.h>
 
+#include "common/request_limits.h"
 #include "common/sha256.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "tests/server/calls.h"
@@ -429,6 +432,165 @@ TEST_F(AuthTest, SighupReloadsTokensWithoutDroppingAWatchAndKeepsTheOldFileIfThe
   EXPECT_TRUE(watch_status.ok()) << watch_status.error_message();
   ASSERT_FALSE(watched.empty());
   EXPECT_EQ(watched.back().state(), v1::CANCELLED);
+}
+
+// A job the server keeps (a client stream nobody pushes to) with the largest fields a client
+// may send: what an attacker would store to make listings too large to receive.
+v1::SubmitJobRequest LargestJob(const std::string& model, int n) {
+  v1::SubmitJobRequest request;
+  request.set_request_id(std::to_string(100000 + n) + std::string(limits::kMaxRequestIdBytes - 6, 'r'));
+  v1::JobSpec& spec = *request.mutable_spec();
+  spec.set_model_id(model);
+  spec.set_batch_size(8);
+  for (int i = 0; i < limits::kMaxLabels; ++i) {
+    std::string key = std::to_string(1000 + i) + std::string(limits::kMaxLabelKeyBytes - 4, 'k');
+    (*spec.mutable_labels())[key] = std::string(limits::kMaxLabelValueBytes, 'v');
+  }
+  v1::ClientStreamSource& stream = *spec.mutable_data()->mutable_client_stream();
+  for (int i = 0; i < limits::kMaxChannelValues; ++i) {
+    stream.add_mean(0.5f);
+    stream.add_std(0.25f);
+  }
+  spec.mutable_options()->set_include(std::string(limits::kMaxPatternBytes, 'i'));
+  spec.mutable_options()->set_exclude(std::string(limits::kMaxPatternBytes, 'e'));
+  return request;
+}
+
+v1::SubmitJobRequest StreamJob(const std::string& model, int32_t priority) {
+  v1::SubmitJobRequest request;
+  request.mutable_spec()->set_model_id(model);
+  request.mutable_spec()->set_batch_size(8);
+  request.mutable_spec()->set_priority(priority);
+  request.mutable_spec()->mutable_data()->mutable_client_stream();
+  return request;
+}
+
+TEST_F(AuthTest, OversizedFieldsAndPrioritiesBeyondTheRoleAreRefusedBeforeAnythingIsStored) {
+  StartServer();
+  const std::string model = UploadAs("a_submit", kSmallModel);
+  using C = grpc::StatusCode;
+  // A 6 MB label (the attacker's "name"), and 1,000 labels.
+  grpc::Status refused;
+  v1::SubmitJobRequest named = StreamJob(model, 0);
+  (*named.mutable_spec()->mutable_labels())["name"] = std::string(6 << 20, 'n');
+  SubmitAs("a_submit", named, &refused);
+  EXPECT_EQ(CodeOf(refused), C::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.error_message(), HasSubstr("spec.labels value is 6291456 bytes; at most 1024 are allowed"));
+  v1::SubmitJobRequest labelled = StreamJob(model, 0);
+  for (int i = 0; i < 1000; ++i) (*labelled.mutable_spec()->mutable_labels())["l" + std::to_string(i)] = "v";
+  SubmitAs("a_submit", labelled, &refused);
+  EXPECT_EQ(CodeOf(refused), C::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.error_message(), HasSubstr("spec.labels has 1000 entries; at most 64 are allowed"));
+  // A 6 MB model name, a 7 MB id, a 7 MB page token, a 2 KB token.
+  v1::Model uploaded;
+  refused = UploadNamed(*As("a_submit"), ReadBytes(kOtherModel), std::string(6 << 20, 'm'), &uploaded);
+  EXPECT_EQ(CodeOf(refused), C::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.error_message(), HasSubstr("header.name is 6291456 bytes; at most 128 are allowed"));
+  grpc::ClientContext c1, c2, c3;
+  v1::GetJobRequest get;
+  get.set_id(std::string(7 << 20, 'j'));
+  v1::Job job;
+  refused = As("a_read")->GetJob(&c1, get, &job);
+  EXPECT_EQ(CodeOf(refused), C::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.error_message(), HasSubstr("id is 7340032 bytes; at most 128 are allowed"));
+  v1::ListJobsRequest list;
+  list.set_page_token(std::string(7 << 20, 't'));
+  v1::ListJobsResponse listed;
+  refused = As("a_read")->ListJobs(&c2, list, &listed);
+  EXPECT_EQ(CodeOf(refused), C::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.error_message(), HasSubstr("page_token is 7340032 bytes; at most 256 are allowed"));
+  refused = server_->Stub(std::string(2048, 'a'))->ListJobs(&c3, v1::ListJobsRequest(), &listed);
+  EXPECT_EQ(CodeOf(refused), C::UNAUTHENTICATED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("at most 1024 are allowed"));
+
+  // A tenant's priority stays within -100..100; an admin's need not.
+  SubmitAs("a_submit", StreamJob(model, 2147483647), &refused);
+  EXPECT_EQ(CodeOf(refused), C::PERMISSION_DENIED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("spec.priority 2147483647 is outside -100..100"));
+  SubmitAs("b_submit", StreamJob(model, -101), &refused);  // refused before the model is looked up
+  EXPECT_EQ(CodeOf(refused), C::PERMISSION_DENIED);
+  // Nothing refused was stored: the listing holds only what is accepted from here on.
+  grpc::ClientContext c4;
+  ASSERT_TRUE(As("a_admin")->ListJobs(&c4, v1::ListJobsRequest(), &listed).ok());
+  EXPECT_EQ(listed.jobs_size(), 0);
+  EXPECT_EQ(SubmitAs("a_submit", StreamJob(model, 100)).spec().priority(), 100);
+  EXPECT_EQ(SubmitAs("a_submit", StreamJob(model, -100)).spec().priority(), -100);
+  EXPECT_EQ(SubmitAs("a_admin", StreamJob(model, 1000000)).spec().priority(), 1000000);
+}
+
+TEST_F(AuthTest, ListingsOfTheLargestAllowedFieldsStayBelowTheMessageLimitAndReturnEverything) {
+  StartServer("", {"--cpu_workers=1"});
+  const std::string a_model = UploadAs("a_submit", kSmallModel);
+  const std::string b_model = UploadAs("b_submit", kSmallModel);
+  std::set<std::string> a_ids, all_ids;
+  for (int i = 0; i < 24; ++i) {
+    const std::string& who = i % 4 == 3 ? "b_submit" : "a_submit";
+    const v1::Job job = SubmitAs(who, LargestJob(who == "a_submit" ? a_model : b_model, i));
+    ASSERT_FALSE(job.id().empty());
+    if (who == "a_submit") a_ids.insert(job.id());
+    all_ids.insert(job.id());
+  }
+  // Every page of the tenant's and the admin's listings, following the tokens.
+  const auto list_all = [&](const std::string& who, const std::string& tenant) {
+    std::set<std::string> ids;
+    int pages = 0;
+    v1::ListJobsRequest request;
+    request.set_tenant(tenant);
+    request.set_page_size(1000);
+    do {
+      grpc::ClientContext c;
+      v1::ListJobsResponse response;
+      const grpc::Status status = As(who)->ListJobs(&c, request, &response);
+      EXPECT_TRUE(status.ok()) << status.error_message();
+      if (!status.ok()) break;
+      EXPECT_LE(static_cast<int64_t>(response.ByteSizeLong()), limits::kListPageBytes);
+      EXPECT_GT(response.jobs_size(), 0);
+      for (const v1::Job& job : response.jobs()) EXPECT_TRUE(ids.insert(job.id()).second) << job.id();
+      request.set_page_token(response.next_page_token());
+      ++pages;
+    } while (!request.page_token().empty());
+    EXPECT_GT(pages, 1) << "the listing fits in one page: the test stores too little";
+    return ids;
+  };
+  EXPECT_EQ(list_all("a_read", ""), a_ids);
+  EXPECT_EQ(list_all("a_admin", "*"), all_ids);
+
+  const Result listed = RunBinary(RECALCTL_BIN, {"list", "--server=" + server_->target(), "--page_size=1000"},
+                                  {"RECAL_TOKEN=" + principals_.tokens["a_read"]});
+  EXPECT_EQ(listed.exit_code, 0) << listed.err;
+  EXPECT_THAT(listed.out, HasSubstr("next_page_token: "));
+}
+
+TEST_F(AuthTest, AThousandUnauthenticatedCallsWithHugeIdsWriteABoundedLogAndAreCounted) {
+  StartServer();
+  const size_t log_before = server_->log().size();
+  // 1,000 GetJob calls without a token, each naming a 1 MiB id (the attack's 7 MB ids only
+  // take longer to send: the clipping does not depend on the size), from 8 connections.
+  const std::string id(1 << 20, 'x');
+  std::atomic<int> unauthenticated{0};
+  std::vector<std::thread> callers;
+  for (int t = 0; t < 8; ++t) {
+    callers.emplace_back([&] {
+      auto stub = As("none");
+      v1::GetJobRequest request;
+      request.set_id(id);
+      for (int i = 0; i < 125; ++i) {
+        grpc::ClientContext c;
+        v1::Job job;
+        if (CodeOf(stub->GetJob(&c, request, &job)) == grpc::StatusCode::UNAUTHENTICATED) ++unauthenticated;
+      }
+    });
+  }
+  for (std::thread& caller : callers) caller.join();
+  EXPECT_EQ(unauthenticated.load(), 1000);
+
+  // A few audit lines, each with the id clipped; the rest counted, not written.
+  const std::string log = server_->log().substr(log_before);
+  EXPECT_LT(log.size(), 16u << 10) << log.substr(0, 4096);
+  EXPECT_THAT(log, HasSubstr("(1048576 bytes, truncated)"));
+  EXPECT_THAT(log, HasSubstr("audit: further ones from this peer are counted, not logged"));
+  const std::string metrics = ScrapeMetrics(server_->metrics_port());
+  EXPECT_THAT(metrics, HasSubstr("\nrecal_unauthenticated_requests_total 1000\n"));
 }
 
 TEST(AuthStartTest, ServingTheNetworkWithoutCredentialsNeedsToBeAskedFor) {

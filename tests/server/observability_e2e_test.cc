@@ -1,9 +1,6 @@
 // recal-server's metrics and logs, end to end: the real binary scraped over HTTP at
 // /metrics while a job runs and after jobs succeeded, failed and were cancelled; and its
 // JSON log lines, parsed one by one.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -29,30 +26,6 @@ using ::testing::HasSubstr;
 
 const std::string kFixtures = RECAL_FIXTURES_DIR;
 const std::string kModel = kFixtures + "/models/resnet18.traced_eval.pt";
-
-// A plain HTTP/1.0 GET of /metrics on loopback; the body, or "" on any failure.
-std::string Scrape(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return "";
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(port);
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0) {
-    const std::string request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
-      char buffer[65536];
-      ssize_t got;
-      while ((got = read(fd, buffer, sizeof(buffer))) > 0) response.append(buffer, got);
-    }
-  }
-  close(fd);
-  const size_t body = response.find("\r\n\r\n");
-  return response.rfind("HTTP/1.", 0) == 0 && response.find(" 200 ") != std::string::npos && body != std::string::npos
-             ? response.substr(body + 4)
-             : "";
-}
 
 // The Prometheus text format: families by "# TYPE" and samples with their labels.
 struct Exposition {
@@ -197,7 +170,7 @@ class ObservabilityTest : public ::testing::Test {
   Exposition ScrapeUntil(const std::function<bool(const Exposition&)>& ready) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (true) {
-      Exposition metrics(Scrape(server_->metrics_port()));
+      Exposition metrics(ScrapeMetrics(server_->metrics_port()));
       if (ready(metrics) || std::chrono::steady_clock::now() > deadline) return metrics;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }

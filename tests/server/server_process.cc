@@ -1,6 +1,9 @@
 #include "tests/server/server_process.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -211,6 +214,30 @@ v1::Job PollJob(v1::Recal::Stub& stub, const std::string& id,
   ADD_FAILURE() << "job " << id << " did not get there: it is " << v1::JobState_Name(job.state()) << " "
                 << job.error().message();
   return job;
+}
+
+// A plain HTTP/1.0 GET of /metrics on loopback; the body, or "" on any failure.
+std::string ScrapeMetrics(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return "";
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(port);
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string response;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0) {
+    const std::string request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+      char buffer[65536];
+      ssize_t got;
+      while ((got = read(fd, buffer, sizeof(buffer))) > 0) response.append(buffer, got);
+    }
+  }
+  close(fd);
+  const size_t body = response.find("\r\n\r\n");
+  return response.rfind("HTTP/1.", 0) == 0 && response.find(" 200 ") != std::string::npos && body != std::string::npos
+             ? response.substr(body + 4)
+             : "";
 }
 
 }  // namespace recal::testing

@@ -73,4 +73,7 @@ std::shared_ptr<grpc::Channel> ChannelWithToken(const std::string& target, const
 v1::Job PollJob(v1::Recal::Stub& stub, const std::string& id,
                 const std::function<bool(const v1::Job&)>& done, double seconds);
 
+// A plain HTTP/1.0 GET of /metrics on loopback port `port`: the body, or "" on any failure.
+std::string ScrapeMetrics(int port);
+
 }  // namespace recal::testing
