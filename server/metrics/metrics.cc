@@ -38,9 +38,18 @@ class ScrapedGauges : public prometheus::Collectable {
       family.name = gauge.name;
       family.help = gauge.help;
       family.type = prometheus::MetricType::Gauge;
-      prometheus::ClientMetric metric;
-      metric.gauge.value = gauge.value();
-      family.metric.push_back(std::move(metric));
+      if (gauge.by_label) {
+        for (const auto& [label_value, value] : gauge.by_label()) {
+          prometheus::ClientMetric metric;
+          metric.label.push_back({gauge.label, label_value});
+          metric.gauge.value = value;
+          family.metric.push_back(std::move(metric));
+        }
+      } else {
+        prometheus::ClientMetric metric;
+        metric.gauge.value = gauge.value();
+        family.metric.push_back(std::move(metric));
+      }
       families.push_back(std::move(family));
     }
     return families;

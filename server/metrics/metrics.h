@@ -67,11 +67,14 @@ struct Metrics {
   std::shared_ptr<prometheus::Collectable> scraped;
 };
 
-// A gauge whose value is read when scraped.
+// A gauge whose value is read when scraped: one value, or with `by_label` one series per
+// value of the label `label` (e.g. per tenant: a bounded set).
 struct ScrapedGauge {
   std::string name;
   std::string help;
   std::function<double()> value;
+  std::string label;
+  std::function<std::map<std::string, double>()> by_label;
 };
 
 // Serves `metrics` and `scraped` on `listen` (host:port; port 0 = any free port). The
