@@ -2,7 +2,6 @@
 
 #include <chrono>
 #include <exception>
-#include <filesystem>
 
 #include <grpcpp/server_context.h>
 #include <prometheus/collectable.h>
@@ -256,20 +255,6 @@ absl::StatusOr<std::unique_ptr<prometheus::Exposer>> Serve(const std::string& li
 int PortOf(const prometheus::Exposer& exposer) {
   const std::vector<int> ports = exposer.GetListeningPorts();
   return ports.empty() ? 0 : ports.front();
-}
-
-double DirectoryBytes(const std::string& dir) {
-  namespace fs = std::filesystem;
-  std::error_code error;
-  double bytes = 0;
-  for (fs::recursive_directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
-    std::error_code ignored;
-    if (it->is_regular_file(ignored)) {
-      const auto size = it->file_size(ignored);
-      if (!ignored) bytes += static_cast<double>(size);
-    }
-  }
-  return bytes;
 }
 
 grpc::experimental::Interceptor* ServerInterceptorFactory::CreateServerInterceptor(

@@ -1,7 +1,7 @@
 // recal-server's Prometheus metrics: one Metrics owns the registry and every family; main
 // makes it and passes a pointer down (null everywhere means "no metrics": unit tests,
 // recal-run). Serve() exposes them over HTTP at /metrics, with gauges computed at scrape
-// time (queue length, running jobs, bytes in the store).
+// time (queue length, running jobs, bytes each tenant stores).
 #pragma once
 
 #include <functional>
@@ -82,9 +82,6 @@ struct ScrapedGauge {
 absl::StatusOr<std::unique_ptr<prometheus::Exposer>> Serve(const std::string& listen, Metrics* metrics,
                                                            std::vector<ScrapedGauge> scraped);
 int PortOf(const prometheus::Exposer& exposer);
-
-// Bytes of the regular files under `dir` (recursively); 0 if it cannot be read.
-double DirectoryBytes(const std::string& dir);
 
 // Counts calls (grpc_server_*) and logs failed ones (peer, method, code, message). `metrics`
 // may be null: then it only logs.

@@ -133,11 +133,11 @@ class MetadataStore {
   virtual absl::StatusOr<ModelPage> ListModels(const std::string& tenant, int page_size, const std::string& page_token,
                                                const std::string& name) = 0;
   virtual absl::Status DeleteModel(const std::string& tenant, const std::string& id) = 0;  // NOT_FOUND
-  // Deletes the tenant's model unless a queued, running or cancelling top-level job of the
-  // tenant uses it, decided in the transaction that deletes it (a CreateJob with
+  // Deletes the tenant's model unless a job of the tenant that uses it is queued, running or
+  // cancelling (or has a shard that is), decided in the transaction that deletes it (a CreateJob with
   // model_must_exist at the same time either sees the model, which then stays, or fails).
-  // Returns how many such jobs there are: 0 when it deleted the model, else nothing
-  // changed. NOT_FOUND if the tenant has no such model.
+  // Returns how many such top-level jobs there are: 0 when it deleted the model, else
+  // nothing changed. NOT_FOUND if the tenant has no such model.
   virtual absl::StatusOr<int64_t> DeleteModelUnlessUsed(const std::string& tenant, const std::string& id) = 0;
   // Whether some tenant still has the model (so that its bytes must stay).
   virtual absl::StatusOr<bool> ModelStoredByAnyTenant(const std::string& id) = 0;

@@ -458,8 +458,9 @@ absl::StatusOr<int64_t> PostgresMetadataStore::DeleteModelUnlessUsed(const std::
     RECAL_ASSIGN_OR_RETURN(Result model, impl_->Exec("SELECT 1 FROM models WHERE tenant = $1 AND id = $2 FOR UPDATE",
                                                      Params().Text(tenant).Text(id)));
     if (model.rows() == 0) return absl::NotFoundError(absl::StrCat("no model '", id, "'"));
-    RECAL_ASSIGN_OR_RETURN(Result users, impl_->Exec("SELECT COUNT(*) FROM jobs WHERE model_id = $1 AND tenant = $2 "
-                                                     "AND parent_id IS NULL AND state IN ($3, $4, $5)",
+    // As on SQLite: a job counts once, also while only a shard of it is still active.
+    RECAL_ASSIGN_OR_RETURN(Result users, impl_->Exec("SELECT COUNT(DISTINCT COALESCE(parent_id, id)) FROM jobs "
+                                                     "WHERE model_id = $1 AND tenant = $2 AND state IN ($3, $4, $5)",
                                                      Params()
                                                          .Text(id)
                                                          .Text(tenant)

@@ -174,7 +174,8 @@ struct SqliteMetadataStore::Impl {
   absl::StatusOr<bool> JobExists(const std::string& id);
   // Whether the tenant has the model. Caller holds a transaction when it acts on the answer.
   absl::StatusOr<bool> ModelExists(const std::string& tenant, const std::string& id);
-  // The tenant's queued, running or cancelling top-level jobs that use the model.
+  // The tenant's top-level jobs that use the model and are, or have a shard that is, queued,
+  // running or cancelling.
   absl::StatusOr<int64_t> CountActiveUsers(const std::string& tenant, const std::string& model_id);
   // Inserts the event with the next seq of the job and the current time. Caller holds a
   // transaction.
@@ -517,8 +518,10 @@ absl::StatusOr<bool> SqliteMetadataStore::Impl::ModelExists(const std::string& t
 
 absl::StatusOr<int64_t> SqliteMetadataStore::Impl::CountActiveUsers(const std::string& tenant,
                                                                     const std::string& model_id) {
-  RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT COUNT(*) FROM jobs WHERE model_id = ?1 AND tenant = ?2 "
-                                             "AND parent_id IS NULL AND state IN (?3, ?4, ?5)"));
+  // A shard still stopping under a parent that has ended needs the model too: counted as its
+  // top-level job (once however many of its shards are active).
+  RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT COUNT(DISTINCT COALESCE(parent_id, id)) FROM jobs "
+                                             "WHERE model_id = ?1 AND tenant = ?2 AND state IN (?3, ?4, ?5)"));
   RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, model_id)
                                              .Bind(2, tenant)
                                              .Bind(3, int64_t{v1::QUEUED})

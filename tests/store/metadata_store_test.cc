@@ -1193,6 +1193,25 @@ TEST_P(MetadataStoreTest, DeleteModelUnlessUsedKeepsAModelAQueuedOrRunningJobUse
   EXPECT_EQ(*db_->DeleteModelUnlessUsed("t", DigestId("a")), 0);  // an ended job needs it no more
   EXPECT_TRUE(absl::IsNotFound(db_->GetModel("t", DigestId("a")).status()));
   EXPECT_TRUE(absl::IsNotFound(db_->DeleteModelUnlessUsed("t", DigestId("a")).status()));
+
+  // Shards still stopping under a parent that has ended hold the model, as one job.
+  ASSERT_TRUE(db_->PutModel(MakeModel(DigestId("b"), "m")).ok());
+  ShardedJob sharded = MakeSharded("p", 2);
+  sharded.parent.mutable_spec()->set_model_id(DigestId("b"));
+  for (NewJob& child : sharded.children) child.job.mutable_spec()->set_model_id(DigestId("b"));
+  ASSERT_TRUE(Create(*db_, sharded).ok());
+  const auto set_state = [&](const std::string& id, v1::JobState state) {
+    v1::Job stored = *db_->GetJob(id);
+    stored.set_state(state);
+    ASSERT_TRUE(db_->UpdateJob(stored, StateEvent(state)).ok());
+  };
+  set_state("p", v1::CANCELLED);
+  set_state("p-0", v1::CANCELLING);
+  set_state("p-1", v1::RUNNING);
+  EXPECT_EQ(*db_->DeleteModelUnlessUsed("t", DigestId("b")), 1);
+  set_state("p-0", v1::CANCELLED);
+  set_state("p-1", v1::CANCELLED);
+  EXPECT_EQ(*db_->DeleteModelUnlessUsed("t", DigestId("b")), 0);
 }
 
 TEST_P(MetadataStoreTest, AJobWhoseModelMustExistIsNotStoredWithoutIt) {
@@ -1223,13 +1242,19 @@ TEST_P(MetadataStoreTest, ASweepRacingASubmissionNeverLeavesAJobWithoutItsModel)
     const std::string model = DigestId(absl::StrCat(i, "f"));
     const std::string job = absl::StrCat("j", i);
     ASSERT_TRUE(db_->PutModel(MakeModel(model, "raced")).ok());
+    // Every third iteration the sweep starts a little late, every third the submission, and
+    // in the rest they start together: both orders, and the overlap, each come up.
+    const absl::Duration sweep_delay = i % 3 == 0 ? absl::Milliseconds(2) : absl::ZeroDuration();
+    const absl::Duration submit_delay = i % 3 == 1 ? absl::Milliseconds(2) : absl::ZeroDuration();
     std::atomic<bool> go{false};
     absl::StatusOr<int64_t> swept = 0;
     std::thread sweep([&] {
       while (!go) std::this_thread::yield();
+      absl::SleepFor(sweep_delay);
       swept = sweeper->DeleteModelUnlessUsed("t", model);
     });
     go = true;
+    absl::SleepFor(submit_delay);
     absl::StatusOr<v1::Job> submitted = db_->CreateJob(MakeJob(job, v1::QUEUED, "", model), nullptr, {}, {}, checked);
     sweep.join();
     ASSERT_TRUE(swept.ok()) << swept.status();
@@ -1245,7 +1270,8 @@ TEST_P(MetadataStoreTest, ASweepRacingASubmissionNeverLeavesAJobWithoutItsModel)
       EXPECT_TRUE(absl::IsNotFound(db_->GetJob(job).status())) << i;
     }
   }
-  EXPECT_EQ(jobs_won + sweeps_won, 40);
+  EXPECT_GT(jobs_won, 0);
+  EXPECT_GT(sweeps_won, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, MetadataStoreTest, ::testing::Values("sqlite", "postgresql"),
