@@ -43,9 +43,10 @@ class RetentionSweeperTest : public ::testing::Test {
   // The versions of `name` the tenant still has, newest first.
   std::vector<int64_t> Versions(const std::string& tenant, const std::string& name) {
     std::vector<int64_t> versions;
-    for (const v1::Model& model : metadata_->ListModels(tenant, 0, "", name)->models) {
-      versions.push_back(model.version());
-    }
+    absl::StatusOr<store::ModelPage> page = metadata_->ListModels(tenant, 0, "", name);
+    EXPECT_TRUE(page.ok()) << page.status();
+    if (!page.ok()) return versions;
+    for (const v1::Model& model : page->models) versions.push_back(model.version());
     return versions;
   }
   bool HasBytesOf(const std::string& model_id) { return blobs_->Has(*DigestOfModelId(model_id)); }
