@@ -37,6 +37,7 @@
 #include "server/jobs/devices.h"
 #include "server/jobs/job_manager.h"
 #include "server/jobs/model_registry.h"
+#include "server/jobs/retention_sweeper.h"
 #include "server/jobs/worker_runner.h"
 #include "common/command_line.h"
 #include "common/version.h"
@@ -119,6 +120,17 @@ ABSL_FLAG(int32_t, max_attempts, 3, "runs of a job the server died during, after
 ABSL_FLAG(std::vector<std::string>, extra_allowed_ops, {},
           "operators (ns::name, comma-separated) a model may use beyond the built-in allowlist");
 ABSL_FLAG(int64_t, max_graph_nodes, 500000, "largest model graph accepted, in nodes (inlined forward)");
+ABSL_FLAG(int64_t, keep_versions, 0,
+          "retention: the newest versions of each model name a tenant keeps; older ones are deleted unless a "
+          "queued or running job uses them (0: keep all; keep_versions= in --auth_file sets a tenant's)");
+ABSL_FLAG(int64_t, keep_results_days, 0,
+          "retention: days an ended job and its results are kept after it ended (0: forever; "
+          "keep_results_days= in --auth_file sets a tenant's)");
+ABSL_FLAG(double, upload_idle_seconds, 24 * 3600,
+          "an unfinished model upload nobody appended to for this long is removed (its bytes count toward "
+          "max_stored_bytes until then; 0: never)");
+ABSL_FLAG(double, retention_interval_seconds, 600,
+          "how often the retention sweeper runs (expired uploads, old versions and results; 0: never)");
 ABSL_FLAG(int32_t, download_chunk_bytes, 1 << 20, "bytes per DownloadResult message");
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9464",
           "address to serve Prometheus metrics on at /metrics (port 0: any free port; empty: none)");
@@ -338,17 +350,42 @@ int main(int argc, char** argv) {
   if (relay_service) relay_service->Bind(&jobs);
   if (absl::Status started = jobs.Start(); !started.ok()) return Fail(started);
 
+  // Every process that serves the API sweeps (with --blobs=s3:// each stages its own uploads);
+  // what it does is safe when replicas do it at once (retention_sweeper.h).
+  const recal::jobs::RetentionFn retention = [&auth](const std::string& tenant) {
+    const recal::auth::TenantQuotas quotas = auth->QuotasOf(tenant);
+    const auto or_default = [](int64_t value, int64_t server_default) {
+      return value == recal::auth::kRetentionDefault ? server_default : value;
+    };
+    return recal::jobs::RetentionPolicy{or_default(quotas.keep_versions, absl::GetFlag(FLAGS_keep_versions)),
+                                        or_default(quotas.keep_results_days, absl::GetFlag(FLAGS_keep_results_days))};
+  };
+  recal::jobs::RetentionSweeper sweeper(
+      metadata->get(), blobs,
+      {.retention = retention,
+       .upload_idle = absl::Seconds(absl::GetFlag(FLAGS_upload_idle_seconds)),
+       .interval = absl::Seconds(absl::GetFlag(FLAGS_retention_interval_seconds))});
+  if (role != "worker" && absl::GetFlag(FLAGS_retention_interval_seconds) > 0) sweeper.Start();
+
   // Declared after `jobs`: it stops serving (its gauges read the jobs) before they go.
   std::unique_ptr<prometheus::Exposer> exposer;
   if (metrics) {
     std::vector<recal::metrics::ScrapedGauge> gauges = {
         {"recal_jobs_queued", "Jobs waiting for a worker", [&jobs] { return double(jobs.queued()); }},
         {"recal_jobs_running", "Jobs on a worker", [&jobs] { return double(jobs.running()); }}};
-    // Blobs in a bucket are not counted: listing it at every scrape would cost more than it tells.
-    if (const std::string blob_dir = opened_blobs->local_blob_dir; !blob_dir.empty()) {
-      gauges.push_back({"recal_store_bytes", "Bytes of blobs (models, results) on disk",
-                        [blob_dir] { return recal::metrics::DirectoryBytes(blob_dir); }});
-    }
+    // Per tenant, as its quota counts: models and results as stored (whichever blob store),
+    // and its unfinished uploads on this host's disk.
+    recal::metrics::ScrapedGauge store_bytes{"recal_store_bytes",
+                                             "Bytes a tenant stores: models, results and unfinished uploads"};
+    store_bytes.label = "tenant";
+    store_bytes.by_label = [&auth, &models] {
+      std::map<std::string, double> bytes;
+      for (const std::string& tenant : auth->Tenants()) {
+        if (auto usage = models.Usage(tenant); usage.ok()) bytes[tenant] = static_cast<double>(usage->stored_bytes());
+      }
+      return bytes;
+    };
+    gauges.push_back(std::move(store_bytes));
     auto served = recal::metrics::Serve(metrics_listen, metrics.get(), std::move(gauges));
     if (!served.ok()) return Fail(served.status());
     exposer = *std::move(served);
@@ -430,6 +467,7 @@ int main(int argc, char** argv) {
   store_health.join();
   const absl::Duration deadline = absl::Seconds(absl::GetFlag(FLAGS_shutdown_timeout_seconds));
   server->GetHealthCheckService()->SetServingStatus(false);
+  sweeper.Stop();
   jobs.Shutdown(deadline);  // closes the feeds: relayed streams end
   if (internal.server) internal.server->Shutdown(std::chrono::system_clock::now() + absl::ToChronoSeconds(deadline));
   server->Shutdown(std::chrono::system_clock::now() + absl::ToChronoSeconds(deadline));

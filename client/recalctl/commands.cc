@@ -3,9 +3,11 @@
 
 #include <google/protobuf/struct.pb.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/recalctl/exit_codes.h"
 #include "client/recalctl/output.h"
@@ -57,13 +59,46 @@ int Upload(Context& ctx) {
   return kOk;
 }
 
+namespace {
+
+// What the server names its jobs: "job-" and 16 hex digits (never a model's reference unless
+// a model was named so: --model says which is meant).
+bool IsJobId(const std::string& s) {
+  return s.size() == 20 && absl::StartsWith(s, "job-") &&
+         std::all_of(s.begin() + 4, s.end(), [](char c) { return absl::ascii_isxdigit(c); });
+}
+
+int DeleteJob(Context& ctx, const std::string& id) {
+  auto deleted = ctx.client.DeleteJob(id);
+  if (!deleted.ok()) return Fail(deleted.status());
+  ctx.progress.Line(absl::StrCat("deleted job ", deleted->job().id(), " and ", FormatBytes(deleted->result_bytes()),
+                                 " of results"));
+  Emit(ctx, *deleted, JobText(deleted->job()));
+  return kOk;
+}
+
+}  // namespace
+
 int Delete(Context& ctx) {
-  if (auto s = ctx.args.AllowOnly({}); !s.ok()) return UsageError(s);
-  if (auto s = ctx.args.ExpectPositional(1, "one model (name, name:version or digest)"); !s.ok()) return UsageError(s);
-  auto deleted = ctx.client.DeleteModel(ctx.args.positional()[0]);
+  if (auto s = ctx.args.AllowOnly({"model"}); !s.ok()) return UsageError(s);
+  if (auto s = ctx.args.ExpectPositional(1, "one job id or model (name, name:version or digest)"); !s.ok()) {
+    return UsageError(s);
+  }
+  const std::string& target = ctx.args.positional()[0];
+  if (IsJobId(target) && !ctx.args.Has("model")) return DeleteJob(ctx, target);
+  auto deleted = ctx.client.DeleteModel(target);
   if (!deleted.ok()) return Fail(deleted.status());
   ctx.progress.Line(absl::StrCat("deleted ", deleted->name(), ":", deleted->version(), " (", deleted->id(), ")"));
   Emit(ctx, *deleted, ModelText(*deleted));
+  return kOk;
+}
+
+int Usage(Context& ctx) {
+  if (auto s = ctx.args.AllowOnly({}); !s.ok()) return UsageError(s);
+  if (auto s = ctx.args.ExpectPositional(0, "nothing"); !s.ok()) return UsageError(s);
+  auto usage = ctx.client.GetUsage();
+  if (!usage.ok()) return Fail(usage.status());
+  Emit(ctx, *usage, UsageText(*usage));
   return kOk;
 }
 

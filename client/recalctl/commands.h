@@ -29,7 +29,8 @@ void Emit(const Context& ctx, const google::protobuf::Message& message, const st
 int Upload(Context& ctx);
 int Submit(Context& ctx);
 int Get(Context& ctx);
-int Delete(Context& ctx);  // delete MODEL: a model, by any reference
+int Delete(Context& ctx);  // delete JOB|REF: an ended job and its results, or a model
+int Usage(Context& ctx);   // usage: what the tenant stores
 int List(Context& ctx);
 int Watch(Context& ctx);
 int Cancel(Context& ctx);

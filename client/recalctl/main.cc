@@ -39,7 +39,12 @@ Commands:
   get JOB                                       a job's state, progress and error
   list [--state S]... [--models [--name N]] [--page_size N] [--page_token T]
                                                 jobs (or models, newest version first)
-  delete REF                                    delete a model (refused while a job uses it)
+  delete JOB | REF [--model]                    delete an ended job and its results (refused
+                                                while queued or running: cancel it first), or
+                                                a model (refused while a job uses it). JOB:
+                                                job-<16 hex>; --model: REF is a model even so
+  usage                                         what your tenant stores (models, results,
+                                                unfinished uploads) against its quota
   watch JOB [--after_seq N]                     follow a job to its end (reconnects); prints it
   cancel JOB                                    cancel a queued or running job
   download JOB -o PATH [--artifact model|bn|report]
@@ -128,7 +133,7 @@ constexpr LocalCommandEntry kLocalCommands[] = {{"token", Token}};
 constexpr CommandEntry kCommands[] = {
     {"upload", Upload}, {"submit", Submit},     {"get", Get}, {"list", List},     {"watch", Watch},
     {"cancel", Cancel}, {"download", Download}, {"run", Run}, {"health", Health}, {"report", Report},
-    {"delete", Delete},
+    {"delete", Delete}, {"usage", Usage},
 };
 
 // recalctl's version, and the server's when one answers: a client and a server of different

@@ -67,6 +67,19 @@ std::string ModelText(const v1::Model& model) {
   return text;
 }
 
+std::string UsageText(const v1::Usage& usage) {
+  const auto line = [](absl::string_view what, int64_t count, int64_t bytes) {
+    return absl::StrCat(what, ": ", count, " (", bytes, " bytes)\n");
+  };
+  std::string text = absl::StrCat("tenant: ", usage.tenant(), "\nstored_bytes: ", usage.stored_bytes());
+  if (usage.max_stored_bytes() > 0) absl::StrAppend(&text, " of max_stored_bytes ", usage.max_stored_bytes());
+  absl::StrAppend(&text, "\n", line("models", usage.models(), usage.model_bytes()),
+                  line("results", usage.results(), usage.result_bytes()),
+                  line("unfinished_uploads", usage.uploads(), usage.upload_bytes()),
+                  "active_jobs: ", usage.active_jobs(), "\n");
+  return text;
+}
+
 std::string JobsTable(const v1::ListJobsResponse& jobs) {
   std::string text = absl::StrFormat("%-36s  %-10s  %-14s  %s\n", "ID", "STATE", "BATCHES", "CREATED");
   for (const v1::Job& job : jobs.jobs()) {

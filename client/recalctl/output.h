@@ -20,6 +20,7 @@ std::string JobText(const v1::Job& job);
 std::string ModelText(const v1::Model& model);
 std::string JobsTable(const v1::ListJobsResponse& jobs);
 std::string ModelsTable(const v1::ListModelsResponse& models);
+std::string UsageText(const v1::Usage& usage);
 
 // "1.5 MB", "312 B"; "0:42", "1:02:03".
 std::string FormatBytes(int64_t bytes);

@@ -153,6 +153,21 @@ absl::StatusOr<v1::Job> Client::Cancel(const std::string& job_id) {
       [&](grpc::ClientContext* c, v1::Job* r) { return impl_->stub->CancelJob(c, request, r); });
 }
 
+absl::StatusOr<v1::DeleteJobResponse> Client::DeleteJob(const std::string& job_id) {
+  v1::DeleteJobRequest request;
+  request.set_id(job_id);
+  // Not retried, as DeleteModel: a second try after a lost reply would say NOT_FOUND.
+  return impl_->Unary<v1::DeleteJobResponse>(
+      [&](grpc::ClientContext* c, v1::DeleteJobResponse* r) { return impl_->stub->DeleteJob(c, request, r); },
+      /*retry=*/false);
+}
+
+absl::StatusOr<v1::Usage> Client::GetUsage() {
+  return impl_->Unary<v1::Usage>([&](grpc::ClientContext* c, v1::Usage* r) {
+    return impl_->stub->GetUsage(c, v1::GetUsageRequest(), r);
+  });
+}
+
 absl::StatusOr<v1::ServerInfo> Client::GetServerInfo() {
   return impl_->Unary<v1::ServerInfo>([&](grpc::ClientContext* c, v1::ServerInfo* r) {
     return impl_->stub->GetServerInfo(c, v1::GetServerInfoRequest(), r);

@@ -255,6 +255,34 @@ grpc::Status RecalService::CancelJob(grpc::ServerContext* context, const v1::Can
   return outcome;
 }
 
+grpc::Status RecalService::DeleteJob(grpc::ServerContext* context, const v1::DeleteJobRequest* request,
+                                     v1::DeleteJobResponse* response) {
+  auto who = Admit(context, auth::Role::kAdmin, "DeleteJob", request->id());
+  if (!who.ok()) return ToGrpcStatus(who.status());
+  // As DeleteModel: the caller's tenant, or the one an admin names; never every tenant, so
+  // another tenant's job id is NOT_FOUND as a missing one.
+  const std::string tenant = request->tenant().empty() ? who->tenant : request->tenant();
+  absl::StatusOr<jobs::JobManager::Deleted> deleted = jobs_->Delete(jobs::Caller{tenant}, request->id());
+  grpc::Status outcome = ToGrpcStatus(deleted.status());
+  Audit(*who, "DeleteJob", absl::StrCat(tenant, "/", request->id()), outcome);
+  if (deleted.ok()) {
+    *response->mutable_job() = std::move(deleted->job);
+    response->set_result_bytes(deleted->result_bytes);
+  }
+  return outcome;
+}
+
+grpc::Status RecalService::GetUsage(grpc::ServerContext* context, const v1::GetUsageRequest* request,
+                                    v1::Usage* response) {
+  auto who = Admit(context, auth::Role::kRead, "GetUsage", request->tenant());
+  if (!who.ok()) return ToGrpcStatus(who.status());
+  if (!request->tenant().empty() && request->tenant() != who->tenant) {
+    RECAL_GRPC_RETURN_IF_ERROR(auth::Authorize(*who, auth::Role::kAdmin, "see another tenant's usage"));
+  }
+  const std::string tenant = request->tenant().empty() ? who->tenant : request->tenant();
+  return Respond(models_->Usage(tenant), response);
+}
+
 grpc::Status RecalService::WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                                     grpc::ServerWriter<v1::JobEvent>* writer) {
   auto who = Admit(context, auth::Role::kRead, "WatchJob", request->id());

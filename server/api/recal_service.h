@@ -60,6 +60,10 @@ class RecalService final : public v1::Recal::Service {
                         v1::ListJobsResponse* response) override;
   grpc::Status CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
                          v1::Job* response) override;
+  grpc::Status DeleteJob(grpc::ServerContext* context, const v1::DeleteJobRequest* request,
+                         v1::DeleteJobResponse* response) override;
+  grpc::Status GetUsage(grpc::ServerContext* context, const v1::GetUsageRequest* request,
+                        v1::Usage* response) override;
   grpc::Status WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                         grpc::ServerWriter<v1::JobEvent>* writer) override;
   grpc::Status PushBatches(grpc::ServerContext* context,

@@ -55,10 +55,14 @@ absl::Status SetQuota(AuthConfig& config, std::map<std::string, std::map<std::st
   int64_t* field = key == "max_active_jobs"              ? &quotas.max_active_jobs
                    : key == "max_stored_bytes"           ? &quotas.max_stored_bytes
                    : key == "max_submissions_per_minute" ? &quotas.max_submissions_per_minute
+                   : key == "keep_versions"              ? &quotas.keep_versions
+                   : key == "keep_results_days"          ? &quotas.keep_results_days
                                                          : nullptr;
   if (field == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unknown key '", key, "' (tenant, role, max_active_jobs, max_stored_bytes, max_submissions_per_minute)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown key '", key,
+                     "' (tenant, role, max_active_jobs, max_stored_bytes, max_submissions_per_minute, "
+                     "keep_versions, keep_results_days)"));
   }
   int64_t number = 0;
   if (!absl::SimpleAtoi(value, &number) || number < 0) {

@@ -4,10 +4,12 @@
 //   token-sha256:<64 hex> tenant=<name> role=<read|submit|admin> [quota=N ...]
 //   cert:<certificate subject or SAN> tenant=<name> role=<role> [quota=N ...]
 //   tenant <name> [max_active_jobs=N] [max_stored_bytes=N] [max_submissions_per_minute=N]
+//                 [keep_versions=N] [keep_results_days=N]
 //
 // The server keeps only the SHA-256 of a bearer token, never the token. Quotas may follow a
 // credential's line or stand on a tenant line; a tenant's quota given twice with different
-// values is an error. 0 or absent: no limit.
+// values is an error. 0 or absent: no limit. keep_versions and keep_results_days are the
+// tenant's retention (docs/retention.md): absent, the server's defaults (flags); 0, keep all.
 #pragma once
 
 #include <cstdint>
@@ -31,10 +33,15 @@ struct Principal {
   std::string name;
 };
 
+// What a retention setting holds when the auth file does not give one: the server's default.
+inline constexpr int64_t kRetentionDefault = -1;
+
 struct TenantQuotas {
   int64_t max_active_jobs = 0;
-  int64_t max_stored_bytes = 0;
+  int64_t max_stored_bytes = 0;  // models, results and unfinished uploads
   int64_t max_submissions_per_minute = 0;
+  int64_t keep_versions = kRetentionDefault;      // the newest versions kept of each model name
+  int64_t keep_results_days = kRetentionDefault;  // how long an ended job and its results stay
 };
 
 struct AuthConfig {

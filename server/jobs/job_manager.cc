@@ -9,6 +9,7 @@
 #include "common/status_macros.h"
 #include "server/jobs/batch_assembler.h"
 #include "server/jobs/data_source_spec.h"
+#include "server/jobs/storage.h"
 #include "server/log/log.h"
 #include "server/metrics/metrics.h"
 
@@ -31,7 +32,8 @@ const char* DataKind(const v1::JobSpec& spec) {
 
 JobManager::JobManager(store::MetadataStore* metadata, store::BlobStore* blobs, ModelRegistry* models,
                        JobRunner* runner, JobManagerOptions options)
-    : blobs_(blobs),
+    : metadata_(metadata),
+      blobs_(blobs),
       models_(models),
       options_(std::move(options)),
       repository_(metadata, &events_),
@@ -96,6 +98,9 @@ absl::StatusOr<v1::Job> JobManager::Visible(const Caller& caller, const std::str
 
 store::JobQuota JobManager::QuotaOf(const std::string& tenant) const {
   store::JobQuota quota;
+  // The model Submit resolved must still be there when the job is stored (the retention
+  // sweeper and deletions decide in their own transaction whether a job uses it).
+  quota.model_must_exist = true;
   if (!options_.limits) return quota;
   const TenantLimits limits = options_.limits(tenant);
   quota.max_active_jobs = limits.max_active_jobs;
@@ -167,6 +172,18 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const Caller& caller, const std::stri
     log::Info("job cancelling", {{"job_id", id}, {"device", job->device()}});
   }
   return job;
+}
+
+absl::StatusOr<JobManager::Deleted> JobManager::Delete(const Caller& caller, const std::string& id) {
+  RECAL_ASSIGN_OR_RETURN(v1::Job job, Visible(caller, id));
+  RECAL_ASSIGN_OR_RETURN(const std::vector<store::ResultRef> results, metadata_->DeleteJob(id));
+  Deleted deleted{std::move(job)};
+  for (const store::ResultRef& result : results) {
+    deleted.result_bytes += result.size;
+    RECAL_RETURN_IF_ERROR(RemoveBlobIfUnreferenced(*metadata_, *blobs_, result.sha256));
+  }
+  log::Info("job deleted", {{"job_id", id}, {"tenant", deleted.job.tenant()}, {"result_bytes", deleted.result_bytes}});
+  return deleted;
 }
 
 absl::StatusOr<JobManager::PushTarget> JobManager::FindPushTarget(const Caller& caller, const std::string& id,

@@ -70,6 +70,14 @@ class JobManager {
   absl::StatusOr<store::JobPage> List(const std::string& tenant, const std::vector<v1::JobState>& states,
                                       int page_size, const std::string& page_token);
   absl::StatusOr<v1::Job> Cancel(const Caller& caller, const std::string& id);
+  // Deletes an ended job with its events and results (MetadataStore::DeleteJob; refused while
+  // it is queued or running: cancel it first); their blobs go once nothing references them.
+  // Returns the job as it was and the bytes of results it held.
+  struct Deleted {
+    v1::Job job;
+    int64_t result_bytes = 0;
+  };
+  absl::StatusOr<Deleted> Delete(const Caller& caller, const std::string& id);
 
   // Queues one pushed batch for a client_stream job (blocks while its queue is full); for a
   // sharded job, for its shard `shard` (each shard has its own pusher and its own `last`).
@@ -128,6 +136,7 @@ class JobManager {
   absl::StatusOr<std::string> RelayTarget(const std::string& id, const std::string& feed_id,
                                           const std::function<bool()>& stopped);
 
+  store::MetadataStore* metadata_;
   store::BlobStore* blobs_;
   ModelRegistry* models_;
   const JobManagerOptions options_;

@@ -9,13 +9,12 @@
 #include "common/now.h"
 #include "common/status_macros.h"
 #include "server/jobs/model_ref.h"
+#include "server/jobs/storage.h"
 
 namespace recal::jobs {
 namespace {
 
 constexpr absl::string_view kIdPrefix = "sha256:";
-
-const std::vector<v1::JobState> kActiveStates = {v1::QUEUED, v1::RUNNING, v1::CANCELLING};
 
 // How many models an ambiguous digest prefix's error lists: enough to pick from, short
 // enough to read.
@@ -48,12 +47,15 @@ std::string ModelNameOf(const v1::UploadHeader& header) {
 absl::Status ModelRegistry::CheckStorage(const std::string& tenant, int64_t more_bytes) {
   const int64_t limit = limits_ ? limits_(tenant).max_stored_bytes : 0;
   if (limit <= 0) return absl::OkStatus();
-  auto usage = metadata_->Usage(tenant);
-  if (!usage.ok()) return usage.status();
-  if (usage->stored_bytes + more_bytes > limit) {
-    return absl::ResourceExhaustedError(absl::StrCat("tenant ", tenant, " would store ", usage->stored_bytes + more_bytes,
-                                                     " bytes, over its quota max_stored_bytes=", limit,
-                                                     "; delete models or ask an admin"));
+  // Uploads in progress count while they are on disk: begun and abandoned, they would
+  // otherwise hold any number of bytes outside the quota until they expire.
+  RECAL_ASSIGN_OR_RETURN(const v1::Usage usage, Usage(tenant));
+  if (usage.stored_bytes() + more_bytes > limit) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "tenant ", tenant, " would store ", usage.stored_bytes() + more_bytes, " bytes (models ", usage.model_bytes(),
+        ", results ", usage.result_bytes(), ", unfinished uploads ", usage.upload_bytes(), ", this upload ",
+        more_bytes, "), over its quota max_stored_bytes=", limit,
+        "; delete models or jobs, finish or wait out unfinished uploads (recalctl usage), or ask an admin"));
   }
   return absl::OkStatus();
 }
@@ -69,15 +71,17 @@ absl::StatusOr<std::optional<v1::Model>> ModelRegistry::StartUpload(const std::s
   auto existing = metadata_->GetModel(tenant, ModelIdOf(header.sha256()));
   if (existing.ok()) return std::optional<v1::Model>(*existing);
   if (existing.status().code() != absl::StatusCode::kNotFound) return existing.status();
-  if (absl::Status room = CheckStorage(tenant, header.size()); !room.ok()) return room;
   // Validates the digest's form (it names a file).
   auto committed = blobs_->UploadedSize(tenant, header.sha256());
   if (!committed.ok()) return committed.status();
+  // What this upload has on disk already counts among the tenant's uploads.
+  if (absl::Status room = CheckStorage(tenant, header.size() - *committed); !room.ok()) return room;
   return std::optional<v1::Model>();
 }
 
 absl::Status ModelRegistry::AppendChunk(const std::string& tenant, const v1::UploadHeader& header,
                                         const v1::UploadChunk& chunk) {
+  RECAL_RETURN_IF_ERROR(CheckStorage(tenant, static_cast<int64_t>(chunk.data().size())));
   return blobs_->AppendUpload(tenant, header.sha256(), chunk.offset(), chunk.data(), header.size());
 }
 
@@ -171,18 +175,21 @@ absl::StatusOr<v1::Model> ModelRegistry::Delete(const std::string& tenant, const
   RECAL_ASSIGN_OR_RETURN(v1::Model model, Resolve(tenant, reference));
   RECAL_ASSIGN_OR_RETURN(const std::string digest, DigestOfModelId(model.id()));
   // Jobs keep full ids (JobManager::Submit resolves them), so this counts the jobs submitted
-  // with any reference to these bytes.
-  RECAL_ASSIGN_OR_RETURN(const int64_t users, metadata_->CountJobsUsingModel(tenant, model.id(), kActiveStates));
+  // with any reference to these bytes, in the transaction that deletes the model.
+  RECAL_ASSIGN_OR_RETURN(const int64_t users, metadata_->DeleteModelUnlessUsed(tenant, model.id()));
   if (users > 0) {
     return absl::FailedPreconditionError(absl::StrCat("model ", Describe(model), " is used by ", users,
                                                       " queued or running job(s); cancel them or wait for them "
                                                       "to end, then delete it"));
   }
-  RECAL_RETURN_IF_ERROR(metadata_->DeleteModel(tenant, model.id()));
-  auto kept = metadata_->ModelStoredByAnyTenant(model.id());
-  auto referenced = metadata_->BlobReferenced(digest);
-  if (kept.ok() && !*kept && referenced.ok() && !*referenced) RECAL_RETURN_IF_ERROR(blobs_->Remove(digest));
+  RECAL_RETURN_IF_ERROR(RemoveBlobIfUnreferenced(*metadata_, *blobs_, digest));
   return model;
+}
+
+absl::StatusOr<v1::Usage> ModelRegistry::Usage(const std::string& tenant) {
+  RECAL_ASSIGN_OR_RETURN(v1::Usage usage, UsageOf(*metadata_, *blobs_, tenant));
+  usage.set_max_stored_bytes(limits_ ? limits_(tenant).max_stored_bytes : 0);
+  return usage;
 }
 
 absl::StatusOr<std::string> ModelRegistry::DigestOf(const std::string& tenant, const std::string& id) {

@@ -20,7 +20,7 @@ namespace recal::jobs {
 // auth file applies at once.
 struct TenantLimits {
   int64_t max_active_jobs = 0;             // queued + running
-  int64_t max_stored_bytes = 0;            // models + results
+  int64_t max_stored_bytes = 0;            // models, results and unfinished uploads
   int64_t max_submissions_per_minute = 0;
 };
 using TenantLimitsFn = std::function<TenantLimits(const std::string& tenant)>;
@@ -61,6 +61,10 @@ class ModelRegistry {
   // while a queued or running job of the tenant uses it. The bytes go once no tenant's model
   // or result needs them. Its version number is never given to other bytes.
   absl::StatusOr<v1::Model> Delete(const std::string& tenant, const std::string& reference);
+
+  // What the tenant stores against its max_stored_bytes quota (storage.h's UsageOf, with the
+  // quota filled in): the quota this registry checks at every upload and chunk.
+  absl::StatusOr<v1::Usage> Usage(const std::string& tenant);
 
   // The digest of the stored model with full id `id` (as a job keeps it; NOT_FOUND if the
   // tenant has no such model; UNAVAILABLE while the metadata store is away). Its archive is

@@ -2,7 +2,6 @@
 
 #include <chrono>
 #include <exception>
-#include <filesystem>
 
 #include <grpcpp/server_context.h>
 #include <prometheus/collectable.h>
@@ -38,9 +37,18 @@ class ScrapedGauges : public prometheus::Collectable {
       family.name = gauge.name;
       family.help = gauge.help;
       family.type = prometheus::MetricType::Gauge;
-      prometheus::ClientMetric metric;
-      metric.gauge.value = gauge.value();
-      family.metric.push_back(std::move(metric));
+      if (gauge.by_label) {
+        for (const auto& [label_value, value] : gauge.by_label()) {
+          prometheus::ClientMetric metric;
+          metric.label.push_back({gauge.label, label_value});
+          metric.gauge.value = value;
+          family.metric.push_back(std::move(metric));
+        }
+      } else {
+        prometheus::ClientMetric metric;
+        metric.gauge.value = gauge.value();
+        family.metric.push_back(std::move(metric));
+      }
       families.push_back(std::move(family));
     }
     return families;
@@ -252,20 +260,6 @@ absl::StatusOr<std::unique_ptr<prometheus::Exposer>> Serve(const std::string& li
 int PortOf(const prometheus::Exposer& exposer) {
   const std::vector<int> ports = exposer.GetListeningPorts();
   return ports.empty() ? 0 : ports.front();
-}
-
-double DirectoryBytes(const std::string& dir) {
-  namespace fs = std::filesystem;
-  std::error_code error;
-  double bytes = 0;
-  for (fs::recursive_directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
-    std::error_code ignored;
-    if (it->is_regular_file(ignored)) {
-      const auto size = it->file_size(ignored);
-      if (!ignored) bytes += static_cast<double>(size);
-    }
-  }
-  return bytes;
 }
 
 grpc::experimental::Interceptor* ServerInterceptorFactory::CreateServerInterceptor(

@@ -1,7 +1,7 @@
 // recal-server's Prometheus metrics: one Metrics owns the registry and every family; main
 // makes it and passes a pointer down (null everywhere means "no metrics": unit tests,
 // recal-run). Serve() exposes them over HTTP at /metrics, with gauges computed at scrape
-// time (queue length, running jobs, bytes in the store).
+// time (queue length, running jobs, bytes each tenant stores).
 #pragma once
 
 #include <functional>
@@ -70,11 +70,14 @@ struct Metrics {
   std::shared_ptr<prometheus::Collectable> scraped;
 };
 
-// A gauge whose value is read when scraped.
+// A gauge whose value is read when scraped: one value, or with `by_label` one series per
+// value of the label `label` (e.g. per tenant: a bounded set).
 struct ScrapedGauge {
   std::string name;
   std::string help;
   std::function<double()> value;
+  std::string label;
+  std::function<std::map<std::string, double>()> by_label;
 };
 
 // Serves `metrics` and `scraped` on `listen` (host:port; port 0 = any free port). The
@@ -82,9 +85,6 @@ struct ScrapedGauge {
 absl::StatusOr<std::unique_ptr<prometheus::Exposer>> Serve(const std::string& listen, Metrics* metrics,
                                                            std::vector<ScrapedGauge> scraped);
 int PortOf(const prometheus::Exposer& exposer);
-
-// Bytes of the regular files under `dir` (recursively); 0 if it cannot be read.
-double DirectoryBytes(const std::string& dir);
 
 // Counts calls (grpc_server_*) and logs failed ones (peer, method, code, message), except
 // UNAUTHENTICATED ones: the API's audit line is their record, limited per peer. `metrics`

@@ -9,14 +9,22 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace recal::store {
+
+// An owner's uploads in progress: how many, and their committed bytes (what is on disk).
+struct UploadUsage {
+  int64_t uploads = 0;
+  int64_t bytes = 0;
+};
 
 // One blob's bytes, read at any offset (downloads resume mid-blob).
 class BlobReader {
@@ -65,6 +73,13 @@ class BlobStore {
   // NOT_FOUND when neither an upload nor the blob exists.
   virtual absl::StatusOr<std::string> CommitUpload(const std::string& owner, const std::string& sha256_hex) = 0;
   virtual absl::Status DiscardUpload(const std::string& owner, const std::string& sha256_hex) = 0;
+  // What uploads in progress hold: one owner's, and every owner's that has any.
+  virtual absl::StatusOr<UploadUsage> UploadUsageOf(const std::string& owner) const = 0;
+  virtual absl::StatusOr<std::map<std::string, UploadUsage>> UploadUsageByOwner() const = 0;
+  // Removes every upload not appended to since `idle_before` (abandoned: an append after it
+  // finds nothing committed and is told to resume at offset 0). Safe beside appends and
+  // beside another process expiring the same uploads. Returns how many it removed.
+  virtual absl::StatusOr<int64_t> ExpireUploads(absl::Time idle_before) = 0;
 
   // A local directory for temporary files that AdoptFile will take (job scratch dirs).
   virtual const std::string& scratch_dir() const = 0;

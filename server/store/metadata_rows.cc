@@ -81,6 +81,31 @@ absl::Status CheckNewJobs(const v1::Job& job, const std::vector<NewJob>& childre
   return absl::OkStatus();
 }
 
+absl::Status CheckDeletable(const std::string& id, v1::JobState state, const std::string& parent_id,
+                            int64_t shards_not_ended) {
+  if (!parent_id.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("job '", id, "' is a shard of job '", parent_id,
+                                                      "'; delete that job, its shards go with it"));
+  }
+  const bool ended = state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
+  if (!ended) {
+    return absl::FailedPreconditionError(absl::StrCat("job '", id, "' is ", v1::JobState_Name(state),
+                                                      "; cancel it first (recalctl cancel ", id,
+                                                      ") and delete it once it has ended"));
+  }
+  if (shards_not_ended > 0) {
+    return absl::FailedPreconditionError(absl::StrCat("job '", id, "' has ", shards_not_ended,
+                                                      " shard(s) still stopping; delete it once they have ended"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ModelGoneError(const std::string& model_id) {
+  return absl::NotFoundError(absl::StrCat("model '", model_id,
+                                          "' was deleted while the job was submitted; upload it again or name "
+                                          "another model"));
+}
+
 void SortByShard(std::vector<v1::Job>& children) {
   std::stable_sort(children.begin(), children.end(),
                    [](const v1::Job& a, const v1::Job& b) { return a.shard() < b.shard(); });

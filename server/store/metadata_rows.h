@@ -53,6 +53,13 @@ inline int64_t MinuteBefore(int64_t now_ms) { return now_ms - 60 * 1000; }
 // have reached; OK when there is room for one more.
 absl::Status CheckQuota(const std::string& tenant, const JobQuota& quota, int64_t active, int64_t recent);
 
+// What DeleteJob refuses (FAILED_PRECONDITION, saying what to do), given the job's state and
+// parent and how many of its shards have not ended; OK when it may go.
+absl::Status CheckDeletable(const std::string& id, v1::JobState state, const std::string& parent_id,
+                            int64_t shards_not_ended);
+// CreateJob's refusal when quota.model_must_exist and the model is not (any more) the tenant's.
+absl::Status ModelGoneError(const std::string& model_id);
+
 // Sorts a sharded job's children, read in create_seq order, by shard index (stable: equal
 // indexes stay in create_seq order).
 void SortByShard(std::vector<v1::Job>& children);

@@ -28,10 +28,15 @@ struct JobPage {
   std::string next_page_token;  // empty at the end
 };
 
-// What a tenant holds, for its quotas.
+// What a tenant holds, for its quotas and GetUsage. Results count per artifact stored, of
+// its jobs and their shards; bytes as the rows record them (a blob two rows share counts twice).
 struct TenantUsage {
   int64_t active_jobs = 0;   // QUEUED, RUNNING or CANCELLING
-  int64_t stored_bytes = 0;  // its models and its jobs' results
+  int64_t stored_bytes = 0;  // model_bytes + result_bytes
+  int64_t models = 0;
+  int64_t model_bytes = 0;
+  int64_t results = 0;
+  int64_t result_bytes = 0;
 };
 
 // A tenant's submission quotas (0: no limit), which CreateJob checks in the transaction that
@@ -43,6 +48,11 @@ struct JobQuota {
   // When the job is submitted (Unix ms): stored as its creation time, and the end of the
   // minute counted. 0: the store's clock.
   int64_t now_ms = 0;
+  // Not a limit but checked with them: the job's spec.model_id must be one of the tenant's
+  // stored models, read in the transaction that stores the job (NOT_FOUND otherwise), so
+  // that a model deleted at the same time (DeleteModelUnlessUsed, the retention sweeper)
+  // either is seen by the job, and stays, or the job is not stored.
+  bool model_must_exist = false;
 };
 
 // The tenant of everything made while authentication is off, and of all rows a database
@@ -123,6 +133,12 @@ class MetadataStore {
   virtual absl::StatusOr<ModelPage> ListModels(const std::string& tenant, int page_size, const std::string& page_token,
                                                const std::string& name) = 0;
   virtual absl::Status DeleteModel(const std::string& tenant, const std::string& id) = 0;  // NOT_FOUND
+  // Deletes the tenant's model unless a job of the tenant that uses it is queued, running or
+  // cancelling (or has a shard that is), decided in the transaction that deletes it (a CreateJob with
+  // model_must_exist at the same time either sees the model, which then stays, or fails).
+  // Returns how many such top-level jobs there are: 0 when it deleted the model, else
+  // nothing changed. NOT_FOUND if the tenant has no such model.
+  virtual absl::StatusOr<int64_t> DeleteModelUnlessUsed(const std::string& tenant, const std::string& id) = 0;
   // Whether some tenant still has the model (so that its bytes must stay).
   virtual absl::StatusOr<bool> ModelStoredByAnyTenant(const std::string& id) = 0;
   // The tenant's jobs in `states` that use the model.
@@ -168,6 +184,11 @@ class MetadataStore {
                                  const std::map<v1::Artifact, ResultRef>& results = {},
                                  int64_t expected_version = -1) = 0;
   virtual absl::StatusOr<StoredJob> ReadJob(const std::string& id) = 0;  // NOT_FOUND
+  // Deletes a top-level job that has ended (SUCCEEDED, FAILED or CANCELLED, and so have its
+  // shards) with its shards, events and results, in one transaction. Returns the results it
+  // held: their blobs go once nothing references them (BlobReferenced). FAILED_PRECONDITION
+  // for a job not ended or a shard (it goes with its parent); NOT_FOUND.
+  virtual absl::StatusOr<std::vector<ResultRef>> DeleteJob(const std::string& id) = 0;
 
   // Workers. ClaimJob takes the next QUEUED job — highest priority; within it, the tenant
   // whose last job started longest ago (fair between tenants); then the oldest — applies

@@ -24,8 +24,7 @@ struct BlobStoreSettings {
 
 struct OpenedBlobStore {
   std::unique_ptr<BlobStore> store;
-  // file: the directory the recal_store_bytes gauge sums; empty for s3:// (a bucket's size is
-  // not listed at each scrape).
+  // file: the directory the blobs are in; empty for s3://.
   std::string local_blob_dir;
   // s3://: the first listing's answer. UNAVAILABLE is given back here rather than failing the
   // start (the endpoint may come up later; until then jobs fail with it); a missing bucket or

@@ -183,6 +183,9 @@ struct PostgresMetadataStore::Impl {
   // Inserts `model` (a new version) unless the tenant has its bytes already: whether it did.
   absl::StatusOr<bool> InsertModel(const v1::Model& model);
   absl::StatusOr<bool> JobExists(const std::string& id);
+  // READ COMMITTED for the caller's transaction, which must not have run a statement yet:
+  // each statement then sees what was committed before it, also after it waited on a lock.
+  absl::Status ReadCommitted() { return Exec("SET TRANSACTION ISOLATION LEVEL READ COMMITTED").status(); }
   // JobExists that also locks the row until the transaction ends.
   absl::StatusOr<bool> LockJob(const std::string& id);
   // Inserts the event with the next seq of the job and the current time. The caller's
@@ -445,6 +448,33 @@ absl::Status PostgresMetadataStore::DeleteModel(const std::string& tenant, const
   });
 }
 
+absl::StatusOr<int64_t> PostgresMetadataStore::DeleteModelUnlessUsed(const std::string& tenant, const std::string& id) {
+  return impl_->Run([&]() -> absl::StatusOr<int64_t> {
+    RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn));
+    RECAL_RETURN_IF_ERROR(impl_->ReadCommitted());
+    // The row lock conflicts with CreateJob's FOR SHARE on the model: a job being stored
+    // with it is committed before the count below (which then sees it), or waits for this
+    // transaction and finds the model gone.
+    RECAL_ASSIGN_OR_RETURN(Result model, impl_->Exec("SELECT 1 FROM models WHERE tenant = $1 AND id = $2 FOR UPDATE",
+                                                     Params().Text(tenant).Text(id)));
+    if (model.rows() == 0) return absl::NotFoundError(absl::StrCat("no model '", id, "'"));
+    // As on SQLite: a job counts once, also while only a shard of it is still active.
+    RECAL_ASSIGN_OR_RETURN(Result users, impl_->Exec("SELECT COUNT(DISTINCT COALESCE(parent_id, id)) FROM jobs "
+                                                     "WHERE model_id = $1 AND tenant = $2 AND state IN ($3, $4, $5)",
+                                                     Params()
+                                                         .Text(id)
+                                                         .Text(tenant)
+                                                         .Int64(v1::QUEUED)
+                                                         .Int64(v1::RUNNING)
+                                                         .Int64(v1::CANCELLING)));
+    if (users.Int64(0, 0) > 0) return users.Int64(0, 0);  // rolls back: nothing written
+    RECAL_RETURN_IF_ERROR(
+        impl_->Exec("DELETE FROM models WHERE tenant = $1 AND id = $2", Params().Text(tenant).Text(id)).status());
+    RECAL_RETURN_IF_ERROR(txn.Commit());
+    return int64_t{0};
+  });
+}
+
 absl::StatusOr<int64_t> PostgresMetadataStore::CountJobsUsingModel(const std::string& tenant,
                                                                    const std::string& model_id,
                                                                    const std::vector<v1::JobState>& requested) {
@@ -514,7 +544,7 @@ absl::Status PostgresMetadataStore::Impl::LockTenantQuota(const std::string& ten
   // one of two concurrent creators where the lock just makes it wait, and it would also
   // abort creations over unrelated writes to the rows the count reads (claims, state
   // changes). Creations that check no limit take no lock: nothing bounds them.
-  RECAL_RETURN_IF_ERROR(Exec("SET TRANSACTION ISOLATION LEVEL READ COMMITTED").status());
+  RECAL_RETURN_IF_ERROR(ReadCommitted());
   return Exec(absl::StrCat("SELECT pg_advisory_xact_lock(", kTenantQuotaLockClass, ", hashtext($1))"),
               Params().Text(tenant))
       .status();
@@ -542,6 +572,7 @@ absl::StatusOr<v1::Job> PostgresMetadataStore::CreateJob(const v1::Job& job, boo
   const int64_t created_ms = CreatedMs(quota);
   return impl_->Run([&]() -> absl::StatusOr<v1::Job> {
     RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn));
+    if (!Limits(quota) && quota.model_must_exist) RECAL_RETURN_IF_ERROR(impl_->ReadCommitted());
     if (Limits(quota)) {
       RECAL_RETURN_IF_ERROR(impl_->LockTenantQuota(job.tenant()));
       // A retried submission is answered with its job, over quota or not.
@@ -554,6 +585,13 @@ absl::StatusOr<v1::Job> PostgresMetadataStore::CreateJob(const v1::Job& job, boo
         }
       }
       RECAL_RETURN_IF_ERROR(impl_->CheckQuotaLocked(job.tenant(), quota, created_ms));
+    }
+    if (quota.model_must_exist) {
+      // Held until the job is committed: DeleteModelUnlessUsed (FOR UPDATE) waits, then
+      // counts this job. A model it deleted first is not found here.
+      RECAL_ASSIGN_OR_RETURN(Result model, impl_->Exec("SELECT 1 FROM models WHERE tenant = $1 AND id = $2 FOR SHARE",
+                                                       Params().Text(job.tenant()).Text(job.spec().model_id())));
+      if (model.rows() == 0) return ModelGoneError(job.spec().model_id());
     }
     // Whichever key collides (id or tenant + request_id), the insert waits for a concurrent
     // writer of the same key and then does nothing; the look-ups below tell which it was,
@@ -817,13 +855,19 @@ absl::StatusOr<TenantUsage> PostgresMetadataStore::Usage(const std::string& tena
     RECAL_ASSIGN_OR_RETURN(
         Result r, impl_->Exec("SELECT (SELECT COUNT(*) FROM jobs WHERE tenant = $1 AND state IN ($2, $3, $4) "
                               "AND parent_id IS NULL), "
-                              "((SELECT COALESCE(SUM(size), 0) FROM models WHERE tenant = $1) + "
+                              "(SELECT COUNT(*) FROM models WHERE tenant = $1), "
+                              "(SELECT COALESCE(SUM(size), 0) FROM models WHERE tenant = $1)::BIGINT, "
+                              "(SELECT COUNT(*) FROM results r JOIN jobs j ON r.job_id = j.id WHERE j.tenant = $1), "
                               "(SELECT COALESCE(SUM(r.size), 0) FROM results r JOIN jobs j ON r.job_id = j.id "
-                              "WHERE j.tenant = $1))::BIGINT",
+                              "WHERE j.tenant = $1)::BIGINT",
                               Params().Text(tenant).Int64(v1::QUEUED).Int64(v1::RUNNING).Int64(v1::CANCELLING)));
     TenantUsage usage;
     usage.active_jobs = r.Int64(0, 0);
-    usage.stored_bytes = r.Int64(0, 1);
+    usage.models = r.Int64(0, 1);
+    usage.model_bytes = r.Int64(0, 2);
+    usage.results = r.Int64(0, 3);
+    usage.result_bytes = r.Int64(0, 4);
+    usage.stored_bytes = usage.model_bytes + usage.result_bytes;
     return usage;
   });
 }
@@ -851,6 +895,45 @@ absl::StatusOr<StoredJob> PostgresMetadataStore::ReadJob(const std::string& id) 
                                                  Params().Text(id)));
     if (r.rows() == 0) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
     return StoredJobAt(r, 0);
+  });
+}
+
+absl::StatusOr<std::vector<ResultRef>> PostgresMetadataStore::DeleteJob(const std::string& id) {
+  return impl_->Run([&]() -> absl::StatusOr<std::vector<ResultRef>> {
+    RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn));
+    RECAL_RETURN_IF_ERROR(impl_->ReadCommitted());
+    // The job's row and its shards' rows locked: no claim or state change of them commits
+    // between the check and the delete.
+    RECAL_ASSIGN_OR_RETURN(Result family, impl_->Exec("SELECT id, state, COALESCE(parent_id, '') FROM jobs "
+                                                      "WHERE id = $1 OR parent_id = $1 FOR UPDATE",
+                                                      Params().Text(id)));
+    int64_t shards_not_ended = 0;
+    bool found = false;
+    v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
+    std::string parent;
+    for (int i = 0; i < family.rows(); ++i) {
+      const auto row_state = static_cast<v1::JobState>(family.Int64(i, 1));
+      if (family.Bytes(i, 0) == id) {
+        found = true;
+        state = row_state;
+        parent = family.Bytes(i, 2);
+      } else if (row_state != v1::SUCCEEDED && row_state != v1::FAILED && row_state != v1::CANCELLED) {
+        ++shards_not_ended;
+      }
+    }
+    if (!found) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+    RECAL_RETURN_IF_ERROR(CheckDeletable(id, state, parent, shards_not_ended));
+    constexpr char kFamily[] = "(SELECT id FROM jobs WHERE id = $1 OR parent_id = $1)";
+    RECAL_ASSIGN_OR_RETURN(Result r, impl_->Exec(absl::StrCat("DELETE FROM results WHERE job_id IN ", kFamily,
+                                                              " RETURNING sha256, size"),
+                                                 Params().Text(id)));
+    std::vector<ResultRef> results;
+    for (int i = 0; i < r.rows(); ++i) results.push_back(ResultRef{r.Bytes(i, 0), r.Int64(i, 1)});
+    RECAL_RETURN_IF_ERROR(
+        impl_->Exec(absl::StrCat("DELETE FROM events WHERE job_id IN ", kFamily), Params().Text(id)).status());
+    RECAL_RETURN_IF_ERROR(impl_->Exec("DELETE FROM jobs WHERE id = $1 OR parent_id = $1", Params().Text(id)).status());
+    RECAL_RETURN_IF_ERROR(txn.Commit());
+    return results;
   });
 }
 

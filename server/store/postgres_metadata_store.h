@@ -36,6 +36,7 @@ class PostgresMetadataStore final : public MetadataStore {
   absl::StatusOr<ModelPage> ListModels(const std::string& tenant, int page_size, const std::string& page_token,
                                        const std::string& name) override;
   absl::Status DeleteModel(const std::string& tenant, const std::string& id) override;
+  absl::StatusOr<int64_t> DeleteModelUnlessUsed(const std::string& tenant, const std::string& id) override;
   absl::StatusOr<bool> ModelStoredByAnyTenant(const std::string& id) override;
   absl::StatusOr<int64_t> CountJobsUsingModel(const std::string& tenant, const std::string& model_id,
                                               const std::vector<v1::JobState>& states) override;
@@ -52,6 +53,7 @@ class PostgresMetadataStore final : public MetadataStore {
   absl::Status CommitJob(const v1::Job& job, std::vector<v1::JobEvent> events,
                          const std::map<v1::Artifact, ResultRef>& results, int64_t expected_version) override;
   absl::StatusOr<StoredJob> ReadJob(const std::string& id) override;
+  absl::StatusOr<std::vector<ResultRef>> DeleteJob(const std::string& id) override;
   absl::StatusOr<std::optional<v1::Job>> ClaimJob(const std::string& owner, int64_t lease_until_ms,
                                                   const ClaimChange& change, ClaimKind kind) override;
   absl::StatusOr<v1::JobState> RenewLease(const std::string& job_id, const std::string& owner,

@@ -87,6 +87,13 @@ class S3BlobStore : public BlobStore {
                             absl::string_view data, int64_t expected_size) override;
   absl::StatusOr<std::string> CommitUpload(const std::string& owner, const std::string& sha256_hex) override;
   absl::Status DiscardUpload(const std::string& owner, const std::string& sha256_hex) override;
+  absl::StatusOr<UploadUsage> UploadUsageOf(const std::string& owner) const override {
+    return uploads_.UsageOf(owner);
+  }
+  absl::StatusOr<std::map<std::string, UploadUsage>> UploadUsageByOwner() const override {
+    return uploads_.UsageByOwner();
+  }
+  absl::StatusOr<int64_t> ExpireUploads(absl::Time idle_before) override { return uploads_.ExpireIdle(idle_before); }
 
   const std::string& scratch_dir() const override { return scratch_dir_; }
   std::string Describe() const override { return options_.location.ToString(); }

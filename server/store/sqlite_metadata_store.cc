@@ -172,6 +172,11 @@ struct SqliteMetadataStore::Impl {
   absl::Status CheckQuotaLocked(const std::string& tenant, const JobQuota& quota, int64_t now_ms);
   absl::StatusOr<std::vector<v1::Job>> QueryJobs(Query& q);
   absl::StatusOr<bool> JobExists(const std::string& id);
+  // Whether the tenant has the model. Caller holds a transaction when it acts on the answer.
+  absl::StatusOr<bool> ModelExists(const std::string& tenant, const std::string& id);
+  // The tenant's top-level jobs that use the model and are, or have a shard that is, queued,
+  // running or cancelling.
+  absl::StatusOr<int64_t> CountActiveUsers(const std::string& tenant, const std::string& model_id);
   // Inserts the event with the next seq of the job and the current time. Caller holds a
   // transaction.
   absl::StatusOr<v1::JobEvent> InsertEvent(const std::string& job_id, v1::JobEvent event);
@@ -506,6 +511,42 @@ absl::Status SqliteMetadataStore::DeleteModel(const std::string& tenant, const s
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> SqliteMetadataStore::Impl::ModelExists(const std::string& tenant, const std::string& id) {
+  RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT 1 FROM models WHERE tenant = ?1 AND id = ?2"));
+  return q.Bind(1, tenant).Bind(2, id).Step();
+}
+
+absl::StatusOr<int64_t> SqliteMetadataStore::Impl::CountActiveUsers(const std::string& tenant,
+                                                                    const std::string& model_id) {
+  // A shard still stopping under a parent that has ended needs the model too: counted as its
+  // top-level job (once however many of its shards are active).
+  RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT COUNT(DISTINCT COALESCE(parent_id, id)) FROM jobs "
+                                             "WHERE model_id = ?1 AND tenant = ?2 AND state IN (?3, ?4, ?5)"));
+  RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, model_id)
+                                             .Bind(2, tenant)
+                                             .Bind(3, int64_t{v1::QUEUED})
+                                             .Bind(4, int64_t{v1::RUNNING})
+                                             .Bind(5, int64_t{v1::CANCELLING})
+                                             .Step());
+  return row ? q.Int64(0) : 0;
+}
+
+absl::StatusOr<int64_t> SqliteMetadataStore::DeleteModelUnlessUsed(const std::string& tenant, const std::string& id) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  // BEGIN IMMEDIATE holds the write lock from the count to the delete: no CreateJob, in this
+  // process or another, stores a job between them (it reads the model in its own write
+  // transaction).
+  RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->db));
+  RECAL_ASSIGN_OR_RETURN(const bool exists, impl_->ModelExists(tenant, id));
+  if (!exists) return absl::NotFoundError(absl::StrCat("no model '", id, "'"));
+  RECAL_ASSIGN_OR_RETURN(const int64_t users, impl_->CountActiveUsers(tenant, id));
+  if (users > 0) return users;  // rolls back: nothing written
+  RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("DELETE FROM models WHERE tenant = ?1 AND id = ?2"));
+  RECAL_RETURN_IF_ERROR(q.Bind(1, tenant).Bind(2, id).Run());
+  RECAL_RETURN_IF_ERROR(txn.Commit());
+  return 0;
+}
+
 absl::StatusOr<int64_t> SqliteMetadataStore::CountJobsUsingModel(const std::string& tenant, const std::string& model_id,
                                                            const std::vector<v1::JobState>& requested) {
   const std::optional<std::vector<v1::JobState>> states = NormalizeStates(requested);
@@ -574,6 +615,10 @@ absl::StatusOr<v1::Job> SqliteMetadataStore::CreateJob(const v1::Job& job, bool*
   // began: no other connection, in this process or another, stores a job between the count
   // and the insert.
   if (Limits(quota)) RECAL_RETURN_IF_ERROR(impl_->CheckQuotaLocked(job.tenant(), quota, created_ms));
+  if (quota.model_must_exist) {
+    RECAL_ASSIGN_OR_RETURN(const bool model, impl_->ModelExists(job.tenant(), job.spec().model_id()));
+    if (!model) return ModelGoneError(job.spec().model_id());
+  }
   // The parent, then its children in order; any id taken fails the whole creation (the
   // transaction rolls back).
   RECAL_RETURN_IF_ERROR(impl_->InsertNewJob(job, std::move(events), created_ms));
@@ -811,11 +856,20 @@ absl::StatusOr<TenantUsage> SqliteMetadataStore::Usage(const std::string& tenant
   }
   {
     RECAL_ASSIGN_OR_RETURN(
-        Query q, impl_->db.Prepare("SELECT (SELECT COALESCE(SUM(size), 0) FROM models WHERE tenant = ?1) + "
+        Query q, impl_->db.Prepare("SELECT (SELECT COUNT(*) FROM models WHERE tenant = ?1), "
+                                   "(SELECT COALESCE(SUM(size), 0) FROM models WHERE tenant = ?1), "
+                                   "(SELECT COUNT(*) FROM results r JOIN jobs j ON r.job_id = j.id "
+                                   "WHERE j.tenant = ?1), "
                                    "(SELECT COALESCE(SUM(r.size), 0) FROM results r JOIN jobs j ON r.job_id = j.id "
                                    "WHERE j.tenant = ?1)"));
     RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, tenant).Step());
-    if (row) usage.stored_bytes = q.Int64(0);
+    if (row) {
+      usage.models = q.Int64(0);
+      usage.model_bytes = q.Int64(1);
+      usage.results = q.Int64(2);
+      usage.result_bytes = q.Int64(3);
+      usage.stored_bytes = usage.model_bytes + usage.result_bytes;
+    }
   }
   return usage;
 }
@@ -835,6 +889,45 @@ absl::StatusOr<StoredJob> SqliteMetadataStore::ReadJob(const std::string& id) {
   stored.lease_owner = q.Text(2);
   stored.lease_until_ms = q.Int64(3);
   return stored;
+}
+
+absl::StatusOr<std::vector<ResultRef>> SqliteMetadataStore::DeleteJob(const std::string& id) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Db& db = impl_->db;
+  RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
+  {
+    RECAL_ASSIGN_OR_RETURN(
+        Query q, db.Prepare("SELECT state, COALESCE(parent_id, ''), (SELECT COUNT(*) FROM jobs c WHERE c.parent_id = "
+                            "?1 AND c.state NOT IN (?2, ?3, ?4)) FROM jobs WHERE id = ?1"));
+    RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, id)
+                                               .Bind(2, int64_t{v1::SUCCEEDED})
+                                               .Bind(3, int64_t{v1::FAILED})
+                                               .Bind(4, int64_t{v1::CANCELLED})
+                                               .Step());
+    if (!row) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+    RECAL_RETURN_IF_ERROR(CheckDeletable(id, static_cast<v1::JobState>(q.Int64(0)), q.Text(1), q.Int64(2)));
+  }
+  // The job and its shards, in one set every statement below names.
+  constexpr char kFamily[] = "(SELECT id FROM jobs WHERE id = ?1 OR parent_id = ?1)";
+  std::vector<ResultRef> results;
+  {
+    RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare(absl::StrCat("SELECT sha256, size FROM results WHERE job_id IN ",
+                                                            kFamily)));
+    q.Bind(1, id);
+    while (true) {
+      RECAL_ASSIGN_OR_RETURN(const bool row, q.Step());
+      if (!row) break;
+      results.push_back(ResultRef{q.Text(0), q.Int64(1)});
+    }
+  }
+  for (const char* table : {"results", "events"}) {
+    RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare(absl::StrCat("DELETE FROM ", table, " WHERE job_id IN ", kFamily)));
+    RECAL_RETURN_IF_ERROR(q.Bind(1, id).Run());
+  }
+  RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("DELETE FROM jobs WHERE id = ?1 OR parent_id = ?1"));
+  RECAL_RETURN_IF_ERROR(q.Bind(1, id).Run());
+  RECAL_RETURN_IF_ERROR(txn.Commit());
+  return results;
 }
 
 absl::StatusOr<std::optional<v1::Job>> SqliteMetadataStore::ClaimJob(const std::string& owner, int64_t lease_until_ms,

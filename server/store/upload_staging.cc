@@ -5,8 +5,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <filesystem>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/sha256.h"
 #include "common/status_macros.h"
@@ -43,10 +46,61 @@ absl::Status ValidateOwner(const std::string& owner) {
   return absl::OkStatus();
 }
 
+constexpr absl::string_view kPartialSuffix = ".partial";
+
+absl::Time ModifiedAt(const struct stat& st) { return absl::TimeFromTimespec(st.st_mtim); }
+
+// Calls `each(path, stat)` for every partial file under `dir` (no error for a directory that
+// does not exist yet, nor for a file removed while listing).
+absl::Status ForEachPartial(const std::string& dir,
+                            const std::function<absl::Status(const std::string&, const struct stat&)>& each) {
+  std::error_code error;
+  std::filesystem::directory_iterator it(dir, error), end;
+  if (error == std::errc::no_such_file_or_directory) return absl::OkStatus();
+  if (error) return absl::InternalError(absl::StrCat("cannot list '", dir, "': ", error.message()));
+  for (; it != end; it.increment(error)) {
+    const std::string path = it->path().string();
+    if (!absl::EndsWith(path, kPartialSuffix)) continue;
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    RECAL_RETURN_IF_ERROR(each(path, st));
+  }
+  if (error) return absl::InternalError(absl::StrCat("cannot list '", dir, "': ", error.message()));
+  return absl::OkStatus();
+}
+
+// The owners that have a directory of uploads (tenant names only: nothing else is made here).
+absl::StatusOr<std::vector<std::string>> Owners(const std::string& dir) {
+  std::vector<std::string> owners;
+  std::error_code error;
+  std::filesystem::directory_iterator it(dir, error), end;
+  if (error == std::errc::no_such_file_or_directory) return owners;
+  if (error) return absl::InternalError(absl::StrCat("cannot list '", dir, "': ", error.message()));
+  for (; it != end; it.increment(error)) {
+    std::string name = it->path().filename().string();
+    if (IsTenantName(name) && it->is_directory(error)) owners.push_back(std::move(name));
+  }
+  return owners;
+}
+
+// Removes the partial file if it is still idle once locked (an append that held the lock
+// may just have touched it).
+absl::StatusOr<bool> RemoveIfIdle(const std::string& path, absl::Time idle_before) {
+  absl::StatusOr<LockedFile> file = LockedFile::Open(path, /*create=*/false);
+  if (absl::IsNotFound(file.status())) return false;  // committed, discarded or expired meanwhile
+  if (!file.ok()) return file.status();
+  struct stat st;
+  if (::fstat(file->fd(), &st) != 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot stat '", path, "'"));
+  if (ModifiedAt(st) >= idle_before) return false;
+  RECAL_RETURN_IF_ERROR(UnlinkIfPresent(path));
+  RECAL_RETURN_IF_ERROR(FsyncDirectory(DirectoryOf(path)));
+  return true;
+}
+
 }  // namespace
 
 std::string UploadStaging::PartialPath(const std::string& owner, const std::string& hex) const {
-  return absl::StrCat(dir_, "/", owner, "/", hex, ".partial");
+  return absl::StrCat(dir_, "/", owner, "/", hex, kPartialSuffix);
 }
 
 absl::StatusOr<int64_t> UploadStaging::UploadedSize(const std::string& owner, const std::string& sha256_hex) const {
@@ -131,6 +185,42 @@ absl::Status UploadStaging::Discard(const std::string& owner, const std::string&
   if (!file.ok()) return file.status();
   RECAL_RETURN_IF_ERROR(UnlinkIfPresent(path));
   return FsyncDirectory(DirectoryOf(path));
+}
+
+absl::StatusOr<UploadUsage> UploadStaging::UsageOf(const std::string& owner) const {
+  RECAL_RETURN_IF_ERROR(ValidateOwner(owner));
+  UploadUsage usage;
+  RECAL_RETURN_IF_ERROR(ForEachPartial(absl::StrCat(dir_, "/", owner), [&](const std::string&, const struct stat& st) {
+    ++usage.uploads;
+    usage.bytes += static_cast<int64_t>(st.st_size);
+    return absl::OkStatus();
+  }));
+  return usage;
+}
+
+absl::StatusOr<std::map<std::string, UploadUsage>> UploadStaging::UsageByOwner() const {
+  std::map<std::string, UploadUsage> by_owner;
+  RECAL_ASSIGN_OR_RETURN(const std::vector<std::string> owners, Owners(dir_));
+  for (const std::string& owner : owners) {
+    RECAL_ASSIGN_OR_RETURN(const UploadUsage usage, UsageOf(owner));
+    if (usage.uploads > 0) by_owner[owner] = usage;
+  }
+  return by_owner;
+}
+
+absl::StatusOr<int64_t> UploadStaging::ExpireIdle(absl::Time idle_before) {
+  int64_t removed = 0;
+  RECAL_ASSIGN_OR_RETURN(const std::vector<std::string> owners, Owners(dir_));
+  for (const std::string& owner : owners) {
+    RECAL_RETURN_IF_ERROR(
+        ForEachPartial(absl::StrCat(dir_, "/", owner), [&](const std::string& path, const struct stat& st) -> absl::Status {
+          if (ModifiedAt(st) >= idle_before) return absl::OkStatus();
+          RECAL_ASSIGN_OR_RETURN(const bool gone, RemoveIfIdle(path, idle_before));
+          removed += gone ? 1 : 0;
+          return absl::OkStatus();
+        }));
+  }
+  return removed;
 }
 
 }  // namespace recal::store

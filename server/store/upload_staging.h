@@ -11,11 +11,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "server/store/blob_store.h"
 
 namespace recal::store {
 
@@ -37,6 +40,11 @@ class UploadStaging {
   absl::StatusOr<bool> Commit(const std::string& owner, const std::string& sha256_hex,
                               const std::function<absl::Status(const std::string& verified_path)>& take);
   absl::Status Discard(const std::string& owner, const std::string& sha256_hex);
+  // BlobStore's UploadUsageOf, UploadUsageByOwner and ExpireUploads. An upload's last append
+  // is its file's modification time, on disk: expiry holds across restarts.
+  absl::StatusOr<UploadUsage> UsageOf(const std::string& owner) const;
+  absl::StatusOr<std::map<std::string, UploadUsage>> UsageByOwner() const;
+  absl::StatusOr<int64_t> ExpireIdle(absl::Time idle_before);
 
  private:
   std::string PartialPath(const std::string& owner, const std::string& sha256_hex) const;

@@ -76,5 +76,20 @@ TEST(AuthFile, TheSameQuotaRepeatedWithTheSameValueIsFine) {
   EXPECT_TRUE(ParseAuthFile("").ok());
 }
 
+// Retention settings stand beside the quotas: absent is the server's default (distinct from
+// 0, which keeps everything for the tenant); a second, different value is refused.
+TEST(AuthFile, RetentionSettingsAreTheTenantsOrTheServersDefault) {
+  auto config = ParseAuthFile("tenant vision keep_versions=3 keep_results_days=0\ntenant speech\n");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->quotas.at("vision").keep_versions, 3);
+  EXPECT_EQ(config->quotas.at("vision").keep_results_days, 0);
+  EXPECT_EQ(config->quotas.at("speech").keep_versions, kRetentionDefault);
+  EXPECT_EQ(config->quotas.at("speech").keep_results_days, kRetentionDefault);
+  absl::StatusOr<AuthConfig> twice = ParseAuthFile("tenant t keep_versions=1\ntenant t keep_versions=2\n");
+  EXPECT_TRUE(absl::IsInvalidArgument(twice.status()));
+  EXPECT_NE(twice.status().message().find("keep_versions=1 already"), absl::string_view::npos) << twice.status();
+  EXPECT_TRUE(absl::IsInvalidArgument(ParseAuthFile("tenant t keep_results_days=-1\n").status()));
+}
+
 }  // namespace
 }  // namespace recal::auth

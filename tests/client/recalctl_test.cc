@@ -326,6 +326,20 @@ TEST_F(RecalctlTest, EveryCommandInTextAndJson) {
   EXPECT_EQ(cancel.exit_code, 0);
   EXPECT_EQ(Parse<v1::Job>(cancel).state(), v1::SUCCEEDED);
 
+  const Result usage = Ctl({"usage", "--output=json"});
+  ASSERT_EQ(usage.exit_code, 0) << usage.err;
+  const v1::Usage used = Parse<v1::Usage>(usage);
+  EXPECT_EQ(used.models(), 1);
+  EXPECT_GE(used.results(), 3);
+  EXPECT_EQ(Field(Ctl({"usage"}).out, "models"), absl::StrCat("1 (", used.model_bytes(), " bytes)"));
+  // A job id is a job: deleted with its results, which leave the usage; the model stays.
+  const Result deleted = Ctl({"delete", job.id(), "--output=json"});
+  ASSERT_EQ(deleted.exit_code, 0) << deleted.err;
+  EXPECT_EQ(Parse<v1::DeleteJobResponse>(deleted).result_bytes(), used.result_bytes());
+  EXPECT_THAT(deleted.err, HasSubstr("deleted job " + job.id()));
+  EXPECT_EQ(Parse<v1::Usage>(Ctl({"usage", "--output=json"})).results(), 0);
+  EXPECT_EQ(Ctl({"get", job.id()}).exit_code, 4);
+
   // Not found: 4, with the reason on stderr and nothing on stdout.
   for (const std::vector<std::string>& args :
        std::vector<std::vector<std::string>>{{"get", "job-nope"},

@@ -308,6 +308,23 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(caught.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
         self.assertIn("CANCELLED", caught.exception.message)
 
+    def test_delete_job_refuses_until_it_ended_and_usage_adds_up(self):
+        usage = self.client.usage()
+        self.assertGreaterEqual(usage.models, 1)
+        self.assertEqual(usage.stored_bytes, usage.model_bytes + usage.result_bytes + usage.upload_bytes)
+        job = self.client.submit(self.model, "synthetic:3x64x64", batch_size=8, max_batches=200)
+        with self.assertRaises(recal.RecalError) as caught:
+            self.client.delete_job(job)
+        self.assertEqual(caught.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("cancel it first", caught.exception.message)
+        self.client.cancel(job)
+        self.client.wait(job)
+        deleted = self.client.delete_job(job.id)
+        self.assertEqual(deleted.job.id, job.id)
+        with self.assertRaises(recal.RecalError) as caught:
+            self.client.get(job)
+        self.assertEqual(caught.exception.code, grpc.StatusCode.NOT_FOUND)
+
     def test_submit_retries_unavailable_with_the_same_request_id(self):
         attempts = []
 

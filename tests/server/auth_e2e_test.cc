@@ -197,6 +197,14 @@ TEST_F(AuthTest, EveryRpcGivesEachPrincipalTheRightCode) {
          Download(s, done.id(), v1::BN_BUFFERS, &status);
          return status;
        }},
+      {"GetUsage",
+       [&](v1::Recal::Stub& s) {
+         grpc::ClientContext c;
+         v1::GetUsageRequest r;
+         r.set_tenant("team-a");  // its own for team a; another tenant's for team b
+         v1::Usage usage;
+         return s.GetUsage(&c, r, &usage);
+       }},
   };
   using C = grpc::StatusCode;
   const C kUnauth = C::UNAUTHENTICATED, kDenied = C::PERMISSION_DENIED, kOk = C::OK, kNotFound = C::NOT_FOUND;
@@ -213,6 +221,7 @@ TEST_F(AuthTest, EveryRpcGivesEachPrincipalTheRightCode) {
       {"WatchJob", {kUnauth, kUnauth, kOk, kOk, kOk, kNotFound}},
       {"PushBatches", {kUnauth, kUnauth, kDenied, kOk, kOk, kNotFound}},
       {"DownloadResult", {kUnauth, kUnauth, kOk, kOk, kOk, kNotFound}},
+      {"GetUsage", {kUnauth, kUnauth, kOk, kOk, kOk, kDenied}},
   };
   const std::vector<std::string> who = {"none", "unknown", "a_read", "a_submit", "a_admin", "b_submit"};
   for (const auto& [name, call] : calls) {
@@ -236,6 +245,11 @@ TEST_F(AuthTest, EveryRpcGivesEachPrincipalTheRightCode) {
   del.set_id("sha256:" + Sha256Hex(other_bytes));  // uploaded above by team-a, used by no job
   v1::DeleteModelResponse deleted;
   EXPECT_EQ(CodeOf(As("a_submit")->DeleteModel(&c1, del, &deleted)), kDenied);
+  grpc::ClientContext c6;
+  v1::DeleteJobRequest del_job;
+  del_job.set_id(done.id());
+  v1::DeleteJobResponse deleted_job;
+  EXPECT_EQ(CodeOf(As("a_submit")->DeleteJob(&c6, del_job, &deleted_job)), kDenied);
   v1::ListJobsRequest other_tenant;
   other_tenant.set_tenant("team-a");
   v1::ListJobsResponse listed;

@@ -7,9 +7,11 @@
 
 #include <filesystem>
 #include <fstream>
+#include <chrono>
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "server/store/metadata_store.h"
 #include "tests/server/calls.h"
 #include "tests/server/server_process.h"
@@ -38,15 +40,26 @@ const std::string kTwin2 = "sha256:abcdef" + std::string(57, '0') + "2";
 class ModelNamesTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    tokens_["a"] = NewToken();
-    tokens_["b"] = NewToken();
-    const std::string auth_file = tmp_.File("auth.txt");
-    std::ofstream(auth_file) << AuthLine(tokens_["a"], "team-a", "admin") << AuthLine(tokens_["b"], "team-b", "admin");
+    for (const char* who : {"a", "b", "b-read", "c", "d"}) tokens_[who] = NewToken();
+    // team-c keeps one version of each name; team-d may store 200,000 bytes.
+    std::ofstream(tmp_.File("auth.txt")) << AuthLine(tokens_["a"], "team-a", "admin")
+                                         << AuthLine(tokens_["b"], "team-b", "admin")
+                                         << AuthLine(tokens_["b-read"], "team-b", "read")
+                                         << AuthLine(tokens_["c"], "team-c", "admin")
+                                         << AuthLine(tokens_["d"], "team-d", "admin") << "tenant team-c keep_versions=1\n"
+                                         << "tenant team-d max_stored_bytes=200000\n";
     std::filesystem::create_directories(tmp_.File("data"));
     SeedTwins();
+    StartServer();
+  }
+
+  // The retention sweeper looks every 0.2 s; uploads idle for a minute expire.
+  void StartServer() {
+    server_.reset();
     server_ = std::make_unique<ServerProcess>(
         tmp_.File("data"),
-        std::vector<std::string>{"--auth_file=" + auth_file, "--data_root=" + kFixtures, "--cpu_workers=1"},
+        std::vector<std::string>{"--auth_file=" + tmp_.File("auth.txt"), "--data_root=" + kFixtures,
+                                 "--cpu_workers=1", "--retention_interval_seconds=0.2", "--upload_idle_seconds=60"},
         ServerProcess::Auth::kOpen);
     ASSERT_TRUE(server_->ok()) << server_->log();
   }
@@ -90,21 +103,50 @@ class ModelNamesTest : public ::testing::Test {
     return As(who)->DeleteModel(&context, request, response);
   }
   // A client-stream job nobody pushes to: it holds the only worker until it is cancelled.
-  v1::Job StartBlocker(const std::string& reference) {
+  v1::Job StartBlocker(const std::string& reference, const std::string& who = "a") {
     v1::SubmitJobRequest request;
     request.mutable_spec()->set_model_id(reference);
     request.mutable_spec()->set_batch_size(8);
     request.mutable_spec()->mutable_data()->mutable_client_stream();
     v1::Job job;
-    EXPECT_TRUE(Submit("a", request, &job).ok());
-    return WaitForState(*As("a"), job.id(), v1::RUNNING);
+    EXPECT_TRUE(Submit(who, request, &job).ok());
+    return WaitForState(*As(who), job.id(), v1::RUNNING);
   }
-  void Cancel(const std::string& id) {
+  void Cancel(const std::string& id, const std::string& who = "a") {
     grpc::ClientContext context;
     v1::CancelJobRequest request;
     request.set_id(id);
     v1::Job job;
-    ASSERT_TRUE(As("a")->CancelJob(&context, request, &job).ok());
+    ASSERT_TRUE(As(who)->CancelJob(&context, request, &job).ok());
+  }
+  grpc::Status DeleteJob(const std::string& who, const std::string& id, v1::DeleteJobResponse* response) {
+    grpc::ClientContext context;
+    v1::DeleteJobRequest request;
+    request.set_id(id);
+    return As(who)->DeleteJob(&context, request, response);
+  }
+  grpc::Status Usage(const std::string& who, v1::Usage* usage, const std::string& tenant = "") {
+    grpc::ClientContext context;
+    v1::GetUsageRequest request;
+    request.set_tenant(tenant);
+    return As(who)->GetUsage(&context, request, usage);
+  }
+  v1::Usage UsageOf(const std::string& who) {
+    v1::Usage usage;
+    const grpc::Status status = Usage(who, &usage);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return usage;
+  }
+  // The versions of `name` the caller's tenant has, newest first.
+  std::vector<int64_t> Versions(const std::string& who, const std::string& name) {
+    grpc::ClientContext context;
+    v1::ListModelsRequest request;
+    request.set_name(name);
+    v1::ListModelsResponse listed;
+    EXPECT_TRUE(As(who)->ListModels(&context, request, &listed).ok());
+    std::vector<int64_t> versions;
+    for (const v1::Model& model : listed.models()) versions.push_back(model.version());
+    return versions;
   }
 
   TempDir tmp_;
@@ -237,6 +279,129 @@ TEST_F(ModelNamesTest, AnotherTenantsModelsNeverResolve) {
   EXPECT_EQ(NameVersion(UploadAs("b", kEval2d, "secret.pt")), "secret.pt:1");
   ASSERT_TRUE(GetModel("a", "secret.pt", &model).ok());
   EXPECT_EQ(model.id(), secret.id());
+}
+
+// Deleting jobs: an ended job goes with its results (and its bytes leave the tenant's usage);
+// a running one is refused until cancelled; another tenant's id answers as a missing one.
+TEST_F(ModelNamesTest, AnEndedJobIsDeletedWithItsResultsAndOnlyByItsTenant) {
+  UploadAs("a", kEval2d, "bn.pt");
+  v1::Job job;
+  ASSERT_TRUE(Submit("a", NpyJob("bn.pt", kData2d, 8), &job).ok());
+  WaitForState(*As("a"), job.id(), v1::SUCCEEDED);
+  const v1::Usage before = UsageOf("a");
+  EXPECT_EQ(before.tenant(), "team-a");
+  EXPECT_GE(before.results(), 3);
+  EXPECT_GT(before.result_bytes(), 0);
+
+  // Team b, admin of its own tenant, cannot delete team a's job: the same NOT_FOUND, word for
+  // word, as for a job nobody has; nor see team a's usage without being an admin.
+  v1::DeleteJobResponse deleted;
+  const grpc::Status theirs = DeleteJob("b", job.id(), &deleted);
+  const grpc::Status nobodys = DeleteJob("b", "job-0000000000000000", &deleted);
+  EXPECT_EQ(theirs.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(theirs.error_message(), absl::StrCat("no job '", job.id(), "'"));
+  EXPECT_EQ(nobodys.error_message(), "no job 'job-0000000000000000'");
+  v1::Usage usage;
+  EXPECT_EQ(Usage("b-read", &usage, "team-a").error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(UsageOf("b-read").tenant(), "team-b");
+  EXPECT_EQ(UsageOf("b-read").results(), 0);
+
+  // A running job is refused, saying what to do; cancelled, it may go.
+  const v1::Job blocker = StartBlocker("bn.pt");
+  const grpc::Status running = DeleteJob("a", blocker.id(), &deleted);
+  EXPECT_EQ(running.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(running.error_message(), HasSubstr("cancel it first"));
+  Cancel(blocker.id());
+  WaitForState(*As("a"), blocker.id(), v1::CANCELLED);
+  ASSERT_TRUE(DeleteJob("a", blocker.id(), &deleted).ok());
+
+  const grpc::Status ok = DeleteJob("a", job.id(), &deleted);
+  ASSERT_TRUE(ok.ok()) << ok.error_message();
+  EXPECT_EQ(deleted.job().id(), job.id());
+  EXPECT_EQ(deleted.result_bytes(), before.result_bytes());
+  grpc::Status download;
+  Download(*As("a"), job.id(), v1::MODEL, &download);
+  EXPECT_EQ(download.error_code(), grpc::StatusCode::NOT_FOUND);
+  const v1::Usage after = UsageOf("a");
+  EXPECT_EQ(after.results(), 0);
+  EXPECT_EQ(after.result_bytes(), 0);
+  EXPECT_EQ(after.models(), before.models());  // the model stays
+  EXPECT_EQ(DeleteJob("a", job.id(), &deleted).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+// Team c keeps one version of each name (keep_versions=1 in the auth file): the sweeper
+// deletes older versions, but never one that a running or a queued job uses.
+TEST_F(ModelNamesTest, RetentionKeepsTheNewestVersionsAndNeverOneAQueuedOrRunningJobNeeds) {
+  UploadAs("c", kEval2d, "ret.pt");
+  const v1::Job running = StartBlocker("ret.pt:1", "c");
+  UploadAs("c", kTrain2d, "ret.pt");
+  v1::Job queued;
+  ASSERT_TRUE(Submit("c", NpyJob("ret.pt:2", kData2d, 8), &queued).ok());
+  UploadAs("c", kConv3d, "ret.pt");
+  // Several sweeps pass: versions 1 and 2 are beyond keep_versions but their jobs need them.
+  absl::SleepFor(absl::Milliseconds(700));
+  EXPECT_EQ(Versions("c", "ret.pt"), (std::vector<int64_t>{3, 2, 1}));
+  // Once their jobs have ended (cancelled here: no second run needed), the next sweep takes them.
+  Cancel(queued.id(), "c");
+  Cancel(running.id(), "c");
+  WaitForState(*As("c"), running.id(), v1::CANCELLED);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (Versions("c", "ret.pt").size() > 1 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(Versions("c", "ret.pt"), (std::vector<int64_t>{3}));
+  // Team a (no retention) keeps every version.
+  UploadAs("a", kEval2d, "bn.pt");
+  UploadAs("a", kTrain2d, "bn.pt");
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(Versions("a", "bn.pt"), (std::vector<int64_t>{2, 1}));
+}
+
+// Issue 35's attack: uploads begun and never finished. They count toward team d's
+// max_stored_bytes (200,000) while on disk, also after a restart, so the quota stops new
+// ones; idle past --upload_idle_seconds (their files' times say so, whatever restarted in
+// between) the sweeper removes them and the tenant uploads again.
+TEST_F(ModelNamesTest, AbandonedUploadsCountTowardTheQuotaAcrossARestartUntilTheyExpire) {
+  int abandoned = 0;
+  grpc::Status status;
+  for (int i = 0; i < 10; ++i) {
+    const std::string bytes(60000, static_cast<char>('a' + i));
+    v1::Model model;
+    status = Upload(*As("d"), bytes, &model, 0, 50000);  // 50,000 of 60,000 bytes, then gone
+    if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) break;
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
+    ++abandoned;
+  }
+  EXPECT_EQ(abandoned, 3);  // a fourth would need 150,000 + 60,000 > 200,000
+  EXPECT_THAT(status.error_message(), HasSubstr("unfinished uploads 150000"));
+  v1::Usage usage = UsageOf("d");
+  EXPECT_EQ(usage.uploads(), 3);
+  EXPECT_EQ(usage.upload_bytes(), 150000);
+  EXPECT_EQ(usage.stored_bytes(), 150000);
+  EXPECT_EQ(usage.max_stored_bytes(), 200000);
+  EXPECT_EQ(UsageOf("a").uploads(), 0);  // another tenant's uploads are not its own
+
+  server_->Kill();
+  StartServer();
+  usage = UsageOf("d");
+  EXPECT_EQ(usage.upload_bytes(), 150000);
+  v1::Model model;
+  EXPECT_EQ(Upload(*As("d"), std::string(60000, 'z'), &model).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+
+  // Two minutes idle, as far as the files say: the next sweep takes them.
+  const std::string partials = tmp_.File("data/uploads/team-d");
+  int aged = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(partials)) {
+    std::filesystem::last_write_time(entry.path(),
+                                     std::filesystem::file_time_type::clock::now() - std::chrono::minutes(2));
+    ++aged;
+  }
+  EXPECT_EQ(aged, 3);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (UsageOf("d").uploads() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(UsageOf("d").upload_bytes(), 0);
+  EXPECT_TRUE(std::filesystem::is_empty(partials));
+  const grpc::Status uploaded = UploadNamed(*As("d"), ReadBytes(kEval2d), "after.pt", &model);
+  EXPECT_TRUE(uploaded.ok()) << uploaded.error_message();
+  EXPECT_EQ(UsageOf("d").models(), 1);
 }
 
 }  // namespace

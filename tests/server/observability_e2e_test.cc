@@ -254,7 +254,28 @@ TEST_F(ObservabilityTest, MetricsCountCallsJobsBatchesAndBytes) {
   EXPECT_GE(after.Value("recal_upload_bytes_total"), model_size);
   EXPECT_GE(after.Value("recal_download_bytes_total"), static_cast<double>(bn.size()));
   EXPECT_GT(bn.size(), 0u);
-  EXPECT_GE(after.Value("recal_store_bytes"), model_size);
+  // Per tenant, what its quota counts: models and results, and unfinished uploads as soon as
+  // their bytes are on disk (1000 of 2000 bytes sent, then the upload abandoned).
+  const double stored = after.Value("recal_store_bytes", {{"tenant", "default"}});
+  EXPECT_GE(stored, model_size);
+  {
+    const std::string bytes(2000, 'p');
+    grpc::ClientContext context;
+    v1::Model model;
+    auto writer = stub_->UploadModel(&context, &model);
+    v1::UploadModelRequest header;
+    header.mutable_header()->set_size(2000);
+    header.mutable_header()->set_sha256(Sha256Hex(bytes));
+    writer->Write(header);
+    v1::UploadModelRequest part;
+    part.mutable_chunk()->set_data(bytes.substr(0, 1000));
+    writer->Write(part);
+    writer->WritesDone();
+    EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::FAILED_PRECONDITION);  // incomplete
+  }
+  Exposition partial = ScrapeUntil(
+      [&](const Exposition& m) { return m.Value("recal_store_bytes", {{"tenant", "default"}}) != stored; });
+  EXPECT_EQ(partial.Value("recal_store_bytes", {{"tenant", "default"}}), stored + 1000);
   EXPECT_EQ(after.Value("grpc_server_started_total", Rpc("SubmitJob")), 3);
   EXPECT_EQ(after.Value("grpc_server_handled_total", Rpc("SubmitJob", "OK")), 3);
   EXPECT_EQ(after.Value("grpc_server_handled_total", Rpc("UploadModel", "OK")), 1);

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/sha256.h"
 #include "gtest/gtest.h"
 #include "server/store/blob_store.h"
@@ -319,6 +321,38 @@ TEST_P(BlobStoreConformance, ScratchDirIsLocalAndWritable) {
   const std::string file = store_->scratch_dir() + "/probe";
   WriteBytes(file, "x");
   EXPECT_EQ(ReadBytes(file), "x");
+}
+
+// Abandoned uploads hold disk until they expire: counted per owner while they exist, removed
+// once idle past the cutoff (and only then), the way a sweeper after a restart finds them.
+TEST_P(BlobStoreConformance, UnfinishedUploadsAreCountedPerOwnerAndExpireOnlyOnceIdle) {
+  const std::string a = RandomBytes(1000, 7), b = RandomBytes(300, 8);
+  ASSERT_TRUE(store_->AppendUpload("t", Sha256Hex(a), 0, a.substr(0, 600), 1000).ok());
+  ASSERT_TRUE(store_->AppendUpload("t", Sha256Hex(b), 0, b.substr(0, 100), 300).ok());
+  ASSERT_TRUE(store_->AppendUpload("u", Sha256Hex(a), 0, a.substr(0, 10), 1000).ok());
+  absl::StatusOr<UploadUsage> t = store_->UploadUsageOf("t");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->uploads, 2);
+  EXPECT_EQ(t->bytes, 700);
+  EXPECT_EQ(store_->UploadUsageOf("nobody")->uploads, 0);
+  EXPECT_TRUE(absl::IsInvalidArgument(store_->UploadUsageOf("../t").status()));
+  absl::StatusOr<std::map<std::string, UploadUsage>> all = store_->UploadUsageByOwner();
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ(all->at("u").bytes, 10);
+
+  // Appended to just now: not idle since an hour ago.
+  EXPECT_EQ(*store_->ExpireUploads(absl::Now() - absl::Hours(1)), 0);
+  EXPECT_EQ(*store_->UploadedSize("t", Sha256Hex(a)), 600);
+  // Idle since a cutoff in the future: every one goes.
+  EXPECT_EQ(*store_->ExpireUploads(absl::Now() + absl::Minutes(1)), 3);
+  EXPECT_EQ(store_->UploadUsageOf("t")->bytes, 0);
+  EXPECT_TRUE(store_->UploadUsageByOwner()->empty());
+  // The client resuming an expired upload is told to start over.
+  absl::Status resumed = store_->AppendUpload("t", Sha256Hex(a), 600, a.substr(600), 1000);
+  EXPECT_TRUE(absl::IsFailedPrecondition(resumed)) << resumed;
+  EXPECT_NE(resumed.message().find("resume at offset 0"), absl::string_view::npos) << resumed;
+  EXPECT_EQ(*store_->ExpireUploads(absl::Now() + absl::Minutes(1)), 1);  // the file that append made
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, BlobStoreConformance, ::testing::Values(Backend::kLocal, Backend::kS3),

@@ -1123,6 +1123,157 @@ TEST_P(MetadataStoreTest, ConcurrentCreatorsOnTwoStoresNeverPassAQuota) {
   }
 }
 
+// ------------------------------------------------------------------ deletion, retention
+
+TEST_P(MetadataStoreTest, UsageCountsModelsAndResultsApart) {
+  ASSERT_TRUE(db_->PutModel(MakeModel("sha256:a", "", "t")).ok());  // 42 bytes
+  ASSERT_TRUE(db_->PutModel(MakeModel("sha256:b", "", "t")).ok());
+  ASSERT_TRUE(db_->CreateJob(MakeJob("s", v1::SUCCEEDED), nullptr).ok());
+  ASSERT_TRUE(db_->PutResult("s", v1::MODEL, ResultRef{"ab", 100}).ok());
+  ASSERT_TRUE(db_->PutResult("s", v1::REPORT, ResultRef{"cd", 5}).ok());
+  const TenantUsage usage = *db_->Usage("t");
+  EXPECT_EQ(usage.models, 2);
+  EXPECT_EQ(usage.model_bytes, 84);
+  EXPECT_EQ(usage.results, 2);
+  EXPECT_EQ(usage.result_bytes, 105);
+  EXPECT_EQ(usage.stored_bytes, 189);
+  EXPECT_EQ(db_->Usage("u")->models, 0);
+}
+
+TEST_P(MetadataStoreTest, DeleteJobTakesAnEndedJobWithItsShardsEventsAndResultsAndRefusesOthers) {
+  ShardedJob sharded = MakeSharded("p", 2);
+  ASSERT_TRUE(Create(*db_, sharded).ok());
+  for (const char* id : {"p", "p-0", "p-1"}) {
+    v1::Job job = *db_->GetJob(id);
+    job.set_state(v1::SUCCEEDED);
+    ASSERT_TRUE(db_->CommitJob(job, {StateEvent(v1::SUCCEEDED)}, {{v1::MODEL, ResultRef{absl::StrCat(id, "-m"), 10}}})
+                    .ok());
+  }
+  ASSERT_TRUE(db_->CreateJob(MakeJob("q", v1::QUEUED), nullptr).ok());
+  ASSERT_TRUE(db_->CreateJob(MakeJob("r", v1::RUNNING), nullptr).ok());
+  ASSERT_TRUE(db_->CreateJob(MakeJob("c", v1::CANCELLING), nullptr).ok());
+
+  for (const char* active : {"q", "r", "c"}) {
+    absl::StatusOr<std::vector<ResultRef>> refused = db_->DeleteJob(active);
+    ASSERT_TRUE(absl::IsFailedPrecondition(refused.status())) << active << ": " << refused.status();
+    EXPECT_NE(refused.status().message().find("cancel it first"), absl::string_view::npos) << refused.status();
+  }
+  EXPECT_TRUE(absl::IsFailedPrecondition(db_->DeleteJob("p-0").status()));  // a shard goes with its parent
+  EXPECT_TRUE(absl::IsNotFound(db_->DeleteJob("nope").status()));
+
+  absl::StatusOr<std::vector<ResultRef>> results = db_->DeleteJob("p");
+  ASSERT_TRUE(results.ok()) << results.status();
+  std::set<std::string> digests;
+  for (const ResultRef& ref : *results) digests.insert(ref.sha256);
+  EXPECT_EQ(digests, (std::set<std::string>{"p-m", "p-0-m", "p-1-m"}));
+  for (const char* id : {"p", "p-0", "p-1"}) {
+    EXPECT_TRUE(absl::IsNotFound(db_->GetJob(id).status())) << id;
+    EXPECT_TRUE(absl::IsNotFound(db_->EventsAfter(id, 0, 0).status())) << id;
+    EXPECT_TRUE(absl::IsNotFound(db_->GetResult(id, v1::MODEL).status())) << id;
+  }
+  EXPECT_FALSE(*db_->BlobReferenced("p-m"));
+  EXPECT_EQ(db_->Usage("t")->results, 0);
+  EXPECT_TRUE(absl::IsNotFound(db_->DeleteJob("p").status()));  // a second delete (another replica's)
+  EXPECT_EQ(db_->JobsInStates({})->size(), 3u);
+}
+
+TEST_P(MetadataStoreTest, DeleteModelUnlessUsedKeepsAModelAQueuedOrRunningJobUses) {
+  ASSERT_TRUE(db_->PutModel(MakeModel(DigestId("a"), "m")).ok());
+  ASSERT_TRUE(db_->PutModel(MakeModel(DigestId("a"), "m", "u")).ok());
+  ASSERT_TRUE(db_->CreateJob(MakeJob("q", v1::QUEUED, "", DigestId("a")), nullptr).ok());
+  ASSERT_TRUE(db_->CreateJob(MakeJob("s", v1::SUCCEEDED, "", DigestId("a")), nullptr).ok());
+  EXPECT_EQ(*db_->DeleteModelUnlessUsed("t", DigestId("a")), 1);
+  EXPECT_TRUE(db_->GetModel("t", DigestId("a")).ok());
+  // Another tenant's jobs do not hold this tenant's model, nor the other way round.
+  EXPECT_EQ(*db_->DeleteModelUnlessUsed("u", DigestId("a")), 0);
+  EXPECT_TRUE(absl::IsNotFound(db_->GetModel("u", DigestId("a")).status()));
+  v1::Job job = *db_->GetJob("q");
+  job.set_state(v1::FAILED);
+  ASSERT_TRUE(db_->UpdateJob(job, StateEvent(v1::FAILED)).ok());
+  EXPECT_EQ(*db_->DeleteModelUnlessUsed("t", DigestId("a")), 0);  // an ended job needs it no more
+  EXPECT_TRUE(absl::IsNotFound(db_->GetModel("t", DigestId("a")).status()));
+  EXPECT_TRUE(absl::IsNotFound(db_->DeleteModelUnlessUsed("t", DigestId("a")).status()));
+
+  // Shards still stopping under a parent that has ended hold the model, as one job.
+  ASSERT_TRUE(db_->PutModel(MakeModel(DigestId("b"), "m")).ok());
+  ShardedJob sharded = MakeSharded("p", 2);
+  sharded.parent.mutable_spec()->set_model_id(DigestId("b"));
+  for (NewJob& child : sharded.children) child.job.mutable_spec()->set_model_id(DigestId("b"));
+  ASSERT_TRUE(Create(*db_, sharded).ok());
+  const auto set_state = [&](const std::string& id, v1::JobState state) {
+    v1::Job stored = *db_->GetJob(id);
+    stored.set_state(state);
+    ASSERT_TRUE(db_->UpdateJob(stored, StateEvent(state)).ok());
+  };
+  set_state("p", v1::CANCELLED);
+  set_state("p-0", v1::CANCELLING);
+  set_state("p-1", v1::RUNNING);
+  EXPECT_EQ(*db_->DeleteModelUnlessUsed("t", DigestId("b")), 1);
+  set_state("p-0", v1::CANCELLED);
+  set_state("p-1", v1::CANCELLED);
+  EXPECT_EQ(*db_->DeleteModelUnlessUsed("t", DigestId("b")), 0);
+}
+
+TEST_P(MetadataStoreTest, AJobWhoseModelMustExistIsNotStoredWithoutIt) {
+  JobQuota checked;
+  checked.model_must_exist = true;
+  bool created = false;
+  absl::StatusOr<v1::Job> refused = db_->CreateJob(MakeJob("j", v1::QUEUED, "", DigestId("a")), &created, {}, {}, checked);
+  EXPECT_TRUE(absl::IsNotFound(refused.status())) << refused.status();
+  EXPECT_TRUE(absl::IsNotFound(db_->GetJob("j").status()));
+  ASSERT_TRUE(db_->PutModel(MakeModel(DigestId("a"), "m", "u")).ok());  // another tenant's is not the job's
+  EXPECT_TRUE(absl::IsNotFound(
+      db_->CreateJob(MakeJob("j", v1::QUEUED, "", DigestId("a")), &created, {}, {}, checked).status()));
+  ASSERT_TRUE(db_->PutModel(MakeModel(DigestId("a"), "m")).ok());
+  ASSERT_TRUE(db_->CreateJob(MakeJob("j", v1::QUEUED, "", DigestId("a")), &created, {}, {}, checked).ok());
+  EXPECT_TRUE(created);
+}
+
+// The retention sweeper's race: a sweep deleting a model version on one store while a job
+// that uses it is created on another. Whichever transaction goes first, the outcome is one
+// of two: the job is stored and its model stays, or the model is gone and no job was stored.
+TEST_P(MetadataStoreTest, ASweepRacingASubmissionNeverLeavesAJobWithoutItsModel) {
+  std::unique_ptr<MetadataStore> sweeper = OpenDb(spec_);
+  ASSERT_NE(sweeper, nullptr);
+  JobQuota checked;
+  checked.model_must_exist = true;
+  int jobs_won = 0, sweeps_won = 0;
+  for (int i = 0; i < 40; ++i) {
+    const std::string model = DigestId(absl::StrCat(i, "f"));
+    const std::string job = absl::StrCat("j", i);
+    ASSERT_TRUE(db_->PutModel(MakeModel(model, "raced")).ok());
+    // Every third iteration the sweep starts a little late, every third the submission, and
+    // in the rest they start together: both orders, and the overlap, each come up.
+    const absl::Duration sweep_delay = i % 3 == 0 ? absl::Milliseconds(2) : absl::ZeroDuration();
+    const absl::Duration submit_delay = i % 3 == 1 ? absl::Milliseconds(2) : absl::ZeroDuration();
+    std::atomic<bool> go{false};
+    absl::StatusOr<int64_t> swept = 0;
+    std::thread sweep([&] {
+      while (!go) std::this_thread::yield();
+      absl::SleepFor(sweep_delay);
+      swept = sweeper->DeleteModelUnlessUsed("t", model);
+    });
+    go = true;
+    absl::SleepFor(submit_delay);
+    absl::StatusOr<v1::Job> submitted = db_->CreateJob(MakeJob(job, v1::QUEUED, "", model), nullptr, {}, {}, checked);
+    sweep.join();
+    ASSERT_TRUE(swept.ok()) << swept.status();
+    const bool model_stays = db_->GetModel("t", model).ok();
+    if (submitted.ok()) {
+      ++jobs_won;
+      EXPECT_TRUE(model_stays) << "iteration " << i << ": job " << job << " was stored, its model deleted";
+      EXPECT_EQ(*swept, 1) << i;
+    } else {
+      ++sweeps_won;
+      EXPECT_TRUE(absl::IsNotFound(submitted.status())) << submitted.status();
+      EXPECT_FALSE(model_stays) << i;
+      EXPECT_TRUE(absl::IsNotFound(db_->GetJob(job).status())) << i;
+    }
+  }
+  EXPECT_GT(jobs_won, 0);
+  EXPECT_GT(sweeps_won, 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, MetadataStoreTest, ::testing::Values("sqlite", "postgresql"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 

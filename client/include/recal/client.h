@@ -179,6 +179,12 @@ class Client {
   absl::StatusOr<v1::ListJobsResponse> List(const std::vector<v1::JobState>& states = {}, int page_size = 0,
                                             const std::string& page_token = "");
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
+  // Deletes an ended job with its results (FAILED_PRECONDITION while it is queued or running:
+  // Cancel it first). Returns the job as it was and the bytes its results held. Not retried.
+  absl::StatusOr<v1::DeleteJobResponse> DeleteJob(const std::string& job_id);
+
+  // What the caller's tenant stores (models, results, unfinished uploads) against its quota.
+  absl::StatusOr<v1::Usage> GetUsage();
 
   // Delivers the job's events after `after_seq` until its terminal state and returns the
   // final Job (whatever the state: check job.state()). Reconnects after a broken stream

@@ -395,6 +395,17 @@ class Client:
         its next batch. Returns the job as the server has it now."""
         return self._unary(self.stub.CancelJob, recal_pb2.CancelJobRequest(id=_id(job_id)))
 
+    def delete_job(self, job_id):
+        """Deletes an ended job with its results (refused, FAILED_PRECONDITION, while it is queued
+        or running: cancel it first). Returns the DeleteJobResponse: the job as it was and the
+        bytes its results held. Not retried: a retry after a lost reply would say NOT_FOUND."""
+        return self._unary(self.stub.DeleteJob, recal_pb2.DeleteJobRequest(id=_id(job_id)), retry=False)
+
+    def usage(self):
+        """What the tenant stores (models, results, unfinished uploads; counts and bytes) and its
+        max_stored_bytes quota (0: none): a Usage message."""
+        return self._unary(self.stub.GetUsage, recal_pb2.GetUsageRequest())
+
     def watch(self, job_id, after_seq=0):
         """Yields the job's JobEvents: a snapshot (the job as it is now), then every event
         after `after_seq`, ending after the terminal state (SUCCEEDED, FAILED, CANCELLED).
