@@ -26,23 +26,25 @@ bool InspectionSlots::HostFits(int64_t memory_bytes) const {
   return bounds_.memory_total_bytes <= 0 || memory_in_use_ + memory_bytes <= bounds_.memory_total_bytes;
 }
 
-bool InspectionSlots::TenantFits(const std::string& tenant) const {
-  if (bounds_.max_per_tenant <= 0) return true;
+bool InspectionSlots::TenantFits(const std::string& tenant, int tenant_limit) const {
+  if (tenant_limit <= 0) return true;
   auto it = running_by_tenant_.find(tenant);
-  return it == running_by_tenant_.end() || it->second < bounds_.max_per_tenant;
+  return it == running_by_tenant_.end() || it->second < tenant_limit;
 }
 
 bool InspectionSlots::MayStart(std::list<Waiter>::const_iterator self) const {
-  if (!TenantFits(self->tenant) || !HostFits(self->memory_bytes)) return false;
+  if (!TenantFits(self->tenant, self->tenant_limit) || !HostFits(self->memory_bytes)) return false;
   // Arrival order among the waiters that could start: an earlier one whose tenant is at its
   // own bound waits for that tenant, not for the host, so it does not hold up this one.
   for (auto it = waiting_.begin(); it != self; ++it) {
-    if (TenantFits(it->tenant) && HostFits(it->memory_bytes)) return false;
+    if (TenantFits(it->tenant, it->tenant_limit) && HostFits(it->memory_bytes)) return false;
   }
   return true;
 }
 
-absl::StatusOr<InspectionSlots::Slot> InspectionSlots::Acquire(const std::string& tenant, int64_t memory_bytes) {
+absl::StatusOr<InspectionSlots::Slot> InspectionSlots::Acquire(const std::string& tenant, int64_t memory_bytes,
+                                                               int tenant_limit) {
+  if (tenant_limit < 0) tenant_limit = bounds_.max_per_tenant;
   std::unique_lock<std::mutex> lock(mu_);
   if (shut_down_) return absl::UnavailableError("the server is shutting down; retry the upload later");
   if (bounds_.memory_total_bytes > 0 && memory_bytes > bounds_.memory_total_bytes) {
@@ -51,7 +53,7 @@ absl::StatusOr<InspectionSlots::Slot> InspectionSlots::Acquire(const std::string
         "an inspection's memory cap (", memory_bytes, " bytes, --inspection_memory_bytes) exceeds what this host "
         "lends all inspections together (", bounds_.memory_total_bytes, " bytes, --inspection_memory_total)"));
   }
-  auto self = waiting_.insert(waiting_.end(), Waiter{tenant, memory_bytes});
+  auto self = waiting_.insert(waiting_.end(), Waiter{tenant, memory_bytes, tenant_limit});
   const absl::Time deadline = absl::Now() + bounds_.max_wait;
   while (!shut_down_ && !MayStart(self)) {
     const absl::Duration left = deadline - absl::Now();
@@ -65,9 +67,9 @@ absl::StatusOr<InspectionSlots::Slot> InspectionSlots::Acquire(const std::string
   if (shut_down_) return absl::UnavailableError("the server is shutting down; retry the upload later");
   if (!may_start) {
     ++refused_;
-    const bool tenant_bound = !TenantFits(tenant);
+    const bool tenant_bound = !TenantFits(tenant, tenant_limit);
     return absl::ResourceExhaustedError(absl::StrCat(
-        tenant_bound ? absl::StrCat("tenant ", tenant, " already has ", bounds_.max_per_tenant,
+        tenant_bound ? absl::StrCat("tenant ", tenant, " already has ", tenant_limit,
                                     " inspections running (max_concurrent_inspections in the auth file, or "
                                     "--tenant_max_concurrent_inspections)")
                      : absl::StrCat(running_, " inspections are running on this host (--max_concurrent_inspections=",

@@ -50,7 +50,8 @@ class InspectionSlots {
   // free, waiting at most `bounds.max_wait`. RESOURCE_EXHAUSTED when the wait ends or the
   // inspection could never fit (naming the flag that sets the bound, and saying to retry);
   // UNAVAILABLE once Shutdown() was called.
-  absl::StatusOr<Slot> Acquire(const std::string& tenant, int64_t memory_bytes);
+  // `tenant_limit`: this tenant's bound (its auth-file setting); -1: bounds.max_per_tenant.
+  absl::StatusOr<Slot> Acquire(const std::string& tenant, int64_t memory_bytes, int tenant_limit = -1);
   // Wakes every waiter with UNAVAILABLE; later Acquire calls fail the same way.
   void Shutdown();
 
@@ -63,9 +64,10 @@ class InspectionSlots {
   struct Waiter {
     std::string tenant;
     int64_t memory_bytes;
+    int tenant_limit;  // 0: none
   };
   bool HostFits(int64_t memory_bytes) const;
-  bool TenantFits(const std::string& tenant) const;
+  bool TenantFits(const std::string& tenant, int tenant_limit) const;
   // Whether `self` is the first waiter whose tenant is below its bound, and the host fits it.
   bool MayStart(std::list<Waiter>::const_iterator self) const;
   void Give(const std::string& tenant, int64_t memory_bytes);

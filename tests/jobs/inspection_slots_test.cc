@@ -65,6 +65,17 @@ TEST(InspectionSlotsTest, OneTenantFloodingLeavesASlotForAnother) {
   EXPECT_TRUE(slots.Acquire("b", kCap).ok());
 }
 
+TEST(InspectionSlotsTest, EachTenantHasItsOwnBound) {
+  InspectionSlots slots(Bounds(0, 0, 0, absl::Milliseconds(1)));
+  auto a = slots.Acquire("a", kCap, 1);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(slots.Acquire("a", kCap, 1).status().code(), absl::StatusCode::kResourceExhausted);
+  auto b1 = slots.Acquire("b", kCap, 2);
+  auto b2 = slots.Acquire("b", kCap, 2);
+  EXPECT_TRUE(b1.ok() && b2.ok());
+  EXPECT_TRUE(slots.Acquire("c", kCap, 0).ok());  // 0: no bound for this tenant
+}
+
 TEST(InspectionSlotsTest, AWaiterStartsWhenASlotIsGivenBack) {
   InspectionSlots slots(Bounds(1, 0, 0));
   auto first = slots.Acquire("a", kCap);
