@@ -408,7 +408,17 @@ int main(int argc, char** argv) {
   if (metrics) {
     std::vector<recal::metrics::ScrapedGauge> gauges = {
         {"recal_jobs_queued", "Jobs waiting for a worker", [&jobs] { return double(jobs.queued()); }},
-        {"recal_jobs_running", "Jobs on a worker", [&jobs] { return double(jobs.running()); }}};
+        {"recal_jobs_running", "Jobs on a worker", [&jobs] { return double(jobs.running()); }},
+        {"recal_inspections_running", "Upload inspections running on this host",
+         [&worker] { return double(worker.inspections->running()); }},
+        {"recal_inspections_queued", "Uploads waiting for an inspection slot (the host's or their tenant's)",
+         [&worker, &models] {
+           return double(worker.inspections->queued() + models.tenant_inspections().queued());
+         }},
+        {"recal_inspections_refused", "Uploads refused RESOURCE_EXHAUSTED for want of an inspection slot since start",
+         [&worker, &models] {
+           return double(worker.inspections->refused() + models.tenant_inspections().refused());
+         }}};
     // Per tenant, as its quota counts: models and results as stored (whichever blob store),
     // and its unfinished uploads on this host's disk.
     recal::metrics::ScrapedGauge store_bytes{"recal_store_bytes",
