@@ -92,9 +92,16 @@ absl::StatusOr<v1::Model> ModelRegistry::FinishUpload(const std::string& tenant,
     return absl::FailedPreconditionError(absl::StrCat("upload incomplete: ", *committed, " of ", header.size(),
                                                       " bytes committed; resume from ", *committed));
   }
+  // Before the commit: a refusal here leaves the staged bytes to finish again later.
+  const int64_t tenant_limit = limits_ ? limits_(tenant).max_concurrent_inspections : 0;
+  RECAL_ASSIGN_OR_RETURN(InspectionSlots::Slot slot,
+                         tenant_inspections_->Acquire(tenant, 0, static_cast<int>(tenant_limit)));
   auto path = blobs_->CommitUpload(tenant, header.sha256());
   if (!path.ok()) return path.status();
   auto layers = runner_->Inspect(*path);
+  // The host had no room for an inspection: the model is not refused, the committed blob
+  // stays for the retried upload (whose commit finds it).
+  if (absl::IsResourceExhausted(layers.status()) || absl::IsUnavailable(layers.status())) return layers.status();
   if (!layers.ok()) {
     // Not kept: nothing may refer to a model that was refused (unless the same bytes are
     // another tenant's already, and thus were accepted before).
