@@ -43,10 +43,10 @@ class ModelRegistry {
         limits_(std::move(limits)),
         tenant_inspections_(std::make_unique<InspectionSlots>(InspectionBounds{})) {}
 
-  // How long an upload waits for one of its tenant's inspection slots (default 2 minutes);
-  // set before serving.
   // Uploads waiting for, or refused, one of their tenant's inspection slots (metrics).
   const InspectionSlots& tenant_inspections() const { return *tenant_inspections_; }
+  // How long an upload waits for one of its tenant's inspection slots (default 2 minutes);
+  // set before serving.
   void SetInspectionWait(absl::Duration max_wait) {
     tenant_inspections_ = std::make_unique<InspectionSlots>(InspectionBounds{0, 0, 0, max_wait});
   }
