@@ -95,6 +95,9 @@ absl::StatusOr<v1::Model> ModelRegistry::FinishUpload(const std::string& tenant,
   auto path = blobs_->CommitUpload(tenant, header.sha256());
   if (!path.ok()) return path.status();
   auto layers = runner_->Inspect(*path);
+  // The host had no room for an inspection: the model is not refused, the committed blob
+  // stays for the retried upload (whose commit finds it).
+  if (absl::IsResourceExhausted(layers.status()) || absl::IsUnavailable(layers.status())) return layers.status();
   if (!layers.ok()) {
     // Not kept: nothing may refer to a model that was refused (unless the same bytes are
     // another tenant's already, and thus were accepted before).

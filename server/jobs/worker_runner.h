@@ -1,4 +1,4 @@
-// JobRunner that runs every task in its own recal-worker process (server/worker), inside the
+// JobRunner (and ModelInspector) that runs every task in its own recal-worker process (server/worker), inside the
 // sandbox (server/sandbox): the only way the server runs an uploaded model. The process is
 // watched from outside: cancellation and the deadline end it (SIGTERM, then SIGKILL after
 // `kill_grace`), and a worker that dies (signal, exit code, memory limit) fails its task
@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "server/data_access/object_storage.h"
 #include "server/jobs/job_runner.h"
+#include "server/jobs/model_inspector.h"
 
 namespace recal::jobs {
 
@@ -49,7 +50,7 @@ absl::StatusOr<int> CountCudaDevices(const std::string& binary, absl::Duration t
 std::vector<std::string> WorkerArguments(const WorkerRunnerOptions& options, const worker::v1::Task& task,
                                          const std::string& scratch);
 
-class WorkerRunner : public JobRunner {
+class WorkerRunner : public JobRunner, public ModelInspector {
  public:
   explicit WorkerRunner(WorkerRunnerOptions options);
 
