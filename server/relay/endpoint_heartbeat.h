@@ -16,7 +16,7 @@ namespace recal::relay {
 inline constexpr absl::Duration kEndpointHeartbeat = absl::Seconds(10);
 // How recently a worker must have been heard from for an api replica to send it an
 // inspection: three heartbeats and some, so that one slow store write does not hide it.
-inline constexpr absl::Duration kEndpointLiveWithin = 3 * kEndpointHeartbeat + absl::Seconds(5);
+inline constexpr absl::Duration kEndpointLiveWithin = absl::Seconds(35);
 
 class EndpointHeartbeat {
  public:
