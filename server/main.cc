@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <mutex>
 #include <optional>
@@ -119,6 +120,19 @@ ABSL_FLAG(double, shutdown_timeout_seconds, 20, "how long SIGTERM waits for work
 ABSL_FLAG(std::string, worker_binary, "",
           "recal-worker, which runs every model (default: beside recal-server); role=api starts none");
 ABSL_FLAG(int64_t, job_memory_bytes, int64_t{16} << 30, "address space of each job's worker (RLIMIT_AS); 0: no limit");
+ABSL_FLAG(int64_t, inspection_memory_bytes, int64_t{4} << 30,
+          "address space of each upload-inspecting worker (RLIMIT_AS), far below a job's; 0: --job_memory_bytes");
+ABSL_FLAG(int32_t, max_concurrent_inspections, 4,
+          "upload inspections running at once on this host; beyond it they queue (0: no count bound)");
+ABSL_FLAG(int64_t, inspection_memory_total, 0,
+          "the sum of the memory caps of the inspections running at once on this host (0: a quarter of MemTotal, "
+          "at least one inspection's); "
+          "beyond it they queue");
+ABSL_FLAG(double, inspection_wait_seconds, 120,
+          "how long an upload waits for an inspection slot before it fails RESOURCE_EXHAUSTED (retry later)");
+ABSL_FLAG(int32_t, tenant_max_concurrent_inspections, 2,
+          "uploads of one tenant inspected at once unless its auth-file line sets max_concurrent_inspections "
+          "(0: no bound)");
 ABSL_FLAG(int64_t, job_file_bytes, 0, "largest file a worker may write (0: twice --max_model_bytes)");
 ABSL_FLAG(std::string, worker_user, "",
           "run workers as this user (the server must be root); empty: the server's user without capabilities");
@@ -161,6 +175,21 @@ recal::jobs::DataRoots AllDataRoots(int argc, char** argv) {
     roots.Add(value);
   }
   return roots;
+}
+
+// --inspection_memory_total, or a quarter of the host's memory (MemTotal) but room for one
+// inspection of `per_inspection` at least: what all inspecting workers together may hold, so
+// that uploads cannot take the machine.
+int64_t InspectionMemoryTotal(int64_t per_inspection) {
+  if (absl::GetFlag(FLAGS_inspection_memory_total) > 0) return absl::GetFlag(FLAGS_inspection_memory_total);
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  while (meminfo >> key >> kib) {
+    if (key == "MemTotal:") return std::max(kib * 1024 / 4, per_inspection);
+    meminfo.ignore(64, '\n');
+  }
+  return 0;  // unknown: the count bound alone
 }
 
 int Fail(const absl::Status& status) {
@@ -289,6 +318,10 @@ int main(int argc, char** argv) {
   worker.memory_bytes = absl::GetFlag(FLAGS_job_memory_bytes);
   worker.file_bytes = absl::GetFlag(FLAGS_job_file_bytes) > 0 ? absl::GetFlag(FLAGS_job_file_bytes)
                                                               : 2 * absl::GetFlag(FLAGS_max_model_bytes);
+  worker.inspection_memory_bytes = absl::GetFlag(FLAGS_inspection_memory_bytes);
+  worker.inspections = std::make_shared<recal::jobs::InspectionSlots>(recal::jobs::InspectionBounds{
+      absl::GetFlag(FLAGS_max_concurrent_inspections), InspectionMemoryTotal(recal::jobs::InspectionMemoryBytes(worker)), 0,
+      absl::Seconds(absl::GetFlag(FLAGS_inspection_wait_seconds))});
   worker.user = absl::GetFlag(FLAGS_worker_user);
   worker.extra_allowed_ops = absl::GetFlag(FLAGS_extra_allowed_ops);
   worker.max_graph_nodes = absl::GetFlag(FLAGS_max_graph_nodes);
@@ -330,11 +363,14 @@ int main(int argc, char** argv) {
       remote_inspector ? static_cast<recal::jobs::ModelInspector*>(remote_inspector.get()) : &runner;
   const recal::jobs::TenantLimitsFn limits = [&auth](const std::string& tenant) {
     const recal::auth::TenantQuotas quotas = auth->QuotasOf(tenant);
-    return recal::jobs::TenantLimits{quotas.max_active_jobs, quotas.max_stored_bytes,
-                                     quotas.max_submissions_per_minute};
+    return recal::jobs::TenantLimits{
+        quotas.max_active_jobs, quotas.max_stored_bytes, quotas.max_submissions_per_minute,
+        quotas.max_concurrent_inspections > 0 ? quotas.max_concurrent_inspections
+                                              : absl::GetFlag(FLAGS_tenant_max_concurrent_inspections)};
   };
   recal::jobs::ModelRegistry models(metadata->get(), blobs, absl::GetFlag(FLAGS_max_model_bytes), inspector,
                                     limits);
+  models.SetInspectionWait(absl::Seconds(absl::GetFlag(FLAGS_inspection_wait_seconds)));
   // Cluster mode's client streams (see README, "Cluster mode"): a worker process takes relayed
   // pushes on an internal endpoint of its own, an api replica relays them there; both only
   // with the cluster secret.
@@ -411,7 +447,17 @@ int main(int argc, char** argv) {
   if (metrics) {
     std::vector<recal::metrics::ScrapedGauge> gauges = {
         {"recal_jobs_queued", "Jobs waiting for a worker", [&jobs] { return double(jobs.queued()); }},
-        {"recal_jobs_running", "Jobs on a worker", [&jobs] { return double(jobs.running()); }}};
+        {"recal_jobs_running", "Jobs on a worker", [&jobs] { return double(jobs.running()); }},
+        {"recal_inspections_running", "Upload inspections running on this host",
+         [&worker] { return double(worker.inspections->running()); }},
+        {"recal_inspections_queued", "Uploads waiting for an inspection slot (the host's or their tenant's)",
+         [&worker, &models] {
+           return double(worker.inspections->queued() + models.tenant_inspections().queued());
+         }},
+        {"recal_inspections_refused", "Uploads refused RESOURCE_EXHAUSTED for want of an inspection slot since start",
+         [&worker, &models] {
+           return double(worker.inspections->refused() + models.tenant_inspections().refused());
+         }}};
     // Per tenant, as its quota counts: models and results as stored (whichever blob store),
     // and its unfinished uploads on this host's disk.
     recal::metrics::ScrapedGauge store_bytes{"recal_store_bytes",

@@ -9,6 +9,7 @@
 #include "common/version.h"
 #include "server/api/list_pages.h"
 #include "server/api/request_bounds.h"
+#include "server/api/watch_job_reactor.h"
 #include "server/log/log.h"
 #include "server/metrics/metrics.h"
 
@@ -50,7 +51,7 @@ absl::Status TenantFilter(const auth::Principal& who, const std::string& request
 }
 
 // The names a verified client certificate goes by: its subject, then its SANs.
-std::vector<std::string> CertificateNames(const grpc::ServerContext& context) {
+std::vector<std::string> CertificateNames(const grpc::ServerContextBase& context) {
   std::vector<std::string> names;
   const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
   if (!auth || !auth->IsPeerAuthenticated()) return names;
@@ -74,7 +75,7 @@ void Audit(const auth::Principal& who, absl::string_view method, absl::string_vi
 
 }  // namespace
 
-absl::StatusOr<auth::Principal> RecalService::Admit(grpc::ServerContext* context, auth::Role role,
+absl::StatusOr<auth::Principal> RecalService::Admit(grpc::ServerContextBase* context, auth::Role role,
                                                     absl::string_view action, absl::string_view resource) const {
   std::optional<std::string> authorization;
   const auto& metadata = context->client_metadata();
@@ -104,7 +105,7 @@ absl::StatusOr<auth::Principal> RecalService::Admit(grpc::ServerContext* context
   return principal;
 }
 
-void RecalService::RefusedUnauthenticated(grpc::ServerContext* context, absl::string_view action,
+void RecalService::RefusedUnauthenticated(grpc::ServerContextBase* context, absl::string_view action,
                                           absl::string_view resource, const absl::Status& refusal) const {
   if (metrics_) metrics_->unauthenticated_requests.Increment();
   log::WarnLimited(unauthenticated_log_, log::PeerHost(context->peer()), "audit",
@@ -283,24 +284,14 @@ grpc::Status RecalService::GetUsage(grpc::ServerContext* context, const v1::GetU
   return Respond(models_->Usage(tenant), response);
 }
 
-grpc::Status RecalService::WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
-                                    grpc::ServerWriter<v1::JobEvent>* writer) {
+grpc::ServerWriteReactor<v1::JobEvent>* RecalService::WatchJob(grpc::CallbackServerContext* context,
+                                                               const v1::WatchJobRequest* request) {
   auto who = Admit(context, auth::Role::kRead, "WatchJob", request->id());
-  if (!who.ok()) return ToGrpcStatus(who.status());
-  RECAL_GRPC_RETURN_IF_ERROR(CheckBounds(*request));
-  struct Open {
-    metrics::Metrics* metrics;
-    explicit Open(metrics::Metrics* m) : metrics(m) {
-      if (metrics) metrics->watch_streams.Increment();
-    }
-    ~Open() {
-      if (metrics) metrics->watch_streams.Decrement();
-    }
-  } open(metrics_);
-  return ToGrpcStatus(jobs_->Watch(
-      CallerOf(*who), request->id(), request->after_seq(),
-      [&](const v1::JobEvent& event) { return writer->Write(event); },
-      [&] { return context->IsCancelled(); }));
+  if (!who.ok()) return WatchJobReactor::Refuse(ToGrpcStatus(who.status()));
+  if (absl::Status bounded = CheckBounds(*request); !bounded.ok()) {
+    return WatchJobReactor::Refuse(ToGrpcStatus(bounded));
+  }
+  return new WatchJobReactor(jobs_, &watch_reads_, CallerOf(*who), request->id(), request->after_seq(), metrics_);
 }
 
 grpc::Status RecalService::PushBatches(grpc::ServerContext* context,

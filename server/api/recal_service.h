@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "absl/time/time.h"
+#include "common/task_pool.h"
 #include "recal/v1/recal.grpc.pb.h"
 #include "server/auth/authenticator.h"
 #include "server/jobs/job_manager.h"
@@ -21,7 +22,9 @@ struct Metrics;
 
 namespace recal::api {
 
-class RecalService final : public v1::Recal::Service {
+// WatchJob is on gRPC's callback API (a waiting watcher holds no thread); the rest is
+// synchronous.
+class RecalService final : public v1::Recal::WithCallbackMethod_WatchJob<v1::Recal::Service> {
  public:
   struct Limits {
     int64_t download_chunk_bytes = 1 << 20;  // bytes per DownloadResult message
@@ -30,6 +33,8 @@ class RecalService final : public v1::Recal::Service {
     // one line saying how many more were suppressed (all are counted in the metrics).
     int unauthenticated_log_burst = 5;
     absl::Duration unauthenticated_log_interval = absl::Minutes(1);
+    // Threads that read the store for all watchers (WatchJob waits hold none).
+    int watch_read_threads = 4;
   };
   // `metrics` may be null.
   RecalService(const auth::Authenticator* auth, jobs::ModelRegistry* models, jobs::JobManager* jobs, Limits limits,
@@ -39,7 +44,8 @@ class RecalService final : public v1::Recal::Service {
         jobs_(jobs),
         limits_(limits),
         metrics_(metrics),
-        unauthenticated_log_(limits.unauthenticated_log_burst, limits.unauthenticated_log_interval) {}
+        unauthenticated_log_(limits.unauthenticated_log_burst, limits.unauthenticated_log_interval),
+        watch_reads_(limits.watch_read_threads) {}
 
   grpc::Status UploadModel(grpc::ServerContext* context,
                            grpc::ServerReader<v1::UploadModelRequest>* reader,
@@ -64,8 +70,8 @@ class RecalService final : public v1::Recal::Service {
                          v1::DeleteJobResponse* response) override;
   grpc::Status GetUsage(grpc::ServerContext* context, const v1::GetUsageRequest* request,
                         v1::Usage* response) override;
-  grpc::Status WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
-                        grpc::ServerWriter<v1::JobEvent>* writer) override;
+  grpc::ServerWriteReactor<v1::JobEvent>* WatchJob(grpc::CallbackServerContext* context,
+                                                   const v1::WatchJobRequest* request) override;
   grpc::Status PushBatches(grpc::ServerContext* context,
                            grpc::ServerReader<v1::PushBatchesRequest>* reader,
                            v1::PushBatchesResponse* response) override;
@@ -76,10 +82,10 @@ class RecalService final : public v1::Recal::Service {
 
  private:
   // The caller's principal if it may do `action` (which needs `role`); the refusal is logged.
-  absl::StatusOr<auth::Principal> Admit(grpc::ServerContext* context, auth::Role role, absl::string_view action,
+  absl::StatusOr<auth::Principal> Admit(grpc::ServerContextBase* context, auth::Role role, absl::string_view action,
                                         absl::string_view resource) const;
   // The audit line of a call refused as UNAUTHENTICATED, limited per peer, and its count.
-  void RefusedUnauthenticated(grpc::ServerContext* context, absl::string_view action, absl::string_view resource,
+  void RefusedUnauthenticated(grpc::ServerContextBase* context, absl::string_view action, absl::string_view resource,
                               const absl::Status& refusal) const;
   // The byte budget of one ListJobs / ListModels response.
   int64_t ListPageBytes() const;
@@ -94,6 +100,8 @@ class RecalService final : public v1::Recal::Service {
   const Limits limits_;
   metrics::Metrics* metrics_;
   mutable log::RepeatLimiter unauthenticated_log_;
+  // Last: destroyed first, once gRPC has ended every watch (server shutdown waits for them).
+  TaskPool watch_reads_;
 };
 
 }  // namespace recal::api

@@ -55,6 +55,7 @@ absl::Status SetQuota(AuthConfig& config, std::map<std::string, std::map<std::st
   int64_t* field = key == "max_active_jobs"              ? &quotas.max_active_jobs
                    : key == "max_stored_bytes"           ? &quotas.max_stored_bytes
                    : key == "max_submissions_per_minute" ? &quotas.max_submissions_per_minute
+                   : key == "max_concurrent_inspections" ? &quotas.max_concurrent_inspections
                    : key == "keep_versions"              ? &quotas.keep_versions
                    : key == "keep_results_days"          ? &quotas.keep_results_days
                                                          : nullptr;
@@ -62,7 +63,7 @@ absl::Status SetQuota(AuthConfig& config, std::map<std::string, std::map<std::st
     return absl::InvalidArgumentError(
         absl::StrCat("unknown key '", key,
                      "' (tenant, role, max_active_jobs, max_stored_bytes, max_submissions_per_minute, "
-                     "keep_versions, keep_results_days)"));
+                     "max_concurrent_inspections, keep_versions, keep_results_days)"));
   }
   int64_t number = 0;
   if (!absl::SimpleAtoi(value, &number) || number < 0) {

@@ -40,21 +40,35 @@ JobManager::JobManager(store::MetadataStore* metadata, store::BlobStore* blobs, 
       feeds_(options_.max_batch_bytes),
       scheduler_(&repository_, blobs, models, runner, &feeds_, options_.scheduler) {
   change_watch_ = metadata->WatchChanges([this] {
-    events_.Publish();
+    events_.PublishAll();  // the notification does not say which job
     scheduler_.Wake();
   });
 }
 
 JobManager::~JobManager() { Shutdown(absl::Seconds(30)); }
 
-absl::Status JobManager::Start() { return scheduler_.Start(); }
+absl::Status JobManager::Start() {
+  recheck_ = std::thread([this] {
+    std::unique_lock<std::mutex> lock(recheck_mu_);
+    while (!recheck_stop_.wait_for(lock, absl::ToChronoMilliseconds(options_.watch_recheck),
+                                   [this] { return stopping_.load(); })) {
+      events_.PublishAll();
+    }
+  });
+  return scheduler_.Start();
+}
 
 void JobManager::Shutdown(absl::Duration deadline) {
   if (stopping_.exchange(true)) return;
   change_watch_.reset();
   feeds_.CloseAll(absl::UnavailableError("the server is shutting down"));
   if (options_.relay != nullptr) options_.relay->CloseAll();
-  events_.Publish();  // watchers see stopping_
+  {
+    std::lock_guard<std::mutex> lock(recheck_mu_);  // the recheck thread sees stopping_
+  }
+  recheck_stop_.notify_all();
+  if (recheck_.joinable()) recheck_.join();
+  events_.PublishAll();  // watchers see stopping_
   scheduler_.Shutdown(deadline);
 }
 
@@ -296,41 +310,11 @@ absl::StatusOr<std::shared_ptr<StreamFeed>> JobManager::RelayedFeed(const std::s
   return feed;
 }
 
-absl::Status JobManager::Watch(const Caller& caller, const std::string& id, int64_t after_seq,
-                               const std::function<bool(const v1::JobEvent&)>& deliver,
-                               const std::function<bool()>& stopped) {
+absl::StatusOr<std::unique_ptr<WatchCursor>> JobManager::OpenWatch(const Caller& caller, const std::string& id,
+                                                                    int64_t after_seq) {
   auto job = Visible(caller, id);
   if (!job.ok()) return job.status();
-  v1::JobEvent snapshot;
-  snapshot.set_seq(after_seq);
-  *snapshot.mutable_time() = NowTimestamp();
-  *snapshot.mutable_snapshot() = *job;
-  if (!deliver(snapshot)) return absl::CancelledError("the watcher went away");
-  int64_t last = after_seq;
-  bool ended = false;  // seen ended: the events read after that are all it will ever have
-  while (true) {
-    const int64_t version = events_.version();
-    auto events = repository_.EventsAfter(id, last, 256);
-    if (!events.ok()) return events.status();
-    for (const v1::JobEvent& event : *events) {
-      if (!deliver(event)) return absl::CancelledError("the watcher went away");
-      last = event.seq();
-      if (event.kind_case() == v1::JobEvent::kState && IsTerminal(event.state())) return absl::OkStatus();
-    }
-    if (!events->empty()) continue;
-    // Nothing new: a job that ended before after_seq has nothing more to say.
-    if (ended) return absl::OkStatus();
-    auto now = repository_.Get(id);
-    if (!now.ok()) return now.status();
-    if (IsTerminal(now->state())) {
-      // It may have ended after the read above: its last events are read once more first.
-      ended = true;
-      continue;
-    }
-    if (stopping_) return absl::UnavailableError("the server is shutting down; watch again");
-    if (stopped && stopped()) return absl::CancelledError("the watcher went away");
-    events_.WaitForChange(version, absl::Milliseconds(500));
-  }
+  return std::make_unique<WatchCursor>(&repository_, *std::move(job), after_seq);
 }
 
 absl::StatusOr<store::ResultRef> JobManager::Result(const Caller& caller, const std::string& id,

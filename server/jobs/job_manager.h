@@ -7,7 +7,9 @@
 #include <functional>
 #include <atomic>
 #include <memory>
+#include <condition_variable>
 #include <mutex>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,7 @@
 #include "server/jobs/push_stream.h"
 #include "server/jobs/scheduler.h"
 #include "server/jobs/stream_feed.h"
+#include "server/jobs/watch_cursor.h"
 #include "server/store/blob_store.h"
 #include "server/store/metadata_store.h"
 
@@ -38,6 +41,8 @@ struct JobManagerOptions {
   // Set (role api): pushes are relayed to the worker process holding the job's lease,
   // waiting up to `relay_wait` for a worker to claim a job still QUEUED.
   PushRelay* relay = nullptr;
+  // How often every waiting watcher reads the store even if nothing was announced.
+  absl::Duration watch_recheck = absl::Seconds(30);
   absl::Duration relay_wait = absl::Seconds(60);
 };
 
@@ -99,13 +104,14 @@ class JobManager {
   // The largest pushed batch (Options::max_batch_bytes): what a stream may join from parts.
   int64_t max_batch_bytes() const { return options_.max_batch_bytes; }
 
-  // Delivers a snapshot of the job (its seq is after_seq: it does not advance), then every
-  // event with seq > after_seq, until the terminal state has been delivered (OK), `deliver`
-  // returns false or `stopped()` becomes true (CANCELLED), or the server shuts down
-  // (UNAVAILABLE).
-  absl::Status Watch(const Caller& caller, const std::string& id, int64_t after_seq,
-                     const std::function<bool(const v1::JobEvent&)>& deliver,
-                     const std::function<bool()>& stopped);
+  // A watch of the job `id` if the caller may see it (NOT_FOUND otherwise): the snapshot,
+  // then every event with seq > after_seq, up to the terminal state (watch_cursor.h). The
+  // watcher waits between reads on events() (read version() before Next(), subscribe with
+  // it when a step is empty) and stops with UNAVAILABLE once stopping().
+  absl::StatusOr<std::unique_ptr<WatchCursor>> OpenWatch(const Caller& caller, const std::string& id,
+                                                          int64_t after_seq);
+  EventHub& events() { return events_; }
+  bool stopping() const { return stopping_; }
 
   // The stored artifact of a SUCCEEDED job (FAILED_PRECONDITION otherwise), and its bytes.
   absl::StatusOr<store::ResultRef> Result(const Caller& caller, const std::string& id, v1::Artifact artifact);
@@ -148,6 +154,11 @@ class JobManager {
   Scheduler scheduler_;
   std::atomic<bool> stopping_{false};
   std::mutex submit_mu_;
+  // The watchers' safety net: every JobManagerOptions::watch_recheck all of them read the
+  // store once, in case a change was never announced.
+  std::mutex recheck_mu_;
+  std::condition_variable recheck_stop_;
+  std::thread recheck_;
   // Other processes' changes (PostgreSQL's NOTIFY): watchers and idle workers look at once
   // instead of at their next poll. Last: it goes first, before what its callback touches.
   std::unique_ptr<store::ChangeWatch> change_watch_;

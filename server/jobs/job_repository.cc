@@ -61,7 +61,7 @@ absl::StatusOr<v1::Job> JobRepository::Create(v1::Job job, bool* created, store:
   std::lock_guard<std::mutex> lock(mu_);
   auto stored = metadata_->CreateJob(job, created, {queued}, std::move(children), quota);
   if (!stored.ok() || !*created) return stored;
-  events_->Publish();
+  events_->Publish(job.id());
   return stored;
 }
 
@@ -141,7 +141,9 @@ absl::StatusOr<v1::Job> JobRepository::Transition(const std::string& id, const C
     absl::Status written = metadata_->CommitJob(job, std::move(events), results, stored->version);
     if (absl::IsAborted(written) && expected_version < 0 && race < 10) continue;
     if (!written.ok()) return written;
-    events_->Publish();
+    events_->Publish(job.id());
+    // A shard's change may change what its parent's watchers see.
+    if (!job.parent_id().empty()) events_->Publish(job.parent_id());
     return job;
   }
 }
@@ -187,7 +189,7 @@ absl::StatusOr<std::optional<v1::Job>> JobRepository::Claim(const std::string& d
     NoteStateChange(before, job, events);
     return absl::OkStatus();
   }, kind);
-  if (claimed.ok() && claimed->has_value()) events_->Publish();
+  if (claimed.ok() && claimed->has_value()) events_->Publish((*claimed)->id());
   return claimed;
 }
 

@@ -92,6 +92,10 @@ absl::StatusOr<v1::Model> ModelRegistry::FinishUpload(const std::string& tenant,
     return absl::FailedPreconditionError(absl::StrCat("upload incomplete: ", *committed, " of ", header.size(),
                                                       " bytes committed; resume from ", *committed));
   }
+  // Before the commit: a refusal here leaves the staged bytes to finish again later.
+  const int64_t tenant_limit = limits_ ? limits_(tenant).max_concurrent_inspections : 0;
+  RECAL_ASSIGN_OR_RETURN(InspectionSlots::Slot slot,
+                         tenant_inspections_->Acquire(tenant, 0, static_cast<int>(tenant_limit)));
   auto path = blobs_->CommitUpload(tenant, header.sha256());
   if (!path.ok()) return path.status();
   auto layers = runner_->Inspect(*path);

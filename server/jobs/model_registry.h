@@ -5,11 +5,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "recal/v1/recal.pb.h"
+#include "server/jobs/inspection_slots.h"
 #include "server/jobs/job_runner.h"
 #include "server/jobs/model_inspector.h"
 #include "server/store/blob_store.h"
@@ -23,6 +25,7 @@ struct TenantLimits {
   int64_t max_active_jobs = 0;             // queued + running
   int64_t max_stored_bytes = 0;            // models, results and unfinished uploads
   int64_t max_submissions_per_minute = 0;
+  int64_t max_concurrent_inspections = 0;  // uploads being inspected at once; 0: no bound
 };
 using TenantLimitsFn = std::function<TenantLimits(const std::string& tenant)>;
 
@@ -39,7 +42,16 @@ class ModelRegistry {
         blobs_(blobs),
         max_model_bytes_(max_model_bytes),
         runner_(runner),
-        limits_(std::move(limits)) {}
+        limits_(std::move(limits)),
+        tenant_inspections_(std::make_unique<InspectionSlots>(InspectionBounds{})) {}
+
+  // How long an upload waits for one of its tenant's inspection slots (default 2 minutes);
+  // set before serving.
+  // Uploads waiting for, or refused, one of their tenant's inspection slots (metrics).
+  const InspectionSlots& tenant_inspections() const { return *tenant_inspections_; }
+  void SetInspectionWait(absl::Duration max_wait) {
+    tenant_inspections_ = std::make_unique<InspectionSlots>(InspectionBounds{0, 0, 0, max_wait});
+  }
 
   // Checks the header (its name: CheckModelName; and the tenant's stored-bytes quota).
   // Returns the model if the tenant has these bytes already (nothing to upload; it keeps the
@@ -84,6 +96,9 @@ class ModelRegistry {
   const int64_t max_model_bytes_;
   ModelInspector* runner_;
   TenantLimitsFn limits_;
+  // Each tenant's concurrent inspections (TenantLimits::max_concurrent_inspections); the
+  // host's bound is the runner's.
+  std::unique_ptr<InspectionSlots> tenant_inspections_;
 };
 
 // "sha256:<hex>" <-> "<hex>"; INVALID_ARGUMENT for anything else.

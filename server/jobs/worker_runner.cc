@@ -30,6 +30,7 @@
 #include "absl/strings/str_split.h"
 #include "google/protobuf/message_lite.h"
 #include "common/sanitizers.h"
+#include "common/status_macros.h"
 #include "common/data_spec.h"
 #include "server/data_access/locate_objects.h"
 #include "server/data_access/s3_paths.h"
@@ -281,6 +282,10 @@ absl::StatusOr<int> CountCudaDevices(const std::string& binary, absl::Duration t
   return count;
 }
 
+int64_t InspectionMemoryBytes(const WorkerRunnerOptions& options) {
+  return options.inspection_memory_bytes > 0 ? options.inspection_memory_bytes : options.memory_bytes;
+}
+
 std::vector<std::string> WorkerArguments(const WorkerRunnerOptions& options, const wire::Task& task,
                                          const std::string& scratch) {
   std::vector<std::string> args = {options.binary, "--scratch=" + scratch};
@@ -294,10 +299,11 @@ std::vector<std::string> WorkerArguments(const WorkerRunnerOptions& options, con
     if (!data::IsS3Path(root)) read_paths.push_back(root);
   }
   if (!read_paths.empty()) args.push_back("--read_path=" + absl::StrJoin(read_paths, ","));
+  const int64_t memory_bytes = task.has_inspect() ? InspectionMemoryBytes(options) : options.memory_bytes;
   if (OnGpu(task)) {
     args.push_back("--gpu");
-  } else if (options.memory_bytes > 0) {
-    args.push_back(absl::StrCat("--memory_bytes=", options.memory_bytes));
+  } else if (memory_bytes > 0) {
+    args.push_back(absl::StrCat("--memory_bytes=", memory_bytes));
   }
   if (options.file_bytes > 0) args.push_back(absl::StrCat("--file_bytes=", options.file_bytes));
   if (!options.user.empty()) args.push_back("--user=" + options.user);
@@ -579,6 +585,12 @@ absl::StatusOr<v1::RunReport> WorkerRunner::Recalibrate(const RecalibrationTask&
 }
 
 absl::StatusOr<std::vector<v1::BatchNormLayer>> WorkerRunner::Inspect(const std::string& model_path) {
+  // Held until the worker is gone: what bounds inspections on this host is the workers
+  // that exist, whoever asked for them.
+  InspectionSlots::Slot slot;
+  if (options_.inspections != nullptr) {
+    RECAL_ASSIGN_OR_RETURN(slot, options_.inspections->Acquire("", InspectionMemoryBytes(options_)));
+  }
   wire::Task request = NewTask();
   request.mutable_inspect();
   RunHooks hooks;

@@ -13,6 +13,7 @@
 
 #include "absl/time/time.h"
 #include "server/data_access/object_storage.h"
+#include "server/jobs/inspection_slots.h"
 #include "server/jobs/job_runner.h"
 #include "server/jobs/model_inspector.h"
 
@@ -26,6 +27,12 @@ struct WorkerRunnerOptions {
   // network (remote_reads.h). Null: s3:// specs fail with FAILED_PRECONDITION.
   std::shared_ptr<data::ObjectStorage> object_storage;
   int64_t memory_bytes = 0;             // RLIMIT_AS per CPU worker (none on a GPU); 0: none
+  // RLIMIT_AS per inspecting worker, far below a job's: an inspection only loads the model.
+  // 0: memory_bytes.
+  int64_t inspection_memory_bytes = 0;
+  // Admission of inspections on this host (count, summed memory caps), shared by whatever
+  // calls Inspect here. Null: unbounded.
+  std::shared_ptr<InspectionSlots> inspections;
   int64_t file_bytes = 0;               // RLIMIT_FSIZE per worker; 0: none
   std::string user;                     // run workers as this user; empty: the server's, without capabilities
   std::vector<std::string> extra_allowed_ops;
@@ -49,6 +56,9 @@ absl::StatusOr<int> CountCudaDevices(const std::string& binary, absl::Duration t
 // so RLIMIT_AS would fail its context creation (server/sandbox/sandbox.h).
 std::vector<std::string> WorkerArguments(const WorkerRunnerOptions& options, const worker::v1::Task& task,
                                          const std::string& scratch);
+
+// The address-space cap an inspecting worker gets (inspection_memory_bytes, else memory_bytes).
+int64_t InspectionMemoryBytes(const WorkerRunnerOptions& options);
 
 class WorkerRunner : public JobRunner, public ModelInspector {
  public:

@@ -1,9 +1,6 @@
 #include "server/s3/s3_client.h"
 
-#include <curl/curl.h>
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -70,7 +67,6 @@ S3Client::Request NewRequest(const char* what, const char* method, absl::string_
 
 namespace {
 
-constexpr size_t kMaxErrorBody = 64 << 10;
 constexpr int64_t kMinPartSize = 5 << 20;
 constexpr int kMaxParts = 10000;
 const std::string kEmptySha256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
@@ -85,110 +81,9 @@ std::string Detail(int http, const ErrorBody& e) {
   return absl::StrCat(e.code, ": ", e.message, " (HTTP ", http, ")");
 }
 
-bool IsRetryableCurl(CURLcode rc) {
-  switch (rc) {
-    case CURLE_COULDNT_CONNECT:
-    case CURLE_COULDNT_RESOLVE_HOST:
-    case CURLE_COULDNT_RESOLVE_PROXY:
-    case CURLE_OPERATION_TIMEDOUT:
-    case CURLE_SEND_ERROR:
-    case CURLE_RECV_ERROR:
-    case CURLE_GOT_NOTHING:
-    case CURLE_PARTIAL_FILE:
-    case CURLE_SSL_CONNECT_ERROR:
-    case CURLE_HTTP2:
-    case CURLE_HTTP2_STREAM:
-    case CURLE_WEIRD_SERVER_REPLY:
-      return true;
-    default:
-      return false;
-  }
-}
-
 bool IsRetryableHttp(int http, const ErrorBody& e) {
   return http >= 500 ? http != 501 : http == 429 || e.code == "SlowDown" || e.code == "RequestTimeout";
 }
-
-// Per-transfer state that libcurl's callbacks write into.
-struct Transfer {
-  const S3Client::Request* request = nullptr;
-  CURL* curl = nullptr;
-  std::map<std::string, std::string> headers;
-  std::string body;
-  bool headers_checked = false;
-  absl::Status abort_status;  // why a callback stopped the transfer
-  int64_t body_pos = 0;       // of the upload
-};
-
-long ResponseCode(CURL* curl) {
-  long code = 0;
-  curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &code);
-  return code;
-}
-
-size_t OnHeader(char* data, size_t size, size_t n, void* user) {
-  auto* t = static_cast<Transfer*>(user);
-  absl::string_view line(data, size * n);
-  if (absl::StartsWith(line, "HTTP/")) {
-    t->headers.clear();  // a new response (after a 100 Continue)
-    return size * n;
-  }
-  const size_t colon = line.find(':');
-  if (colon != absl::string_view::npos) {
-    t->headers[absl::AsciiStrToLower(absl::StripAsciiWhitespace(line.substr(0, colon)))] =
-        std::string(absl::StripAsciiWhitespace(line.substr(colon + 1)));
-  }
-  return size * n;
-}
-
-size_t OnWrite(char* data, size_t size, size_t n, void* user) {
-  auto* t = static_cast<Transfer*>(user);
-  const size_t len = size * n;
-  const long http = ResponseCode(t->curl);
-  const S3Client::Request& r = *t->request;
-  if (http >= 200 && http < 300) {
-    if (!t->headers_checked) {
-      t->headers_checked = true;
-      if (r.on_headers) {
-        t->abort_status = r.on_headers(static_cast<int>(http), t->headers);
-        if (!t->abort_status.ok()) return 0;
-      }
-    }
-    if (r.sink) {
-      t->abort_status = r.sink(absl::string_view(data, len));
-      return t->abort_status.ok() ? len : 0;
-    }
-    if (t->body.size() + len > r.max_body) {
-      t->abort_status = absl::ResourceExhaustedError(
-          absl::StrCat(r.what, " ", ObjectName(r.bucket, r.key), ": a response over ", r.max_body, " bytes"));
-      return 0;
-    }
-  } else if (t->body.size() + len > kMaxErrorBody) {
-    return len;  // an error body that large is not S3's XML: keep its beginning only
-  }
-  t->body.append(data, len);
-  return len;
-}
-
-size_t OnRead(char* buf, size_t size, size_t n, void* user) {
-  auto* t = static_cast<Transfer*>(user);
-  const Body& body = *t->request->body;
-  const size_t want = static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(size * n), body.size - t->body_pos));
-  if (want == 0) return 0;
-  auto got = body.read(t->body_pos, buf, want);
-  if (!got.ok() || *got == 0) {
-    t->abort_status = got.ok() ? absl::DataLossError(absl::StrCat("the body of ", t->request->what, " ended at byte ",
-                                                                  t->body_pos, " of ", body.size))
-                               : got.status();
-    return CURL_READFUNC_ABORT;
-  }
-  t->body_pos += static_cast<int64_t>(*got);
-  return *got;
-}
-
-struct SlistDeleter {
-  void operator()(curl_slist* l) const { curl_slist_free_all(l); }
-};
 
 // "bytes START-END/TOTAL" (TOTAL may be "*"); "bytes */TOTAL" gives start = end = -1.
 bool ParseContentRange(absl::string_view v, int64_t* start, int64_t* end, int64_t* total) {
@@ -206,11 +101,6 @@ bool ParseContentRange(absl::string_view v, int64_t* start, int64_t* end, int64_
   const size_t dash = range.find('-');
   return dash != absl::string_view::npos && absl::SimpleAtoi(range.substr(0, dash), start) &&
          absl::SimpleAtoi(range.substr(dash + 1), end) && *start >= 0 && *end >= *start;
-}
-
-void GlobalInit() {
-  static std::once_flag once;
-  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
 }
 
 }  // namespace
@@ -251,58 +141,6 @@ bool IsNoSuchBucket(const absl::Status& status) {
   return absl::IsNotFound(status) && status.GetPayload(kNoSuchBucketPayload).has_value();
 }
 
-Body BodyFromBytes(absl::string_view bytes) {
-  Body b;
-  b.size = static_cast<int64_t>(bytes.size());
-  b.sha256_hex = Sha256Hex(bytes);
-  b.read = [bytes](int64_t offset, char* buf, size_t len) -> absl::StatusOr<size_t> {
-    const size_t n = std::min(len, bytes.size() - static_cast<size_t>(offset));
-    std::memcpy(buf, bytes.data() + offset, n);
-    return n;
-  };
-  return b;
-}
-
-absl::StatusOr<Body> BodyFromFile(const std::string& path, int64_t offset, int64_t size) {
-  const int raw = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (raw < 0) {
-    const int err = errno;
-    return absl::ErrnoToStatus(err, absl::StrCat("open ", path));
-  }
-  auto fd = std::shared_ptr<int>(new int(raw), [](int* p) {
-    ::close(*p);
-    delete p;
-  });
-  struct stat st {};
-  if (::fstat(*fd, &st) != 0) return absl::ErrnoToStatus(errno, absl::StrCat("stat ", path));
-  if (offset < 0 || size < 0 || offset + size > st.st_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": bytes [", offset, ", +", size, ") are not inside its ", st.st_size, " bytes"));
-  }
-  Body b;
-  b.size = size;
-  b.read = [fd, path, offset, size](int64_t pos, char* buf, size_t len) -> absl::StatusOr<size_t> {
-    const size_t want = static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(len), size - pos));
-    while (true) {
-      const ssize_t n = ::pread(*fd, buf, want, offset + pos);
-      if (n >= 0) return static_cast<size_t>(n);
-      if (errno != EINTR) return absl::ErrnoToStatus(errno, absl::StrCat("read ", path));
-    }
-  };
-  // Hash first: a signed payload lets S3 refuse bytes damaged on the way.
-  Sha256 hash;
-  std::string buf(1 << 20, '\0');
-  for (int64_t pos = 0; pos < size;) {
-    auto n = b.read(pos, buf.data(), buf.size());
-    if (!n.ok()) return n.status();
-    if (*n == 0) return absl::DataLossError(absl::StrCat(path, " shrank while it was read"));
-    hash.Update(absl::string_view(buf.data(), *n));
-    pos += static_cast<int64_t>(*n);
-  }
-  b.sha256_hex = hash.HexDigest();
-  return b;
-}
-
 absl::StatusOr<std::unique_ptr<S3Client>> S3Client::Create(S3ClientOptions options) {
   if (options.config.endpoint.host.empty() ||
       (options.config.endpoint.scheme != "http" && options.config.endpoint.scheme != "https")) {
@@ -312,34 +150,15 @@ absl::StatusOr<std::unique_ptr<S3Client>> S3Client::Create(S3ClientOptions optio
     return absl::InvalidArgumentError("S3 client: no credentials");
   }
   if (options.retry.max_attempts < 1) options.retry.max_attempts = 1;
-  GlobalInit();
   return std::unique_ptr<S3Client>(new S3Client(std::move(options)));
 }
 
-S3Client::S3Client(S3ClientOptions options) : options_(std::move(options)) {}
+S3Client::S3Client(S3ClientOptions options)
+    : options_(std::move(options)),
+      transport_(HttpTimeouts{options_.connect_timeout, options_.low_speed_bytes, options_.low_speed_time,
+                              options_.request_timeout}) {}
 
-S3Client::~S3Client() {
-  for (void* h : pool_) curl_easy_cleanup(static_cast<CURL*>(h));
-}
-
-void* S3Client::AcquireHandle() {
-  {
-    std::lock_guard<std::mutex> lock(pool_mu_);
-    if (!pool_.empty()) {
-      void* h = pool_.back();
-      pool_.pop_back();
-      // Forgets the previous request's options; keeps its open connections and DNS cache.
-      curl_easy_reset(static_cast<CURL*>(h));
-      return h;
-    }
-  }
-  return curl_easy_init();
-}
-
-void S3Client::ReleaseHandle(void* handle) {
-  std::lock_guard<std::mutex> lock(pool_mu_);
-  pool_.push_back(handle);
-}
+S3Client::~S3Client() = default;
 
 absl::StatusOr<S3Client::Response> S3Client::ExecuteOnce(const Request& r, bool* retryable) {
   *retryable = false;
@@ -369,79 +188,27 @@ absl::StatusOr<S3Client::Response> S3Client::ExecuteOnce(const Request& r, bool*
   SigningParams params{config.credentials, config.region, "s3", absl::Now()};
   RECAL_ASSIGN_OR_RETURN(SignedRequest signed_request, SignV4(sreq, params));
 
-  std::string url = absl::StrCat(config.endpoint.scheme, "://", host, signed_request.encoded_path);
-  if (!signed_request.encoded_query.empty()) absl::StrAppend(&url, "?", signed_request.encoded_query);
+  HttpRequest http;
+  http.what = r.key.empty() && r.bucket.empty() ? r.what : absl::StrCat(r.what, " ", ObjectName(r.bucket, r.key));
+  http.peer = absl::StrCat("S3 endpoint ", config.endpoint.ToString());
+  http.method = r.method;
+  http.url = absl::StrCat(config.endpoint.scheme, "://", host, signed_request.encoded_path);
+  if (!signed_request.encoded_query.empty()) absl::StrAppend(&http.url, "?", signed_request.encoded_query);
+  for (const auto& [k, v] : sreq.headers) http.header_lines.push_back(absl::StrCat(k, ": ", v));
+  for (const auto& [k, v] : signed_request.headers_to_add) http.header_lines.push_back(absl::StrCat(k, ": ", v));
+  http.header_lines.push_back("Expect:");  // no 100-continue round trip before each body
+  if (r.method == "POST" && r.body == nullptr) http.header_lines.push_back("Content-Type:");
+  http.body = r.body;
+  http.head = r.head;
+  http.on_headers = r.on_headers;
+  http.sink = r.sink;
+  http.max_body = r.max_body;
 
-  std::unique_ptr<curl_slist, SlistDeleter> header_list;
-  auto add_header = [&](absl::string_view line) {
-    const std::string s(line);
-    header_list.reset(curl_slist_append(header_list.release(), s.c_str()));
-  };
-  for (const auto& [k, v] : sreq.headers) add_header(absl::StrCat(k, ": ", v));
-  for (const auto& [k, v] : signed_request.headers_to_add) add_header(absl::StrCat(k, ": ", v));
-  add_header("Expect:");  // no 100-continue round trip before each body
-  if (r.method == "POST" && r.body == nullptr) add_header("Content-Type:");
-  if (header_list == nullptr) return absl::ResourceExhaustedError("curl_slist_append failed");
-
-  CURL* curl = static_cast<CURL*>(AcquireHandle());
-  if (curl == nullptr) return absl::ResourceExhaustedError("curl_easy_init failed");
-  struct Release {
-    S3Client* self;
-    CURL* curl;
-    ~Release() { self->ReleaseHandle(curl); }
-  } release{this, curl};
-
-  Transfer t;
-  t.request = &r;
-  t.curl = curl;
-  char errbuf[CURL_ERROR_SIZE] = {0};
-  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, header_list.get());
-  curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, errbuf);
-  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);  // threads: no SIGALRM-based DNS timeouts
-  curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
-  curl_easy_setopt(curl, CURLOPT_FOLLOWLOCATION, 0L);
-  curl_easy_setopt(curl, CURLOPT_HTTP_VERSION, CURL_HTTP_VERSION_1_1);
-  curl_easy_setopt(curl, CURLOPT_USERAGENT, "recal-s3/1");
-  curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(absl::ToInt64Milliseconds(options_.connect_timeout)));
-  curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, static_cast<long>(options_.low_speed_bytes));
-  curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME,
-                   static_cast<long>(std::max<int64_t>(1, absl::ToInt64Seconds(options_.low_speed_time))));
-  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, static_cast<long>(absl::ToInt64Milliseconds(options_.request_timeout)));
-  curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, OnHeader);
-  curl_easy_setopt(curl, CURLOPT_HEADERDATA, &t);
-  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, OnWrite);
-  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &t);
-  if (r.head) {
-    curl_easy_setopt(curl, CURLOPT_NOBODY, 1L);
-  } else if (r.method == "PUT") {
-    curl_easy_setopt(curl, CURLOPT_UPLOAD, 1L);
-    curl_easy_setopt(curl, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(r.body ? r.body->size : 0));
-  } else if (r.method == "POST") {
-    curl_easy_setopt(curl, CURLOPT_POST, 1L);
-    curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(r.body ? r.body->size : 0));
-  } else if (r.method != "GET") {
-    curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, r.method.c_str());
-  }
-  if (r.body != nullptr) {
-    curl_easy_setopt(curl, CURLOPT_READFUNCTION, OnRead);
-    curl_easy_setopt(curl, CURLOPT_READDATA, &t);
-  } else if (r.method == "PUT" || r.method == "POST") {
-    curl_easy_setopt(curl, CURLOPT_READFUNCTION, +[](char*, size_t, size_t, void*) -> size_t { return 0; });
-  }
-
-  const CURLcode rc = curl_easy_perform(curl);
-  if (!t.abort_status.ok()) return t.abort_status;  // our callback's decision, not the network's
-  if (rc != CURLE_OK) {
-    *retryable = IsRetryableCurl(rc);
-    return absl::UnavailableError(absl::StrCat(r.what, " ", ObjectName(r.bucket, r.key), ": S3 endpoint ",
-                                               config.endpoint.ToString(), ": ", curl_easy_strerror(rc),
-                                               errbuf[0] ? absl::StrCat(" (", errbuf, ")") : ""));
-  }
+  RECAL_ASSIGN_OR_RETURN(HttpResponse exchanged, transport_.Perform(http, retryable));
   Response resp;
-  resp.http = static_cast<int>(ResponseCode(curl));
-  resp.headers = std::move(t.headers);
-  resp.body = std::move(t.body);
+  resp.http = exchanged.http;
+  resp.headers = std::move(exchanged.headers);
+  resp.body = std::move(exchanged.body);
   if (resp.http < 200 || resp.http >= 300) {
     if (auto e = ParseErrorBody(resp.body); e.ok()) resp.error = *std::move(e);
   } else if (r.body_may_hold_error) {

@@ -1,20 +1,15 @@
-// A small S3 client over libcurl: the object operations Recal's blob store and data
-// sources need (HEAD, ranged and streamed GET, PUT, multipart upload, ListObjectsV2,
-// DELETE), each request signed with SigV4 (sigv4.h), retried with bounded exponential
-// backoff, and its failure mapped to an absl::Status that names the bucket, key or endpoint.
+// A small S3 client: the object operations Recal's blob store and data sources need (HEAD,
+// ranged and streamed GET, PUT, multipart upload, ListObjectsV2, DELETE), each request
+// addressed and signed with SigV4 (sigv4.h), retried with bounded exponential backoff, and
+// its failure mapped to an absl::Status that names the bucket, key or endpoint. The HTTP
+// exchanges themselves (connection reuse, timeouts, no redirects) are http_transport.h's.
 //
-// Thread-safe: one client serves every thread. Each call borrows a libcurl easy handle
-// from a pool, so consecutive calls reuse the connection (keep-alive) without sharing a
-// handle between threads.
-//
-// Never follows redirects: the endpoint is configuration, and a 3xx (a wrong region, or a
-// hostile endpoint) could otherwise send signed requests or data to another host.
+// Thread-safe: one client serves every thread.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -23,6 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "server/s3/http_transport.h"
 #include "server/s3/s3_config.h"
 #include "server/s3/s3_xml.h"
 
@@ -56,31 +52,10 @@ struct ObjectMeta {
   std::string etag;  // without quotes
 };
 
-// A request body read by position, so that a retried request can send it again from the
-// start without the whole body in memory.
-struct Body {
-  int64_t size = 0;
-  // Fills buf with up to len bytes at offset; returns the count (0 only at the end).
-  std::function<absl::StatusOr<size_t>(int64_t offset, char* buf, size_t len)> read;
-  // Hex SHA-256 of the body, signed so that S3 refuses a corrupted upload; empty: sent as
-  // UNSIGNED-PAYLOAD (a stream whose hash is unknown before it is sent).
-  std::string sha256_hex;
-};
-
-// The bytes must outlive the call.
-Body BodyFromBytes(absl::string_view bytes);
-// [offset, offset + size) of the file, hashed first (one extra read, usually from the page
-// cache) so that the payload is signed. The file stays open until the Body is destroyed.
-absl::StatusOr<Body> BodyFromFile(const std::string& path, int64_t offset, int64_t size);
-
 struct CompletedPart {
   int part_number = 0;
   std::string etag;
 };
-
-// Receives a GET's body in pieces, in order. A non-OK status aborts the download and is
-// returned as it is.
-using ByteSink = std::function<absl::Status(absl::string_view)>;
 
 class S3Client {
  public:
@@ -157,12 +132,9 @@ class S3Client {
   absl::StatusOr<Response> ExecuteOnce(const Request& request, bool* retryable);
   absl::Status CheckOk(const Response& response, absl::string_view what, absl::string_view bucket,
                        absl::string_view key) const;
-  void* AcquireHandle();
-  void ReleaseHandle(void* handle);
 
   S3ClientOptions options_;
-  std::mutex pool_mu_;
-  std::vector<void*> pool_;  // CURL* (kept out of this header)
+  HttpTransport transport_;
 };
 
 // S3's answer as a status: 404 NoSuchBucket -> NOT_FOUND naming the bucket, NoSuchKey or a

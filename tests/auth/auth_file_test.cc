@@ -19,7 +19,7 @@ TEST(AuthFile, CredentialsRolesTenantsAndQuotas) {
       "\n"
       "cert:\"CN=trainer a,O=Example\" tenant=vision role=read   # a subject with a blank\n"
       "cert:trainer-b.example tenant=speech role=admin\n"
-      "tenant vision max_stored_bytes=1000 max_submissions_per_minute=60\n"
+      "tenant vision max_stored_bytes=1000 max_submissions_per_minute=60 max_concurrent_inspections=1\n"
       "tenant idle\n");
   ASSERT_TRUE(config.ok()) << config.status();
   ASSERT_EQ(config->tokens.count(kHash), 1u);
@@ -33,6 +33,7 @@ TEST(AuthFile, CredentialsRolesTenantsAndQuotas) {
   EXPECT_EQ(vision.max_active_jobs, 5);
   EXPECT_EQ(vision.max_stored_bytes, 1000);
   EXPECT_EQ(vision.max_submissions_per_minute, 60);
+  EXPECT_EQ(vision.max_concurrent_inspections, 1);
   EXPECT_EQ(config->quotas.at("speech").max_active_jobs, 0);
   EXPECT_EQ(config->tenants, (std::set<std::string>{"idle", "speech", "vision"}));
 }

@@ -23,7 +23,13 @@ class FakeRunner : public JobRunner, public ModelInspector {
   absl::StatusOr<v1::RunReport> Recalibrate(const RecalibrationTask& task, const RunHooks& hooks) override {
     return recalibrate(task, hooks);
   }
+  // Runs first in every Inspect (e.g. blocks, or answers as a full host would); null: none.
+  std::function<absl::Status()> before_inspect;
+
   absl::StatusOr<std::vector<v1::BatchNormLayer>> Inspect(const std::string&) override {
+    if (before_inspect) {
+      if (absl::Status status = before_inspect(); !status.ok()) return status;
+    }
     v1::BatchNormLayer layer;
     layer.set_name("bn");
     return std::vector<v1::BatchNormLayer>{layer};

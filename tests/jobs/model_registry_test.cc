@@ -7,7 +7,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "server/store/local_blob_store.h"
 #include "tests/jobs/fake_runner.h"
 
@@ -63,6 +66,72 @@ TEST_F(ModelRegistryTest, NewBytesUnderANameAreItsNextVersionAndEveryReferenceFo
   // An upload without a name gets the default one.
   EXPECT_FALSE(UploadAnyModel(*models_, "t", "unnamed bytes", "").empty());
   EXPECT_EQ(Resolved("t", store::kDefaultModelName), absl::StrCat(store::kDefaultModelName, ":1"));
+}
+
+v1::UploadHeader StageUpload(ModelRegistry& models, const std::string& tenant, const std::string& bytes) {
+  v1::UploadHeader header;
+  header.set_name("m");
+  header.set_size(bytes.size());
+  header.set_sha256(Sha256Hex(bytes));
+  v1::UploadChunk chunk;
+  chunk.set_data(bytes);
+  EXPECT_TRUE(models.StartUpload(tenant, header).ok());
+  EXPECT_TRUE(models.AppendChunk(tenant, header, chunk).ok());
+  return header;
+}
+
+// One tenant floods: beyond its max_concurrent_inspections its uploads wait, then fail
+// RESOURCE_EXHAUSTED with their bytes still staged; another tenant's upload is inspected.
+TEST_F(ModelRegistryTest, ATenantAtItsInspectionBoundWaitsWithoutHoldingUpAnother) {
+  ModelRegistry models(metadata_.get(), blobs_.get(), 1 << 20, &runner_, [](const std::string& tenant) {
+    TenantLimits limits;
+    limits.max_concurrent_inspections = tenant == "a" ? 1 : 0;
+    return limits;
+  });
+  models.SetInspectionWait(absl::Milliseconds(50));
+  absl::Notification inspecting, release;
+  runner_.before_inspect = [&]() -> absl::Status {
+    if (!inspecting.HasBeenNotified()) {
+      inspecting.Notify();
+      release.WaitForNotification();
+    }
+    return absl::OkStatus();
+  };
+  const v1::UploadHeader first = StageUpload(models, "a", "a's first model");
+  absl::StatusOr<v1::Model> first_done;
+  std::thread flood([&] { first_done = models.FinishUpload("a", first); });
+  inspecting.WaitForNotification();
+
+  const v1::UploadHeader second = StageUpload(models, "a", "a's second model");
+  absl::StatusOr<v1::Model> refused = models.FinishUpload("a", second);
+  EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
+  EXPECT_THAT(refused.status().message(), AllOf(HasSubstr("max_concurrent_inspections"), HasSubstr("Retry")));
+  auto staged = models.UploadStatus("a", second.sha256());
+  ASSERT_TRUE(staged.ok());
+  EXPECT_EQ(staged->committed_size(), second.size());  // nothing to send again
+
+  EXPECT_TRUE(models.FinishUpload("b", StageUpload(models, "b", "b's model")).ok());
+  release.Notify();
+  flood.join();
+  EXPECT_TRUE(first_done.ok()) << first_done.status();
+  EXPECT_TRUE(models.FinishUpload("a", second).ok());  // the retry finishes what was staged
+}
+
+// The host had no room (the runner's bound): not a refused model; the same upload finishes later.
+TEST_F(ModelRegistryTest, AFullHostIsNotARefusedModel) {
+  bool host_full = true;
+  runner_.before_inspect = [&]() -> absl::Status {
+    if (host_full) return absl::ResourceExhaustedError("4 inspections are running on this host");
+    return absl::OkStatus();
+  };
+  const v1::UploadHeader header = StageUpload(*models_, "t", "a model");
+  absl::StatusOr<v1::Model> refused = models_->FinishUpload("t", header);
+  EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
+  EXPECT_THAT(refused.status().message(), Not(HasSubstr("model refused")));
+  host_full = false;
+  // The client resumes: nothing staged is left, it sends the bytes again, and the commit finds the blob.
+  const v1::UploadHeader again = StageUpload(*models_, "t", "a model");
+  EXPECT_TRUE(models_->FinishUpload("t", again).ok());
 }
 
 TEST_F(ModelRegistryTest, UploadsUnderANameThatWouldNotReadBackAreRefusedBeforeAnyByte) {

@@ -175,6 +175,38 @@ TEST_F(WorkerRunnerTest, UploadsOutsideTheAllowlistAreRefusedInTheWorker) {
   EXPECT_EQ(layers->size(), 20u);
 }
 
+// The inspection cap (4 GiB, --inspection_memory_bytes' default) holds the biggest fixtures'
+// inspections: ResNet-50 as an exported program and as TorchScript.
+TEST_F(WorkerRunnerTest, TheBiggestFixturesAreInspectedUnderTheInspectionCap) {
+  if (kSanitizer != nullptr) GTEST_SKIP() << "a sanitizer build sets no RLIMIT_AS";
+  options_.memory_bytes = int64_t{16} << 30;
+  options_.inspection_memory_bytes = int64_t{4} << 30;
+  worker::v1::Task inspect;
+  inspect.mutable_inspect();
+  EXPECT_THAT(WorkerArguments(options_, inspect, "/s"), ::testing::Contains("--memory_bytes=4294967296"));
+  options_.inspections = std::make_shared<InspectionSlots>(InspectionBounds{1, int64_t{4} << 30, 0, absl::Minutes(5)});
+  WorkerRunner runner(options_);
+  for (const char* model : {"zoo_resnet50.exported_train.pt2", "zoo_resnet50.exported_eval.pt2"}) {
+    auto layers = runner.Inspect(kFixtures + "/models/" + model);
+    ASSERT_TRUE(layers.ok()) << model << ": " << layers.status();
+    EXPECT_EQ(layers->size(), 53u) << model;
+  }
+  EXPECT_EQ(options_.inspections->running(), 0);  // each slot given back
+}
+
+// A host whose inspection budget is taken refuses, naming the flag, and starts no worker.
+TEST_F(WorkerRunnerTest, AFullHostRefusesAnInspectionNamingItsBound) {
+  options_.inspection_memory_bytes = int64_t{4} << 30;
+  options_.inspections = std::make_shared<InspectionSlots>(
+      InspectionBounds{1, int64_t{8} << 30, 0, absl::Milliseconds(10)});
+  auto held = options_.inspections->Acquire("someone", int64_t{4} << 30);
+  ASSERT_TRUE(held.ok());
+  WorkerRunner runner(options_);
+  auto layers = runner.Inspect(kFixtures + "/models/resnet18.traced_eval.pt");
+  EXPECT_EQ(layers.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(layers.status().message(), HasSubstr("--max_concurrent_inspections"));
+}
+
 TEST_F(WorkerRunnerTest, AllowedFileOperatorsStillMeetTheSandbox) {
   // An administrator allowed them; the sandbox still keeps the model to its scratch.
   options_.extra_allowed_ops = {"aten::from_file", "aten::save"};

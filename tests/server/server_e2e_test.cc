@@ -1,5 +1,6 @@
 // recal-server end to end, as a client sees it: the real binary on a loopback port, real
 // fixture models and files, results checked against the float64 reference.
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -764,6 +765,49 @@ TEST_F(OneWorkerServerTest, WatchersResumeBySeqAndSeveralWatchAtOnce) {
     ASSERT_FALSE(events.empty());
     EXPECT_EQ(events.back().seq(), tail.back().seq());
   }
+}
+
+// 200 watchers waiting on a running job are subscriptions, not threads: the server's thread
+// count stays far below the watcher count; shutdown ends every one with UNAVAILABLE.
+TEST_F(OneWorkerServerTest, WaitingWatchersHoldNoServerThreadAndShutdownEndsThemUnavailable) {
+  const std::string model_id = UploadModel();
+  v1::SubmitJobRequest request = LongJob(model_id);
+  request.mutable_spec()->mutable_options()->set_max_batches(100000);
+  v1::Job job = Submit(request);
+  WaitForState(*stub_, job.id(), v1::RUNNING);
+  constexpr int kWatchers = 200;
+  std::atomic<int> started{0};
+  std::vector<grpc::StatusCode> ended(kWatchers, grpc::StatusCode::OK);
+  std::vector<std::thread> watchers;
+  for (int i = 0; i < kWatchers; ++i) {
+    watchers.emplace_back([&, i] {
+      grpc::ClientContext context;
+      v1::WatchJobRequest watch;
+      watch.set_id(job.id());
+      auto reader = stub_->WatchJob(&context, watch);
+      v1::JobEvent event;
+      bool first = true;
+      while (reader->Read(&event)) {
+        if (first) started.fetch_add(1);
+        first = false;
+      }
+      ended[i] = reader->Finish().error_code();
+    });
+  }
+  for (int i = 0; i < 600 && started.load() < kWatchers; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(started.load(), kWatchers);
+  int threads = 0;
+  for ([[maybe_unused]] const auto& task :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(server_->pid()) + "/task")) {
+    ++threads;
+  }
+  EXPECT_LT(threads, kWatchers / 2) << "server threads with " << kWatchers << " watchers waiting";
+  server_->Terminate(120);
+  for (auto& w : watchers) w.join();
+  for (grpc::StatusCode code : ended) EXPECT_EQ(code, grpc::StatusCode::UNAVAILABLE);
+  Restart();
 }
 
 TEST_F(OneWorkerServerTest, AJobKilledMidRunCompletesAfterRestart) {

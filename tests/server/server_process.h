@@ -52,6 +52,7 @@ class ServerProcess {
   int Terminate(double seconds);
   std::string log() const;  // what it wrote on stderr
   int metrics_port() const;  // from its log; 0 if it serves no metrics
+  pid_t pid() const { return pid_; }
 
  private:
   std::string data_dir_;
