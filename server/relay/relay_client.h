@@ -47,7 +47,8 @@ class RelayClient final : public jobs::PushRelay {
 
  private:
   friend class RelayedPush;
-  // The calls of the open streams, to cancel at CloseAll.
+  friend class RemoteInspector;
+  // The calls of the open streams and inspections, to cancel at CloseAll.
   void Track(grpc::ClientContext* call);
   void Untrack(grpc::ClientContext* call);
 

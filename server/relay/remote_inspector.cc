@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <fstream>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -32,6 +33,9 @@ absl::StatusOr<std::vector<v1::BatchNormLayer>> RemoteInspector::InspectAt(const
   grpc::ClientContext call;
   workers_->Authorize(call);
   call.set_deadline(absl::ToChronoTime(absl::Now() + options_.deadline));
+  // Cancelled at shutdown (RelayClient::CloseAll), which would otherwise wait on the worker.
+  workers_->Track(&call);
+  absl::Cleanup untrack = [this, &call] { workers_->Untrack(&call); };
   internal::v1::InspectModelResponse response;
   auto writer = stub->InspectModel(&call, &response);
   internal::v1::InspectModelRequest message;
@@ -44,6 +48,7 @@ absl::StatusOr<std::vector<v1::BatchNormLayer>> RemoteInspector::InspectAt(const
     archive.read(chunk.data(), std::min<int64_t>(chunk_bytes, size - sent));
     if (archive.gcount() <= 0) {
       call.TryCancel();
+      writer->Finish();  // the cancelled call's end
       return absl::InternalError(absl::StrCat("the staged archive ", model_path, " ended before ", size, " bytes"));
     }
     message.set_chunk(chunk.data(), static_cast<size_t>(archive.gcount()));
@@ -74,6 +79,9 @@ absl::StatusOr<std::vector<v1::BatchNormLayer>> RemoteInspector::Inspect(const s
   std::vector<std::string> passed_over;
   for (const std::string& address : *live) {
     auto layers = InspectAt(address, model_path);
+    if (absl::IsCancelled(layers.status())) {  // this process is shutting down: no verdict
+      return absl::UnavailableError("the server is shutting down; finish the upload again");
+    }
     if (!PassOver(layers.status())) return layers;
     log::Warning("recal-server: a worker could not inspect an upload; trying the next",
                  {{"worker", address}, {"error", std::string(layers.status().message())}});

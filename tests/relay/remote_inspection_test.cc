@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <thread>
 
 #include <gmock/gmock.h>
 #include <grpcpp/create_channel.h>
@@ -15,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/random/random.h"
+#include "absl/synchronization/notification.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "recal/internal/v1/inspection.grpc.pb.h"
@@ -40,7 +42,9 @@ constexpr int kMaxMessageBytes = 1 << 20;  // small: an archive of a few MiB tak
 class RecordingInspector final : public jobs::ModelInspector {
  public:
   absl::Status verdict;
+  absl::Notification* hold = nullptr;  // set: the inspection waits for it (a slow model)
   absl::StatusOr<std::vector<v1::BatchNormLayer>> Inspect(const std::string& model_path) override {
+    if (hold != nullptr) hold->WaitForNotification();
     std::lock_guard<std::mutex> lock(mu);
     ++calls;
     seen = testing::ReadBytes(model_path);
@@ -123,6 +127,8 @@ class RemoteInspectionTest : public ::testing::Test {
   testing::TempDir tmp_;
   std::unique_ptr<store::MetadataStore> metadata_;
   RecordingInspector inspector_;
+  // What a slow model's inspection waits for; outlives the worker's handler (TearDown).
+  absl::Notification slow_model_;
   std::unique_ptr<InspectionService> service_;
   InternalEndpoint worker_;
   std::unique_ptr<RelayClient> client_;
@@ -222,6 +228,27 @@ TEST_F(RemoteInspectionTest, WithNoLiveWorkerTheUploadIsUnavailableNamingWhatToS
   EXPECT_THAT(layers.status().message(), HasSubstr(hint));
   EXPECT_THAT(layers.status().message(), HasSubstr("127.0.0.1:1"));
   EXPECT_EQ(inspector_.calls, 0);
+}
+
+TEST_F(RemoteInspectionTest, AnApiReplicaShuttingDownMidInspectionAnswersUnavailableNotARefusal) {
+  Heard("w1", worker_.advertised);
+  inspector_.hold = &slow_model_;
+  RemoteInspector remote(client_.get(), metadata_.get());
+  const std::string staged = Staged("a model");
+  absl::StatusOr<std::vector<v1::BatchNormLayer>> layers;
+  absl::Notification answered;
+  std::thread upload([&] {
+    layers = remote.Inspect(staged);
+    answered.Notify();
+  });
+  absl::SleepFor(absl::Milliseconds(200));  // the archive is at the worker, being inspected
+  client_->CloseAll();                       // what JobManager::Shutdown does
+  const bool without_the_worker = answered.WaitForNotificationWithTimeout(absl::Seconds(10));
+  slow_model_.Notify();
+  upload.join();
+  EXPECT_TRUE(without_the_worker) << "the shutdown waited for the worker's inspection";
+  EXPECT_EQ(layers.status().code(), absl::StatusCode::kUnavailable) << layers.status();
+  EXPECT_THAT(layers.status().message(), HasSubstr("shutting down"));
 }
 
 TEST_F(RemoteInspectionTest, AHeartbeatMakesAWorkerLiveUntilItStops) {
