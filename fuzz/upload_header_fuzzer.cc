@@ -6,7 +6,7 @@
 // blob store in a scratch directory. An accepted header is then driven as the service does:
 // GetUploadStatus, one chunk (the header's name bytes, up to the declared size) at offset 0,
 // and the end of the stream (FinishUpload: the digest verified, then inspection, which this
-// target's runner refuses, so nothing is ever stored as a model).
+// target's inspector refuses, so nothing is ever stored as a model).
 //
 // Contract: a bad header (no header, a name CheckModelName refuses, size <= 0 or over the
 // limit, a digest that is not 64 lowercase hex, so never a path) is refused with a message; an accepted one leads to a
@@ -20,7 +20,7 @@
 #include "common/sha256.h"
 #include "fuzz/fuzz_util.h"
 #include "recal/v1/recal.pb.h"
-#include "server/jobs/job_runner.h"
+#include "server/jobs/model_inspector.h"
 #include "server/jobs/model_ref.h"
 #include "server/jobs/model_registry.h"
 #include "server/store/local_blob_store.h"
@@ -32,12 +32,8 @@ constexpr char kTenant[] = "fuzz";
 constexpr int64_t kMaxModelBytes = int64_t{1} << 20;
 constexpr int64_t kMaxStoredBytes = int64_t{1} << 19;
 
-class RefusingRunner final : public recal::jobs::JobRunner {
+class RefusingInspector final : public recal::jobs::ModelInspector {
  public:
-  absl::StatusOr<recal::v1::RunReport> Recalibrate(const recal::jobs::RecalibrationTask&,
-                                                   const recal::jobs::RunHooks&) override {
-    return absl::UnimplementedError("the upload fuzz target runs no jobs");
-  }
   absl::StatusOr<std::vector<recal::v1::BatchNormLayer>> Inspect(const std::string&) override {
     return absl::InvalidArgumentError("the upload fuzz target inspects no model");
   }
@@ -46,7 +42,7 @@ class RefusingRunner final : public recal::jobs::JobRunner {
 struct Server {
   std::unique_ptr<recal::store::SqliteMetadataStore> metadata;
   std::unique_ptr<recal::store::BlobStore> blobs;
-  RefusingRunner runner;
+  RefusingInspector inspector;
   std::unique_ptr<recal::jobs::ModelRegistry> models;
 };
 
@@ -60,7 +56,7 @@ Server& TheServer() {
     s->metadata = *std::move(metadata);
     s->blobs = *std::move(blobs);
     s->models = std::make_unique<recal::jobs::ModelRegistry>(
-        s->metadata.get(), s->blobs.get(), kMaxModelBytes, &s->runner,
+        s->metadata.get(), s->blobs.get(), kMaxModelBytes, &s->inspector,
         [](const std::string&) { return recal::jobs::TenantLimits{.max_stored_bytes = kMaxStoredBytes}; });
     return s;
   }();
@@ -95,7 +91,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
              "' accepted");
   FUZZ_CHECK(header.size() > 0 && header.size() <= kMaxStoredBytes, "size ", header.size(), " accepted");
   FUZZ_CHECK(recal::IsSha256Hex(header.sha256()), "digest '", header.sha256(), "' accepted");
-  FUZZ_CHECK(!start->has_value(), "a model is stored, yet the runner refuses every model");
+  FUZZ_CHECK(!start->has_value(), "a model is stored, yet the inspector refuses every model");
 
   auto status = server.models->UploadStatus(kTenant, header.sha256());
   FUZZ_CHECK(status.ok() && status->committed_size() == 0, "GetUploadStatus: ", status.status().ToString());

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -44,9 +45,12 @@
 #include "common/version.h"
 #include "server/log/log.h"
 #include "server/metrics/metrics.h"
+#include "server/relay/endpoint_heartbeat.h"
+#include "server/relay/inspection_service.h"
 #include "server/relay/internal_endpoint.h"
 #include "server/relay/relay_client.h"
 #include "server/relay/relay_service.h"
+#include "server/relay/remote_inspector.h"
 #include "server/s3/s3_flags.h"
 #include "server/store/blob_store.h"
 #include "server/store/metadata_store.h"
@@ -74,10 +78,11 @@ ABSL_FLAG(std::string, role, "all",
           "replicas); worker: runs jobs only (serves health). api and worker share --store and --blobs");
 ABSL_FLAG(std::string, internal_token_file, "",
           "cluster mode: the shared secret (a file, at least 32 characters) that admits api replicas to the "
-          "workers' internal endpoints; with it api replicas take client-stream jobs and relay their pushed "
-          "batches to the worker process running the job. Same file on every api and worker process");
+          "workers' internal endpoints, where workers inspect the replicas' uploads and take the pushed batches "
+          "of client-stream jobs. Same file on every api and worker process; role=api requires it");
 ABSL_FLAG(std::string, internal_listen, "0.0.0.0:50052",
-          "role=worker with --internal_token_file: where relayed pushed batches are taken (port 0: any free port)");
+          "role=worker with --internal_token_file: where api replicas send uploads to inspect and relay pushed "
+          "batches (port 0: any free port)");
 ABSL_FLAG(std::string, advertise_address, "",
           "role=worker: HOST[:PORT] api replicas reach --internal_listen at, recorded in the store (default: the "
           "host listened on, or this host's name for a wildcard; the port listened on)");
@@ -112,7 +117,8 @@ ABSL_FLAG(double, job_timeout_seconds, 6 * 3600, "a job's time limit unless its 
 ABSL_FLAG(double, stream_idle_seconds, 300,
           "a client_stream job fails when no batch is pushed for this long, giving its worker back");
 ABSL_FLAG(double, shutdown_timeout_seconds, 20, "how long SIGTERM waits for workers and calls");
-ABSL_FLAG(std::string, worker_binary, "", "recal-worker, which runs every model (default: beside recal-server)");
+ABSL_FLAG(std::string, worker_binary, "",
+          "recal-worker, which runs every model (default: beside recal-server); role=api starts none");
 ABSL_FLAG(int64_t, job_memory_bytes, int64_t{16} << 30, "address space of each job's worker (RLIMIT_AS); 0: no limit");
 ABSL_FLAG(int64_t, inspection_memory_bytes, int64_t{4} << 30,
           "address space of each upload-inspecting worker (RLIMIT_AS), far below a job's; 0: --job_memory_bytes");
@@ -216,6 +222,19 @@ int main(int argc, char** argv) {
   if (role != "all" && role != "api" && role != "worker") {
     return Fail(absl::InvalidArgumentError(absl::StrCat("--role=", role, " is not all, api or worker")));
   }
+  // Cluster mode's secret (see README, "Cluster mode"). An api replica starts no recal-worker:
+  // the worker processes inspect its uploads, and it reaches them with the secret.
+  std::optional<recal::relay::RelaySecret> cluster_secret;
+  if (role != "all" && !absl::GetFlag(FLAGS_internal_token_file).empty()) {
+    auto secret = recal::relay::RelaySecret::FromFile(absl::GetFlag(FLAGS_internal_token_file));
+    if (!secret.ok()) return Fail(secret.status());
+    cluster_secret = *std::move(secret);
+  } else if (role == "api") {
+    return Fail(absl::FailedPreconditionError(
+        "--role=api starts no recal-worker, so the worker processes inspect its uploads, reached with the "
+        "cluster secret: give --internal_token_file=FILE, the same file as the workers' (at least 32 characters, "
+        "e.g. a token from 'recalctl token new')"));
+  }
   // Who may call, decided before anything listens.
   const std::string listen = absl::GetFlag(FLAGS_listen);
   std::unique_ptr<recal::auth::Authenticator> auth;
@@ -310,15 +329,38 @@ int main(int argc, char** argv) {
   worker.prefetch_depth = std::max(0, absl::GetFlag(FLAGS_prefetch_depth));
   worker.decode_threads = std::max(0, absl::GetFlag(FLAGS_decode_threads));
   recal::jobs::WorkerRunner runner(worker);
-  // Said once at start: what the sandbox holds on this machine, and by name what it cannot.
-  auto sandbox = runner.DescribeSandbox();
-  if (!sandbox.ok()) return Fail(absl::Status(sandbox.status().code(),
-                                              absl::StrCat("the worker does not start: ", sandbox.status().message())));
-  recal::log::Info("recal-server: jobs run in sandboxed workers",
-                   {{"worker", worker.binary}, {"enforced", absl::StrJoin(sandbox->enforced(), ", ")}});
-  for (const std::string& missing : sandbox->missing()) {
-    recal::log::Warning(absl::StrCat("recal-server: sandbox: not enforced on this machine: ", missing));
+  if (role == "api") {
+    recal::log::Info("recal-server: jobs and inspections of uploads run on the worker processes (--role=worker); "
+                     "this process starts no recal-worker");
+  } else {
+    // Said once at start: what the sandbox holds on this machine, and by name what it cannot.
+    auto sandbox = runner.DescribeSandbox();
+    if (!sandbox.ok()) {
+      return Fail(absl::Status(sandbox.status().code(),
+                               absl::StrCat("the worker does not start: ", sandbox.status().message())));
+    }
+    recal::log::Info("recal-server: jobs run in sandboxed workers",
+                     {{"worker", worker.binary}, {"enforced", absl::StrJoin(sandbox->enforced(), ", ")}});
+    for (const std::string& missing : sandbox->missing()) {
+      recal::log::Warning(absl::StrCat("recal-server: sandbox: not enforced on this machine: ", missing));
+    }
   }
+  // An api replica's connections to the workers' internal endpoints: the inspections of its
+  // uploads, and the pushed batches of client-stream jobs.
+  std::unique_ptr<recal::relay::RelayClient> relay_client;
+  std::unique_ptr<recal::relay::RemoteInspector> remote_inspector;
+  if (role == "api") {
+    auto made = recal::relay::RelayClient::Make(*cluster_secret,
+                                                {.tls_ca = absl::GetFlag(FLAGS_internal_tls_ca),
+                                                 .tls_cert = tls.cert,
+                                                 .tls_key = tls.key,
+                                                 .max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes)});
+    if (!made.ok()) return Fail(made.status());
+    relay_client = *std::move(made);
+    remote_inspector = std::make_unique<recal::relay::RemoteInspector>(relay_client.get(), metadata->get());
+  }
+  recal::jobs::ModelInspector* const inspector =
+      remote_inspector ? static_cast<recal::jobs::ModelInspector*>(remote_inspector.get()) : &runner;
   const recal::jobs::TenantLimitsFn limits = [&auth](const std::string& tenant) {
     const recal::auth::TenantQuotas quotas = auth->QuotasOf(tenant);
     return recal::jobs::TenantLimits{
@@ -326,39 +368,30 @@ int main(int argc, char** argv) {
         quotas.max_concurrent_inspections > 0 ? quotas.max_concurrent_inspections
                                               : absl::GetFlag(FLAGS_tenant_max_concurrent_inspections)};
   };
-  recal::jobs::ModelRegistry models(metadata->get(), blobs, absl::GetFlag(FLAGS_max_model_bytes), &runner,
+  recal::jobs::ModelRegistry models(metadata->get(), blobs, absl::GetFlag(FLAGS_max_model_bytes), inspector,
                                     limits);
   models.SetInspectionWait(absl::Seconds(absl::GetFlag(FLAGS_inspection_wait_seconds)));
   // Cluster mode's client streams (see README, "Cluster mode"): a worker process takes relayed
   // pushes on an internal endpoint of its own, an api replica relays them there; both only
   // with the cluster secret.
   std::unique_ptr<recal::relay::RelayService> relay_service;
+  std::unique_ptr<recal::relay::InspectionService> inspection_service;
   recal::relay::InternalEndpoint internal;
-  std::unique_ptr<recal::relay::RelayClient> relay_client;
-  if (role != "all" && !absl::GetFlag(FLAGS_internal_token_file).empty()) {
-    auto secret = recal::relay::RelaySecret::FromFile(absl::GetFlag(FLAGS_internal_token_file));
-    if (!secret.ok()) return Fail(secret.status());
-    if (role == "worker") {
-      relay_service = std::make_unique<recal::relay::RelayService>(*std::move(secret));
-      auto served = recal::relay::ServeInternal(absl::GetFlag(FLAGS_internal_listen),
-                                                absl::GetFlag(FLAGS_advertise_address), *credentials,
-                                                relay_service.get(), absl::GetFlag(FLAGS_max_message_bytes));
-      if (!served.ok()) return Fail(served.status());
-      internal = *std::move(served);
-      recal::log::Info("recal-server: internal endpoint for relayed pushes",
-                       {{"listen", absl::GetFlag(FLAGS_internal_listen)}, {"advertised", internal.advertised}});
-    } else {
-      recal::relay::RelayClientOptions relay;
-      relay.tls_ca = absl::GetFlag(FLAGS_internal_tls_ca);
-      relay.tls_cert = tls.cert;
-      relay.tls_key = tls.key;
-      relay.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
-      auto made = recal::relay::RelayClient::Make(*std::move(secret), relay);
-      if (!made.ok()) return Fail(made.status());
-      relay_client = *std::move(made);
-    }
+  if (role == "worker" && cluster_secret) {
+    relay_service = std::make_unique<recal::relay::RelayService>(*cluster_secret);
+    inspection_service = std::make_unique<recal::relay::InspectionService>(
+        *cluster_secret, &runner,
+        recal::relay::InspectionServiceOptions{absl::GetFlag(FLAGS_max_model_bytes), worker.scratch_root});
+    auto served = recal::relay::ServeInternal(
+        absl::GetFlag(FLAGS_internal_listen), absl::GetFlag(FLAGS_advertise_address), *credentials,
+        {relay_service.get(), inspection_service.get()}, absl::GetFlag(FLAGS_max_message_bytes));
+    if (!served.ok()) return Fail(served.status());
+    internal = *std::move(served);
+    recal::log::Info("recal-server: internal endpoint for inspections and relayed pushes",
+                     {{"listen", absl::GetFlag(FLAGS_internal_listen)}, {"advertised", internal.advertised}});
   } else if (role == "worker") {
-    recal::log::Warning("recal-server: no --internal_token_file: client-stream jobs this worker takes fail");
+    recal::log::Warning("recal-server: no --internal_token_file: api replicas cannot reach this worker, so it "
+                        "inspects none of their uploads, and client-stream jobs it takes fail");
   }
   recal::jobs::JobManagerOptions options;
   // An api process runs no jobs; a process alone on an SQLite file (role all) may take back
@@ -385,6 +418,12 @@ int main(int argc, char** argv) {
   recal::jobs::JobManager jobs(metadata->get(), blobs, &models, &runner, options);
   if (relay_service) relay_service->Bind(&jobs);
   if (absl::Status started = jobs.Start(); !started.ok()) return Fail(started);
+  // Api replicas send inspections to the workers they heard from lately.
+  std::optional<recal::relay::EndpointHeartbeat> heartbeat;
+  if (internal.server) {
+    heartbeat.emplace(metadata->get(), jobs.lease_owner(), internal.advertised);
+    heartbeat->Start();
+  }
 
   // Every process that serves the API sweeps (with --blobs=s3:// each stages its own uploads);
   // what it does is safe when replicas do it at once (retention_sweeper.h).
@@ -513,6 +552,7 @@ int main(int argc, char** argv) {
   store_health.join();
   const absl::Duration deadline = absl::Seconds(absl::GetFlag(FLAGS_shutdown_timeout_seconds));
   server->GetHealthCheckService()->SetServingStatus(false);
+  if (heartbeat) heartbeat->Stop();  // no inspection is sent here any more
   sweeper.Stop();
   jobs.Shutdown(deadline);  // closes the feeds: relayed streams end
   if (internal.server) internal.server->Shutdown(std::chrono::system_clock::now() + absl::ToChronoSeconds(deadline));

@@ -123,6 +123,8 @@ class JobManager {
 
   int queued() const { return scheduler_.queued(); }
   int running() const { return scheduler_.running(); }
+  // The name this process's leases carry; its internal endpoint is recorded under it.
+  const std::string& lease_owner() const { return scheduler_.owner(); }
 
  private:
   // Everything of the spec but its model, which Submit resolves.

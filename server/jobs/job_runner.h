@@ -1,6 +1,6 @@
 // How a job's model runs: the seam between scheduling (JobManager) and execution. The
 // server's runner is WorkerRunner (a sandboxed recal-worker process per task); tests may
-// put a fake behind it.
+// put a fake behind it. Uploads are inspected through ModelInspector (model_inspector.h).
 #pragma once
 
 #include <atomic>
@@ -53,9 +53,6 @@ class JobRunner {
 
   // Runs one recalibration to its end; its files are in task.scratch_dir when it succeeds.
   virtual absl::StatusOr<v1::RunReport> Recalibrate(const RecalibrationTask& task, const RunHooks& hooks) = 0;
-
-  // Validates an uploaded archive and lists its BatchNorm layers (INVALID_ARGUMENT: refused).
-  virtual absl::StatusOr<std::vector<v1::BatchNormLayer>> Inspect(const std::string& model_path) = 0;
 };
 
 }  // namespace recal::jobs

@@ -13,6 +13,7 @@
 #include "recal/v1/recal.pb.h"
 #include "server/jobs/inspection_slots.h"
 #include "server/jobs/job_runner.h"
+#include "server/jobs/model_inspector.h"
 #include "server/store/blob_store.h"
 #include "server/store/metadata_store.h"
 
@@ -33,9 +34,10 @@ using TenantLimitsFn = std::function<TenantLimits(const std::string& tenant)>;
 // among the tenant's own models only).
 class ModelRegistry {
  public:
-  // `runner` validates and inspects every upload (the server never loads a model itself).
+  // `runner` validates and inspects every upload (the server never loads a model itself):
+  // a local WorkerRunner, or on an api replica a worker process of the cluster.
   ModelRegistry(store::MetadataStore* metadata, store::BlobStore* blobs, int64_t max_model_bytes,
-                JobRunner* runner, TenantLimitsFn limits = nullptr)
+                ModelInspector* runner, TenantLimitsFn limits = nullptr)
       : metadata_(metadata),
         blobs_(blobs),
         max_model_bytes_(max_model_bytes),
@@ -92,7 +94,7 @@ class ModelRegistry {
   store::MetadataStore* metadata_;
   store::BlobStore* blobs_;
   const int64_t max_model_bytes_;
-  JobRunner* runner_;
+  ModelInspector* runner_;
   TenantLimitsFn limits_;
   // Each tenant's concurrent inspections (TenantLimits::max_concurrent_inspections); the
   // host's bound is the runner's.

@@ -99,6 +99,8 @@ class Scheduler {
 
   int queued() const;  // in the store, from every process
   int running() const;  // here
+  // The name this process's leases carry (SchedulerOptions::owner, or the one made for it).
+  const std::string& owner() const { return options_.owner; }
 
  private:
   struct Running {

@@ -1,4 +1,4 @@
-// JobRunner that runs every task in its own recal-worker process (server/worker), inside the
+// JobRunner (and ModelInspector) that runs every task in its own recal-worker process (server/worker), inside the
 // sandbox (server/sandbox): the only way the server runs an uploaded model. The process is
 // watched from outside: cancellation and the deadline end it (SIGTERM, then SIGKILL after
 // `kill_grace`), and a worker that dies (signal, exit code, memory limit) fails its task
@@ -15,6 +15,7 @@
 #include "server/data_access/object_storage.h"
 #include "server/jobs/inspection_slots.h"
 #include "server/jobs/job_runner.h"
+#include "server/jobs/model_inspector.h"
 
 namespace recal::jobs {
 
@@ -59,7 +60,7 @@ std::vector<std::string> WorkerArguments(const WorkerRunnerOptions& options, con
 // The address-space cap an inspecting worker gets (inspection_memory_bytes, else memory_bytes).
 int64_t InspectionMemoryBytes(const WorkerRunnerOptions& options);
 
-class WorkerRunner : public JobRunner {
+class WorkerRunner : public JobRunner, public ModelInspector {
  public:
   explicit WorkerRunner(WorkerRunnerOptions options);
 

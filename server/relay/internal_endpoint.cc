@@ -23,12 +23,12 @@ std::pair<std::string, std::string> SplitHostPort(const std::string& address) {
 
 absl::StatusOr<InternalEndpoint> ServeInternal(const std::string& listen, const std::string& advertise,
                                                const std::shared_ptr<grpc::ServerCredentials>& credentials,
-                                               grpc::Service* service, int max_message_bytes) {
+                                               const std::vector<grpc::Service*>& services, int max_message_bytes) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(listen, credentials, &port);
   builder.SetMaxReceiveMessageSize(max_message_bytes);
-  builder.RegisterService(service);
+  for (grpc::Service* service : services) builder.RegisterService(service);
   // The relays' keepalive pings (every 30 s while a stream waits on a full feed) are welcome.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server.h>
@@ -18,11 +19,11 @@ struct InternalEndpoint {
   std::string advertised;  // host:port, as recorded in the store
 };
 
-// Serves `service` on `listen` ("host:port"; port 0: any free one). The advertised address is
+// Serves `services` on `listen` ("host:port"; port 0: any free one). The advertised address is
 // `advertise` ("HOST:PORT", or "HOST" with the port listened on); empty: the host listened on,
 // or this machine's host name when that is a wildcard (0.0.0.0, [::]).
 absl::StatusOr<InternalEndpoint> ServeInternal(const std::string& listen, const std::string& advertise,
                                                const std::shared_ptr<grpc::ServerCredentials>& credentials,
-                                               grpc::Service* service, int max_message_bytes);
+                                               const std::vector<grpc::Service*>& services, int max_message_bytes);
 
 }  // namespace recal::relay

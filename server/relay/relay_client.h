@@ -1,6 +1,7 @@
 // An api replica's side of the relay (jobs::PushRelay): a client's pushed batches go on, as
 // they come, to the internal endpoint of the worker process that runs the job, over one
-// channel per worker address, presenting the cluster secret (and TLS when configured). The
+// channel per worker address, presenting the cluster secret (and TLS when configured; the
+// same channels carry the inspections of uploads, remote_inspector.h). The
 // client's stream is read only as fast as the worker's bounded feed takes it: each Write
 // waits on gRPC flow control, so back-pressure holds from the worker back to the client.
 #pragma once
@@ -38,15 +39,21 @@ class RelayClient final : public jobs::PushRelay {
                                                          const std::string& feed_id) override;
   void CloseAll() override;
 
+  // The channel to the worker process at `address` (one per address, kept), and what makes a
+  // call on it present the cluster secret.
+  std::shared_ptr<grpc::Channel> ChannelTo(const std::string& address);
+  void Authorize(grpc::ClientContext& call) const { secret_.AttachTo(call); }
+  int max_message_bytes() const { return max_message_bytes_; }
+
  private:
   friend class RelayedPush;
-  // The calls of the open streams, to cancel at CloseAll.
+  friend class RemoteInspector;
+  // The calls of the open streams and inspections, to cancel at CloseAll.
   void Track(grpc::ClientContext* call);
   void Untrack(grpc::ClientContext* call);
 
   RelayClient(RelaySecret secret, std::shared_ptr<grpc::ChannelCredentials> credentials, int max_message_bytes)
       : secret_(std::move(secret)), credentials_(std::move(credentials)), max_message_bytes_(max_message_bytes) {}
-  std::shared_ptr<grpc::Channel> ChannelTo(const std::string& address);
 
   const RelaySecret secret_;
   const std::shared_ptr<grpc::ChannelCredentials> credentials_;

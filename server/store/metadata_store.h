@@ -224,6 +224,9 @@ class MetadataStore {
   // endpoints not refreshed for a week whose owner holds no lease (processes long gone).
   virtual absl::Status PutWorkerEndpoint(const std::string& owner, const std::string& address, int64_t now_ms) = 0;
   virtual absl::StatusOr<std::string> WorkerEndpoint(const std::string& owner) = 0;  // NOT_FOUND
+  // The addresses of the endpoints put at or after `heard_since_ms` (each once; most recently
+  // heard from first): the worker processes that an api replica may ask to inspect an upload.
+  virtual absl::StatusOr<std::vector<std::string>> LiveWorkerEndpoints(int64_t heard_since_ms) = 0;
 
 };
 

@@ -1085,4 +1085,15 @@ absl::StatusOr<std::string> PostgresMetadataStore::WorkerEndpoint(const std::str
   });
 }
 
+absl::StatusOr<std::vector<std::string>> PostgresMetadataStore::LiveWorkerEndpoints(int64_t heard_since_ms) {
+  return impl_->Run([&]() -> absl::StatusOr<std::vector<std::string>> {
+    RECAL_ASSIGN_OR_RETURN(Result r, impl_->Exec("SELECT address, MAX(updated_ms) AS heard FROM worker_endpoints "
+                                                 "WHERE updated_ms >= $1 GROUP BY address ORDER BY heard DESC",
+                                                 Params().Int64(heard_since_ms)));
+    std::vector<std::string> addresses;
+    for (int i = 0; i < r.rows(); ++i) addresses.push_back(r.Bytes(i, 0));
+    return addresses;
+  });
+}
+
 }  // namespace recal::store

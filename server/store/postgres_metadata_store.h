@@ -70,6 +70,7 @@ class PostgresMetadataStore final : public MetadataStore {
   absl::StatusOr<bool> BlobReferenced(const std::string& sha256) override;
   absl::Status PutWorkerEndpoint(const std::string& owner, const std::string& address, int64_t now_ms) override;
   absl::StatusOr<std::string> WorkerEndpoint(const std::string& owner) override;
+  absl::StatusOr<std::vector<std::string>> LiveWorkerEndpoints(int64_t heard_since_ms) override;
 
  private:
   struct Impl;

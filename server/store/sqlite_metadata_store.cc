@@ -1049,4 +1049,18 @@ absl::StatusOr<std::string> SqliteMetadataStore::WorkerEndpoint(const std::strin
   return q.Text(0);
 }
 
+absl::StatusOr<std::vector<std::string>> SqliteMetadataStore::LiveWorkerEndpoints(int64_t heard_since_ms) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("SELECT address, MAX(updated_ms) AS heard FROM worker_endpoints "
+                                                    "WHERE updated_ms >= ?1 GROUP BY address ORDER BY heard DESC"));
+  q.Bind(1, heard_since_ms);
+  std::vector<std::string> addresses;
+  while (true) {
+    RECAL_ASSIGN_OR_RETURN(const bool row, q.Step());
+    if (!row) break;
+    addresses.push_back(q.Text(0));
+  }
+  return addresses;
+}
+
 }  // namespace recal::store

@@ -26,12 +26,14 @@
       with -DRECAL_BUILD_TESTS=OFF without GoogleTest or Google Benchmark, every file it
       finds coming from the list's packages or their Depends;
   (g) recal-server --role=api starts and answers an upload without recal-worker, which
-      the api image does not hold.
+      the api image does not hold (UNAVAILABLE naming what to start: no worker process is
+      up to inspect it), and refuses to start without --internal_token_file, saying so.
 
 Every recal command line (compose: the image's ENTRYPOINT + command; Kubernetes: command
 + args) may use only the flags `recal-server --helpfull` lists; --role=api runs the api
 image, every other role the worker image (compose: build target and image name;
-Kubernetes: image name).
+Kubernetes: image name), and every api replica gets the cluster secret (--internal_token_file
+from a secret), which it needs to have the workers inspect its uploads.
 
 usage: check_deploy.py --source DIR [--server RECAL_SERVER] [--api-binary BINARY]... BINARY...
 """
@@ -208,11 +210,10 @@ def compose_dockerfile(deploy, svc):
 
 
 def image_for(role):
-    """The Dockerfile target a process of this role runs: today the worker image for every
-    role. recal-server --role=api still starts recal-worker (to describe the sandbox at start
-    and to inspect every upload), which the api image does not hold (check (g) reports it);
-    once it needs none, api processes move to the api image (API_STAGE)."""
-    return WORKER_STAGE
+    """The Dockerfile target a process of this role runs: --role=api starts no recal-worker
+    (the workers inspect its uploads; check (g) runs it without one), so it runs the api image
+    (no recal-worker, no LibTorch); every other role runs models, in the worker image."""
+    return API_STAGE if role == "api" else WORKER_STAGE
 
 
 def check_compose_image(svc, role, where):
@@ -416,6 +417,9 @@ def check_cluster_compose(deploy, image):
         check(relay_secret in top_secrets and relay_secret not in (pg_password_secret, secrets.get(last(flags, "auth_file"))),
               f"{name}: --internal_token_file={last(flags, 'internal_token_file')} is a secret of its own it gets")
         relay_secrets.add(relay_secret)
+        if roles[name] == "api":
+            check(bool(last(flags, "internal_token_file")) and relay_secret in top_secrets,
+                  f"{name}: --role=api gets the cluster secret it needs (the workers inspect its uploads)")
         check(secrets.get(env.get("RECAL_PGPASSWORD_FILE")) == pg_password_secret and pg_password_secret,
               f"{name}: RECAL_PGPASSWORD_FILE={env.get('RECAL_PGPASSWORD_FILE')} is postgres's password "
               f"secret {pg_password_secret}")
@@ -1350,6 +1354,9 @@ def check_pod(dep, image, docs, where, expect_role):
         check(secret in secrets and key in keys and m.get("readOnly") is True,
               f"{where}: {what} {path} is key {key} of the Secret {secret}, mounted read-only")
     secret_file(last(flags, "auth_file"), "--auth_file")
+    if role == "api":
+        check(bool(last(flags, "internal_token_file")),
+              f"{where}: --role=api gets the cluster secret it needs (the workers inspect its uploads)")
     secret_file(last(flags, "internal_token_file"), "--internal_token_file")
     secret_file(env.get("RECAL_PGPASSWORD_FILE"), "RECAL_PGPASSWORD_FILE")
     literal = [e.get("name") for e in c.get("env") or []
@@ -1514,7 +1521,8 @@ def check_k8s(deploy, image):
 def check_api_without_worker(server, recalctl):
     """The api image holds no recal-worker (and no LibTorch for one): recal-server --role=api
     must start and take uploads without it. Run here with --worker_binary naming a file that
-    does not exist, on loopback, with the embedded store."""
+    does not exist, on loopback, with the embedded store and no worker process: an upload is
+    answered UNAVAILABLE, naming what to start. Without the cluster secret it does not start."""
     print("(g) --role=api without recal-worker (what the api image holds)")
     with tempfile.TemporaryDirectory(prefix="recal-api-") as tmp:
         r = subprocess.run([recalctl, "token", "new", "--tenant", "deploy", "--role", "submit"],
@@ -1526,15 +1534,23 @@ def check_api_without_worker(server, recalctl):
         auth = os.path.join(tmp, "auth.txt")
         with open(auth, "w") as f:
             f.write(lines[1] + "\n")
+        secret = os.path.join(tmp, "internal_token.txt")
+        with open(secret, "w") as f:
+            f.write(os.urandom(32).hex() + "\n")
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             address = f"127.0.0.1:{sock.getsockname()[1]}"
         absent = os.path.join(tmp, "no-recal-worker")
+        argv = [server, "--role=api", f"--data_dir={tmp}/data", f"--listen={address}", "--metrics_listen=",
+                f"--auth_file={auth}", f"--worker_binary={absent}"]
+        # No cluster secret: no way to have its uploads inspected, so it does not start.
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        check(r.returncode != 0 and "--internal_token_file" in r.stderr,
+              f"--role=api without --internal_token_file does not start, saying so ({r.returncode}, "
+              f"{(r.stderr.strip().splitlines() or [''])[-1]})")
         log_path = os.path.join(tmp, "server.log")
         with open(log_path, "w") as log:
-            proc = subprocess.Popen([server, "--role=api", f"--data_dir={tmp}/data", f"--listen={address}",
-                                     "--metrics_listen=", f"--auth_file={auth}", f"--worker_binary={absent}"],
-                                    stdout=log, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(argv + [f"--internal_token_file={secret}"], stdout=log, stderr=subprocess.STDOUT)
         try:
             serving = False
             for _ in range(100):
@@ -1549,21 +1565,25 @@ def check_api_without_worker(server, recalctl):
                 last_line = (f.read().strip().splitlines() or [""])[-1]
             state = ("SERVING" if serving else f"exited {proc.returncode}" if proc.poll() is not None
                      else "not serving")
-            if not serving:
-                # A known gap, not yet a requirement: the deployments run api processes on the
-                # worker image until it is closed (image_for).
-                print(f"  gap  recal-server --role=api does not start without recal-worker ({state}: {last_line})")
-                notes.append("api image: --role=api still needs recal-worker")
+            if not check(serving, f"recal-server --role=api starts without recal-worker ({state}: {last_line})"):
                 return
             junk = os.path.join(tmp, "junk.pt")
             with open(junk, "wb") as f:
                 f.write(b"not a TorchScript archive\n" * 40)
-            r = subprocess.run([recalctl, f"--server={address}", "upload", junk], capture_output=True, text=True,
-                               timeout=60, env=dict(os.environ, RECAL_TOKEN=lines[0]))
-            out = (r.stdout + r.stderr).strip().splitlines()
-            check(r.returncode != 0 and not any(absent in l or "cannot start" in l for l in out),
-                  f"--role=api answers an upload (a file that is no model: refused) without recal-worker "
-                  f"({r.returncode}, {out[-1:]})")
+            # The answer is UNAVAILABLE, which recalctl retries for 2 minutes before it gives up:
+            # what the server answered is in its log (every failed call is).
+            try:
+                r = subprocess.run([recalctl, f"--server={address}", "upload", junk], capture_output=True,
+                                   text=True, timeout=15, env=dict(os.environ, RECAL_TOKEN=lines[0]))
+                out = (r.stdout + r.stderr).strip().splitlines()
+            except subprocess.TimeoutExpired:
+                out = ["(recalctl still retrying after 15 s)"]
+            with open(log_path) as f:
+                said = f.read().splitlines()
+            hint = [l for l in said if "start a --role=worker with --internal_token_file" in l]
+            check(hint and not any(absent in l or "cannot start" in l for l in said + out),
+                  f"--role=api answers an upload without recal-worker: UNAVAILABLE, no worker process is up to "
+                  f"inspect it ({hint[-1:] or said[-1:]}; recalctl: {out[-1:]})")
         finally:
             if proc.poll() is None:
                 proc.terminate()

@@ -10,12 +10,13 @@
 #include "absl/status/statusor.h"
 #include "common/sha256.h"
 #include "server/jobs/job_runner.h"
+#include "server/jobs/model_inspector.h"
 #include "server/jobs/model_registry.h"
 #include "tests/test_util.h"
 
 namespace recal::jobs {
 
-class FakeRunner : public JobRunner {
+class FakeRunner : public JobRunner, public ModelInspector {
  public:
   std::function<absl::StatusOr<v1::RunReport>(const RecalibrationTask&, const RunHooks&)> recalibrate;
 

@@ -1,5 +1,8 @@
 // The cluster mode end to end: a throwaway PostgreSQL, two api replicas and two workers (each
-// its own process and local data dir, blobs on one shared directory). Jobs submitted through
+// its own process and local data dir, blobs on one shared directory). The api replicas cannot
+// start a recal-worker (their --worker_binary does not exist): the workers inspect their
+// uploads (ClusterInspectionTest: the same verdicts as --role=all, an attacker at the internal
+// inspection, no worker up). Jobs submitted through
 // either replica run on both workers, a watch through the other replica sees them through, and
 // a worker killed with SIGKILL mid-job loses the job to the other worker once its lease runs
 // out: it completes there as attempt 2. The database cut off, and PostgreSQL itself crashed
@@ -25,6 +28,7 @@
 
 #include "absl/strings/match.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "recal/internal/v1/inspection.grpc.pb.h"
 #include "recal/internal/v1/relay.grpc.pb.h"
 #include "server/data/batch_source.h"
 #include "tests/engine/test_util.h"
@@ -81,8 +85,12 @@ class ClusterTest : public ::testing::Test {
     uri_ = *uri;
     token_ = NewToken();
     std::ofstream(tmp_.File("auth.txt")) << AuthLine(token_, "default", "admin") << extra_auth_;
+    // The secret every api replica needs (its uploads are inspected by the workers) and that
+    // admits it to the workers' internal endpoints.
+    std::ofstream(tmp_.File("cluster-secret")) << NewToken() << "\n";
     shared_ = {"--store=" + *uri, "--blobs=file:" + tmp_.File("shared-blobs"), "--data_root=" + kFixtures,
-               "--auth_file=" + tmp_.File("auth.txt"), "--lease_seconds=" + std::to_string(lease_seconds_)};
+               "--auth_file=" + tmp_.File("auth.txt"), "--lease_seconds=" + std::to_string(lease_seconds_),
+               "--internal_token_file=" + tmp_.File("cluster-secret"), "--internal_listen=127.0.0.1:0"};
     shared_.insert(shared_.end(), extra_flags_.begin(), extra_flags_.end());
     for (const char* name : {"api-a", "api-b"}) apis_.push_back(Start(name, "api"));
     for (const char* name : {"worker-1", "worker-2"}) workers_.push_back(Start(name, "worker"));
@@ -92,11 +100,20 @@ class ClusterTest : public ::testing::Test {
     flags.push_back("--role=" + role);
     const std::vector<std::string>& own = role == "worker" ? worker_flags_ : api_flags_;
     flags.insert(flags.end(), own.begin(), own.end());
+    // Provably no recal-worker on an api replica, as in the api image.
+    if (role == "api") flags.push_back("--worker_binary=" + tmp_.File("no-recal-worker-here"));
     auto process = std::make_unique<ServerProcess>(tmp_.File(name), flags, ServerProcess::Auth::kOpen);
     EXPECT_TRUE(process->ok()) << name << ": " << process->log();
     return process;
   }
   std::unique_ptr<v1::Recal::Stub> Api(int i) { return apis_[i]->Stub(token_); }
+  // The internal endpoint worker `i` advertised (from its log).
+  std::string InternalAddress(int i) {
+    std::smatch match;
+    const std::string log = workers_[i]->log();
+    if (!std::regex_search(log, match, std::regex("advertised=(\\S+)"))) return "";
+    return match[1];
+  }
   // Which worker's log says it started `job_id` (attempt `attempt`); -1 if none.
   int WorkerThatStarted(const std::string& job_id, int attempt) {
     const std::regex started("job started job_id=" + job_id + " device=\\S+ attempt=" + std::to_string(attempt));
@@ -206,19 +223,11 @@ TEST_F(ClusterTest, JobsFromEitherReplicaRunOnBothWorkersAndAKilledWorkersJobFin
   EXPECT_FALSE(Download(*Api(0), job.id(), v1::BN_BUFFERS, &downloaded).empty());
   EXPECT_TRUE(downloaded.ok()) << downloaded.error_message();
 
-  // A worker serves no API; an api replica takes no client-stream job (no relay yet).
+  // A worker serves no API.
   grpc::ClientContext c2;
   v1::ListJobsResponse listed;
   EXPECT_EQ(workers_[1 - running_on]->Stub(token_)->ListJobs(&c2, v1::ListJobsRequest(), &listed).error_code(),
             grpc::StatusCode::UNIMPLEMENTED);
-  v1::SubmitJobRequest stream;
-  stream.mutable_spec()->set_model_id(small.id());
-  stream.mutable_spec()->set_batch_size(8);
-  stream.mutable_spec()->mutable_data()->mutable_client_stream();
-  grpc::ClientContext c3;
-  const grpc::Status refused = Api(0)->SubmitJob(&c3, stream, &job);
-  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNIMPLEMENTED);
-  EXPECT_THAT(refused.error_message(), ::testing::HasSubstr("--role=all"));
 }
 
 TEST_F(ClusterTest, AShardedJobRunsOnBothWorkersAndAKilledWorkersShardIsRedoneAlone) {
@@ -412,13 +421,131 @@ TEST_F(ClusterRestartTest, PostgresCrashedAndRestartedMidRunLosesNoJobAndRunsNon
             << retried << " of " << ids.size() << " small jobs ran again\n";
 }
 
+// Uploads to api replicas that cannot start a recal-worker, inspected by the worker processes.
+class ClusterInspectionTest : public ClusterTest {
+ protected:
+  // Entries the workers' inspections left in the shared blob store's scratch directory.
+  std::vector<std::string> InspectionScratch() const {
+    std::vector<std::string> left;
+    std::error_code error;
+    for (const auto& entry : std::filesystem::directory_iterator(tmp_.File("shared-blobs") + "/tmp", error)) {
+      if (absl::StartsWith(entry.path().filename().string(), "inspect-")) left.push_back(entry.path().string());
+    }
+    return left;
+  }
+  // A call on worker `i`'s internal inspection as an attacker makes it.
+  grpc::Status InspectDirectly(int i, const std::string& secret, int64_t size, const std::string& bytes) {
+    auto stub = internal::v1::ModelInspection::NewStub(
+        grpc::CreateChannel(InternalAddress(i), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    if (!secret.empty()) context.AddMetadata("x-recal-cluster-secret", secret);
+    internal::v1::InspectModelResponse response;
+    auto writer = stub->InspectModel(&context, &response);
+    internal::v1::InspectModelRequest message;
+    message.set_size(size);
+    if (writer->Write(message)) {
+      message.set_chunk(bytes);
+      writer->Write(message);
+    }
+    writer->WritesDone();
+    return writer->Finish();
+  }
+};
+
+TEST_F(ClusterInspectionTest, WorkersInspectTheReplicasUploadsWithTheVerdictsOfRoleAllAndTheModelsRun) {
+  for (const auto& api : apis_) {
+    EXPECT_THAT(api->log(), ::testing::HasSubstr("this process starts no recal-worker"));
+    EXPECT_THAT(api->log(), ::testing::Not(::testing::HasSubstr("jobs run in sandboxed workers")));
+  }
+  // The same archives through one process that inspects them itself.
+  ServerProcess all(tmp_.File("all"), {"--data_root=" + kFixtures});
+  ASSERT_TRUE(all.ok()) << all.log();
+
+  const std::string bytes = ReadBytes(kFixtures + "/models/bn1d_2d.traced_train.pt");
+  v1::Model inspected, locally;
+  const grpc::Status uploaded = Upload(*Api(0), bytes, &inspected);
+  ASSERT_TRUE(uploaded.ok()) << uploaded.error_message();
+  ASSERT_TRUE(Upload(*all.Stub(), bytes, &locally).ok());
+  ASSERT_GT(inspected.layers_size(), 0);
+  ASSERT_EQ(inspected.layers_size(), locally.layers_size());
+  for (int i = 0; i < inspected.layers_size(); ++i) {
+    EXPECT_EQ(inspected.layers(i).SerializeAsString(), locally.layers(i).SerializeAsString()) << i;
+  }
+  EXPECT_TRUE(absl::StrContains(workers_[0]->log() + workers_[1]->log(), "inspected an upload for an api replica"));
+
+  // Hostile archives: refused with the very code and message a local inspection gives.
+  const std::string hostile = kFixtures + "/hostile/", crafted = std::string(RECAL_CRAFTED_DIR) + "/";
+  for (const std::string& path : {hostile + "reads_file.pt", hostile + "exploding_graph.pt",
+                                  crafted + "truncated_weight_200000.pt", crafted + "nested_ifs.pt"}) {
+    v1::Model refused;
+    const grpc::Status remote = Upload(*Api(1), ReadBytes(path), &refused);
+    const grpc::Status local = Upload(*all.Stub(), ReadBytes(path), &refused);
+    EXPECT_EQ(local.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << path << ": " << local.error_message();
+    EXPECT_EQ(remote.error_code(), local.error_code()) << path << ": " << remote.error_message();
+    EXPECT_EQ(remote.error_message(), local.error_message()) << path;
+  }
+  EXPECT_FALSE(std::filesystem::exists(kFixtures + "/hostile/written.pt"));
+  EXPECT_THAT(InspectionScratch(), ::testing::IsEmpty()) << "received archives are removed";
+
+  // The model the workers accepted runs.
+  grpc::ClientContext context;
+  v1::Job job;
+  ASSERT_TRUE(Api(1)->SubmitJob(&context, NpyJob(inspected.id(), "data/bn1d_2d.npy", 8), &job).ok());
+  const v1::Job done = WaitForState(*Api(0), job.id(), v1::SUCCEEDED, 120);
+  EXPECT_EQ(done.state(), v1::SUCCEEDED) << done.error().message();
+}
+
+TEST_F(ClusterInspectionTest, TheInternalInspectionRefusesCallersWithoutTheSecretAndArchivesOverTheLimit) {
+  const std::string model = ReadBytes(kFixtures + "/models/bn1d_2d.traced_train.pt");
+  for (const std::string& secret : {std::string(), NewToken(), token_}) {
+    const grpc::Status status = InspectDirectly(0, secret, static_cast<int64_t>(model.size()), model);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << "secret: '" << secret << "'";
+  }
+  EXPECT_THAT(workers_[0]->log(), ::testing::HasSubstr("ModelInspection.InspectModel"));
+  EXPECT_THAT(workers_[0]->log(), ::testing::Not(::testing::HasSubstr("inspected an upload")));
+  // With the secret, an archive over the worker's --max_model_bytes (2 GiB) is refused at its
+  // size, before anything is written; and so is one that runs past the size it declared.
+  const std::string secret = ReadBytes(tmp_.File("cluster-secret")).substr(0, 70);
+  grpc::Status status = InspectDirectly(0, secret, (int64_t{2} << 30) + 1, model);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_THAT(status.error_message(), ::testing::HasSubstr("--max_model_bytes"));
+  status = InspectDirectly(1, secret, 100, model);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(InspectionScratch(), ::testing::IsEmpty());
+  // The right secret and an honest archive: inspected.
+  EXPECT_TRUE(InspectDirectly(1, secret, static_cast<int64_t>(model.size()), model).ok());
+}
+
+TEST_F(ClusterInspectionTest, WithNoWorkerUpAnUploadIsUnavailableNamingWhatToStartAndTheNextWorkerTakesIt) {
+  // Both workers die without a word: their endpoints were heard from seconds ago.
+  for (auto& worker : workers_) worker->Kill();
+  const std::string bytes = ReadBytes(kFixtures + "/models/bn1d_2d.traced_train.pt");
+  v1::Model model;
+  const grpc::Status unavailable = Upload(*Api(0), bytes, &model);
+  EXPECT_EQ(unavailable.error_code(), grpc::StatusCode::UNAVAILABLE) << unavailable.error_message();
+  EXPECT_THAT(unavailable.error_message(),
+              ::testing::HasSubstr("no worker process is reachable to inspect the upload: start a --role=worker "
+                                   "with --internal_token_file"));
+  // A worker comes up: the same upload, again, is accepted.
+  workers_.push_back(Start("worker-3", "worker"));
+  const grpc::Status accepted = Upload(*Api(1), bytes, &model);
+  EXPECT_TRUE(accepted.ok()) << accepted.error_message();
+  EXPECT_GT(model.layers_size(), 0);
+}
+
+TEST(ClusterApiRoleTest, AnApiReplicaWithoutTheClusterSecretDoesNotStartSayingWhy) {
+  TempDir tmp;
+  ServerProcess api(tmp.File("api"), {"--role=api"});
+  EXPECT_FALSE(api.ok());
+  EXPECT_THAT(api.log(), ::testing::HasSubstr("--role=api starts no recal-worker"));
+  EXPECT_THAT(api.log(), ::testing::HasSubstr("--internal_token_file"));
+}
+
 // The cluster with the secret that lets api replicas relay pushed batches to workers.
 class ClusterStreamTest : public ClusterTest {
  protected:
   ClusterStreamTest() {
     lease_seconds_ = 8;  // outlasts the worker stopped for up to 4 s below
-    std::ofstream(tmp_.File("cluster-secret")) << NewToken() << "\n";
-    extra_flags_ = {"--internal_token_file=" + tmp_.File("cluster-secret"), "--internal_listen=127.0.0.1:0"};
     other_token_ = NewToken();
     extra_auth_ = AuthLine(other_token_, "vision", "submit");
   }
@@ -475,14 +602,6 @@ class ClusterStreamTest : public ClusterTest {
       }
     }
     return 0;
-  }
-
-  // The internal endpoint worker `i` advertised (from its log).
-  std::string InternalAddress(int i) {
-    std::smatch match;
-    const std::string log = workers_[i]->log();
-    if (!std::regex_search(log, match, std::regex("advertised=(\\S+)"))) return "";
-    return match[1];
   }
 
   std::string other_token_;

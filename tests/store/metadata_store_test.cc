@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/store/metadata_test_util.h"
 #include "tests/store/postgres_server.h"
@@ -655,6 +656,20 @@ TEST_P(MetadataStoreTest, WorkerEndpointsAreKeptByOwnerAndForgottenOnlyWhenStale
   db_ = OpenDb(spec_);
   ASSERT_NE(db_, nullptr);
   EXPECT_EQ(*db_->WorkerEndpoint("w2"), "10.0.0.4:1");
+}
+
+TEST_P(MetadataStoreTest, LiveWorkerEndpointsAreThoseHeardFromSinceEachOnceNewestFirst) {
+  const int64_t now = absl::ToUnixMillis(absl::Now());
+  EXPECT_TRUE(db_->LiveWorkerEndpoints(now - 30000)->empty());
+  ASSERT_TRUE(db_->PutWorkerEndpoint("w-quiet", "10.0.0.1:1", now - 60000).ok());  // stopped, or cut off
+  ASSERT_TRUE(db_->PutWorkerEndpoint("w-a", "10.0.0.2:1", now - 20000).ok());
+  ASSERT_TRUE(db_->PutWorkerEndpoint("w-b", "10.0.0.3:1", now - 1000).ok());
+  // A process restarted on the same address under a new owner name: one address, not two.
+  ASSERT_TRUE(db_->PutWorkerEndpoint("w-a-again", "10.0.0.2:1", now - 10000).ok());
+  EXPECT_THAT(*db_->LiveWorkerEndpoints(now - 30000), ::testing::ElementsAre("10.0.0.3:1", "10.0.0.2:1"));
+  EXPECT_THAT(*db_->LiveWorkerEndpoints(now - 5000), ::testing::ElementsAre("10.0.0.3:1"));
+  EXPECT_THAT(*db_->LiveWorkerEndpoints(now - 120000),
+              ::testing::ElementsAre("10.0.0.3:1", "10.0.0.2:1", "10.0.0.1:1"));
 }
 
 TEST_P(MetadataStoreTest, AWriteAgainstAVersionAnotherWriterChangedIsRefused) {
