@@ -27,6 +27,17 @@ std::string BatchesFact(const v1::RunReport& report) {
   return text;
 }
 
+// How the estimate settled: the worst layer's error at the first and last recorded batch.
+std::string ConvergenceFact(const v1::RunReport& report) {
+  const auto& history = report.convergence();
+  if (history.empty()) return report.shards() > 1 ? "not recorded for a merge of shards" : "";
+  const v1::ConvergencePoint& first = history[0];
+  const v1::ConvergencePoint& last = history[history.size() - 1];
+  return absl::StrFormat("%.2g%% after %d batches, %.2g%% after %d (worst layer; median layer %.2g%%)",
+                         100 * first.max_rel_std_error(), first.batches(), 100 * last.max_rel_std_error(),
+                         last.batches(), 100 * last.median_rel_std_error());
+}
+
 // Shifts compare as numbers; a layer without statistics sorts after every layer with them.
 double SortKey(const v1::LayerReport& layer) {
   const double shift = layer.mean_shift_in_std().max();
@@ -60,6 +71,9 @@ std::vector<std::pair<std::string, std::string>> HeaderFacts(const v1::RunReport
   facts.emplace_back("samples/s", absl::StrFormat("%.1f", report.samples_per_second()));
   facts.emplace_back("layers", absl::StrCat(report.layers_recalibrated(), " recalibrated, ",
                                             report.unused_layers_size(), " unused, ", excluded, " excluded"));
+  if (std::string convergence = ConvergenceFact(report); !convergence.empty()) {
+    facts.emplace_back("rel.err", std::move(convergence));
+  }
   return facts;
 }
 
