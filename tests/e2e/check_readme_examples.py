@@ -12,15 +12,15 @@ digests left out of the comparison (times and rates differ between runs); `...` 
 block stands for lines left out. Exits 1 naming the first line not found.
 """
 import argparse
-import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from demo_server import new_token, start_server  # noqa: E402  (the demo's server, started the same way)
 
 
 def examples(readme):
@@ -39,30 +39,6 @@ def normalized(line):
     line = re.sub(r"\b[0-9a-f]{64}\b", "HEX", line)
     line = re.sub(r"[-+]?\d+(\.\d+)?(e[-+]?\d+)?", "N", line)
     return " ".join(line.split())
-
-
-def start_server(build, fixtures, work):
-    recalctl = os.path.join(build, "bin", "recalctl")
-    made = json.loads(subprocess.run([recalctl, "token", "new", "--tenant", "demo", "--role", "submit",
-                                      "--output", "json", "--quiet"],
-                                     check=True, capture_output=True, text=True).stdout)
-    auth = os.path.join(work, "auth.txt")
-    with open(auth, "w") as f:
-        f.write(made["auth_line"] + "\n")
-    log_path = os.path.join(work, "server.log")
-    log = open(log_path, "w")
-    proc = subprocess.Popen([os.path.join(build, "bin", "recal-server"), "--listen=127.0.0.1:0", "--metrics_listen=",
-                             "--data_dir=" + os.path.join(work, "data"), "--data_root=" + fixtures,
-                             "--auth_file=" + auth], stderr=log)
-    for _ in range(600):
-        match = re.search(r"listening on port (\d+)", open(log_path).read())
-        if match:
-            return proc, "127.0.0.1:" + match.group(1), made["token"]
-        if proc.poll() is not None:
-            sys.exit("recal-server exited: " + open(log_path).read())
-        time.sleep(0.1)
-    proc.kill()
-    sys.exit("recal-server did not start")
 
 
 def missing_line(expected, output):
@@ -91,7 +67,12 @@ def main():
         sys.exit(f"expected the README's recal-run and recalctl examples, found {len(found)}")
     work = tempfile.mkdtemp(prefix="recal-readme-")
     os.symlink(build, os.path.join(work, "build"))
-    proc, address, token = start_server(build, os.path.join(build, "fixtures"), work)
+    auth_file = os.path.join(work, "auth.txt")
+    token = new_token(os.path.join(build, "bin", "recalctl"), auth_file)
+    proc, port = start_server(os.path.join(build, "bin", "recal-server"), os.path.join(work, "data"),
+                              os.path.join(build, "fixtures"), os.path.join(work, "server.log"),
+                              ["--auth_file=" + auth_file])
+    address = f"127.0.0.1:{port}"
     failed = 0
     try:
         env = dict(os.environ, RECAL_SERVER=address, RECAL_TOKEN=token, OMP_WAIT_POLICY="PASSIVE")
