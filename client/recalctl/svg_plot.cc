@@ -201,14 +201,19 @@ std::string Series(const LinePlot& plot, const PlotSeries& series, const Scale& 
                       dots, "</g>");
 }
 
+// The legend's width for a series: its line, and its name at about 7 px a character (11 px
+// sans-serif), at least the 90 px a short name always had.
+double LegendWidth(const PlotSeries& series) { return std::max(90.0, 36.0 + 7.0 * series.name.size()); }
+
 std::string Legend(const LinePlot& plot) {
   std::string svg = "<g class=\"legend\">";
-  double x = kRight - 90.0 * plot.series.size();
+  double x = kRight;
+  for (const PlotSeries& s : plot.series) x -= LegendWidth(s);
   for (const PlotSeries& s : plot.series) {
     absl::StrAppend(&svg, "<line x1=\"", Num(x), "\" x2=\"", Num(x + 18),
                     "\" y1=\"18\" y2=\"18\" stroke-width=\"2\" stroke=\"", HtmlEscape(s.color), "\"/><text x=\"",
                     Num(x + 22), "\" y=\"22\">", HtmlEscape(s.name), "</text>");
-    x += 90;
+    x += LegendWidth(s);
   }
   return svg + "</g>";
 }

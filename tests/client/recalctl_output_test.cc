@@ -210,6 +210,9 @@ TEST(ReportTableTest, TextHasTheHeaderThenTheRowsInShiftOrder) {
   EXPECT_THAT(cells, ElementsAre("layer17.bn", "32", "5", "20", "0.25", "1.17", "4", "1.8%", "1017"));
   EXPECT_THAT(text, HasSubstr("flagged, not in the table above:"));
   EXPECT_THAT(text, HasSubstr("rel.err > 5%"));
+  v1::RunReport noisy = SampleReport();
+  noisy.mutable_convergence(0)->set_max_rel_std_error(1.33);
+  EXPECT_THAT(ctl::ReportText(noisy, top3), HasSubstr("rel.err:   133% after 2 batches"));
   const size_t head = text.find("\nhead.bn ");
   ASSERT_NE(head, std::string::npos);
   EXPECT_THAT(text.substr(head, text.find('\n', head + 1) - head), HasSubstr("unused"));
