@@ -30,6 +30,16 @@ def generate_stubs(out_dir):
     sys.path.insert(0, out_dir)
 
 
+def new_token(recalctl, auth_file):
+    """A new token of tenant "demo" (role submit); its auth-file line written to `auth_file`."""
+    made = json.loads(subprocess.run([recalctl, "token", "new", "--tenant", "demo", "--role", "submit",
+                                      "--output", "json", "--quiet"],
+                                     check=True, capture_output=True, text=True).stdout)
+    with open(auth_file, "w") as f:
+        f.write(made["auth_line"] + "\n")
+    return made["token"]
+
+
 def start_server(binary, data_dir, data_root, log_path, extra=()):
     log = open(log_path, "w")
     # No metrics endpoint: the default port would collide with any other server running.
@@ -58,19 +68,14 @@ def main():
     from recal.v1 import recal_pb2, recal_pb2_grpc
 
     # 1. A token for tenant "demo", and the auth-file line that admits it (the server keeps only its hash).
-    recalctl = os.path.join(os.path.dirname(args.server), "recalctl")
-    made = json.loads(subprocess.run([recalctl, "token", "new", "--tenant", "demo", "--role", "submit",
-                                      "--output", "json", "--quiet"],
-                                     check=True, capture_output=True, text=True).stdout)
     auth_file = os.path.join(work, "auth.txt")
-    with open(auth_file, "w") as f:
-        f.write(made["auth_line"] + "\n")
+    token = new_token(os.path.join(os.path.dirname(args.server), "recalctl"), auth_file)
     # 2. The server, with credentials required.
     proc, port = start_server(args.server, os.path.join(work, "data"), args.fixtures,
                               os.path.join(work, "server.log"), ["--auth_file=" + auth_file])
     try:
         # 3. Calls that carry the token.
-        metadata = (("authorization", "Bearer " + made["token"]),)
+        metadata = (("authorization", "Bearer " + token),)
         stub = recal_pb2_grpc.RecalStub(grpc.insecure_channel("127.0.0.1:%d" % port))
         try:
             stub.ListJobs(recal_pb2.ListJobsRequest())

@@ -152,8 +152,9 @@ ABSL_FLAG(double, upload_idle_seconds, 24 * 3600,
 ABSL_FLAG(double, retention_interval_seconds, 600,
           "how often the retention sweeper runs (expired uploads, old versions and results; 0: never)");
 ABSL_FLAG(int32_t, download_chunk_bytes, 1 << 20, "bytes per DownloadResult message");
-ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9464",
-          "address to serve Prometheus metrics on at /metrics (port 0: any free port; empty: none)");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
+          "address to serve Prometheus metrics on at /metrics, loopback by default (0.0.0.0:9464 for a "
+          "Prometheus in another container or host; port 0: any free port; empty: none)");
 ABSL_FLAG(std::string, log_format, "text", "text | json (one object per line)");
 ABSL_FLAG(std::string, log_level, "info", "debug | info | warning | error");
 

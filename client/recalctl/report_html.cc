@@ -1,5 +1,6 @@
 #include "client/recalctl/report_html.h"
 
+#include <cmath>
 #include <limits>
 #include <vector>
 
@@ -11,7 +12,7 @@ namespace recal::ctl {
 namespace {
 
 constexpr double kMissing = std::numeric_limits<double>::quiet_NaN();
-constexpr char kBlue[] = "#1f6fb4", kOrange[] = "#e07b16", kGreen[] = "#2e9a4a";
+constexpr char kBlue[] = "#1f6fb4", kOrange[] = "#e07b16", kGreen[] = "#2e9a4a", kGrey[] = "#999999";
 
 // No script may run and nothing may be fetched: a page built from an uploaded model's layer
 // names stays inert even if an escape were missed somewhere.
@@ -64,6 +65,50 @@ std::vector<LinePlot> Plots(const v1::RunReport& report, const ReportViewOptions
   return {shift, ratio, error};
 }
 
+// The worst and the median layer's error after each recorded batch, on log-log axes, where
+// an estimate that settles as more data comes in is a line of slope -1/2; the grey line is
+// that slope through the final error, so a curve flatter than it stands out (batches that
+// are not alike: sorted or drifting data).
+LinePlot ConvergencePlot(const v1::RunReport& report, const ReportViewOptions& options) {
+  LinePlot plot{"convergence", "Convergence over batches (log-log)", "rel. std error", "batches (log scale)",
+                true, {}, {}};
+  plot.log_x = true;
+  PlotSeries worst{"worst layer", kOrange, {}}, median{"median layer", kBlue, {}}, ideal{"1/\u221an", kGrey, {}};
+  const v1::ConvergencePoint& last = report.convergence(report.convergence_size() - 1);
+  for (const v1::ConvergencePoint& point : report.convergence()) {
+    plot.x_values.push_back(static_cast<double>(point.batches()));
+    plot.x_names.push_back(absl::StrCat("after ", point.batches(), " batches (", point.samples(), " samples, ",
+                                        point.layers(), " layers)"));
+    worst.values.push_back(point.max_rel_std_error());
+    median.values.push_back(point.median_rel_std_error());
+    ideal.values.push_back(last.max_rel_std_error() *
+                           std::sqrt(static_cast<double>(last.batches()) / static_cast<double>(point.batches())));
+  }
+  plot.series = {worst, median, ideal};
+  plot.guide = options.warn_rel_error;
+  return plot;
+}
+
+// The convergence section: the plot, or why there is none.
+std::string ConvergenceSection(const v1::RunReport& report, const ReportViewOptions& options) {
+  std::string html = "<h2>Convergence over batches</h2>\n<p class=\"note\">";
+  if (report.convergence_size() == 0) {
+    return absl::StrCat(html,
+                        report.shards() > 1
+                            ? absl::StrCat("No history: the batches ran in ", report.shards(),
+                                           " shards whose statistics were merged at the end, so the estimate "
+                                           "never grew in one order of batches.")
+                            : "No history in this report (it was written by a Recal that did not record one).",
+                        "</p>\n");
+  }
+  absl::StrAppend(&html,
+                  "The relative standard error after each batch (thinned evenly in long runs): of the worst "
+                  "layer (the progress line's rel.err) and of the median one. Grey: the 1/\u221an an estimate "
+                  "settles by when its batches are alike, through the final error; dashed: the threshold of "
+                  "the flags. Hover a point for its batch.</p>\n");
+  return html + SvgLinePlot(ConvergencePlot(report, options));
+}
+
 std::string FactsTable(const v1::RunReport& report) {
   std::string html = "<table class=\"facts\">\n";
   for (const auto& [key, value] : HeaderFacts(report)) {
@@ -106,6 +151,7 @@ std::string ReportHtml(const v1::RunReport& report, const ReportViewOptions& opt
                   "point for the layer's name. Dashed lines: variance ratio 1 (unchanged), and the "
                   "relative-error threshold of the flags.</p>\n");
   for (const LinePlot& plot : Plots(report, options)) absl::StrAppend(&html, SvgLinePlot(plot));
+  absl::StrAppend(&html, ConvergenceSection(report, options));
   const std::vector<LayerRow> rows = RowsToShow(report, options);
   absl::StrAppend(&html, "<h2>Layers that moved most</h2>\n<p class=\"note\">", rows.size(), " of ",
                   report.layers_size(), " layers, by largest mean shift.</p>\n", LayerTable(rows));

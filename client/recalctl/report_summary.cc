@@ -27,6 +27,24 @@ std::string BatchesFact(const v1::RunReport& report) {
   return text;
 }
 
+// A relative error as a percentage with two significant digits, whole percents from 100 up
+// (a first batch's estimate can be 130%: not "1.3e+02%").
+std::string Percent(double fraction) {
+  const double percent = 100 * fraction;
+  return percent >= 99.5 ? absl::StrFormat("%.0f%%", percent) : absl::StrFormat("%.2g%%", percent);
+}
+
+// How the estimate settled: the worst layer's error at the first and last recorded batch.
+std::string ConvergenceFact(const v1::RunReport& report) {
+  const auto& history = report.convergence();
+  if (history.empty()) return report.shards() > 1 ? "not recorded for a merge of shards" : "";
+  const v1::ConvergencePoint& first = history[0];
+  const v1::ConvergencePoint& last = history[history.size() - 1];
+  return absl::StrFormat("%s after %d batches, %s after %d (worst layer; median layer %s)",
+                         Percent(first.max_rel_std_error()), first.batches(), Percent(last.max_rel_std_error()),
+                         last.batches(), Percent(last.median_rel_std_error()));
+}
+
 // Shifts compare as numbers; a layer without statistics sorts after every layer with them.
 double SortKey(const v1::LayerReport& layer) {
   const double shift = layer.mean_shift_in_std().max();
@@ -60,6 +78,9 @@ std::vector<std::pair<std::string, std::string>> HeaderFacts(const v1::RunReport
   facts.emplace_back("samples/s", absl::StrFormat("%.1f", report.samples_per_second()));
   facts.emplace_back("layers", absl::StrCat(report.layers_recalibrated(), " recalibrated, ",
                                             report.unused_layers_size(), " unused, ", excluded, " excluded"));
+  if (std::string convergence = ConvergenceFact(report); !convergence.empty()) {
+    facts.emplace_back("rel.err", std::move(convergence));
+  }
   return facts;
 }
 
@@ -118,7 +139,7 @@ std::vector<std::string> RowCells(const LayerRow& row) {
     for (double value : {shift.median(), shift.max(), ratio.min(), ratio.median(), ratio.max()}) {
       cells.push_back(absl::StrFormat("%.3g", value));
     }
-    cells.push_back(layer.rel_std_error() >= 0 ? absl::StrFormat("%.2g%%", 100 * layer.rel_std_error()) : "-");
+    cells.push_back(layer.rel_std_error() >= 0 ? Percent(layer.rel_std_error()) : "-");
   } else {
     cells.insert(cells.end(), 6, "-");
   }

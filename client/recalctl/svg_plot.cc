@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -22,9 +23,19 @@ struct Scale {
   double low = 0, high = 1;  // on a log scale: log10 of the bounds
   size_t points = 1;
   double step = 1;  // between grid lines: a value (linear), a number of decades (log)
+  // x by value (LinePlot::x_values): the positions, log10 of them on a log scale, and their
+  // range; empty: by index.
+  std::vector<double> xs;
+  bool log_x = false;
+  double x_low = 0, x_high = 1;
 
   double X(size_t i) const {
+    if (!xs.empty()) return i < xs.size() ? XAt(xs[i]) : kRight;
     return points <= 1 ? (kLeft + kRight) / 2 : kLeft + (kRight - kLeft) * static_cast<double>(i) / (points - 1);
+  }
+  // The pixel of a position on the axis (log10 of it on a log scale).
+  double XAt(double position) const {
+    return x_high > x_low ? kLeft + (kRight - kLeft) * (position - x_low) / (x_high - x_low) : (kLeft + kRight) / 2;
   }
   double Y(double value) const {
     const double v = log_y ? std::log10(value) : value;
@@ -42,8 +53,28 @@ double NiceStep(double range) {
   return 10 * power;
 }
 
+// Positions by value: finite ones (positive on a log scale); any other puts the point at
+// the right edge rather than outside the frame.
+void XScaleFor(const LinePlot& plot, Scale& scale) {
+  if (plot.x_values.empty()) return;
+  scale.log_x = plot.log_x;
+  std::vector<double> drawable;
+  for (double x : plot.x_values) {
+    const bool ok = std::isfinite(x) && (!plot.log_x || x > 0);
+    scale.xs.push_back(ok ? (plot.log_x ? std::log10(x) : x) : std::numeric_limits<double>::quiet_NaN());
+    if (ok) drawable.push_back(scale.xs.back());
+  }
+  if (drawable.empty()) drawable = {0, 1};
+  scale.x_low = *std::min_element(drawable.begin(), drawable.end());
+  scale.x_high = *std::max_element(drawable.begin(), drawable.end());
+  for (double& x : scale.xs) {
+    if (std::isnan(x)) x = scale.x_high;
+  }
+}
+
 Scale ScaleFor(const LinePlot& plot) {
   Scale scale;
+  XScaleFor(plot, scale);
   scale.log_y = plot.log_y;
   scale.points = plot.x_names.size();
   for (const PlotSeries& s : plot.series) scale.points = std::max(scale.points, s.values.size());
@@ -84,17 +115,51 @@ std::string YTick(const Scale& scale, double value) {
                       Num(y + 4), "\" text-anchor=\"end\">", absl::StrFormat("%g", value), "</text>");
 }
 
-// Frame, y grid lines with their values, x ticks at about eight layer indices, axis labels.
+std::string XTick(double x, double value) {
+  return absl::StrCat("<text class=\"tick\" x=\"", Num(x), "\" y=\"", Num(kBottom + 16), "\" text-anchor=\"middle\">",
+                      absl::StrFormat("%g", value), "</text>");
+}
+
+// The round values inside the x range: 1, 2, 5 times powers of ten on a log scale (only the
+// powers where the range spans more than two decades), NiceStep's multiples on a linear one.
+std::vector<double> XTickValues(const Scale& scale) {
+  std::vector<double> ticks;
+  const double slack = 1e-9 * std::max(1.0, scale.x_high - scale.x_low);
+  const auto inside = [&](double position) {
+    return position >= scale.x_low - slack && position <= scale.x_high + slack;
+  };
+  if (scale.log_x) {
+    const bool sparse = scale.x_high - scale.x_low > 2;
+    for (double decade = std::floor(scale.x_low); decade <= std::ceil(scale.x_high); ++decade) {
+      for (double factor : {1.0, 2.0, 5.0}) {
+        if (sparse && factor != 1.0) continue;
+        const double value = factor * std::pow(10, decade);
+        if (inside(std::log10(value))) ticks.push_back(value);
+      }
+    }
+    return ticks;
+  }
+  const double step = NiceStep(scale.x_high > scale.x_low ? scale.x_high - scale.x_low : 1);
+  for (double v = std::ceil((scale.x_low - slack) / step) * step; inside(v); v += step) ticks.push_back(v);
+  return ticks;
+}
+
+// Frame, y grid lines with their values, x ticks at about eight layer indices (or round x
+// values), axis labels.
 std::string Axes(const LinePlot& plot, const Scale& scale) {
   std::string svg = "<g class=\"axes\">";
   // Grid lines from the bottom to the top of the frame, both included.
   for (double v = scale.low; v <= scale.high + scale.step / 2; v += scale.step) {
     absl::StrAppend(&svg, YTick(scale, scale.log_y ? std::pow(10, v) : v));
   }
+  if (!scale.xs.empty()) {
+    for (double value : XTickValues(scale)) {
+      absl::StrAppend(&svg, XTick(scale.XAt(scale.log_x ? std::log10(value) : value), value));
+    }
+  }
   const size_t every = std::max<size_t>(1, (scale.points + 7) / 8);
-  for (size_t i = 0; i < scale.points; i += every) {
-    absl::StrAppend(&svg, "<text class=\"tick\" x=\"", Num(scale.X(i)), "\" y=\"", Num(kBottom + 16),
-                    "\" text-anchor=\"middle\">", i, "</text>");
+  for (size_t i = 0; scale.xs.empty() && i < scale.points; i += every) {
+    absl::StrAppend(&svg, XTick(scale.X(i), static_cast<double>(i)));
   }
   absl::StrAppend(&svg, "<rect class=\"frame\" fill=\"none\" stroke=\"#888\" x=\"", Num(kLeft), "\" y=\"", Num(kTop),
                   "\" width=\"", Num(kRight - kLeft), "\" height=\"", Num(kBottom - kTop), "\"/>");
@@ -136,14 +201,19 @@ std::string Series(const LinePlot& plot, const PlotSeries& series, const Scale& 
                       dots, "</g>");
 }
 
+// The legend's width for a series: its line, and its name at about 7 px a character (11 px
+// sans-serif), at least the 90 px a short name always had.
+double LegendWidth(const PlotSeries& series) { return std::max(90.0, 36.0 + 7.0 * series.name.size()); }
+
 std::string Legend(const LinePlot& plot) {
   std::string svg = "<g class=\"legend\">";
-  double x = kRight - 90.0 * plot.series.size();
+  double x = kRight;
+  for (const PlotSeries& s : plot.series) x -= LegendWidth(s);
   for (const PlotSeries& s : plot.series) {
     absl::StrAppend(&svg, "<line x1=\"", Num(x), "\" x2=\"", Num(x + 18),
                     "\" y1=\"18\" y2=\"18\" stroke-width=\"2\" stroke=\"", HtmlEscape(s.color), "\"/><text x=\"",
                     Num(x + 22), "\" y=\"22\">", HtmlEscape(s.name), "</text>");
-    x += 90;
+    x += LegendWidth(s);
   }
   return svg + "</g>";
 }

@@ -23,6 +23,10 @@ struct LinePlot {
   std::vector<std::string> x_names;  // per x position, in the points' hover text
   std::vector<PlotSeries> series;
   std::optional<double> guide;  // a dashed horizontal line at this y
+  // Per x position, where it lies on the x axis (ticks at round values of it); empty: the
+  // positions are evenly spaced and the ticks are their indices.
+  std::vector<double> x_values;
+  bool log_x = false;  // x_values on a log scale (each must be > 0)
 };
 
 // One <svg class="plot"> element. Each series is a <g class="series" data-series=NAME

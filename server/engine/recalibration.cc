@@ -223,6 +223,10 @@ absl::Status Recalibration::Feed(const std::vector<at::Tensor>& inputs) {
   }
   ++batches_;
   samples_ += inputs[0].size(0);
+  // A host sync per kept point: every batch for the first 128, ever more rarely after.
+  if (convergence_.Wants(batches_)) {
+    if (auto point = CurrentConvergencePoint()) convergence_.Add(*point);
+  }
   seconds_ += Seconds(start);
   return absl::OkStatus();
 }
@@ -276,12 +280,23 @@ absl::Status Recalibration::Forward(const std::vector<at::Tensor>& args) {
   return absl::OkStatus();
 }
 
-double Recalibration::RelStdError() const {
+std::vector<double> Recalibration::LayerRelStdErrors() const {
   std::vector<at::Tensor> errors;
   for (const auto& layer : collector_->layers()) {
     if (layer->stats.samples() > 0) errors.push_back(layer->stats.RelStdErrorTensor().view({1}));
   }
-  return errors.empty() ? 0 : at::cat(errors).max().item<double>();  // one host sync
+  if (errors.empty()) return {};
+  const at::Tensor all = at::cat(errors).cpu().contiguous();  // one host sync
+  return std::vector<double>(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
+}
+
+double Recalibration::RelStdError() const {
+  const std::vector<double> errors = LayerRelStdErrors();
+  return errors.empty() ? 0 : *std::max_element(errors.begin(), errors.end());
+}
+
+std::optional<v1::ConvergencePoint> Recalibration::CurrentConvergencePoint() const {
+  return ConvergencePointOf(batches_, samples_, LayerRelStdErrors());
 }
 
 absl::Status Recalibration::Run(const NextBatchFn& next_batch,
@@ -358,6 +373,9 @@ absl::Status Recalibration::Merge(const ShardStatistics& shard) {
   if (shard.batches > 0) {
     memory_format_ = batches_ == 0 || memory_format_ == shard.memory_format ? shard.memory_format : MemoryFormat::kAuto;
   }
+  // The merged statistics did not grow in one order of batches: a history would show one
+  // shard's, then a jump.
+  convergence_.Abandon();
   batches_ += shard.batches;
   samples_ += shard.samples;
   seconds_ += shard.seconds;
@@ -491,6 +509,11 @@ v1::RunReport Recalibration::Report() const {
   report.set_samples_per_second(seconds_ > 0 ? samples_ / seconds_ : 0);
   report.set_memory_format(MemoryFormatName(memory_format_));
   report.set_compute_dtype(ComputeDtypeName(options_.compute_dtype));
+  const bool final_point_needed = !convergence_.abandoned() && batches_ > convergence_.last_batches();
+  for (const v1::ConvergencePoint& point :
+       convergence_.Points(final_point_needed ? CurrentConvergencePoint() : std::nullopt)) {
+    *report.add_convergence() = point;
+  }
   for (const auto& layer : collector_->layers()) {
     auto old_mean = Buffer(layer->mean_key);
     auto old_var = Buffer(layer->var_key);

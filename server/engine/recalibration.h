@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "recal/v1/report.pb.h"
+#include "server/engine/convergence.h"
 #include "server/engine/inspect.h"
 #include "server/engine/model_file.h"
 #include "server/engine/observed_model.h"
@@ -72,6 +73,8 @@ class Recalibration {
 
   // Worst relative standard error over the layers recalibrated so far.
   double RelStdError() const;
+  // Each recalibrated layer's, in one host sync (infinite for a layer without an estimate).
+  std::vector<double> LayerRelStdErrors() const;
 
   // Writes the original archive with the new statistics, atomically, after proving that the
   // result loads and references no Recal operator.
@@ -109,6 +112,8 @@ class Recalibration {
   // A batch on the device, its 4-d floating-point inputs in memory_format_.
   std::vector<at::Tensor> Arguments(const std::vector<at::Tensor>& inputs) const;
   void SetMemoryFormat(MemoryFormat format);
+  // The error summary after the batches so far (std::nullopt while no layer has one).
+  std::optional<v1::ConvergencePoint> CurrentConvergencePoint() const;
 
   std::string model_path_;
   Options options_;
@@ -122,6 +127,7 @@ class Recalibration {
   double seconds_ = 0;
   bool stopped_early_ = false;
   int forward_nodes_cut_ = 0;
+  ConvergenceHistory convergence_;
 };
 
 }  // namespace recal::engine

@@ -127,15 +127,17 @@ class ReportPageInChromiumTest : public ::testing::Test {
   std::string html_, page_;
 };
 
-TEST_F(ReportPageInChromiumTest, ThePageAsWrittenParsesIntoThreePlotsAndTheTable) {
+TEST_F(ReportPageInChromiumTest, ThePageAsWrittenParsesIntoFourPlotsAndTheTable) {
   const auto [status, dom] = Chromium(chromium_, tmp_, page_, {"--dump-dom"});
   ASSERT_EQ(status, 0) << dom;
   // The DOM the browser built: the markup survived parsing as elements, the hostile layer
   // name stayed text.
   EXPECT_THAT(dom, HasSubstr("<svg class=\"plot\" id=\"mean-shift\""));
+  EXPECT_THAT(dom, HasSubstr("<svg class=\"plot\" id=\"convergence\""));
   size_t circles = 0;
   for (size_t at = dom.find("<circle"); at != std::string::npos; at = dom.find("<circle", at + 1)) ++circles;
-  EXPECT_EQ(circles, 5u * kSampleUsedLayers + (kSampleUsedLayers - 1));  // layer9.bn has no rel.err
+  // layer9.bn has no rel.err; the convergence plot has three series.
+  EXPECT_EQ(circles, 5u * kSampleUsedLayers + (kSampleUsedLayers - 1) + 3u * kSampleConvergencePoints);
   EXPECT_THAT(dom, HasSubstr("layer3.bn&lt;script&gt;document.title='pwned'&lt;/script&gt;"));
   EXPECT_EQ(dom.find("<script"), std::string::npos);
 }
@@ -154,7 +156,7 @@ TEST_F(ReportPageInChromiumTest, EveryPlotIsLaidOutWithAPointPerLayer) {
   ASSERT_FALSE(facts.empty()) << "the probe wrote nothing:\n" << dom.substr(0, 3000);
   EXPECT_EQ(Fact(facts, "title"), "kept");  // the layer name's script never ran
   EXPECT_EQ(Fact(facts, "scripts"), "1");   // the probe is the only script
-  for (const char* plot : {"mean-shift", "var-ratio", "rel-error"}) {
+  for (const char* plot : {"mean-shift", "var-ratio", "rel-error", "convergence"}) {
     EXPECT_EQ(Fact(facts, absl::StrCat("plot ", plot)), "svg 760x260") << plot;
   }
   const std::string every = absl::StrCat("points=", kSampleUsedLayers, " circles=", kSampleUsedLayers,
@@ -165,6 +167,12 @@ TEST_F(ReportPageInChromiumTest, EveryPlotIsLaidOutWithAPointPerLayer) {
   }
   // layer9.bn ran once (no estimate): the line breaks there, into two drawn runs.
   EXPECT_EQ(Fact(facts, "series rel-error/rel.err"), "points=19 circles=19 inside=19 lines=2 drawn=2");
+  // A point per recorded batch, one unbroken line, every point inside the picture.
+  const std::string history = absl::StrCat("points=", kSampleConvergencePoints, " circles=", kSampleConvergencePoints,
+                                           " inside=", kSampleConvergencePoints, " lines=1 drawn=1");
+  for (const char* series : {"convergence/worst layer", "convergence/median layer", "convergence/1/\u221an"}) {
+    EXPECT_EQ(Fact(facts, absl::StrCat("series ", series)), history) << series;
+  }
 }
 
 }  // namespace

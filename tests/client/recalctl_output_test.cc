@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/recalctl/html_escape.h"
 #include "common/json_numbers.h"
@@ -193,7 +194,8 @@ TEST(ReportTableTest, TextHasTheHeaderThenTheRowsInShiftOrder) {
   for (const char* fact :
        {"model:     sha256:0123abcd (torchscript)\n", "estimator: batch_average\n", "modules:   eval\n",
         "device:    cpu\n", "batches:   25 of 8\n", "samples:   200\n", "seconds:   2.50\n", "samples/s: 80.0\n",
-        "layers:    20 recalibrated, 1 unused, 1 excluded\n"}) {
+        "layers:    20 recalibrated, 1 unused, 1 excluded\n",
+        "rel.err:   25% after 2 batches, 9% after 25 (worst layer; median layer 1.1%)\n"}) {
     EXPECT_THAT(text, HasSubstr(fact));
   }
   EXPECT_THAT(text, HasSubstr("the 3 of 22 layers that moved most"));
@@ -208,6 +210,9 @@ TEST(ReportTableTest, TextHasTheHeaderThenTheRowsInShiftOrder) {
   EXPECT_THAT(cells, ElementsAre("layer17.bn", "32", "5", "20", "0.25", "1.17", "4", "1.8%", "1017"));
   EXPECT_THAT(text, HasSubstr("flagged, not in the table above:"));
   EXPECT_THAT(text, HasSubstr("rel.err > 5%"));
+  v1::RunReport noisy = SampleReport();
+  noisy.mutable_convergence(0)->set_max_rel_std_error(1.33);
+  EXPECT_THAT(ctl::ReportText(noisy, top3), HasSubstr("rel.err:   133% after 2 batches"));
   const size_t head = text.find("\nhead.bn ");
   ASSERT_NE(head, std::string::npos);
   EXPECT_THAT(text.substr(head, text.find('\n', head + 1) - head), HasSubstr("unused"));
@@ -253,6 +258,30 @@ TEST(SvgPlotTest, ManyDecadesGetAFewTicksAndNegativeValuesStayInTheFrame) {
   EXPECT_THAT(linear, Not(HasSubstr("y=\"-")));  // every grid line and label inside the picture
 }
 
+TEST(SvgPlotTest, XByValueOnALogScaleTicksAtRoundValuesAndSpacesPointsByValue) {
+  ctl::LinePlot plot{"p", "title", "y", "x", true, {"a", "b", "c", "d"}, {}};
+  plot.series = {{"s", "#000", {0.5, 0.2, 0.1, 0.05}}};
+  plot.x_values = {2, 20, 200, 2000};
+  plot.log_x = true;
+  const std::string svg = ctl::SvgLinePlot(plot);
+  // Three decades: x ticks at the powers of ten inside 2 .. 2000, none outside.
+  const auto x_tick = [](const char* value) { return absl::StrCat("text-anchor=\"middle\">", value, "</text>"); };
+  for (const char* tick : {"10", "100", "1000"}) EXPECT_THAT(svg, HasSubstr(x_tick(tick)));
+  EXPECT_THAT(svg, Not(HasSubstr(x_tick("1"))));
+  EXPECT_THAT(svg, Not(HasSubstr(x_tick("2"))));
+  EXPECT_THAT(svg, Not(HasSubstr(x_tick("10000"))));
+  // Equal ratios, equal distances: the points are 226.7 px apart, from the left edge to the right.
+  EXPECT_THAT(svg, HasSubstr("points=\"64.0,"));
+  EXPECT_THAT(svg, HasSubstr(" 290.7,"));
+  EXPECT_THAT(svg, HasSubstr(" 517.3,"));
+  EXPECT_THAT(svg, HasSubstr(" 744.0,"));
+  // Less than two decades: 2 and 5 times the powers too.
+  plot.x_values = {2, 3, 8, 30};
+  const std::string narrow = ctl::SvgLinePlot(plot);
+  for (const char* tick : {"2", "5", "10", "20"}) EXPECT_THAT(narrow, HasSubstr(x_tick(tick)));
+  EXPECT_THAT(narrow, Not(HasSubstr(x_tick("50"))));
+}
+
 TEST(SvgPlotTest, EveryStringIsEscaped) {
   ctl::LinePlot plot{"\"id", "<b>title", "<y", "<x", false, {"<script>n"}, {}};
   plot.series = {{"<s>", "red\"", {1}}};
@@ -264,10 +293,15 @@ TEST(SvgPlotTest, EveryStringIsEscaped) {
   EXPECT_THAT(svg, HasSubstr("&lt;script&gt;n: &lt;s&gt; 1"));
 }
 
-TEST(ReportHtmlTest, OnePageThreePlotsTheTableAndNothingExecutableOrRemote) {
+TEST(ReportHtmlTest, OnePageFourPlotsTheTableAndNothingExecutableOrRemote) {
   const std::string html = ctl::ReportHtml(SampleReport(), {}, "job <job-1>");
-  EXPECT_EQ(Count(html, "<svg class=\"plot\""), 3);
-  for (const char* id : {"id=\"mean-shift\"", "id=\"var-ratio\"", "id=\"rel-error\""}) EXPECT_THAT(html, HasSubstr(id));
+  EXPECT_EQ(Count(html, "<svg class=\"plot\""), 4);
+  for (const char* id : {"id=\"mean-shift\"", "id=\"var-ratio\"", "id=\"rel-error\"", "id=\"convergence\""}) {
+    EXPECT_THAT(html, HasSubstr(id));
+  }
+  // The convergence plot: worst and median layer and the 1/sqrt(n) line, a point per batch.
+  EXPECT_EQ(Count(html, "data-points=\"24\""), 3);
+  EXPECT_THAT(html, HasSubstr("<title>after 25 batches (200 samples, 19 layers): worst layer 0.09</title>"));
   // Every used, not excluded layer is a point; layer9.bn's missing error estimate is not.
   EXPECT_EQ(Count(html, "data-points=\"20\""), 5);          // shift max, median; ratio min, median, max
   EXPECT_EQ(Count(html, "data-points=\"19\""), 1);          // rel.err
@@ -280,6 +314,20 @@ TEST(ReportHtmlTest, OnePageThreePlotsTheTableAndNothingExecutableOrRemote) {
   for (const char* remote : {"src=", "href=", "url(", "@import", "http:", "https:"}) {
     EXPECT_THAT(html, Not(HasSubstr(remote)));
   }
+}
+
+TEST(ReportHtmlTest, ConvergenceSectionSaysWhyAReportHasNoHistory) {
+  v1::RunReport sharded = SampleReport();
+  sharded.clear_convergence();
+  sharded.set_shards(3);
+  const std::string html = ctl::ReportHtml(sharded, {}, "job");
+  EXPECT_EQ(Count(html, "<svg class=\"plot\""), 3);
+  EXPECT_THAT(html, HasSubstr("No history: the batches ran in 3 shards"));
+  EXPECT_THAT(ctl::ReportText(sharded, {}), HasSubstr("rel.err:   not recorded for a merge of shards\n"));
+  v1::RunReport old = SampleReport();
+  old.clear_convergence();
+  EXPECT_THAT(ctl::ReportHtml(old, {}, "job"), HasSubstr("No history in this report"));
+  EXPECT_THAT(ctl::ReportText(old, {}), Not(HasSubstr("\nrel.err:")));
 }
 
 }  // namespace

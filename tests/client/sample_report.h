@@ -2,6 +2,7 @@
 // all different and out of order, and one layer for each flag.
 #pragma once
 
+#include <cmath>
 #include <string>
 
 #include "recal/v1/report.pb.h"
@@ -20,6 +21,10 @@ inline constexpr int kSampleLayers = kSampleUsedLayers + 2;
 // order and shift order differ: layer17.bn moved most (20), then layer14.bn (19), layer11.bn
 // (18); layer0.bn least (1). The default top 15 leaves out layers 12, 9, 6, 3 and 0.
 inline double SampleMaxShift(int i) { return 1 + (i * 7) % kSampleUsedLayers; }
+
+// The convergence history: a point after each of batches 2 .. 25 (every layer runs once a
+// batch, so the first estimate is after the second), ending at layer5.bn's 9%.
+inline constexpr int kSampleConvergencePoints = 24;
 
 // Flags: layer5.bn rel.err 9% (> 5%), layer7.bn 2 zero-variance channels, layer9.bn one call
 // (no error estimate).
@@ -62,6 +67,14 @@ inline v1::RunReport SampleReport() {
   v1::LayerReport* head = report.add_layers();
   head->set_name("head.bn");
   head->set_channels(4);
+  for (int b = 2; b <= 25; ++b) {
+    v1::ConvergencePoint* point = report.add_convergence();
+    point->set_batches(b);
+    point->set_samples(8 * b);
+    point->set_max_rel_std_error(0.09 * std::pow(25.0 / b, 0.4));
+    point->set_median_rel_std_error(0.011 * std::sqrt(25.0 / b));
+    point->set_layers(kSampleUsedLayers - 1);
+  }
   return report;
 }
 

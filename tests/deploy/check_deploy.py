@@ -179,6 +179,17 @@ def port_of(address):
     return int(m.group(1)) if m else None
 
 
+def check_metrics_scrapable(flags, where):
+    """recal-server's --metrics_listen defaults to loopback (127.0.0.1:9464), which a Prometheus
+    in another container or pod cannot reach: every deployed recal process names its address,
+    beyond loopback, on its command line."""
+    address = last(flags, "metrics_listen")
+    host = (address or "").rpartition(":")[0]
+    check(address is not None and port_of(address) is not None
+          and not (host.startswith("127.") or host in ("localhost", "[::1]", "")),
+          f"{where}: --metrics_listen={address} given, beyond loopback (the default is 127.0.0.1:9464)")
+
+
 def check_store_uri(uri, where):
     """A libpq URI with neither a password in the user-info nor in the query."""
     ok = isinstance(uri, str) and uri.startswith("postgresql://")
@@ -329,6 +340,7 @@ def check_compose(deploy, image):
     flags = parse_flags(argv, "recal")
     check_compose_image(recal, last(flags, "role", "all"), "recal")
     check(last(flags, "auth_file") in secrets, f"recal: --auth_file={last(flags, 'auth_file')} is a secret it gets")
+    check_metrics_scrapable(flags, "recal")
     listen, metrics = port_of(last(flags, "listen")), port_of(last(flags, "metrics_listen"))
     ports = {t for _, t in compose_ports(recal)}
     check({str(listen), str(metrics)} <= ports and {"50051", "9464"} <= ports,
@@ -431,6 +443,7 @@ def check_cluster_compose(deploy, image):
         grace = seconds(svc.get("stop_grace_period", "10s"))
         check(grace is not None and grace > SHUTDOWN_TIMEOUT_S,
               f"{name}: stop_grace_period {svc.get('stop_grace_period')} > {SHUTDOWN_TIMEOUT_S}s")
+        check_metrics_scrapable(flags, name)
         listen, metrics = port_of(last(flags, "listen")), port_of(last(flags, "metrics_listen"))
         check(listen is not None and metrics is not None and not last(flags, "listen", "").startswith("127."),
               f"{name}: --listen and --metrics_listen beyond loopback ({listen}, {metrics})")
@@ -832,6 +845,7 @@ def check_runtime_image(stage, lines, image, shared_dirs):
                     text, re.M) is not None,
           f"{stage}: installs deploy/recal-entrypoint.sh as /usr/local/bin/recal-entrypoint")
     flags = parse_flags(entry, f"{stage} ENTRYPOINT")
+    check_metrics_scrapable(flags, f"{stage} ENTRYPOINT")
     listen = port_of(last(flags, "listen"))
     # The health check follows the configuration: shell form, $RECAL_HEALTH_ADDRESS, whose
     # default (ENV) is the ENTRYPOINT's --listen port.
@@ -1275,6 +1289,7 @@ def check_pod(dep, image, docs, where, expect_role):
     want = IMAGE_NAMES[image_for(role)]
     check(str(c.get("image", "")).rpartition(":")[0] == want,
           f"{where}: the {image_for(role)} image, {want} ({c.get('image')})")
+    check_metrics_scrapable(flags, where)
     listen_addr, metrics_addr = last(flags, "listen"), last(flags, "metrics_listen")
     listen, metrics = port_of(listen_addr), port_of(metrics_addr)
     check(listen and metrics and not str(listen_addr).startswith("127.") and not str(metrics_addr).startswith("127."),

@@ -710,8 +710,8 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(len(blocks), 3)
         with open(os.path.join(ROOT, "README.md")) as f:
             top = re.findall(r"```python\n(.*?)```", f.read(), re.S)
-        self.assertEqual(top, [blocks[0], blocks[2]],
-                         "README.md's Python examples are client/python/README.md's first and third")
+        self.assertEqual(top, [blocks[2], blocks[0]],
+                         "README.md's Python examples are client/python/README.md's third and first")
         os.symlink(RESNET, os.path.join(self.dir, "resnet18.pt"))
         outputs = []
         for block in blocks[:2]:

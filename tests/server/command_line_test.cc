@@ -1,6 +1,6 @@
 // The command lines of recal-server, recal-run and recal-worker as a person meets them:
 // --help lists every flag a user can set (those declared beside the object-storage client
-// too) and exits 0, --version names the version and the LibTorch, and a mistyped flag is
+// too) and exits 0, the server listens on loopback by default, --version names the version and the LibTorch, and a mistyped flag is
 // refused naming the nearest one.
 
 #include <gmock/gmock.h>
@@ -41,6 +41,17 @@ TEST(CommandLineTest, HelpListsEveryFlagAndExitsZero) {
   for (const char* flag : {"--model=", "--allow_short_data=", "--s3_endpoint=", "--compute_dtype="}) {
     EXPECT_THAT(run.out, HasSubstr(flag));
   }
+}
+
+TEST(CommandLineTest, ServerListensOnLoopbackUnlessToldOtherwise) {
+  // Both listeners: metrics on every interface by default would publish job and tenant
+  // counts to anyone who can reach the host (deployments pass 0.0.0.0:9464 explicitly).
+  const testing::Result server = RunBinary(RECAL_SERVER_BIN, {"--help"});
+  EXPECT_EQ(server.exit_code, 0) << server.err;
+  EXPECT_THAT(server.out, HasSubstr("--listen=\"127.0.0.1:50051\""));
+  EXPECT_THAT(server.out, HasSubstr("--metrics_listen=\"127.0.0.1:9464\""));
+  EXPECT_THAT(server.out, HasSubstr("[--listen=127.0.0.1:50051]"));  // the usage line agrees
+  EXPECT_THAT(server.out, Not(HasSubstr("0.0.0.0:9464\"")));
 }
 
 TEST(CommandLineTest, VersionNamesTheBuildAndItsLibTorch) {
