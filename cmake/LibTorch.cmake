@@ -26,13 +26,22 @@ list(GET torch_facts 3 torch_cxx11_abi)
 set(RECAL_TORCH_LIB_DIR ${torch_dir}/lib)
 
 # The wheel's include/ also holds headers of the third-party code it was built with, protobuf's
-# among them (google/protobuf), searched before the system's. With the pinned torch 2.14 they
-# are protobuf 3.21.12, Debian's own version, so the project's generated *.pb.h compile
-# against what protoc and the library are; torch 2.11 (the lent GPU machine's) carries 3.13,
-# where scripts/gpu_check.sh's build needs a copy of include/ without google/ (not done yet).
+# among them (google/protobuf), which would be searched before the system's: torch 2.11 (the
+# lent GPU machine's) carries protobuf 3.13, and the project's generated *.pb.h must compile
+# against the protoc and library that made them. So the include path is a directory of links
+# to every entry of the wheel's include/ except google/, for every torch the same way.
+set(torch_include ${CMAKE_BINARY_DIR}/torch-include)
+file(REMOVE_RECURSE ${torch_include})
+file(MAKE_DIRECTORY ${torch_include})
+file(GLOB torch_include_entries RELATIVE ${torch_dir}/include ${torch_dir}/include/*)
+foreach(entry IN LISTS torch_include_entries)
+  if(NOT entry STREQUAL "google")
+    file(CREATE_LINK ${torch_dir}/include/${entry} ${torch_include}/${entry} SYMBOLIC)
+  endif()
+endforeach()
 add_library(recal_libtorch INTERFACE IMPORTED GLOBAL)
 target_include_directories(recal_libtorch SYSTEM INTERFACE
-  ${torch_dir}/include ${torch_dir}/include/torch/csrc/api/include)
+  ${torch_include} ${torch_include}/torch/csrc/api/include)
 target_compile_definitions(recal_libtorch INTERFACE _GLIBCXX_USE_CXX11_ABI=${torch_cxx11_abi})
 # LibTorch 2.x's headers are C++20: what includes them is built as C++20, the rest of the
 # project stays C++17.

@@ -2,7 +2,7 @@
 // `asan`, `tsan`, `fuzz`), known at compile time: GCC defines __SANITIZE_ADDRESS__ and
 // __SANITIZE_THREAD__ (which our CMake replaces by RECAL_TSAN), clang answers __has_feature.
 // For the few places where a sanitizer runtime and the program disagree about the process
-// (README "Sanitizers"), e.g. ASan's and TSan's shadow memory is terabytes of reserved
+// (docs/testing.md, "Under sanitizers"), e.g. ASan's and TSan's shadow memory is terabytes of reserved
 // address space, so no RLIMIT_AS can hold.
 #pragma once
 

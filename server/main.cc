@@ -60,7 +60,7 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "address to serve gRPC on (port 0: any free port); beyond loopback it needs --auth_file "
           "(or --allow_unauthenticated)");
 ABSL_FLAG(std::string, auth_file, "",
-          "credentials, roles, tenants and quotas (see README, 'Identities and tenants'); re-read on SIGHUP. "
+          "credentials, roles, tenants and quotas (docs/security.md, 'Identities and tenants'); re-read on SIGHUP. "
           "Without it every caller is admin of the tenant 'default'");
 ABSL_FLAG(bool, allow_unauthenticated, false, "serve beyond loopback without --auth_file (anyone may do anything)");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain to serve TLS with (re-read when it changes)");
@@ -223,7 +223,7 @@ int main(int argc, char** argv) {
   if (role != "all" && role != "api" && role != "worker") {
     return Fail(absl::InvalidArgumentError(absl::StrCat("--role=", role, " is not all, api or worker")));
   }
-  // Cluster mode's secret (see README, "Cluster mode"). An api replica starts no recal-worker:
+  // Cluster mode's secret (docs/cluster.md). An api replica starts no recal-worker:
   // the worker processes inspect its uploads, and it reaches them with the secret.
   std::optional<recal::relay::RelaySecret> cluster_secret;
   if (role != "all" && !absl::GetFlag(FLAGS_internal_token_file).empty()) {
@@ -372,7 +372,7 @@ int main(int argc, char** argv) {
   recal::jobs::ModelRegistry models(metadata->get(), blobs, absl::GetFlag(FLAGS_max_model_bytes), inspector,
                                     limits);
   models.SetInspectionWait(absl::Seconds(absl::GetFlag(FLAGS_inspection_wait_seconds)));
-  // Cluster mode's client streams (see README, "Cluster mode"): a worker process takes relayed
+  // Cluster mode's client streams (docs/cluster.md, "Client streams across processes"): a worker process takes relayed
   // pushes on an internal endpoint of its own, an api replica relays them there; both only
   // with the cluster secret.
   std::unique_ptr<recal::relay::RelayService> relay_service;

@@ -1,4 +1,4 @@
-// recalctl's exit codes (also in `recalctl --help` and the README):
+// recalctl's exit codes (also in `recalctl --help` and docs/clients.md):
 //   0  succeeded (health: the server is SERVING)
 //   1  any other error (a refused request, a failed download, NOT_SERVING, ...)
 //   2  bad usage: unknown command or flag, missing or malformed argument or data spec

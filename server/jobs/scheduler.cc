@@ -503,7 +503,7 @@ absl::StatusOr<std::shared_ptr<StreamFeed>> Scheduler::OpenRelayedFeed(const v1:
   if (options_.relay_endpoint.empty()) {
     return absl::FailedPreconditionError(
         "this client-stream job was taken by a worker process that serves no internal endpoint, so pushed "
-        "batches cannot reach it: start workers with --internal_token_file (see README, 'Cluster mode')");
+        "batches cannot reach it: start workers with --internal_token_file (docs/cluster.md, 'Client streams across processes')");
   }
   // Recorded (again) before the feed opens: an api replica relays here once it reads it.
   absl::Status recorded = jobs_->RecordWorkerEndpoint(options_.owner, options_.relay_endpoint);

@@ -3,7 +3,7 @@
 //   <dir>/blobs/sha256/<hex[0:2]>/<hex>
 //   <dir>/uploads/<owner>/<hex>.partial  bytes committed so far of an upload (upload_staging.h)
 //   <dir>/tmp/                           scratch: job outputs that AdoptFile renames into place
-// Several hosts may share DIR (NFS, a ReadWriteMany volume): see README, "Cluster mode".
+// Several hosts may share DIR (NFS, a ReadWriteMany volume): docs/cluster.md, "Blobs on a shared filesystem".
 #pragma once
 
 #include <cstdint>
