@@ -98,29 +98,41 @@ class Table:
 # ---------------------------------------------------------------------------- the model
 
 
-class Bottleneck(nn.Module):
-    """torchvision's ResNet blocks and names, for a python without torchvision."""
+class Block(nn.Module):
+    """torchvision's ResNet blocks and names, for a python without torchvision: two 3x3
+    convolutions (BasicBlock) or 1x1, 3x3, 1x1 (Bottleneck)."""
 
-    def __init__(self, inplanes, planes, stride, basic):
+    def __init__(self, inplanes, planes, stride, convs, out):
         super().__init__()
-        out = planes * (1 if basic else 4)
-        convs = [(inplanes, planes, 3, stride), (planes, planes, 3, 1)] if basic else \
-                [(inplanes, planes, 1, 1), (planes, planes, 3, stride), (planes, out, 1, 1)]
         for i, (cin, cout, k, s) in enumerate(convs, 1):
             setattr(self, f"conv{i}", nn.Conv2d(cin, cout, k, s, k // 2, bias=False))
             setattr(self, f"bn{i}", nn.BatchNorm2d(cout))
-        self.n = len(convs)
         self.relu = nn.ReLU(inplace=True)
         self.downsample = None
         if stride != 1 or inplanes != out:
             self.downsample = nn.Sequential(nn.Conv2d(inplanes, out, 1, stride, bias=False), nn.BatchNorm2d(out))
 
+    def shortcut(self, x):
+        return x if self.downsample is None else self.downsample(x)
+
+
+class BasicBlock(Block):
+    def __init__(self, inplanes, planes, stride):
+        super().__init__(inplanes, planes, stride, [(inplanes, planes, 3, stride), (planes, planes, 3, 1)], planes)
+
     def forward(self, x):
-        y = self.relu(self.bn1(self.conv1(x)))
-        y = self.bn2(self.conv2(y))
-        if self.n == 3:
-            y = self.bn3(self.conv3(self.relu(y)))
-        return self.relu(y + (x if self.downsample is None else self.downsample(x)))
+        y = self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x)))))
+        return self.relu(y + self.shortcut(x))
+
+
+class Bottleneck(Block):
+    def __init__(self, inplanes, planes, stride):
+        super().__init__(inplanes, planes, stride,
+                         [(inplanes, planes, 1, 1), (planes, planes, 3, stride), (planes, planes * 4, 1, 1)], planes * 4)
+
+    def forward(self, x):
+        y = self.relu(self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x))))))
+        return self.relu(self.bn3(self.conv3(y)) + self.shortcut(x))
 
 
 class ResNet(nn.Module):
@@ -134,7 +146,8 @@ class ResNet(nn.Module):
         for i, (n, planes) in enumerate(zip(blocks, (64, 128, 256, 512)), 1):
             layer = []
             for j in range(n):
-                layer.append(Bottleneck(inplanes, planes, 2 if j == 0 and i > 1 else 1, basic))
+                block = BasicBlock if basic else Bottleneck
+                layer.append(block(inplanes, planes, 2 if j == 0 and i > 1 else 1))
                 inplanes = planes * (1 if basic else 4)
             setattr(self, f"layer{i}", nn.Sequential(*layer))
         self.avgpool = nn.AdaptiveAvgPool2d(1)
