@@ -36,7 +36,8 @@ absl::StatusOr<c10::Device> ParseDevice(const std::string& name) {
     if (device.is_cuda() && (visible == 0 || device.index() >= visible)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "device ", name, " requested, but LibTorch sees ", visible, " CUDA device(s)",
-          visible == 0 ? " (no GPU or driver here, or a LibTorch built without CUDA)" : ""));
+          visible == 0 ? absl::StrCat(" (no GPU or driver here, or a LibTorch built without CUDA; ", CudaDriverStatus(), ")")
+                       : ""));
     }
     if (!device.is_cpu() && !device.is_cuda()) {
       return absl::InvalidArgumentError(absl::StrCat("device ", name, ": use cpu or cuda:N"));

@@ -108,7 +108,14 @@ const std::vector<std::string> kSystemReadPaths = {
 // devices in /sys (NUMA node, resources: /sys/bus/pci/devices links into /sys/devices, and
 // Landlock checks where a link leads) and the kernel modules' parameters.
 const std::vector<std::string> kGpuReadPaths = {"/proc/driver/nvidia", "/proc/devices",     "/sys/devices",
-                                                "/sys/bus/pci",        "/sys/module/nvidia", "/sys/module/nvidia_uvm"};
+                                                "/sys/bus/pci",        "/sys/module/nvidia", "/sys/module/nvidia_uvm",
+                                                "/proc/sys/vm/mmap_min_addr"};
+
+// The driver names the threads it starts by writing /proc/self/task/TID/comm from another
+// thread, and cuInit fails with CUDA_ERROR_OPERATING_SYSTEM when it cannot (seen on an H200,
+// driver 580): the worker's own threads, nothing of another process (/proc/self is resolved
+// when the rule is made, to the worker's /proc/PID).
+const std::vector<std::string> kGpuWritePaths = {"/proc/self/task"};
 
 constexpr uint64_t kRead = kFsReadFile | kFsReadDir;
 constexpr uint64_t kWrite = kRead | kFsWriteFile | kFsRemoveFile | kFsRemoveDir | kFsMakeReg | kFsMakeDir | kFsTruncate;
@@ -132,6 +139,7 @@ absl::Status AddRules(int ruleset, const Policy& policy, int abi, Enforcement& o
   if (!status.ok() || !policy.gpu) return status;
   const std::vector<std::string> devices = NvidiaDeviceFiles();
   status = AllowAll(ruleset, kGpuReadPaths, kRead, abi);
+  if (status.ok()) status = AllowAll(ruleset, kGpuWritePaths, kRead | kFsWriteFile, abi);
   if (status.ok()) status = AllowAll(ruleset, devices, kDevice, abi);
   // No device file is no error here: the engine then says that CUDA sees no device.
   if (status.ok()) {

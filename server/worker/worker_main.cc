@@ -3,8 +3,9 @@
 //
 //   recal-worker --scratch=DIR [--read_path=DIR ...] [--memory_bytes=N] [--file_bytes=N]
 //                [--user=NAME] [--gpu]   stdin: Task (+ pushed batches), fd 3: events, fd 4: model
-//   recal-worker --print_cuda_devices   the number of CUDA devices its LibTorch sees, on
-//                                       stdout (recal-server asks, for --devices)
+//   recal-worker --print_cuda_devices [--gpu]   the number of CUDA devices its LibTorch sees
+//                                       (with --gpu: inside the GPU sandbox), on stdout
+//                                       (recal-server asks, for --devices)
 //
 // The protocol is proto/recal/worker/v1/worker.proto. Exits 0 when the last event (results,
 // layers or a failure) was sent; anything else is a crash for the server to report.
@@ -36,8 +37,8 @@ ABSL_FLAG(std::string, user, "", "run as this user (when started as root)");
 ABSL_FLAG(int64_t, server_pid, 0, "the server that started it: stop if the parent is another (0: if it is pid 1)");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{1} << 30, "largest message accepted on stdin");
 ABSL_FLAG(bool, print_cuda_devices, false,
-          "print the number of CUDA devices LibTorch sees and exit (no task, no sandbox: recal-server, which "
-          "loads no LibTorch, asks for --devices)");
+          "print the number of CUDA devices LibTorch sees and exit (no task; with --gpu inside the GPU sandbox: "
+          "recal-server, which loads no LibTorch, asks for --devices)");
 ABSL_FLAG(bool, gpu, false, "a task on a CUDA device: admit the NVIDIA devices and driver, no address-space limit");
 
 namespace {
@@ -48,13 +49,6 @@ constexpr int kModelFd = 4;
 int Fail(const std::string& message) {
   std::cerr << "recal-worker: " << message << "\n";
   return 2;
-}
-
-int PrintCudaDevices() {
-  absl::StatusOr<int> count = recal::engine::CudaDeviceCount();
-  if (!count.ok()) return Fail(count.status().ToString());
-  std::cout << *count << "\n" << std::flush;
-  return std::cout ? 0 : Fail("cannot write to stdout");
 }
 
 // What the worker loads after it entered the sandbox, readable there. LibTorch dlopens parts
@@ -77,6 +71,34 @@ std::vector<std::string> LibraryReadPaths(bool gpu) {
   return paths;
 }
 
+// The sandbox of the flags. Without --scratch (--print_cuda_devices) nothing is writable.
+recal::sandbox::Policy PolicyFromFlags() {
+  recal::sandbox::Policy policy;
+  policy.read_paths = absl::GetFlag(FLAGS_read_path);
+  policy.gpu = absl::GetFlag(FLAGS_gpu);
+  for (std::string& path : LibraryReadPaths(policy.gpu)) policy.read_paths.push_back(std::move(path));
+  const std::string scratch = absl::GetFlag(FLAGS_scratch);
+  if (!scratch.empty()) policy.write_paths = {scratch};
+  policy.memory_bytes = absl::GetFlag(FLAGS_memory_bytes);
+  policy.file_bytes = absl::GetFlag(FLAGS_file_bytes);
+  policy.user = absl::GetFlag(FLAGS_user);
+  policy.server_pid = absl::GetFlag(FLAGS_server_pid);
+  return policy;
+}
+
+// With --gpu the count is taken inside the sandbox a GPU job gets: what its LibTorch will see.
+int PrintCudaDevices() {
+  if (absl::GetFlag(FLAGS_gpu)) {
+    auto enforcement = recal::sandbox::Enter(PolicyFromFlags());
+    if (!enforcement.ok()) return Fail(absl::StrCat("cannot enter the sandbox: ", enforcement.status().ToString()));
+  }
+  absl::StatusOr<int> count = recal::engine::CudaDeviceCount();
+  if (!count.ok()) return Fail(count.status().ToString());
+  if (*count == 0) std::cerr << "recal-worker: no CUDA device: " << recal::engine::CudaDriverStatus() << "\n";
+  std::cout << *count << "\n" << std::flush;
+  return std::cout ? 0 : Fail("cannot write to stdout");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -88,16 +110,7 @@ int main(int argc, char** argv) {
   if (::fcntl(kEventsFd, F_GETFD) < 0) return Fail("no events channel on file descriptor 3");
   ::setenv("TMPDIR", scratch.c_str(), 1);
 
-  recal::sandbox::Policy policy;
-  policy.read_paths = absl::GetFlag(FLAGS_read_path);
-  policy.gpu = absl::GetFlag(FLAGS_gpu);
-  for (std::string& path : LibraryReadPaths(policy.gpu)) policy.read_paths.push_back(std::move(path));
-  policy.write_paths = {scratch};
-  policy.memory_bytes = absl::GetFlag(FLAGS_memory_bytes);
-  policy.file_bytes = absl::GetFlag(FLAGS_file_bytes);
-  policy.user = absl::GetFlag(FLAGS_user);
-  policy.server_pid = absl::GetFlag(FLAGS_server_pid);
-  auto enforcement = recal::sandbox::Enter(policy);
+  auto enforcement = recal::sandbox::Enter(PolicyFromFlags());
   if (!enforcement.ok()) return Fail(absl::StrCat("cannot enter the sandbox: ", enforcement.status().ToString()));
 
   const auto send = [](const recal::worker::v1::Event& event) {

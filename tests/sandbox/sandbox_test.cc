@@ -11,8 +11,10 @@
 
 #include <filesystem>
 #include <functional>
+#include <future>
 #include <set>
 #include <string>
+#include <thread>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -125,6 +127,39 @@ TEST(Sandbox, GpuPolicyEntersWithoutAddressSpaceLimitWhateverTheDevices) {
   EXPECT_THAT(out, HasSubstr("read /sys/devices/system/cpu/online: 1")) << out;
   EXPECT_THAT(out, HasSubstr("read /proc/devices: 1")) << out;
   EXPECT_THAT(out, HasSubstr("read /etc/hostname: 0")) << out;
+}
+
+// The CUDA driver names its threads from another thread (/proc/self/task/TID/comm) and fails
+// cuInit when it cannot: a GPU worker may, for its own threads only.
+TEST(Sandbox, GpuPolicyLetsTheWorkerNameItsOwnThreadsAndNoOtherProcesss) {
+  testing::TempDir scratch;
+  Policy policy;
+  policy.write_paths = {scratch.path()};
+  policy.gpu = true;
+  const std::string out = InSandbox(policy, [&](const Enforcement& e) {
+    auto write = [](const std::string& path) {
+      const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+      const bool ok = fd >= 0 && ::write(fd, "named", 5) == 5;
+      if (fd >= 0) ::close(fd);
+      return ok;
+    };
+    std::promise<pid_t> tid;
+    std::promise<void> done;
+    std::thread thread([&] {
+      tid.set_value(static_cast<pid_t>(::gettid()));
+      done.get_future().wait();
+    });
+    const std::string own = absl::StrCat("/proc/self/task/", tid.get_future().get(), "/comm");
+    const std::string lines = absl::StrCat("own thread: ", write(own), "\nparent: ",
+                                           write(absl::StrCat("/proc/", ::getppid(), "/comm")),
+                                           "\nlandlock: ", LandlockHere(e), "\n");
+    done.set_value();
+    thread.join();
+    return lines;
+  });
+  EXPECT_THAT(out, HasSubstr("own thread: 1")) << out;
+  if (out.find("landlock: 1") == std::string::npos) GTEST_SKIP() << "no Landlock here: " << out;
+  EXPECT_THAT(out, HasSubstr("parent: 0")) << out;
 }
 
 TEST(Sandbox, CpuPolicyKeepsItsAddressSpaceLimitAndNoGpuPaths) {
