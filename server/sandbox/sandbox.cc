@@ -111,10 +111,10 @@ const std::vector<std::string> kGpuReadPaths = {"/proc/driver/nvidia", "/proc/de
                                                 "/sys/bus/pci",        "/sys/module/nvidia", "/sys/module/nvidia_uvm",
                                                 "/proc/sys/vm/mmap_min_addr"};
 
-// The driver names the threads it starts by writing /proc/self/task/TID/comm from another
-// thread, and cuInit fails with CUDA_ERROR_OPERATING_SYSTEM when it cannot (seen on an H200,
-// driver 580): the worker's own threads, nothing of another process (/proc/self is resolved
-// when the rule is made, to the worker's /proc/PID).
+// The driver names the threads it starts from another thread, fopen(/proc/self/task/TID/comm,
+// "w"): write and truncate (O_TRUNC). Without them cuInit fails with
+// CUDA_ERROR_OPERATING_SYSTEM (found on an H200, driver 580). The worker's own threads,
+// nothing of another process: /proc/self is resolved when the rule is made, to its /proc/PID.
 const std::vector<std::string> kGpuWritePaths = {"/proc/self/task"};
 
 constexpr uint64_t kRead = kFsReadFile | kFsReadDir;
@@ -139,7 +139,7 @@ absl::Status AddRules(int ruleset, const Policy& policy, int abi, Enforcement& o
   if (!status.ok() || !policy.gpu) return status;
   const std::vector<std::string> devices = NvidiaDeviceFiles();
   status = AllowAll(ruleset, kGpuReadPaths, kRead, abi);
-  if (status.ok()) status = AllowAll(ruleset, kGpuWritePaths, kRead | kFsWriteFile, abi);
+  if (status.ok()) status = AllowAll(ruleset, kGpuWritePaths, kRead | kFsWriteFile | kFsTruncate, abi);
   if (status.ok()) status = AllowAll(ruleset, devices, kDevice, abi);
   // No device file is no error here: the engine then says that CUDA sees no device.
   if (status.ok()) {

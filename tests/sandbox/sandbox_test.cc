@@ -129,8 +129,9 @@ TEST(Sandbox, GpuPolicyEntersWithoutAddressSpaceLimitWhateverTheDevices) {
   EXPECT_THAT(out, HasSubstr("read /etc/hostname: 0")) << out;
 }
 
-// The CUDA driver names its threads from another thread (/proc/self/task/TID/comm) and fails
-// cuInit when it cannot: a GPU worker may, for its own threads only.
+// The CUDA driver names its threads from another thread (fopen("/proc/self/task/TID/comm",
+// "w"): O_TRUNC, which Landlock checks apart from writing) and fails cuInit when it cannot
+// (seen on an H200, driver 580): a GPU worker may, for its own threads only.
 TEST(Sandbox, GpuPolicyLetsTheWorkerNameItsOwnThreadsAndNoOtherProcesss) {
   testing::TempDir scratch;
   Policy policy;
@@ -138,7 +139,7 @@ TEST(Sandbox, GpuPolicyLetsTheWorkerNameItsOwnThreadsAndNoOtherProcesss) {
   policy.gpu = true;
   const std::string out = InSandbox(policy, [&](const Enforcement& e) {
     auto write = [](const std::string& path) {
-      const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+      const int fd = ::open(path.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC);
       const bool ok = fd >= 0 && ::write(fd, "named", 5) == 5;
       if (fd >= 0) ::close(fd);
       return ok;
