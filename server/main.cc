@@ -133,6 +133,10 @@ ABSL_FLAG(double, inspection_wait_seconds, 120,
 ABSL_FLAG(int32_t, tenant_max_concurrent_inspections, 2,
           "uploads of one tenant inspected at once unless its auth-file line sets max_concurrent_inspections "
           "(0: no bound)");
+ABSL_FLAG(int32_t, tenant_max_running_jobs, 0,
+          "jobs (and shards) of one tenant running at once, counted over every process on the store, unless its "
+          "auth-file line sets max_running_jobs; its other queued jobs wait while the other tenants' run "
+          "(0: no bound but the workers)");
 ABSL_FLAG(int64_t, job_file_bytes, 0, "largest file a worker may write (0: twice --max_model_bytes)");
 ABSL_FLAG(std::string, worker_user, "",
           "run workers as this user (the server must be root); empty: the server's user without capabilities");
@@ -364,10 +368,11 @@ int main(int argc, char** argv) {
       remote_inspector ? static_cast<recal::jobs::ModelInspector*>(remote_inspector.get()) : &runner;
   const recal::jobs::TenantLimitsFn limits = [&auth](const std::string& tenant) {
     const recal::auth::TenantQuotas quotas = auth->QuotasOf(tenant);
+    const auto or_flag = [](int64_t value, int64_t server_default) { return value > 0 ? value : server_default; };
     return recal::jobs::TenantLimits{
         quotas.max_active_jobs, quotas.max_stored_bytes, quotas.max_submissions_per_minute,
-        quotas.max_concurrent_inspections > 0 ? quotas.max_concurrent_inspections
-                                              : absl::GetFlag(FLAGS_tenant_max_concurrent_inspections)};
+        or_flag(quotas.max_concurrent_inspections, absl::GetFlag(FLAGS_tenant_max_concurrent_inspections)),
+        or_flag(quotas.max_running_jobs, absl::GetFlag(FLAGS_tenant_max_running_jobs))};
   };
   recal::jobs::ModelRegistry models(metadata->get(), blobs, absl::GetFlag(FLAGS_max_model_bytes), inspector,
                                     limits);

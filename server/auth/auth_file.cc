@@ -56,6 +56,7 @@ absl::Status SetQuota(AuthConfig& config, std::map<std::string, std::map<std::st
                    : key == "max_stored_bytes"           ? &quotas.max_stored_bytes
                    : key == "max_submissions_per_minute" ? &quotas.max_submissions_per_minute
                    : key == "max_concurrent_inspections" ? &quotas.max_concurrent_inspections
+                   : key == "max_running_jobs"           ? &quotas.max_running_jobs
                    : key == "keep_versions"              ? &quotas.keep_versions
                    : key == "keep_results_days"          ? &quotas.keep_results_days
                                                          : nullptr;
@@ -63,7 +64,7 @@ absl::Status SetQuota(AuthConfig& config, std::map<std::string, std::map<std::st
     return absl::InvalidArgumentError(
         absl::StrCat("unknown key '", key,
                      "' (tenant, role, max_active_jobs, max_stored_bytes, max_submissions_per_minute, "
-                     "max_concurrent_inspections, keep_versions, keep_results_days)"));
+                     "max_concurrent_inspections, max_running_jobs, keep_versions, keep_results_days)"));
   }
   int64_t number = 0;
   if (!absl::SimpleAtoi(value, &number) || number < 0) {

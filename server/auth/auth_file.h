@@ -4,7 +4,8 @@
 //   token-sha256:<64 hex> tenant=<name> role=<read|submit|admin> [quota=N ...]
 //   cert:<certificate subject or SAN> tenant=<name> role=<role> [quota=N ...]
 //   tenant <name> [max_active_jobs=N] [max_stored_bytes=N] [max_submissions_per_minute=N]
-//                 [max_concurrent_inspections=N] [keep_versions=N] [keep_results_days=N]
+//                 [max_concurrent_inspections=N] [max_running_jobs=N] [keep_versions=N]
+//                 [keep_results_days=N]
 //
 // The server keeps only the SHA-256 of a bearer token, never the token. Quotas may follow a
 // credential's line or stand on a tenant line; a tenant's quota given twice with different
@@ -41,6 +42,7 @@ struct TenantQuotas {
   int64_t max_stored_bytes = 0;  // models, results and unfinished uploads
   int64_t max_submissions_per_minute = 0;
   int64_t max_concurrent_inspections = 0;  // uploads inspected at once; 0: the server's default
+  int64_t max_running_jobs = 0;  // jobs (and shards) on a worker at once, in the cluster; 0: the server's default
   int64_t keep_versions = kRetentionDefault;      // the newest versions kept of each model name
   int64_t keep_results_days = kRetentionDefault;  // how long an ended job and its results stay
 };

@@ -21,6 +21,15 @@ std::string NewJobId() {
   return absl::StrFormat("job-%016x", absl::Uniform<uint64_t>(gen));
 }
 
+// The scheduler's options with each tenant's bound on running jobs from `limits`, read at each
+// claim (a reloaded auth file applies at once).
+SchedulerOptions WithRunningBound(SchedulerOptions options, const TenantLimitsFn& limits) {
+  if (limits && !options.max_running_jobs) {
+    options.max_running_jobs = [limits](const std::string& tenant) { return limits(tenant).max_running_jobs; };
+  }
+  return options;
+}
+
 const char* DataKind(const v1::JobSpec& spec) {
   if (spec.data().has_client_stream()) return "client_stream";
   if (spec.data().has_synthetic()) return "synthetic";
@@ -38,7 +47,7 @@ JobManager::JobManager(store::MetadataStore* metadata, store::BlobStore* blobs, 
       options_(std::move(options)),
       repository_(metadata, &events_),
       feeds_(options_.max_batch_bytes),
-      scheduler_(&repository_, blobs, models, runner, &feeds_, options_.scheduler) {
+      scheduler_(&repository_, blobs, models, runner, &feeds_, WithRunningBound(options_.scheduler, options_.limits)) {
   change_watch_ = metadata->WatchChanges([this] {
     events_.PublishAll();  // the notification does not say which job
     scheduler_.Wake();

@@ -182,13 +182,14 @@ absl::StatusOr<v1::Job> JobRepository::Start(const std::string& id, const std::s
 }
 
 absl::StatusOr<std::optional<v1::Job>> JobRepository::Claim(const std::string& device, const std::string& owner,
-                                                            int64_t lease_until_ms, store::ClaimKind kind) {
+                                                            int64_t lease_until_ms, store::ClaimKind kind,
+                                                            const store::MaxRunningJobs& max_running) {
   auto claimed = metadata_->ClaimJob(owner, lease_until_ms, [&](v1::Job& job, std::vector<v1::JobEvent>& events) {
     const v1::JobState before = job.state();
     if (absl::Status s = StartOn(device, job); !s.ok()) return s;
     NoteStateChange(before, job, events);
     return absl::OkStatus();
-  }, kind);
+  }, kind, max_running);
   if (claimed.ok() && claimed->has_value()) events_->Publish((*claimed)->id());
   return claimed;
 }

@@ -66,10 +66,12 @@ class JobRepository {
   // (cancelled while it waited).
   absl::StatusOr<v1::Job> Start(const std::string& id, const std::string& device);
   // Start of the next job the store says is due (priority, fairness between tenants, age),
-  // leased to `owner` until `lease_until_ms`. nullopt: nothing waits.
+  // leased to `owner` until `lease_until_ms`, passing over the jobs of tenants that hold
+  // `max_running` workers already (store::MetadataStore::ClaimJob). nullopt: nothing waits.
   absl::StatusOr<std::optional<v1::Job>> Claim(const std::string& device, const std::string& owner,
                                                int64_t lease_until_ms,
-                                               store::ClaimKind kind = store::ClaimKind::kRun);
+                                               store::ClaimKind kind = store::ClaimKind::kRun,
+                                               const store::MaxRunningJobs& max_running = nullptr);
   // Keeps `owner`'s lease; returns the job's state (CANCELLING: stop it). FAILED_PRECONDITION
   // once the lease is gone (it expired and the job went back to the queue).
   absl::StatusOr<v1::JobState> Renew(const std::string& id, const std::string& owner, int64_t lease_until_ms);

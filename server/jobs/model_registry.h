@@ -26,6 +26,7 @@ struct TenantLimits {
   int64_t max_stored_bytes = 0;            // models, results and unfinished uploads
   int64_t max_submissions_per_minute = 0;
   int64_t max_concurrent_inspections = 0;  // uploads being inspected at once; 0: no bound
+  int64_t max_running_jobs = 0;            // jobs and shards holding a worker at once; 0: no bound
 };
 using TenantLimitsFn = std::function<TenantLimits(const std::string& tenant)>;
 

@@ -211,7 +211,8 @@ void Scheduler::WorkerLoop(const std::string& device, store::ClaimKind kind) {
     auto running = std::make_shared<Running>();
     // Read before the claim: an Enqueue between the claim and the wait is not missed.
     const int64_t seen = Wakes();
-    auto claimed = jobs_->Claim(device, options_.owner, absl::ToUnixMillis(absl::Now() + options_.lease), kind);
+    auto claimed = jobs_->Claim(device, options_.owner, absl::ToUnixMillis(absl::Now() + options_.lease), kind,
+                                options_.max_running_jobs);
     if (!claimed.ok()) {
       log::Error("no job claimed: the store refused", {{"device", device},
                                                         {"error", std::string(claimed.status().message())}});

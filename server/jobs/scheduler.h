@@ -69,6 +69,9 @@ struct SchedulerOptions {
   enum class Pushes { kThisProcess, kRelayed };
   Pushes pushes = Pushes::kThisProcess;
   std::string relay_endpoint;
+  // Each tenant's bound on the workers its jobs hold at once, in every process on the store
+  // (none: the workers are the only bound). JobManager sets it from TenantLimits.
+  store::MaxRunningJobs max_running_jobs;
 };
 
 // Logs and counts (when `metrics`) a job that has just reached a terminal state.

@@ -100,6 +100,12 @@ absl::Status CheckDeletable(const std::string& id, v1::JobState state, const std
   return absl::OkStatus();
 }
 
+bool AtRunningBound(const MaxRunningJobs& max_running, const std::string& tenant, int64_t running) {
+  if (!max_running) return false;
+  const int64_t bound = max_running(tenant);
+  return bound > 0 && running >= bound;
+}
+
 absl::Status ModelGoneError(const std::string& model_id) {
   return absl::NotFoundError(absl::StrCat("model '", model_id,
                                           "' was deleted while the job was submitted; upload it again or name "

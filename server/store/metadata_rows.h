@@ -57,6 +57,13 @@ absl::Status CheckQuota(const std::string& tenant, const JobQuota& quota, int64_
 // parent and how many of its shards have not ended; OK when it may go.
 absl::Status CheckDeletable(const std::string& id, v1::JobState state, const std::string& parent_id,
                             int64_t shards_not_ended);
+// The states of a job that holds a worker (what MaxRunningJobs bounds): from its claim until
+// its run has stopped.
+inline constexpr v1::JobState kHoldingWorker[] = {v1::RUNNING, v1::CANCELLING};
+// Whether `tenant`, whose jobs hold `running` workers, may not have another (ClaimJob passes
+// over its jobs). No `max_running`, or 0 for the tenant: never.
+bool AtRunningBound(const MaxRunningJobs& max_running, const std::string& tenant, int64_t running);
+
 // CreateJob's refusal when quota.model_must_exist and the model is not (any more) the tenant's.
 absl::Status ModelGoneError(const std::string& model_id);
 

@@ -92,6 +92,11 @@ enum class ClaimKind { kRun, kCoordinate };
 // Whether a job is the parent of shards (its run coordinates them).
 inline bool IsCoordinated(const v1::Job& job) { return job.parent_id().empty() && job.spec().shards() > 1; }
 
+// The most jobs of `tenant` that may hold a worker at once (0: no bound but the workers). A
+// job holds one from its claim until it ends: RUNNING or CANCELLING, plain jobs and shards
+// alike; a sharded job's parent holds none (a coordinator thread runs it, not a worker).
+using MaxRunningJobs = std::function<int64_t(const std::string& tenant)>;
+
 struct ModelPage {
   std::vector<v1::Model> models;
   std::string next_page_token;
@@ -194,10 +199,13 @@ class MetadataStore {
   // whose last job started longest ago (fair between tenants); then the oldest — applies
   // `change` to it and stores it with a lease held by `owner` until `lease_until_ms`, all in
   // one transaction; two claimers never get the same job. nullopt: nothing waits.
-  // Only jobs of `kind` (IsCoordinated: kCoordinate).
+  // Only jobs of `kind` (IsCoordinated: kCoordinate). A kRun claim passes over the jobs of a
+  // tenant that holds `max_running` of its workers already (whatever their priority),
+  // counted in the claim's transaction, so that the bound holds across processes too.
   virtual absl::StatusOr<std::optional<v1::Job>> ClaimJob(const std::string& owner, int64_t lease_until_ms,
                                                           const ClaimChange& change,
-                                                          ClaimKind kind = ClaimKind::kRun) = 0;
+                                                          ClaimKind kind = ClaimKind::kRun,
+                                                          const MaxRunningJobs& max_running = nullptr) = 0;
   // Extends `owner`'s lease on a running job and returns the job's state (CANCELLING tells
   // the worker to stop). FAILED_PRECONDITION once the lease is not `owner`'s any more.
   virtual absl::StatusOr<v1::JobState> RenewLease(const std::string& job_id, const std::string& owner,

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 #include <utility>
 
@@ -35,6 +36,9 @@ constexpr int64_t kSchemaLockKey = 0x726563616c000001;
 // Two keys do not share the one-key space kSchemaLockKey is in; tenants whose names hash
 // alike only wait for each other.
 constexpr int32_t kTenantQuotaLockClass = 0x72656331;
+// The advisory locks a run claim holds on the tenant of the job it takes while it counts the
+// tenant's running jobs against MaxRunningJobs: this class ("rec2") and hashtext(tenant).
+constexpr int32_t kTenantRunningLockClass = 0x72656332;
 
 // As in SQLite's schema: create_seq orders "newest first" and page tokens without depending
 // on clocks; models are per tenant, request_ids unique within their tenant (NULL = none;
@@ -205,6 +209,19 @@ struct PostgresMetadataStore::Impl {
   // CheckQuota on the tenant's jobs for a job created at `now_ms`; the caller holds the
   // tenant's quota lock.
   absl::Status CheckQuotaLocked(const std::string& tenant, const JobQuota& quota, int64_t now_ms);
+  // The tenants whose jobs hold as many workers as `max_running` allows them (AtRunningBound),
+  // as this statement sees them.
+  absl::StatusOr<std::set<std::string>> TenantsAtRunningBound(const MaxRunningJobs& max_running);
+  // How many workers the tenant's jobs hold (kHoldingWorker).
+  absl::StatusOr<int64_t> RunningJobsOf(const std::string& tenant);
+  // One transaction of ClaimJob: the first QUEUED job in claim order whose tenant is not in
+  // `at_bound`, claimed. Or, when that job's tenant turns out to be at its bound once its lock
+  // is held (another process claimed meanwhile), nothing written and the tenant named in
+  // `*full`: the caller tries again without it.
+  absl::StatusOr<std::optional<v1::Job>> ClaimOnce(const std::string& owner, int64_t lease_until_ms,
+                                                   const ClaimChange& change, ClaimKind kind,
+                                                   const MaxRunningJobs& max_running,
+                                                   const std::set<std::string>& at_bound, std::string* full);
 };
 
 template <typename Op>
@@ -937,35 +954,93 @@ absl::StatusOr<std::vector<ResultRef>> PostgresMetadataStore::DeleteJob(const st
   });
 }
 
+absl::StatusOr<std::set<std::string>> PostgresMetadataStore::Impl::TenantsAtRunningBound(
+    const MaxRunningJobs& max_running) {
+  RECAL_ASSIGN_OR_RETURN(Result r, Exec("SELECT tenant, COUNT(*) FROM jobs WHERE state IN ($1, $2) "
+                                        "AND NOT coordinated GROUP BY tenant",
+                                        Params().Int64(kHoldingWorker[0]).Int64(kHoldingWorker[1])));
+  std::set<std::string> at_bound;
+  for (int i = 0; i < r.rows(); ++i) {
+    if (AtRunningBound(max_running, r.Bytes(i, 0), r.Int64(i, 1))) at_bound.insert(r.Bytes(i, 0));
+  }
+  return at_bound;
+}
+
+absl::StatusOr<int64_t> PostgresMetadataStore::Impl::RunningJobsOf(const std::string& tenant) {
+  RECAL_ASSIGN_OR_RETURN(Result r, Exec("SELECT COUNT(*) FROM jobs WHERE tenant = $1 AND state IN ($2, $3) "
+                                        "AND NOT coordinated",
+                                        Params().Text(tenant).Int64(kHoldingWorker[0]).Int64(kHoldingWorker[1])));
+  return r.Int64(0, 0);
+}
+
+absl::StatusOr<std::optional<v1::Job>> PostgresMetadataStore::Impl::ClaimOnce(
+    const std::string& owner, int64_t lease_until_ms, const ClaimChange& change, ClaimKind kind,
+    const MaxRunningJobs& max_running, const std::set<std::string>& at_bound, std::string* full) {
+  const bool bounded = kind == ClaimKind::kRun && max_running;
+  RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&conn));
+  // Each statement sees what was committed before it: the count below, made once the
+  // tenant's lock is held, sees the claims of the lock's previous holders.
+  if (bounded) RECAL_RETURN_IF_ERROR(ReadCommitted());
+  // SKIP LOCKED: claimers in other processes pass over a row one of them is taking, so
+  // each gets a different job and none waits for another.
+  RECAL_ASSIGN_OR_RETURN(
+      Result r, Exec(absl::StrCat("SELECT id, tenant, proto FROM jobs j WHERE state = $1 AND coordinated = ",
+                                  kind == ClaimKind::kCoordinate ? "true" : "false",
+                                  " AND tenant <> ALL($2) ORDER BY priority DESC, "
+                                  "(SELECT COALESCE(MAX(started_ms), -1) FROM jobs t "
+                                  "WHERE t.tenant = j.tenant) ASC, "
+                                  "create_seq ASC LIMIT 1 FOR UPDATE SKIP LOCKED"),
+                     Params().Int64(v1::QUEUED).TextArray({at_bound.begin(), at_bound.end()})));
+  if (r.rows() == 0) return std::optional<v1::Job>();
+  const std::string id = r.Bytes(0, 0);
+  const std::string tenant = r.Bytes(0, 1);
+  if (bounded && max_running(tenant) > 0) {
+    // Claimers of the tenant's jobs in every process take turns from here to COMMIT, so two
+    // of them never both see room for one more. One such lock at a time, taken last: a
+    // claimer waiting for it holds nothing the holder waits for.
+    RECAL_RETURN_IF_ERROR(
+        Exec(absl::StrCat("SELECT pg_advisory_xact_lock(", kTenantRunningLockClass, ", hashtext($1))"),
+             Params().Text(tenant))
+            .status());
+    RECAL_ASSIGN_OR_RETURN(const int64_t running, RunningJobsOf(tenant));
+    if (AtRunningBound(max_running, tenant, running)) {
+      *full = tenant;
+      return std::optional<v1::Job>();  // rolled back: the row and the lock go
+    }
+  }
+  RECAL_ASSIGN_OR_RETURN(v1::Job job, Parse<v1::Job>(r.Bytes(0, 2), "job", id));
+  std::vector<v1::JobEvent> events;
+  RECAL_RETURN_IF_ERROR(change(job, events));
+  RECAL_RETURN_IF_ERROR(WriteJob(job));
+  RECAL_RETURN_IF_ERROR(Exec("UPDATE jobs SET lease_owner = $2, lease_until_ms = $3, started_ms = $4 "
+                             "WHERE id = $1",
+                             Params().Text(id).Text(owner).Int64(lease_until_ms).Int64(
+                                 absl::ToUnixMillis(absl::Now())))
+                            .status());
+  for (const v1::JobEvent& event : events) RECAL_RETURN_IF_ERROR(InsertEvent(id, event).status());
+  RECAL_RETURN_IF_ERROR(Notify());
+  RECAL_RETURN_IF_ERROR(txn.Commit());
+  return std::optional<v1::Job>(std::move(job));
+}
+
 absl::StatusOr<std::optional<v1::Job>> PostgresMetadataStore::ClaimJob(const std::string& owner, int64_t lease_until_ms,
-                                                                       const ClaimChange& change, ClaimKind kind) {
+                                                                       const ClaimChange& change, ClaimKind kind,
+                                                                       const MaxRunningJobs& max_running) {
   return impl_->Run([&]() -> absl::StatusOr<std::optional<v1::Job>> {
-    RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn));
-    // SKIP LOCKED: claimers in other processes pass over a row one of them is taking, so
-    // each gets a different job and none waits for another.
-    RECAL_ASSIGN_OR_RETURN(
-        Result r, impl_->Exec(absl::StrCat("SELECT id, proto FROM jobs j WHERE state = $1 AND coordinated = ",
-                                           kind == ClaimKind::kCoordinate ? "true" : "false",
-                                           " ORDER BY priority DESC, "
-                                           "(SELECT COALESCE(MAX(started_ms), -1) FROM jobs t "
-                                           "WHERE t.tenant = j.tenant) ASC, "
-                                           "create_seq ASC LIMIT 1 FOR UPDATE SKIP LOCKED"),
-                              Params().Int64(v1::QUEUED)));
-    if (r.rows() == 0) return std::optional<v1::Job>();
-    const std::string id = r.Bytes(0, 0);
-    RECAL_ASSIGN_OR_RETURN(v1::Job job, Parse<v1::Job>(r.Bytes(0, 1), "job", id));
-    std::vector<v1::JobEvent> events;
-    RECAL_RETURN_IF_ERROR(change(job, events));
-    RECAL_RETURN_IF_ERROR(impl_->WriteJob(job));
-    RECAL_RETURN_IF_ERROR(impl_->Exec("UPDATE jobs SET lease_owner = $2, lease_until_ms = $3, started_ms = $4 "
-                                      "WHERE id = $1",
-                                      Params().Text(id).Text(owner).Int64(lease_until_ms).Int64(
-                                          absl::ToUnixMillis(absl::Now())))
-                              .status());
-    for (const v1::JobEvent& event : events) RECAL_RETURN_IF_ERROR(impl_->InsertEvent(id, event).status());
-    RECAL_RETURN_IF_ERROR(impl_->Notify());
-    RECAL_RETURN_IF_ERROR(txn.Commit());
-    return std::optional<v1::Job>(std::move(job));
+    // A first guess outside the claim's transaction, which saves a try per full tenant
+    // ahead in the order; ClaimOnce decides under the tenant's lock.
+    std::set<std::string> at_bound;
+    if (kind == ClaimKind::kRun && max_running) {
+      RECAL_ASSIGN_OR_RETURN(at_bound, impl_->TenantsAtRunningBound(max_running));
+    }
+    // Each try that finds its tenant full adds it, so there are at most as many as tenants.
+    while (true) {
+      std::string full;
+      RECAL_ASSIGN_OR_RETURN(std::optional<v1::Job> claimed,
+                             impl_->ClaimOnce(owner, lease_until_ms, change, kind, max_running, at_bound, &full));
+      if (full.empty()) return claimed;
+      at_bound.insert(std::move(full));
+    }
   });
 }
 

@@ -20,6 +20,7 @@ namespace {
 constexpr unsigned int kByteaOid = 17;
 constexpr unsigned int kInt8Oid = 20;
 constexpr unsigned int kTextOid = 25;
+constexpr unsigned int kTextArrayOid = 1009;
 
 constexpr int kBinary = 1;
 // Oldest server with everything the schema uses (identity columns, ON CONFLICT).
@@ -53,6 +54,11 @@ uint64_t BigEndian(const char* p, int n) {
   return v;
 }
 
+// Network byte order, as every integer of the binary formats.
+void AppendInt32(std::string& out, uint32_t value) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(value >> (24 - 8 * i)));
+}
+
 }  // namespace
 
 // ----------------------------------------------------------------------------- Params
@@ -78,6 +84,25 @@ Params& Params::Int64(int64_t value) {
   const uint64_t u = static_cast<uint64_t>(value);
   for (int i = 0; i < 8; ++i) be[i] = static_cast<char>(u >> (56 - 8 * i));
   Add(kInt8Oid, absl::string_view(be, sizeof(be)), false);
+  return *this;
+}
+
+Params& Params::TextArray(const std::vector<std::string>& texts) {
+  // array_recv's format: dimensions, a has-nulls flag, the element type; then each
+  // dimension's size and lower bound; then each element's length and bytes.
+  std::string array;
+  AppendInt32(array, texts.empty() ? 0 : 1);
+  AppendInt32(array, 0);
+  AppendInt32(array, kTextOid);
+  if (!texts.empty()) {
+    AppendInt32(array, static_cast<uint32_t>(texts.size()));
+    AppendInt32(array, 1);
+  }
+  for (const std::string& text : texts) {
+    AppendInt32(array, static_cast<uint32_t>(text.size()));
+    array += text;
+  }
+  Add(kTextArrayOid, array, false);
   return *this;
 }
 

@@ -26,6 +26,7 @@ class Params {
   Params& Text(absl::string_view text);
   Params& Bytes(absl::string_view bytes);  // BYTEA
   Params& Int64(int64_t value);            // BIGINT
+  Params& TextArray(const std::vector<std::string>& texts);  // TEXT[], one dimension (may be empty)
   Params& NullText();
   Params& NullInt64();
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -181,6 +182,9 @@ struct SqliteMetadataStore::Impl {
   // transaction.
   absl::StatusOr<v1::JobEvent> InsertEvent(const std::string& job_id, v1::JobEvent event);
   absl::Status WriteJob(const v1::Job& job, int64_t expected_version = -1);
+  // The tenants whose jobs hold as many workers as `max_running` allows them (AtRunningBound).
+  // Caller holds a transaction.
+  absl::StatusOr<std::set<std::string>> TenantsAtRunningBound(const MaxRunningJobs& max_running);
   absl::Status InsertResult(const std::string& job_id, v1::Artifact artifact, const ResultRef& ref);
 };
 
@@ -930,24 +934,49 @@ absl::StatusOr<std::vector<ResultRef>> SqliteMetadataStore::DeleteJob(const std:
   return results;
 }
 
+absl::StatusOr<std::set<std::string>> SqliteMetadataStore::Impl::TenantsAtRunningBound(
+    const MaxRunningJobs& max_running) {
+  std::set<std::string> at_bound;
+  RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT tenant, COUNT(*) FROM jobs WHERE state IN (?1, ?2) "
+                                             "AND coordinated = 0 GROUP BY tenant"));
+  q.Bind(1, int64_t{kHoldingWorker[0]}).Bind(2, int64_t{kHoldingWorker[1]});
+  while (true) {
+    RECAL_ASSIGN_OR_RETURN(const bool row, q.Step());
+    if (!row) break;
+    if (AtRunningBound(max_running, q.Text(0), q.Int64(1))) at_bound.insert(q.Text(0));
+  }
+  return at_bound;
+}
+
 absl::StatusOr<std::optional<v1::Job>> SqliteMetadataStore::ClaimJob(const std::string& owner, int64_t lease_until_ms,
-                                                                     const ClaimChange& change, ClaimKind kind) {
+                                                                     const ClaimChange& change, ClaimKind kind,
+                                                                     const MaxRunningJobs& max_running) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   Db& db = impl_->db;
+  // The connection's mutex and the write transaction make the count, the pick and the update
+  // one step: no other claim, here or in another process on the file, comes between.
   RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
+  std::set<std::string> at_bound;
+  if (kind == ClaimKind::kRun && max_running) {
+    RECAL_ASSIGN_OR_RETURN(at_bound, impl_->TenantsAtRunningBound(max_running));
+  }
   std::string id, bytes;
   {
-    // The connection's mutex and the write transaction make the pick and the update one step.
+    // In claim order; the first job whose tenant may have another worker.
     RECAL_ASSIGN_OR_RETURN(
-        Query q, db.Prepare("SELECT id, proto FROM jobs j WHERE state = ?1 AND coordinated = ?2 "
+        Query q, db.Prepare("SELECT id, tenant, proto FROM jobs j WHERE state = ?1 AND coordinated = ?2 "
                             "ORDER BY priority DESC, "
                             "(SELECT COALESCE(MAX(started_ms), -1) FROM jobs t WHERE t.tenant = j.tenant) ASC, "
-                            "create_seq ASC LIMIT 1"));
+                            "create_seq ASC"));
     q.Bind(2, int64_t{kind == ClaimKind::kCoordinate ? 1 : 0});
-    RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, int64_t{v1::QUEUED}).Step());
-    if (!row) return std::optional<v1::Job>();
-    id = q.Text(0);
-    bytes = q.Blob(1);
+    q.Bind(1, int64_t{v1::QUEUED});
+    while (id.empty()) {
+      RECAL_ASSIGN_OR_RETURN(const bool row, q.Step());
+      if (!row) return std::optional<v1::Job>();
+      if (at_bound.count(q.Text(1)) > 0) continue;
+      id = q.Text(0);
+      bytes = q.Blob(2);
+    }
   }
   RECAL_ASSIGN_OR_RETURN(v1::Job job, Parse<v1::Job>(bytes, "job", id));
   std::vector<v1::JobEvent> events;

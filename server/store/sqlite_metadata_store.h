@@ -43,7 +43,8 @@ class SqliteMetadataStore final : public MetadataStore {
   absl::StatusOr<StoredJob> ReadJob(const std::string& id) override;
   absl::StatusOr<std::vector<ResultRef>> DeleteJob(const std::string& id) override;
   absl::StatusOr<std::optional<v1::Job>> ClaimJob(const std::string& owner, int64_t lease_until_ms,
-                                                  const ClaimChange& change, ClaimKind kind) override;
+                                                  const ClaimChange& change, ClaimKind kind,
+                                                  const MaxRunningJobs& max_running) override;
   absl::StatusOr<v1::JobState> RenewLease(const std::string& job_id, const std::string& owner,
                                           int64_t lease_until_ms) override;
   absl::StatusOr<std::vector<StoredJob>> JobsWithExpiredLeases(int64_t now_ms) override;

@@ -20,6 +20,7 @@ TEST(AuthFile, CredentialsRolesTenantsAndQuotas) {
       "cert:\"CN=trainer a,O=Example\" tenant=vision role=read   # a subject with a blank\n"
       "cert:trainer-b.example tenant=speech role=admin\n"
       "tenant vision max_stored_bytes=1000 max_submissions_per_minute=60 max_concurrent_inspections=1\n"
+      "tenant speech max_running_jobs=3\n"
       "tenant idle\n");
   ASSERT_TRUE(config.ok()) << config.status();
   ASSERT_EQ(config->tokens.count(kHash), 1u);
@@ -34,6 +35,8 @@ TEST(AuthFile, CredentialsRolesTenantsAndQuotas) {
   EXPECT_EQ(vision.max_stored_bytes, 1000);
   EXPECT_EQ(vision.max_submissions_per_minute, 60);
   EXPECT_EQ(vision.max_concurrent_inspections, 1);
+  EXPECT_EQ(vision.max_running_jobs, 0);  // the server's default (--tenant_max_running_jobs)
+  EXPECT_EQ(config->quotas.at("speech").max_running_jobs, 3);
   EXPECT_EQ(config->quotas.at("speech").max_active_jobs, 0);
   EXPECT_EQ(config->tenants, (std::set<std::string>{"idle", "speech", "vision"}));
 }
@@ -56,6 +59,10 @@ TEST(AuthFile, EveryMalformedLineIsRefusedWithItsNumberAndWhy) {
       {"user alice tenant=t role=read", "is not token-sha256"},
       {"tenant", "needs a name"},
       {"tenant t max_active_jobs=1\ntenant t max_active_jobs=2", "cannot also be 2"},
+      {"tenant t max_running_jobs=-2", "whole number"},
+      {"tenant t max_running_jobs=1\ntoken-sha256:" + kHash + " tenant=t role=read max_running_jobs=4",
+       "max_running_jobs=1 already; it cannot also be 4"},
+      {"tenant t max_running_job=1", "max_running_jobs"},  // a misspelt key: the message lists the right one
       {"token-sha256:" + kHash + " tenant=t role=read\ntoken-sha256:" + kHash + " tenant=u role=admin",
        "listed twice"},
   };

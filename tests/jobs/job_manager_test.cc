@@ -237,5 +237,55 @@ TEST_F(JobManagerTest, QuotasHoldAcrossTwoApiReplicasOnOneStore) {
   b.Shutdown(absl::Seconds(10));
 }
 
+// TenantLimits::max_running_jobs reaches the claims of the manager's workers: with two
+// workers, tenant "t" bound to one leaves the other to "u", whose job came last.
+TEST_F(JobManagerTest, ATenantsRunningJobsBoundLeavesTheSecondWorkerToAnotherTenant) {
+  jobs_->Shutdown(absl::Seconds(10));  // runs nothing here
+  const std::string u_model = UploadAnyModel(*models_, "u");
+  ASSERT_FALSE(u_model.empty());
+  runner_.recalibrate = [](const RecalibrationTask&, const RunHooks& hooks) -> absl::StatusOr<v1::RunReport> {
+    while (!(hooks.cancel && hooks.cancel->load())) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return absl::CancelledError("cancelled");
+  };
+  JobManagerOptions options;
+  options.scheduler.devices = {"cpu", "cpu"};
+  options.limits = [](const std::string& tenant) {
+    TenantLimits limits;
+    if (tenant == "t") limits.max_running_jobs = 1;
+    return limits;
+  };
+  JobManager manager(metadata_.get(), blobs_.get(), models_.get(), &runner_, options);
+  ASSERT_TRUE(manager.Start().ok());
+  const auto submit = [&](const Caller& caller, const std::string& model) {
+    v1::SubmitJobRequest request;
+    request.mutable_spec()->set_model_id(model);
+    request.mutable_spec()->set_batch_size(4);
+    request.mutable_spec()->mutable_data()->mutable_synthetic()->add_sample_shape(3);
+    auto job = manager.Submit(caller, request);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? job->id() : "";
+  };
+  const auto wait_for = [&](const Caller& caller, const std::string& id, v1::JobState state) {
+    for (int i = 0; i < 1000 && manager.Get(caller, id)->state() != state; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return manager.Get(caller, id)->state();
+  };
+  const Caller u{"u"};
+  const std::string t_first = submit(caller_, model_id_);
+  const std::string t_second = submit(caller_, model_id_);
+  ASSERT_EQ(wait_for(caller_, t_first, v1::RUNNING), v1::RUNNING);
+  const std::string u_job = submit(u, u_model);
+  ASSERT_EQ(wait_for(u, u_job, v1::RUNNING), v1::RUNNING) << "t's second job took the second worker";
+  EXPECT_EQ(manager.Get(caller_, t_second)->state(), v1::QUEUED);
+  ASSERT_TRUE(manager.Cancel(caller_, t_first).ok());
+  EXPECT_EQ(wait_for(caller_, t_second, v1::RUNNING), v1::RUNNING);
+  EXPECT_EQ(manager.Get(u, u_job)->state(), v1::RUNNING);
+  for (const auto& [caller, id] : {std::pair{caller_, t_second}, std::pair{u, u_job}}) {
+    ASSERT_TRUE(manager.Cancel(caller, id).ok());
+  }
+  manager.Shutdown(absl::Seconds(10));
+}
+
 }  // namespace
 }  // namespace recal::jobs

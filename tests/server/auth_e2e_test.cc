@@ -532,6 +532,62 @@ TEST_F(AuthTest, OversizedFieldsAndPrioritiesBeyondTheRoleAreRefusedBeforeAnythi
   EXPECT_EQ(SubmitAs("a_admin", StreamJob(model, 1000000)).spec().priority(), 1000000);
 }
 
+// A client-stream job holds its worker until its batches end or it is cancelled: a slow job
+// whose end the test decides.
+void CancelAs(v1::Recal::Stub& stub, const std::string& id) {
+  grpc::ClientContext context;
+  v1::CancelJobRequest cancel;
+  cancel.set_id(id);
+  v1::Job job;
+  ASSERT_TRUE(stub.CancelJob(&context, cancel, &job).ok()) << id;
+  EXPECT_EQ(WaitForState(stub, id, v1::CANCELLED, 60).state(), v1::CANCELLED) << id;
+}
+
+v1::Job GetJobAs(v1::Recal::Stub& stub, const std::string& id) {
+  grpc::ClientContext context;
+  v1::GetJobRequest get;
+  get.set_id(id);
+  v1::Job job;
+  EXPECT_TRUE(stub.GetJob(&context, get, &job).ok()) << id;
+  return job;
+}
+
+int64_t Nanos(const google::protobuf::Timestamp& t) { return t.seconds() * 1000000000 + t.nanos(); }
+
+TEST_F(AuthTest, ATenantAtItsRunningBoundLeavesTheOtherWorkerToAnotherTenant) {
+  // Two workers; team-a is held to one by the flag, team-b's own line lets it have both.
+  StartServer("tenant team-b max_running_jobs=2\n", {"--tenant_max_running_jobs=1"});
+  const std::string a_model = UploadAs("a_submit", kSmallModel);
+  const std::string b_model = UploadAs("b_submit", kSmallModel);
+  std::vector<v1::Job> b_jobs = {SubmitAs("b_submit", StreamJob(b_model, 0)), SubmitAs("b_submit", StreamJob(b_model, 0))};
+  for (const v1::Job& job : b_jobs) ASSERT_EQ(WaitForState(*As("b_submit"), job.id(), v1::RUNNING, 60).state(), v1::RUNNING);
+  for (const v1::Job& job : b_jobs) CancelAs(*As("b_submit"), job.id());
+
+  std::vector<v1::Job> a_jobs;
+  for (int i = 0; i < 3; ++i) a_jobs.push_back(SubmitAs("a_submit", StreamJob(a_model, i == 2 ? 100 : 0)));
+  ASSERT_EQ(WaitForState(*As("a_submit"), a_jobs[0].id(), v1::RUNNING, 60).state(), v1::RUNNING);
+  // team-b's job, submitted after all of team-a's, gets the second worker: had team-a's
+  // second job taken it, this would wait until one of team-a's ended.
+  const v1::Job b_late = SubmitAs("b_submit", StreamJob(b_model, 0));
+  ASSERT_EQ(WaitForState(*As("b_submit"), b_late.id(), v1::RUNNING, 60).state(), v1::RUNNING) << server_->log();
+  for (int i : {1, 2}) {
+    const v1::Job waiting = GetJobAs(*As("a_read"), a_jobs[i].id());
+    EXPECT_EQ(waiting.state(), v1::QUEUED) << "team-a's job " << i << " went past its bound";
+    EXPECT_FALSE(waiting.has_start_time());
+  }
+  // A free worker is not enough: team-a's next job starts only once its running one has ended.
+  CancelAs(*As("b_submit"), b_late.id());
+  CancelAs(*As("a_submit"), a_jobs[0].id());
+  const v1::Job a_first = GetJobAs(*As("a_read"), a_jobs[0].id());
+  // The priority-100 job of team-a goes first among its own, never beyond its bound.
+  const v1::Job a_next = WaitForState(*As("a_read"), a_jobs[2].id(), v1::RUNNING, 60);
+  ASSERT_EQ(a_next.state(), v1::RUNNING);
+  EXPECT_GE(Nanos(a_next.start_time()), Nanos(a_first.end_time())) << "team-a ran two jobs at once";
+  EXPECT_EQ(GetJobAs(*As("a_read"), a_jobs[1].id()).state(), v1::QUEUED);
+  CancelAs(*As("a_submit"), a_jobs[2].id());
+  CancelAs(*As("a_submit"), a_jobs[1].id());
+}
+
 TEST_F(AuthTest, ListingsOfTheLargestAllowedFieldsStayBelowTheMessageLimitAndReturnEverything) {
   StartServer("", {"--cpu_workers=1"});
   const std::string a_model = UploadAs("a_submit", kSmallModel);

@@ -4,8 +4,10 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -990,6 +992,117 @@ TEST_P(MetadataStoreTest, ConcurrentRunAndCoordinateClaimersOnTwoStoresTakeEachJ
   EXPECT_EQ(std::set<std::string>(coordinated.begin(), coordinated.end()),
             (std::set<std::string>{"s0", "s1", "s2", "s3", "s4", "s5"}));
   EXPECT_EQ(coordinated.size(), 6u);
+}
+
+// ------------------------------------------------------------ running jobs per tenant
+
+// Tenant "a" may hold one worker, "b" three; any other, as many as ask.
+int64_t OneForAThreeForB(const std::string& tenant) { return tenant == "a" ? 1 : tenant == "b" ? 3 : 0; }
+
+// What a run claimer with the bound takes next: its id, or "" when nothing may run.
+std::string NextRun(MetadataStore& db, const MaxRunningJobs& bound) {
+  absl::StatusOr<std::optional<v1::Job>> claimed =
+      db.ClaimJob("w", absl::ToUnixMillis(absl::Now()) + 60000, ToRunning("cpu"), ClaimKind::kRun, bound);
+  EXPECT_TRUE(claimed.ok()) << claimed.status();
+  return claimed.ok() && claimed->has_value() ? (*claimed)->id() : "";
+}
+
+// The state machine's end of a run (or the start of its cancelling), as the worker writes it.
+void MoveTo(MetadataStore& db, const std::string& id, v1::JobState state) {
+  absl::StatusOr<StoredJob> stored = db.ReadJob(id);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  stored->job.set_state(state);
+  ASSERT_TRUE(db.CommitJob(stored->job, {StateEvent(state)}, {}, stored->version).ok()) << id;
+}
+
+TEST_P(MetadataStoreTest, ATenantAtItsRunningBoundWaitsWhileAnotherTenantsLaterJobIsClaimed) {
+  bool created = false;
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(db_->CreateJob(Prioritised(absl::StrCat("a", i), 0, "a"), &created).ok());
+  }
+  ASSERT_TRUE(db_->CreateJob(Prioritised("b0", 0, "b"), &created).ok());
+  const MaxRunningJobs bound = OneForAThreeForB;
+  EXPECT_EQ(NextRun(*db_, bound), "a0");
+  EXPECT_EQ(NextRun(*db_, bound), "b0");  // later than a1..a4, but a0 holds a's one worker
+  EXPECT_EQ(NextRun(*db_, bound), "");    // however many workers ask
+  EXPECT_EQ(db_->GetJob("a1")->state(), v1::QUEUED);
+  // Neither a higher priority nor a shard gets past the bound.
+  ASSERT_TRUE(db_->CreateJob(Prioritised("a-urgent", 50, "a"), &created).ok());
+  ShardedJob sharded = MakeSharded("ap", 2);
+  sharded.parent.set_tenant("a");
+  for (NewJob& shard : sharded.children) shard.job.set_tenant("a");
+  ASSERT_TRUE(Create(*db_, sharded, &created).ok());
+  EXPECT_EQ(NextRun(*db_, bound), "");
+  // A job being cancelled still holds its worker until its run has stopped.
+  MoveTo(*db_, "a0", v1::CANCELLING);
+  EXPECT_EQ(NextRun(*db_, bound), "");
+  MoveTo(*db_, "a0", v1::CANCELLED);
+  EXPECT_EQ(NextRun(*db_, bound), "a-urgent");  // the order holds among what may run
+  EXPECT_EQ(NextRun(*db_, bound), "");
+  MoveTo(*db_, "a-urgent", v1::SUCCEEDED);
+  EXPECT_EQ(NextRun(*db_, bound), "a1");
+  // Without a bound (the default) the queue is taken in its order, whatever runs.
+  EXPECT_EQ(NextRun(*db_, nullptr), "a2");
+  EXPECT_EQ(NextRun(*db_, [](const std::string&) -> int64_t { return 0; }), "a3");
+}
+
+TEST_P(MetadataStoreTest, ShardsCountAgainstTheRunningBoundAndTheirCoordinatedParentDoesNot) {
+  bool created = false;
+  ShardedJob sharded = MakeSharded("p", 3);
+  sharded.parent.set_tenant("a");
+  for (NewJob& shard : sharded.children) shard.job.set_tenant("a");
+  ASSERT_TRUE(Create(*db_, sharded, &created).ok());
+  const MaxRunningJobs bound = OneForAThreeForB;
+  // The parent runs on a coordinator, not a worker: neither held back nor counted, or a
+  // tenant bound to one could never run a shard of its sharded job.
+  absl::StatusOr<std::optional<v1::Job>> parent = db_->ClaimJob(
+      "c", absl::ToUnixMillis(absl::Now()) + 60000, ToRunning("coordinator"), ClaimKind::kCoordinate, bound);
+  ASSERT_TRUE(parent.ok()) << parent.status();
+  ASSERT_TRUE(parent->has_value());
+  EXPECT_EQ((*parent)->id(), "p");
+  // Each shard holds a worker: one at a time.
+  EXPECT_EQ(NextRun(*db_, bound), "p-0");
+  EXPECT_EQ(NextRun(*db_, bound), "");
+  MoveTo(*db_, "p-0", v1::SUCCEEDED);
+  EXPECT_EQ(NextRun(*db_, bound), "p-1");
+  EXPECT_EQ(NextRun(*db_, bound), "");
+}
+
+TEST_P(MetadataStoreTest, ConcurrentClaimersOnTwoStoresNeverPassATenantsRunningBound) {
+  bool created = false;
+  for (const char* tenant : {"a", "b", "c"}) {
+    for (int i = 0; i < 8; ++i) {
+      ASSERT_TRUE(db_->CreateJob(Prioritised(absl::StrCat(tenant, i), 0, tenant), &created).ok());
+    }
+  }
+  std::unique_ptr<MetadataStore> other = OpenDb(spec_);
+  ASSERT_NE(other, nullptr);
+  std::mutex mu;
+  std::map<std::string, int> claimed_by_tenant;
+  std::vector<std::thread> threads;
+  // Every claimer starts at once, each on its own connection in turn: two processes' workers.
+  std::atomic<int> ready{0};
+  for (int t = 0; t < 6; ++t) {
+    threads.emplace_back([&, t] {
+      MetadataStore* store = t % 2 == 0 ? db_.get() : other.get();
+      ++ready;
+      while (ready < 6) std::this_thread::yield();
+      while (true) {
+        auto job = store->ClaimJob(absl::StrCat("worker-", t), absl::ToUnixMillis(absl::Now()) + 60000,
+                                   ToRunning("cpu"), ClaimKind::kRun, OneForAThreeForB);
+        if (!job.ok()) {
+          ADD_FAILURE() << job.status();
+          return;
+        }
+        if (!job->has_value()) return;
+        std::lock_guard<std::mutex> lock(mu);
+        ++claimed_by_tenant[(*job)->tenant()];
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(claimed_by_tenant, (std::map<std::string, int>{{"a", 1}, {"b", 3}, {"c", 8}}));
+  EXPECT_EQ(*db_->CountJobsInStates({v1::RUNNING}), 12);
 }
 
 // ------------------------------------------------------------------------------ quotas
