@@ -22,6 +22,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "tests/server/calls.h"
 #include "tests/server/process_stats.h"
@@ -93,32 +94,6 @@ class Watcher final : public grpc::ClientReadReactor<JobEvent> {
   bool terminal_ = false;
 };
 
-// The server's threads and RSS every 50 ms while running: the most of each.
-class ServerSampler {
- public:
-  explicit ServerSampler(pid_t pid)
-      : thread_([this, pid] {
-          while (!stop_.load()) {
-            max_threads_.store(std::max(max_threads_.load(), recal::testing::ThreadsOf(pid)));
-            max_rss_.store(std::max(max_rss_.load(), recal::testing::ResidentBytesOf(pid)));
-            std::this_thread::sleep_for(std::chrono::milliseconds(50));
-          }
-        }) {}
-  ~ServerSampler() { Stop(); }
-  void Stop() {
-    stop_.store(true);
-    if (thread_.joinable()) thread_.join();
-  }
-  int max_threads() const { return max_threads_.load(); }
-  int64_t max_rss() const { return max_rss_.load(); }
-
- private:
-  std::atomic<bool> stop_{false};
-  std::atomic<int> max_threads_{0};
-  std::atomic<int64_t> max_rss_{0};
-  std::thread thread_;
-};
-
 // Four batches of 8 samples of 12 floats: what bn1d_2d takes.
 std::vector<recal::v1::Tensor> Batches() {
   std::vector<recal::v1::Tensor> batches(4);
@@ -138,91 +113,123 @@ int Fail(const std::string& why) {
   return 2;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  const int watchers = absl::GetFlag(FLAGS_watchers);
-  const int channels = std::max(1, absl::GetFlag(FLAGS_channels));
-  const std::string fixtures = absl::GetFlag(FLAGS_fixtures);
-  recal::testing::TempDir tmp;
-  recal::testing::ServerProcess server(tmp.File("data"), {"--data_root=" + fixtures, "--threads_per_worker=1"});
-  if (!server.ok()) return Fail("the server did not start:\n" + server.log());
-  auto stub = server.Stub();
-
+// The bn1d_2d fixture uploaded and a client_stream job on it submitted, RUNNING: it waits
+// for the batches this bench pushes.
+absl::StatusOr<recal::v1::Job> StartWaitingJob(recal::v1::Recal::Stub& stub, const std::string& fixtures) {
   recal::v1::Model model;
   const grpc::Status uploaded =
-      recal::testing::Upload(*stub, recal::testing::ReadBytes(fixtures + "/models/bn1d_2d.traced_train.pt"), &model);
-  if (!uploaded.ok()) return Fail("upload: " + uploaded.error_message());
+      recal::testing::Upload(stub, recal::testing::ReadBytes(fixtures + "/models/bn1d_2d.traced_train.pt"), &model);
+  if (!uploaded.ok()) return absl::UnavailableError("upload: " + uploaded.error_message());
   recal::v1::SubmitJobRequest request;
   request.mutable_spec()->set_model_id(model.id());
   request.mutable_spec()->set_batch_size(8);
   request.mutable_spec()->mutable_data()->mutable_client_stream();
   recal::v1::Job job;
-  grpc::ClientContext submit;
-  const grpc::Status submitted = stub->SubmitJob(&submit, request, &job);
-  if (!submitted.ok()) return Fail("submit: " + submitted.error_message());
-  recal::testing::WaitForState(*stub, job.id(), recal::v1::RUNNING, 60);
+  grpc::ClientContext context;
+  const grpc::Status submitted = stub.SubmitJob(&context, request, &job);
+  if (!submitted.ok()) return absl::UnavailableError("submit: " + submitted.error_message());
+  return recal::testing::WaitForState(stub, job.id(), recal::v1::RUNNING, 60);
+}
 
-  const int threads_before = recal::testing::ThreadsOf(server.pid());
-  const int64_t rss_before = recal::testing::ResidentBytesOf(server.pid());
-  ServerSampler sampler(server.pid());
-
-  // Each channel its own connection (a local subchannel pool), the streams round-robin.
+// `count` stubs, each on a connection of its own (a local subchannel pool), sending the token.
+std::vector<std::unique_ptr<recal::v1::Recal::Stub>> Stubs(const recal::testing::ServerProcess& server, int count) {
   std::vector<std::unique_ptr<recal::v1::Recal::Stub>> stubs;
-  for (int c = 0; c < channels; ++c) {
+  for (int c = 0; c < count; ++c) {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     stubs.push_back(recal::v1::Recal::NewStub(
         recal::testing::ChannelWithToken(server.target(), server.token(), nullptr, args)));
   }
-  Tally tally;
-  std::vector<std::unique_ptr<Watcher>> open;
-  const auto open_start = Clock::now();
-  for (int i = 0; i < watchers; ++i) open.push_back(std::make_unique<Watcher>(stubs[i % channels].get(), job.id(), &tally));
-  while (tally.opened.load() + tally.done.load() < watchers &&
-         Seconds(open_start) < absl::GetFlag(FLAGS_open_timeout_seconds)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  const double open_seconds = Seconds(open_start);
-  const int opened = tally.opened.load();
-  std::this_thread::sleep_for(std::chrono::duration<double>(absl::GetFlag(FLAGS_hold_seconds)));
-  const int threads_waiting = sampler.max_threads();
-  const int64_t rss_waiting = sampler.max_rss();
-  const int still_open = watchers - tally.done.load();
+  return stubs;
+}
 
-  const auto feed_start = Clock::now();
-  const grpc::Status pushed = recal::testing::PushAll(*stub, job.id(), 0, Batches());
-  if (!pushed.ok()) return Fail("push: " + pushed.error_message());
-  while (tally.done.load() < watchers && Seconds(feed_start) < 300) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  const double feed_to_last = Seconds(feed_start);
-  sampler.Stop();
-  const recal::v1::Job ended = recal::testing::WaitForState(*stub, job.id(), recal::v1::SUCCEEDED, 60);
-  const int64_t end_ns = ended.end_time().seconds() * 1000000000 + ended.end_time().nanos();
-  const double end_to_last = (tally.last_done_ns.load() - end_ns) / 1e9;
-  const bool every_end = tally.saw_end.load() == watchers;
+struct Measured {
+  int watchers = 0, channels = 0, opened = 0, open_while_waiting = 0, saw_end = 0;
+  int threads_before = 0, threads_waiting = 0, threads_max = 0;
+  int64_t rss_before = 0, rss_waiting = 0, rss_max = 0;
+  double open_seconds = 0, end_to_last = 0, push_to_last = 0;
+};
 
+void Print(const Measured& m) {
   std::printf("| watchers | channels | server threads: before / max while waiting / max | server RSS: before / max "
               "| all open after | job end -> last watcher's end | push -> last end | every watcher saw the end |\n");
   std::printf("|---|---|---|---|---|---|---|---|\n");
   std::printf("| %d (%d opened, %d open while waiting) | %d | %d / %d / %d | %.0f / %.0f MiB | %.2f s | %.2f s | %.2f s "
               "| %s (%d of %d) |\n",
-              watchers, opened, still_open, channels, threads_before, threads_waiting, sampler.max_threads(),
-              Mib(rss_before), Mib(sampler.max_rss()), open_seconds, end_to_last, feed_to_last,
-              every_end ? "yes" : "no", tally.saw_end.load(), watchers);
-  std::printf("job %s: %s; RSS while waiting at most %.0f MiB (%.1f KiB a watcher above the start)\n",
-              ended.id().c_str(), recal::v1::JobState_Name(ended.state()).c_str(), Mib(rss_waiting),
-              (rss_waiting - rss_before) / 1024.0 / std::max(1, watchers));
-  if (tally.done.load() == watchers) {
+              m.watchers, m.opened, m.open_while_waiting, m.channels, m.threads_before, m.threads_waiting,
+              m.threads_max, Mib(m.rss_before), Mib(m.rss_max), m.open_seconds, m.end_to_last, m.push_to_last,
+              m.saw_end == m.watchers ? "yes" : "no", m.saw_end, m.watchers);
+  std::printf("RSS while waiting at most %.0f MiB (%.1f KiB a watcher above the start)\n", Mib(m.rss_waiting),
+              (m.rss_waiting - m.rss_before) / 1024.0 / std::max(1, m.watchers));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  Measured m;
+  m.watchers = absl::GetFlag(FLAGS_watchers);
+  m.channels = std::max(1, absl::GetFlag(FLAGS_channels));
+  const std::string fixtures = absl::GetFlag(FLAGS_fixtures);
+  recal::testing::TempDir tmp;
+  recal::testing::ServerProcess server(tmp.File("data"), {"--data_root=" + fixtures, "--threads_per_worker=1"});
+  if (!server.ok()) return Fail("the server did not start:\n" + server.log());
+  auto stub = server.Stub();
+  const absl::StatusOr<recal::v1::Job> job = StartWaitingJob(*stub, fixtures);
+  if (!job.ok()) return Fail(std::string(job.status().message()));
+
+  const pid_t pid = server.pid();
+  m.threads_before = recal::testing::ThreadsOf(pid);
+  m.rss_before = recal::testing::ResidentBytesOf(pid);
+  std::atomic<int> threads_max{0};
+  std::atomic<int64_t> rss_max{0};
+  recal::testing::PeriodicSampler sampler(std::chrono::milliseconds(50), [&] {
+    threads_max.store(std::max(threads_max.load(), recal::testing::ThreadsOf(pid)));
+    rss_max.store(std::max(rss_max.load(), recal::testing::ResidentBytesOf(pid)));
+  });
+
+  const auto stubs = Stubs(server, m.channels);
+  Tally tally;
+  std::vector<std::unique_ptr<Watcher>> open;
+  const auto open_start = Clock::now();
+  for (int i = 0; i < m.watchers; ++i) {
+    open.push_back(std::make_unique<Watcher>(stubs[i % m.channels].get(), job->id(), &tally));
+  }
+  while (tally.opened.load() + tally.done.load() < m.watchers &&
+         Seconds(open_start) < absl::GetFlag(FLAGS_open_timeout_seconds)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  m.open_seconds = Seconds(open_start);
+  m.opened = tally.opened.load();
+  std::this_thread::sleep_for(std::chrono::duration<double>(absl::GetFlag(FLAGS_hold_seconds)));
+  m.threads_waiting = threads_max.load();
+  m.rss_waiting = rss_max.load();
+  m.open_while_waiting = m.watchers - tally.done.load();
+
+  const auto push_start = Clock::now();
+  const grpc::Status pushed = recal::testing::PushAll(*stub, job->id(), 0, Batches());
+  if (!pushed.ok()) return Fail("push: " + pushed.error_message());
+  while (tally.done.load() < m.watchers && Seconds(push_start) < 300) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  m.push_to_last = Seconds(push_start);
+  sampler.Stop();
+  m.threads_max = threads_max.load();
+  m.rss_max = rss_max.load();
+  const recal::v1::Job ended = recal::testing::WaitForState(*stub, job->id(), recal::v1::SUCCEEDED, 60);
+  const int64_t end_ns = ended.end_time().seconds() * 1000000000 + ended.end_time().nanos();
+  m.end_to_last = (tally.last_done_ns.load() - end_ns) / 1e9;
+  m.saw_end = tally.saw_end.load();
+  Print(m);
+
+  if (tally.done.load() == m.watchers) {
     open.clear();
   } else {
     for (auto& watcher : open) watcher.release();  // calls still in flight: left to the exit
   }
-  if (sampler.max_threads() >= absl::GetFlag(FLAGS_max_threads)) {
-    return Fail(absl::StrCat("the server ran ", sampler.max_threads(), " threads (bound ", absl::GetFlag(FLAGS_max_threads), ")"));
+  if (m.threads_max >= absl::GetFlag(FLAGS_max_threads)) {
+    return Fail(absl::StrCat("the server ran ", m.threads_max, " threads (bound ", absl::GetFlag(FLAGS_max_threads), ")"));
   }
-  if (!every_end) return Fail("not every watcher saw the end");
+  if (m.saw_end != m.watchers) return Fail("not every watcher saw the end");
   return 0;
 }

@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "common/sha256.h"
+#include "tests/server/calls.h"
 #include "tests/server/server_process.h"
 #include "tests/test_util.h"
 
@@ -348,22 +349,15 @@ TEST_F(ObservabilityTest, WatchersThatGoAwayMidWaitLeaveTheWatchGaugeAtZero) {
   EXPECT_THAT(WaitFor(job.id(), [](const v1::Job&) { return true; }).state(),
               ::testing::AnyOf(v1::QUEUED, v1::RUNNING));
 
-  std::thread last([&] {
-    grpc::ClientContext context;
-    v1::WatchJobRequest watch;
-    watch.set_id(job.id());
-    auto reader = stub_->WatchJob(&context, watch);
-    v1::JobEvent event;
-    v1::JobState seen = v1::JOB_STATE_UNSPECIFIED;
-    while (reader->Read(&event)) {
-      if (event.kind_case() == v1::JobEvent::kState) seen = event.state();
-    }
-    EXPECT_TRUE(reader->Finish().ok());
-    EXPECT_EQ(seen, v1::CANCELLED);
-  });
+  std::vector<v1::JobEvent> to_the_end;
+  grpc::Status watched;
+  std::thread last([&] { to_the_end = Watch(*stub_, job.id(), 0, 100000, &watched); });
   ScrapeUntil([](const Exposition& m) { return m.Value("recal_watch_streams") == 1; });
   Cancel(job.id());
   last.join();
+  EXPECT_TRUE(watched.ok()) << watched.error_message();
+  ASSERT_FALSE(to_the_end.empty());
+  EXPECT_EQ(to_the_end.back().state(), v1::CANCELLED);
   EXPECT_EQ(ScrapeUntil([](const Exposition& m) { return m.Value("recal_watch_streams") == 0; })
                 .Value("recal_watch_streams"),
             0);

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -64,6 +65,19 @@ int CountChildren(pid_t parent, const std::string& program) {
 int64_t MemAvailableBytes() {
   const int64_t kib = FieldOf("/proc/meminfo", "MemAvailable:");
   return kib < 0 ? -1 : kib * 1024;
+}
+
+PeriodicSampler::PeriodicSampler(std::chrono::milliseconds period, std::function<void()> sample)
+    : thread_([this, period, sample = std::move(sample)] {
+        while (!stop_.load()) {
+          sample();
+          std::this_thread::sleep_for(period);
+        }
+      }) {}
+
+void PeriodicSampler::Stop() {
+  stop_.store(true);
+  if (thread_.joinable()) thread_.join();
 }
 
 }  // namespace recal::testing

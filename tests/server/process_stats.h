@@ -5,8 +5,12 @@
 
 #include <sys/types.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <thread>
 
 namespace recal::testing {
 
@@ -20,5 +24,19 @@ int CountChildren(pid_t parent, const std::string& program);
 
 // /proc/meminfo's MemAvailable in bytes (-1 if unreadable).
 int64_t MemAvailableBytes();
+
+// Calls `sample` every `period` on a thread of its own, from construction until Stop().
+class PeriodicSampler {
+ public:
+  PeriodicSampler(std::chrono::milliseconds period, std::function<void()> sample);
+  ~PeriodicSampler() { Stop(); }
+  PeriodicSampler(const PeriodicSampler&) = delete;
+  PeriodicSampler& operator=(const PeriodicSampler&) = delete;
+  void Stop();
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
 
 }  // namespace recal::testing

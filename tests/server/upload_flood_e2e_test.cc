@@ -13,11 +13,12 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
-#include <map>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -56,33 +57,6 @@ constexpr int64_t kMemoryMargin = int64_t{2} << 30;
 constexpr int kFirstWave = 6, kSecondWave = 60;
 
 double SecondsSince(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-// Every 10 ms until stopped: the most recal-worker children of `server` seen at once, and
-// the least MemAvailable.
-class Sampler {
- public:
-  explicit Sampler(pid_t server)
-      : thread_([this, server] {
-          while (!stop_.load()) {
-            max_workers_.store(std::max(max_workers_.load(), CountChildren(server, "recal-worker")));
-            min_available_.store(std::min(min_available_.load(), MemAvailableBytes()));
-            std::this_thread::sleep_for(std::chrono::milliseconds(10));
-          }
-        }) {}
-  ~Sampler() { Stop(); }
-  void Stop() {
-    stop_.store(true);
-    if (thread_.joinable()) thread_.join();
-  }
-  int max_workers() const { return max_workers_.load(); }
-  int64_t min_available() const { return min_available_.load(); }
-
- private:
-  std::atomic<bool> stop_{false};
-  std::atomic<int> max_workers_{0};
-  std::atomic<int64_t> min_available_{INT64_MAX};
-  std::thread thread_;
-};
 
 struct Outcome {
   grpc::StatusCode code = grpc::StatusCode::UNKNOWN;
@@ -155,6 +129,49 @@ class UploadFloodTest : public ::testing::Test {
     return graph;
   }
 
+  // Tenant B's upload of a fixture model and a job on it, begun mid-flood: both must go
+  // through. Returns the seconds to the accepted upload and to the SUCCEEDED job.
+  std::pair<double, double> UploadAndRunAsB() {
+    const auto start = Clock::now();
+    auto b = server_->Stub(b_token_);
+    v1::Model model;
+    const grpc::Status uploaded = Upload(*b, ReadBytes(kModel), &model);
+    EXPECT_TRUE(uploaded.ok()) << "tenant B's upload during the flood: " << uploaded.error_message();
+    const double upload_seconds = SecondsSince(start);
+    grpc::ClientContext context;
+    v1::Job job;
+    const grpc::Status submitted = b->SubmitJob(&context, NpyJob(model.id(), "data/bn1d_2d.npy", 8), &job);
+    EXPECT_TRUE(submitted.ok()) << submitted.error_message();
+    const v1::Job done = WaitForState(*b, job.id(), v1::SUCCEEDED, 60);
+    EXPECT_EQ(done.state(), v1::SUCCEEDED) << done.error().message();
+    return {upload_seconds, SecondsSince(start)};
+  }
+
+  // An upload refused at A's bound keeps its staged bytes: finishing it again is enough,
+  // and then the graph bound refuses it.
+  void ExpectFinishingAgainGetsTheGraphVerdict(const std::string& bytes) {
+    auto a = server_->Stub(a_token_);
+    grpc::ClientContext context;
+    v1::GetUploadStatusRequest request;
+    request.set_sha256(Sha256Hex(bytes));
+    v1::UploadStatus staged;
+    ASSERT_TRUE(a->GetUploadStatus(&context, request, &staged).ok());
+    EXPECT_EQ(staged.committed_size(), static_cast<int64_t>(bytes.size()));
+    v1::Model model;
+    const grpc::Status again = Upload(*a, bytes, &model, /*from=*/bytes.size());
+    EXPECT_EQ(again.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << again.error_message();
+    EXPECT_THAT(again.error_message(), HasSubstr("max_graph_nodes"));
+  }
+
+  int ModelsOfA() {
+    grpc::ClientContext context;
+    v1::ListModelsResponse models;
+    EXPECT_TRUE(server_->Stub(a_token_)->ListModels(&context, v1::ListModelsRequest(), &models).ok());
+    return models.models_size();
+  }
+
+  int Workers() const { return CountChildren(server_->pid(), "recal-worker"); }
+
   TempDir tmp_;
   std::vector<std::string> archives_;
   std::string a_token_, b_token_;
@@ -164,29 +181,21 @@ class UploadFloodTest : public ::testing::Test {
 TEST_F(UploadFloodTest, OneTenantsFloodOfHostileUploadsIsBoundedAndAnotherTenantsJobStillSucceeds) {
   const int64_t available_at_start = MemAvailableBytes();
   ASSERT_GT(available_at_start, 0);
-  Sampler sampler(server_->pid());
+  std::atomic<int> max_workers{0};
+  std::atomic<int64_t> min_available{INT64_MAX};
+  PeriodicSampler sampler(std::chrono::milliseconds(10), [&] {
+    max_workers.store(std::max(max_workers.load(), Workers()));
+    min_available.store(std::min(min_available.load(), MemAvailableBytes()));
+  });
 
   ExpectGraphVerdictOrTenantRefusal(FloodAsA(0, kFirstWave), "6 at once");
 
-  // 60 at once; B arrives once A's inspections are running.
+  // 60 at once; B begins once A's inspections run.
   const auto flood_start = Clock::now();
   std::vector<Outcome> second;
   std::thread flood([&] { second = FloodAsA(kFirstWave, kSecondWave); });
-  while (CountChildren(server_->pid(), "recal-worker") < 1 && SecondsSince(flood_start) < 10) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  const auto b_start = Clock::now();
-  auto b = server_->Stub(b_token_);
-  v1::Model model;
-  const grpc::Status uploaded = Upload(*b, ReadBytes(kModel), &model);
-  ASSERT_TRUE(uploaded.ok()) << "tenant B's upload during the flood: " << uploaded.error_message();
-  const double b_upload_seconds = SecondsSince(b_start);
-  grpc::ClientContext context;
-  v1::Job job;
-  ASSERT_TRUE(b->SubmitJob(&context, NpyJob(model.id(), "data/bn1d_2d.npy", 8), &job).ok());
-  const v1::Job done = WaitForState(*b, job.id(), v1::SUCCEEDED, 60);
-  EXPECT_EQ(done.state(), v1::SUCCEEDED) << done.error().message();
-  const double b_seconds = SecondsSince(b_start);
+  while (Workers() < 1 && SecondsSince(flood_start) < 10) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const auto [b_upload_seconds, b_seconds] = UploadAndRunAsB();
   flood.join();
   const double flood_seconds = SecondsSince(flood_start);
   const int graph = ExpectGraphVerdictOrTenantRefusal(second, "60 at once");
@@ -194,51 +203,31 @@ TEST_F(UploadFloodTest, OneTenantsFloodOfHostileUploadsIsBoundedAndAnotherTenant
   std::printf("tenant B: upload accepted in %.2f s, job SUCCEEDED %.2f s after B began; the flood of 60 lasted %.2f s\n",
               b_upload_seconds, b_seconds, flood_seconds);
 
-  // A refused upload keeps its staged bytes: finishing it again is enough, and then the
-  // graph bound refuses it.
   const auto refused = std::find_if(second.begin(), second.end(), [](const Outcome& outcome) {
     return outcome.code == grpc::StatusCode::RESOURCE_EXHAUSTED;
   });
   ASSERT_NE(refused, second.end());
-  const std::string& bytes = archives_[kFirstWave + (refused - second.begin())];
-  auto a = server_->Stub(a_token_);
-  grpc::ClientContext status_context;
-  v1::GetUploadStatusRequest status_request;
-  status_request.set_sha256(Sha256Hex(bytes));
-  v1::UploadStatus staged;
-  ASSERT_TRUE(a->GetUploadStatus(&status_context, status_request, &staged).ok());
-  EXPECT_EQ(staged.committed_size(), static_cast<int64_t>(bytes.size()));
-  v1::Model retried;
-  const grpc::Status again = Upload(*a, bytes, &retried, /*from=*/bytes.size());
-  EXPECT_EQ(again.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << again.error_message();
-  EXPECT_THAT(again.error_message(), HasSubstr("max_graph_nodes"));
-
-  // No hostile archive became a model of A's.
-  grpc::ClientContext list_context;
-  v1::ListModelsResponse models;
-  ASSERT_TRUE(a->ListModels(&list_context, v1::ListModelsRequest(), &models).ok());
-  EXPECT_EQ(models.models_size(), 0);
+  ExpectFinishingAgainGetsTheGraphVerdict(archives_[kFirstWave + (refused - second.begin())]);
+  EXPECT_EQ(ModelsOfA(), 0) << "a hostile archive became a model";
 
   // Every worker is gone once the calls are answered.
   const auto settle = Clock::now();
-  while (CountChildren(server_->pid(), "recal-worker") > 0 && SecondsSince(settle) < 10) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  EXPECT_EQ(CountChildren(server_->pid(), "recal-worker"), 0);
+  while (Workers() > 0 && SecondsSince(settle) < 10) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(Workers(), 0);
   sampler.Stop();
 
   // At most the host's inspections and the job's worker at once, whatever A sends; the
   // sampler saw A's inspections run (it is not blind).
-  EXPECT_LE(sampler.max_workers(), kHostInspections + kJobWorkers);
-  EXPECT_GE(sampler.max_workers(), kTenantAInspections);
+  EXPECT_LE(max_workers.load(), kHostInspections + kJobWorkers);
+  EXPECT_GE(max_workers.load(), kTenantAInspections);
   // Each worker's address space is capped, so together they cannot take more than the caps.
   const int64_t caps = kHostInspections * kInspectionMemory + kJobWorkers * kJobMemory;
   const int64_t floor = available_at_start - caps - kMemoryMargin;
-  EXPECT_GE(sampler.min_available(), floor);
+  EXPECT_GE(min_available.load(), floor);
   std::printf("recal-worker processes at once: at most %d (bound %d); MemAvailable %.2f GiB at start, least %.2f "
               "GiB (floor %.2f GiB: start - %.1f GiB of caps - %.1f GiB margin)\n",
-              sampler.max_workers(), kHostInspections + kJobWorkers, available_at_start / 1073741824.0,
-              sampler.min_available() / 1073741824.0, floor / 1073741824.0, caps / 1073741824.0,
+              max_workers.load(), kHostInspections + kJobWorkers, available_at_start / 1073741824.0,
+              min_available.load() / 1073741824.0, floor / 1073741824.0, caps / 1073741824.0,
               kMemoryMargin / 1073741824.0);
 
   EXPECT_EQ(server_->Health(), grpc::health::v1::HealthCheckResponse::SERVING);
