@@ -3,7 +3,8 @@
 // forward holds more than 500,000 nodes and each with its own digest (so content addressing
 // does not fold them into one; tests/fixtures/flood_archives.py), while tenant B uploads a
 // fixture model and runs a job. A sampler reads /proc every 10 ms throughout: the server's
-// recal-worker children and the host's MemAvailable.
+// recal-worker children and the host's MemAvailable. Then a flood of uploads that hang up
+// while the server inspects them.
 //
 // The bounds are small so that the test is short on 2 shared cores: 3 inspections on the
 // host, A at most 2 (its auth-file max_concurrent_inspections), anyone else 1, a 3 s wait
@@ -230,6 +231,35 @@ TEST_F(UploadFloodTest, OneTenantsFloodOfHostileUploadsIsBoundedAndAnotherTenant
               min_available.load() / 1073741824.0, floor / 1073741824.0, caps / 1073741824.0,
               kMemoryMargin / 1073741824.0);
 
+  EXPECT_EQ(server_->Health(), grpc::health::v1::HealthCheckResponse::SERVING);
+}
+
+// As the attacker who hangs up: 20 uploads whose client goes away right after the last byte,
+// while the server inspects them or waits to. Their workers stay within the bounds and are
+// all reaped, and A's slots come back: its next upload gets the graph verdict, not a wait.
+TEST_F(UploadFloodTest, UploadsThatHangUpMidInspectionLeaveNoWorkerAndNoSlotBehind) {
+  constexpr int kHangUps = 20;
+  std::atomic<int> max_workers{0};
+  PeriodicSampler sampler(std::chrono::milliseconds(10),
+                          [&] { max_workers.store(std::max(max_workers.load(), Workers())); });
+  auto a = server_->Stub(a_token_);
+  std::vector<std::thread> uploads;
+  for (int i = 0; i < kHangUps; ++i) uploads.emplace_back([&, i] { UploadAndHangUp(*a, archives_[i]); });
+  for (std::thread& upload : uploads) upload.join();
+  // Past every abandoned call's wait for a slot, and past the inspections it let start.
+  std::this_thread::sleep_for(std::chrono::seconds(kWaitSeconds) + std::chrono::milliseconds(500));
+  const auto settle = Clock::now();
+  while (Workers() > 0 && SecondsSince(settle) < 20) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(Workers(), 0);
+  sampler.Stop();
+  EXPECT_LE(max_workers.load(), kHostInspections + kJobWorkers);
+  EXPECT_GE(max_workers.load(), 1);
+
+  v1::Model model;
+  const grpc::Status next = Upload(*a, archives_[kHangUps], &model);
+  EXPECT_EQ(next.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << next.error_message();
+  EXPECT_THAT(next.error_message(), HasSubstr("max_graph_nodes"));
+  EXPECT_EQ(ModelsOfA(), 0);
   EXPECT_EQ(server_->Health(), grpc::health::v1::HealthCheckResponse::SERVING);
 }
 
