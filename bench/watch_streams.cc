@@ -154,8 +154,8 @@ void Print(const Measured& m) {
   std::printf("| watchers | channels | server threads: before / max while waiting / max | server RSS: before / max "
               "| all open after | job end -> last watcher's end | push -> last end | every watcher saw the end |\n");
   std::printf("|---|---|---|---|---|---|---|---|\n");
-  std::printf("| %d (%d opened, %d open while waiting) | %d | %d / %d / %d | %.0f / %.0f MiB | %.2f s | %.2f s | %.2f s "
-              "| %s (%d of %d) |\n",
+  std::printf("| %d (%d opened, %d open while waiting) | %d | %d / %d / %d | %.0f / %.0f MiB | %.2f s | %.2f s "
+              "| %.2f s | %s (%d of %d) |\n",
               m.watchers, m.opened, m.open_while_waiting, m.channels, m.threads_before, m.threads_waiting,
               m.threads_max, Mib(m.rss_before), Mib(m.rss_max), m.open_seconds, m.end_to_last, m.push_to_last,
               m.saw_end == m.watchers ? "yes" : "no", m.saw_end, m.watchers);
@@ -228,7 +228,8 @@ int main(int argc, char** argv) {
     for (auto& watcher : open) watcher.release();  // calls still in flight: left to the exit
   }
   if (m.threads_max >= absl::GetFlag(FLAGS_max_threads)) {
-    return Fail(absl::StrCat("the server ran ", m.threads_max, " threads (bound ", absl::GetFlag(FLAGS_max_threads), ")"));
+    return Fail(
+        absl::StrCat("the server ran ", m.threads_max, " threads (bound ", absl::GetFlag(FLAGS_max_threads), ")"));
   }
   if (m.saw_end != m.watchers) return Fail("not every watcher saw the end");
   return 0;
