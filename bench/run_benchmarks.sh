@@ -10,7 +10,8 @@
 # against threads, a recalibration against max(decode-only, forward-only), and recal-run
 # against torchvision ImageFolder + DataLoader + fvcore; (5) the control plane on SQLite vs
 # PostgreSQL (API calls/s, tiny jobs/s, failover time); (6) a 64 MiB .npy read in batches
-# from a bucket (moto_server on loopback) vs local disk. Each prints its own table. Takes
+# from a bucket (moto_server on loopback) vs local disk; (7) 10,000 WatchJob streams on one job
+# (server threads and RSS, time to the last watcher's end). Each prints its own table. Takes
 # ~35 minutes on 2 cores. ONLY=images runs (4) alone. Python is the project's venv
 # (scripts/venv.sh): the torch whose LibTorch the binaries link, fvcore, torchvision.
 set -euo pipefail
@@ -55,6 +56,8 @@ echo
 build/bin/control_plane_bench --fixtures build/fixtures
 echo
 build/bin/sharded_job_bench --model build/fixtures/models/resnet18.traced_eval.pt
+echo
+build/bin/watch_streams_bench --watchers 10000 --channels 16 --fixtures build/fixtures
 echo
 build/bin/s3_read_bench --mib 64 --batch_size 64 --reps 5
 fi

@@ -12,10 +12,13 @@ namespace recal::testing {
 
 namespace {
 
-// Sends header (naming the model `name`) + chunks [from, to) of `bytes`, then ends the
-// stream, or with `break_off` drops the connection instead (a broken upload).
+// How an upload's client ends its call: it waits for the answer, or goes away before the
+// end of its bytes (a broken upload), or after it (hangs up while the server inspects).
+enum class Ending { kAnswer, kBreakOff, kHangUp };
+
+// Sends header (naming the model `name`) + chunks [from, to) of `bytes`, then ends as `ending` says.
 grpc::Status UploadPart(v1::Recal::Stub& stub, const std::string& bytes, const std::string& name, v1::Model* model,
-                        int64_t from, int64_t to, std::string digest, bool break_off, int64_t chunk) {
+                        int64_t from, int64_t to, std::string digest, Ending ending, int64_t chunk) {
   if (to < 0) to = bytes.size();
   grpc::ClientContext context;
   auto writer = stub.UploadModel(&context, model);
@@ -30,12 +33,11 @@ grpc::Status UploadPart(v1::Recal::Stub& stub, const std::string& bytes, const s
     part.mutable_chunk()->set_data(bytes.substr(offset, std::min<int64_t>(chunk, to - offset)));
     if (!writer->Write(part)) break;
   }
-  if (break_off) {
-    // Let the server take what was sent before the connection drops.
+  if (ending != Ending::kBreakOff) writer->WritesDone();
+  if (ending != Ending::kAnswer) {
+    // Let the server take what was sent before the call goes.
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     context.TryCancel();
-  } else {
-    writer->WritesDone();
   }
   return writer->Finish();
 }
@@ -44,11 +46,17 @@ grpc::Status UploadPart(v1::Recal::Stub& stub, const std::string& bytes, const s
 
 grpc::Status Upload(v1::Recal::Stub& stub, const std::string& bytes, v1::Model* model, int64_t from, int64_t to,
                     std::string digest, bool break_off, int64_t chunk) {
-  return UploadPart(stub, bytes, "resnet18", model, from, to, std::move(digest), break_off, chunk);
+  return UploadPart(stub, bytes, "resnet18", model, from, to, std::move(digest),
+                    break_off ? Ending::kBreakOff : Ending::kAnswer, chunk);
+}
+
+grpc::Status UploadAndHangUp(v1::Recal::Stub& stub, const std::string& bytes) {
+  v1::Model model;
+  return UploadPart(stub, bytes, "resnet18", &model, 0, -1, "", Ending::kHangUp, 1 << 20);
 }
 
 grpc::Status UploadNamed(v1::Recal::Stub& stub, const std::string& bytes, const std::string& name, v1::Model* model) {
-  return UploadPart(stub, bytes, name, model, 0, -1, "", false, 1 << 20);
+  return UploadPart(stub, bytes, name, model, 0, -1, "", Ending::kAnswer, 1 << 20);
 }
 
 grpc::Status PushAll(v1::Recal::Stub& stub, const std::string& id, int shard, const std::vector<v1::Tensor>& batches,

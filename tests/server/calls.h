@@ -16,6 +16,10 @@ namespace recal::testing {
 grpc::Status Upload(v1::Recal::Stub& stub, const std::string& bytes, v1::Model* model, int64_t from = 0,
                     int64_t to = -1, std::string digest = "", bool break_off = false, int64_t chunk = 1 << 20);
 
+// All of `bytes`, the stream ended, and the call cancelled 300 ms later, before the answer
+// (a client that hangs up while the server inspects the archive or waits to).
+grpc::Status UploadAndHangUp(v1::Recal::Stub& stub, const std::string& bytes);
+
 // All of `bytes` as the model `name` (Upload names every model "resnet18").
 grpc::Status UploadNamed(v1::Recal::Stub& stub, const std::string& bytes, const std::string& name, v1::Model* model);
 

@@ -3,6 +3,7 @@
 // JSON log lines, parsed one by one.
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -16,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "common/sha256.h"
+#include "tests/server/calls.h"
 #include "tests/server/server_process.h"
 #include "tests/test_util.h"
 
@@ -291,6 +293,74 @@ TEST_F(ObservabilityTest, MetricsCountCallsJobsBatchesAndBytes) {
   EXPECT_THAT(log, HasSubstr("job finished job_id=" + running.id() + " state=CANCELLED"));
   EXPECT_THAT(log, HasSubstr("job started job_id=" + good.id()));
   EXPECT_EQ(log.find("batch_done"), std::string::npos);
+}
+
+// Watchers that go away while they wait on a job (a call cancelled, a deadline passed) are
+// counted out at once: the gauge of watch streams returns to 0 with the job still waiting,
+// and the job can still be watched to its end.
+TEST_F(ObservabilityTest, WatchersThatGoAwayMidWaitLeaveTheWatchGaugeAtZero) {
+  Start({"--metrics_listen=127.0.0.1:0"});
+  ASSERT_GT(server_->metrics_port(), 0) << server_->log();
+  v1::SubmitJobRequest request;
+  request.mutable_spec()->set_model_id(UploadModel());
+  request.mutable_spec()->set_batch_size(8);
+  request.mutable_spec()->mutable_data()->mutable_client_stream();  // waits for pushes that never come
+  grpc::ClientContext submit_context;
+  v1::Job job;
+  ASSERT_TRUE(stub_->SubmitJob(&submit_context, request, &job).ok());
+
+  constexpr int kCancelled = 10, kTimedOut = 10;
+  std::atomic<int> waiting{0};
+  std::atomic<bool> go_away{false};
+  std::vector<grpc::StatusCode> ended(kCancelled + kTimedOut, grpc::StatusCode::OK);
+  std::vector<std::thread> watchers;
+  for (int i = 0; i < kCancelled + kTimedOut; ++i) {
+    watchers.emplace_back([&, i] {
+      const bool timed = i >= kCancelled;
+      grpc::ClientContext context;
+      if (timed) context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+      v1::WatchJobRequest watch;
+      watch.set_id(job.id());
+      auto reader = stub_->WatchJob(&context, watch);
+      v1::JobEvent snapshot;
+      if (reader->Read(&snapshot)) waiting.fetch_add(1);
+      if (!timed) {
+        while (!go_away.load()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        context.TryCancel();
+      }
+      v1::JobEvent event;
+      while (reader->Read(&event)) {
+      }
+      ended[i] = reader->Finish().error_code();
+    });
+  }
+  Exposition during = ScrapeUntil([&](const Exposition& m) {
+    return waiting.load() == kCancelled + kTimedOut && m.Value("recal_watch_streams") == kCancelled + kTimedOut;
+  });
+  EXPECT_EQ(during.Value("recal_watch_streams"), kCancelled + kTimedOut);
+  go_away.store(true);
+  for (std::thread& watcher : watchers) watcher.join();
+  for (int i = 0; i < kCancelled + kTimedOut; ++i) {
+    EXPECT_EQ(ended[i], i < kCancelled ? grpc::StatusCode::CANCELLED : grpc::StatusCode::DEADLINE_EXCEEDED) << i;
+  }
+  Exposition after = ScrapeUntil([](const Exposition& m) { return m.Value("recal_watch_streams") == 0; });
+  EXPECT_EQ(after.Value("recal_watch_streams"), 0);
+  // The job still waits for its batches.
+  EXPECT_THAT(WaitFor(job.id(), [](const v1::Job&) { return true; }).state(),
+              ::testing::AnyOf(v1::QUEUED, v1::RUNNING));
+
+  std::vector<v1::JobEvent> to_the_end;
+  grpc::Status watched;
+  std::thread last([&] { to_the_end = Watch(*stub_, job.id(), 0, 100000, &watched); });
+  ScrapeUntil([](const Exposition& m) { return m.Value("recal_watch_streams") == 1; });
+  Cancel(job.id());
+  last.join();
+  EXPECT_TRUE(watched.ok()) << watched.error_message();
+  ASSERT_FALSE(to_the_end.empty());
+  EXPECT_EQ(to_the_end.back().state(), v1::CANCELLED);
+  EXPECT_EQ(ScrapeUntil([](const Exposition& m) { return m.Value("recal_watch_streams") == 0; })
+                .Value("recal_watch_streams"),
+            0);
 }
 
 TEST_F(ObservabilityTest, MetricsCanBeTurnedOff) {
