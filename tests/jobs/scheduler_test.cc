@@ -185,7 +185,9 @@ TEST_F(SchedulerTest, StartTakesUpWhatADeadProcessLeftRunningWithinMaxAttempts) 
   const v1::Job spent = Submit(0);
   for (int i = 0; i < 3; ++i) {
     ASSERT_TRUE(jobs_->Start(spent.id(), "cpu").ok());
-    if (i < 2) ASSERT_TRUE(jobs_->RecoverInterrupted(3).ok());
+    if (i < 2) {
+      ASSERT_TRUE(jobs_->RecoverInterrupted(3).ok());
+    }
   }
   gate_.Open();
   StartScheduler();
