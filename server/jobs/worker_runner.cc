@@ -260,26 +260,57 @@ bool OnGpu(const wire::Task& task) {
 
 }  // namespace
 
-absl::StatusOr<int> CountCudaDevices(const std::string& binary, absl::Duration timeout) {
-  const std::string question = absl::StrCat(binary, " --print_cuda_devices");
-  absl::StatusOr<Asked> asked = Ask({binary, "--print_cuda_devices"});
+namespace {
+
+// One `recal-worker --print_cuda_devices [extra]`: its count, and its stderr (where a worker
+// that sees no device says what the driver answered).
+struct CudaCount {
+  int count = 0;
+  std::string err;
+};
+
+absl::StatusOr<CudaCount> AskCudaDevices(const std::string& binary, const std::vector<std::string>& extra,
+                                         absl::Duration timeout) {
+  std::vector<std::string> args = {binary, "--print_cuda_devices"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  const std::string question = absl::StrJoin(args, " ");
+  absl::StatusOr<Asked> asked = Ask(args);
   if (!asked.ok()) return asked.status();
   const absl::Time deadline = absl::Now() + timeout;
-  std::string out, err;
-  absl::StatusOr<bool> answered = ReadAnswer(*asked, deadline, &out, &err);
+  std::string out;
+  CudaCount answer;
+  absl::StatusOr<bool> answered = ReadAnswer(*asked, deadline, &out, &answer.err);
   int status = 0;
   const bool exited = Reap(asked->pid, answered.ok() ? deadline : absl::Now(), &status);
   if (!answered.ok()) return answered.status();
   if (!*answered || !exited) {
     return absl::DeadlineExceededError(absl::StrCat(question, " did not answer within ", absl::FormatDuration(timeout)));
   }
-  if (absl::Status clean = ExitOf(question, status, err); !clean.ok()) return clean;
-  int count = 0;
-  if (!absl::SimpleAtoi(out, &count) || count < 0) {
+  if (absl::Status clean = ExitOf(question, status, answer.err); !clean.ok()) return clean;
+  if (!absl::SimpleAtoi(out, &answer.count) || answer.count < 0) {
     return absl::InternalError(absl::StrCat(question, " printed '", absl::CHexEscape(LastLine(out)),
                                             "', not a number of devices"));
   }
-  return count;
+  return answer;
+}
+
+}  // namespace
+
+// Counted as LibTorch sees them, then inside the GPU sandbox a job gets: a sandbox that keeps
+// the driver from something it needs (as the H200's first run found) is said at start, with
+// the driver's answer, not at every job, and never taken for a machine without GPUs.
+absl::StatusOr<int> CountCudaDevices(const std::string& binary, absl::Duration timeout) {
+  RECAL_ASSIGN_OR_RETURN(const CudaCount plain, AskCudaDevices(binary, {}, timeout));
+  if (plain.count == 0) return 0;
+  RECAL_ASSIGN_OR_RETURN(const CudaCount sandboxed, AskCudaDevices(binary, {"--gpu"}, timeout));
+  if (sandboxed.count < plain.count) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        binary, " sees ", plain.count, " CUDA device(s), but ", sandboxed.count,
+        " inside the GPU sandbox its jobs run in (", LastLine(sandboxed.err),
+        "): the sandbox refuses the NVIDIA driver something it needs, so no GPU job could run. Report it "
+        "with this message (docs/gpu.md), or run on --devices=cpu meanwhile"));
+  }
+  return plain.count;
 }
 
 int64_t InspectionMemoryBytes(const WorkerRunnerOptions& options) {

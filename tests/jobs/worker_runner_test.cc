@@ -337,6 +337,16 @@ TEST(CountCudaDevices, AWorkerThatCannotTellIsAnErrorNamingIt) {
   ASSERT_TRUE(two.ok()) << two.status();
   EXPECT_EQ(*two, 2);
 
+  // GPUs that the GPU sandbox keeps from the driver: said at start with the driver's answer,
+  // never taken for a machine without GPUs (auto would then run every job on the CPU).
+  auto blocked = CountCudaDevices(FakeWorker(
+      tmp, "case \"$*\" in *--gpu*) echo 'recal-worker: no CUDA device: cuInit says CUDA_ERROR_OPERATING_SYSTEM' >&2;"
+           " echo 0 ;; *) echo 2 ;; esac"));
+  EXPECT_EQ(blocked.status().code(), absl::StatusCode::kFailedPrecondition) << blocked.status();
+  EXPECT_THAT(blocked.status().message(), HasSubstr("sees 2 CUDA device(s), but 0 inside the GPU sandbox"));
+  EXPECT_THAT(blocked.status().message(), HasSubstr("CUDA_ERROR_OPERATING_SYSTEM"));
+  EXPECT_THAT(blocked.status().message(), HasSubstr("--devices=cpu"));
+
   // Killed at the deadline, whether it keeps its output open or closes it and hangs.
   for (const std::string body : {"exec sleep 30", "exec >&- 2>&-; exec sleep 30"}) {
     const auto start = std::chrono::steady_clock::now();
