@@ -85,7 +85,40 @@ absl::Status ModelRegistry::AppendChunk(const std::string& tenant, const v1::Upl
   return blobs_->AppendUpload(tenant, header.sha256(), chunk.offset(), chunk.data(), header.size());
 }
 
+// Holds the one turn to finish a tenant's upload of some bytes in this process (api replicas
+// apart still meet in the blob store, whose commit tolerates a race: see CommitUpload).
+class ModelRegistry::FinishTurn {
+ public:
+  FinishTurn(ModelRegistry* registry, std::string key) : registry_(registry), key_(std::move(key)) {
+    std::unique_lock<std::mutex> lock(registry_->finishing_mu_);
+    registry_->finishing_done_.wait(lock, [&] { return registry_->finishing_.count(key_) == 0; });
+    registry_->finishing_.insert(key_);
+  }
+  ~FinishTurn() {
+    {
+      std::lock_guard<std::mutex> lock(registry_->finishing_mu_);
+      registry_->finishing_.erase(key_);
+    }
+    registry_->finishing_done_.notify_all();
+  }
+  FinishTurn(const FinishTurn&) = delete;
+  FinishTurn& operator=(const FinishTurn&) = delete;
+
+ private:
+  ModelRegistry* registry_;
+  std::string key_;
+};
+
 absl::StatusOr<v1::Model> ModelRegistry::FinishUpload(const std::string& tenant, const v1::UploadHeader& header) {
+  FinishTurn turn(this, absl::StrCat(tenant, "/", header.sha256()));
+  // Another client's finish of the same bytes, which this one waited for, may have stored them.
+  absl::StatusOr<v1::Model> stored = metadata_->GetModel(tenant, ModelIdOf(header.sha256()));
+  if (stored.ok() || !absl::IsNotFound(stored.status())) return stored;
+  return CommitAndInspect(tenant, header);
+}
+
+absl::StatusOr<v1::Model> ModelRegistry::CommitAndInspect(const std::string& tenant,
+                                                          const v1::UploadHeader& header) {
   auto committed = blobs_->UploadedSize(tenant, header.sha256());
   if (!committed.ok()) return committed.status();
   if (*committed != header.size()) {
@@ -96,7 +129,7 @@ absl::StatusOr<v1::Model> ModelRegistry::FinishUpload(const std::string& tenant,
   const int64_t tenant_limit = limits_ ? limits_(tenant).max_concurrent_inspections : 0;
   RECAL_ASSIGN_OR_RETURN(InspectionSlots::Slot slot,
                          tenant_inspections_->Acquire(tenant, 0, static_cast<int>(tenant_limit)));
-  auto path = blobs_->CommitUpload(tenant, header.sha256());
+  auto path = blobs_->CommitUpload(tenant, header.sha256(), header.size());
   if (!path.ok()) return path.status();
   auto layers = runner_->Inspect(*path);
   // The host had no room for an inspection: the model is not refused, the committed blob

@@ -3,10 +3,13 @@
 // (model_ref.h, docs/models.md), listing and deletion.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -60,7 +63,9 @@ class ModelRegistry {
   absl::StatusOr<std::optional<v1::Model>> StartUpload(const std::string& tenant, const v1::UploadHeader& header);
   absl::Status AppendChunk(const std::string& tenant, const v1::UploadHeader& header, const v1::UploadChunk& chunk);
   // Once every byte is committed: verifies the digest, loads the archive, validates its
-  // graphs, inspects it, and stores the model as the next version of its name.
+  // graphs, inspects it, and stores the model as the next version of its name. Clients that
+  // finish the same bytes of one tenant at once are served one at a time: those after the
+  // first get the model it stored, without a second inspection.
   absl::StatusOr<v1::Model> FinishUpload(const std::string& tenant, const v1::UploadHeader& header);
   absl::StatusOr<v1::UploadStatus> UploadStatus(const std::string& tenant, const std::string& sha256);
 
@@ -87,6 +92,8 @@ class ModelRegistry {
   absl::StatusOr<std::string> DigestOf(const std::string& tenant, const std::string& id);
 
  private:
+  class FinishTurn;
+  absl::StatusOr<v1::Model> CommitAndInspect(const std::string& tenant, const v1::UploadHeader& header);
   absl::Status CheckStorage(const std::string& tenant, int64_t more_bytes);
   // The one model of the tenant whose digest starts with `hex` (Resolve of a prefix).
   absl::StatusOr<v1::Model> ResolvePrefix(const std::string& tenant, const std::string& reference,
@@ -100,6 +107,10 @@ class ModelRegistry {
   // Each tenant's concurrent inspections (TenantLimits::max_concurrent_inspections); the
   // host's bound is the runner's.
   std::unique_ptr<InspectionSlots> tenant_inspections_;
+  // "tenant/digest" of the uploads being finished (FinishTurn).
+  std::mutex finishing_mu_;
+  std::condition_variable finishing_done_;
+  std::set<std::string> finishing_;
 };
 
 // "sha256:<hex>" <-> "<hex>"; INVALID_ARGUMENT for anything else.

@@ -61,17 +61,21 @@ class BlobStore {
 
   // Uploads, each kept apart under its `owner` (a tenant name: [A-Za-z0-9][A-Za-z0-9_.-]*,
   // at most 64). Appends are durable (fsync) before they return, so the committed size
-  // survives a crash. AppendUpload refuses an offset other than the committed size
+  // survives a crash. AppendUpload refuses an offset past the committed size
   // (FAILED_PRECONDITION, naming the committed size) and growth past `expected_size`
-  // (INVALID_ARGUMENT).
+  // (INVALID_ARGUMENT); of a chunk that starts below the committed size only the bytes past
+  // it are written (clients racing over the same upload send the same bytes).
   virtual absl::StatusOr<int64_t> UploadedSize(const std::string& owner, const std::string& sha256_hex) const = 0;  // 0 if none
   virtual absl::Status AppendUpload(const std::string& owner, const std::string& sha256_hex, int64_t offset,
                                     absl::string_view data, int64_t expected_size) = 0;
-  // Verifies the digest of the complete upload (INVALID_ARGUMENT on mismatch, and the
-  // partial upload is discarded) and stores it as a blob. Returns LocalPath() of the blob
-  // (the registry inspects the model there). A repeated commit of a stored blob succeeds;
-  // NOT_FOUND when neither an upload nor the blob exists.
-  virtual absl::StatusOr<std::string> CommitUpload(const std::string& owner, const std::string& sha256_hex) = 0;
+  // Verifies the digest of the complete upload of `expected_size` bytes (INVALID_ARGUMENT on
+  // mismatch, and the partial upload is discarded) and stores it as a blob. Returns
+  // LocalPath() of the blob (the registry inspects the model there). A repeated or racing
+  // commit of a stored blob succeeds and leaves any upload begun since alone;
+  // FAILED_PRECONDITION, naming the committed size, when neither a complete upload nor the
+  // blob exists.
+  virtual absl::StatusOr<std::string> CommitUpload(const std::string& owner, const std::string& sha256_hex,
+                                                   int64_t expected_size) = 0;
   virtual absl::Status DiscardUpload(const std::string& owner, const std::string& sha256_hex) = 0;
   // What uploads in progress hold: one owner's, and every owner's that has any.
   virtual absl::StatusOr<UploadUsage> UploadUsageOf(const std::string& owner) const = 0;

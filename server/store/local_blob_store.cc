@@ -166,9 +166,10 @@ absl::Status LocalBlobStore::AppendUpload(const std::string& owner, const std::s
   return uploads_.Append(owner, sha256_hex, offset, data, expected_size);
 }
 
-absl::StatusOr<std::string> LocalBlobStore::CommitUpload(const std::string& owner, const std::string& sha256_hex) {
+absl::StatusOr<std::string> LocalBlobStore::CommitUpload(const std::string& owner, const std::string& sha256_hex,
+                                                         int64_t expected_size) {
   const std::string target = PathOf(sha256_hex);
-  absl::StatusOr<bool> committed = uploads_.Commit(owner, sha256_hex, [&](const std::string& verified) {
+  absl::StatusOr<bool> committed = uploads_.Commit(owner, sha256_hex, expected_size, [&](const std::string& verified) {
     if (Exists(target)) return UnlinkIfPresent(verified);
     RECAL_RETURN_IF_ERROR(EnsureDirectory(DirectoryOf(target)));
     if (::rename(verified.c_str(), target.c_str()) != 0) {
@@ -178,9 +179,10 @@ absl::StatusOr<std::string> LocalBlobStore::CommitUpload(const std::string& owne
   });
   if (!committed.ok()) return committed.status();
   if (*committed) return target;
-  // A repeated commit (e.g. after a crash between the rename and the reply) succeeds.
+  // A repeated commit (after a crash between the rename and the reply, or racing another
+  // client's commit of the same bytes) succeeds.
   if (Exists(target)) return target;
-  return absl::NotFoundError(absl::StrCat("no upload in progress for sha256:", sha256_hex));
+  return uploads_.Incomplete(owner, sha256_hex, expected_size);
 }
 
 absl::Status LocalBlobStore::DiscardUpload(const std::string& owner, const std::string& sha256_hex) {

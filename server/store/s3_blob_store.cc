@@ -210,9 +210,10 @@ absl::Status S3BlobStore::AppendUpload(const std::string& owner, const std::stri
   return uploads_.Append(owner, sha256_hex, offset, data, expected_size);
 }
 
-absl::StatusOr<std::string> S3BlobStore::CommitUpload(const std::string& owner, const std::string& sha256_hex) {
+absl::StatusOr<std::string> S3BlobStore::CommitUpload(const std::string& owner, const std::string& sha256_hex,
+                                                      int64_t expected_size) {
   const std::string cached = CachePathOf(sha256_hex);
-  absl::StatusOr<bool> committed = uploads_.Commit(owner, sha256_hex, [&](const std::string& verified) {
+  absl::StatusOr<bool> committed = uploads_.Commit(owner, sha256_hex, expected_size, [&](const std::string& verified) {
     // Into the bucket first: the staged file is dropped only once the blob is stored, so a
     // failure here (the endpoint down) leaves the upload whole, to be committed again.
     RECAL_RETURN_IF_ERROR(Upload(sha256_hex, verified));
@@ -223,11 +224,10 @@ absl::StatusOr<std::string> S3BlobStore::CommitUpload(const std::string& owner, 
   });
   if (!committed.ok()) return committed.status();
   if (*committed) return cached;
-  // A repeated commit (e.g. after a crash between the upload and the reply) succeeds.
+  // A repeated commit (after a crash between the upload and the reply, or racing another
+  // client's commit of the same bytes) succeeds.
   absl::StatusOr<std::string> stored = LocalPath(sha256_hex);
-  if (absl::IsNotFound(stored.status())) {
-    return absl::NotFoundError(absl::StrCat("no upload in progress for sha256:", sha256_hex));
-  }
+  if (absl::IsNotFound(stored.status())) return uploads_.Incomplete(owner, sha256_hex, expected_size);
   return stored;
 }
 

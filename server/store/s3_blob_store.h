@@ -85,7 +85,8 @@ class S3BlobStore : public BlobStore {
   absl::StatusOr<int64_t> UploadedSize(const std::string& owner, const std::string& sha256_hex) const override;
   absl::Status AppendUpload(const std::string& owner, const std::string& sha256_hex, int64_t offset,
                             absl::string_view data, int64_t expected_size) override;
-  absl::StatusOr<std::string> CommitUpload(const std::string& owner, const std::string& sha256_hex) override;
+  absl::StatusOr<std::string> CommitUpload(const std::string& owner, const std::string& sha256_hex,
+                                           int64_t expected_size) override;
   absl::Status DiscardUpload(const std::string& owner, const std::string& sha256_hex) override;
   absl::StatusOr<UploadUsage> UploadUsageOf(const std::string& owner) const override {
     return uploads_.UsageOf(owner);

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 #include <utility>
@@ -127,11 +128,18 @@ absl::Status UploadStaging::Append(const std::string& owner, const std::string& 
   if (offset == 0) RECAL_RETURN_IF_ERROR(EnsureDirectory(DirectoryOf(path)));
   RECAL_ASSIGN_OR_RETURN(LockedFile file, LockedFile::Open(path, /*create=*/true));
   RECAL_ASSIGN_OR_RETURN(const int64_t committed, file.Size());
-  if (offset != committed) {
+  if (offset > committed) {
     return absl::FailedPreconditionError(absl::StrCat("upload of sha256:", sha256_hex, " has ", committed,
                                                       " bytes committed; resume at offset ", committed,
                                                       ", not ", offset));
   }
+  // Bytes below the committed size are there already, and the digest says what they are:
+  // clients uploading the same bytes at once (say, every rank of a training job) send them
+  // again, and only what lies past the committed size is written. Bytes that differ are
+  // caught by the digest at commit, as any others.
+  const int64_t already = std::min<int64_t>(committed - offset, static_cast<int64_t>(data.size()));
+  data.remove_prefix(static_cast<size_t>(already));
+  if (already > 0 && data.empty()) return absl::OkStatus();
   if (static_cast<int64_t>(data.size()) > expected_size - committed) {
     return absl::InvalidArgumentError(absl::StrCat("upload of sha256:", sha256_hex, " would grow to ",
                                                    committed + static_cast<int64_t>(data.size()),
@@ -152,6 +160,7 @@ absl::Status UploadStaging::Append(const std::string& owner, const std::string& 
 }
 
 absl::StatusOr<bool> UploadStaging::Commit(const std::string& owner, const std::string& sha256_hex,
+                                           int64_t expected_size,
                                            const std::function<absl::Status(const std::string&)>& take) {
   RECAL_RETURN_IF_ERROR(ValidateDigest(sha256_hex));
   RECAL_RETURN_IF_ERROR(ValidateOwner(owner));
@@ -159,11 +168,11 @@ absl::StatusOr<bool> UploadStaging::Commit(const std::string& owner, const std::
   absl::StatusOr<LockedFile> file = LockedFile::Open(path, /*create=*/false);
   if (absl::IsNotFound(file.status())) return false;
   if (!file.ok()) return file.status();
-  // An empty partial file under a non-empty digest is not this upload: a racing AppendUpload at
-  // offset 0 created it (LockedFile opens, then locks) after this upload was committed by
-  // another call. Calling it corrupt would discard that new upload and fail this commit.
+  // A partial file of another size is not the upload the caller saw complete: another call
+  // committed that one, and a client that then found nothing staged began anew (with one byte
+  // or many). Calling it corrupt would discard that new upload and fail this commit.
   RECAL_ASSIGN_OR_RETURN(const int64_t staged, file->Size());
-  if (staged == 0 && sha256_hex != Sha256Hex("")) return false;
+  if (staged != expected_size) return false;
   RECAL_ASSIGN_OR_RETURN(const std::string actual, Sha256OfFile(path));
   if (actual != sha256_hex) {
     RECAL_RETURN_IF_ERROR(UnlinkIfPresent(path));
@@ -174,6 +183,14 @@ absl::StatusOr<bool> UploadStaging::Commit(const std::string& owner, const std::
   RECAL_RETURN_IF_ERROR(take(path));
   RECAL_RETURN_IF_ERROR(FsyncDirectory(DirectoryOf(path)));
   return true;
+}
+
+absl::Status UploadStaging::Incomplete(const std::string& owner, const std::string& sha256_hex,
+                                       int64_t expected_size) const {
+  RECAL_ASSIGN_OR_RETURN(const int64_t committed, UploadedSize(owner, sha256_hex));
+  return absl::FailedPreconditionError(absl::StrCat("upload of sha256:", sha256_hex, " is incomplete: ", committed,
+                                                    " of ", expected_size, " bytes committed; resume from ",
+                                                    committed));
 }
 
 absl::Status UploadStaging::Discard(const std::string& owner, const std::string& sha256_hex) {

@@ -35,10 +35,14 @@ class UploadStaging {
   // With the upload locked: verifies its digest (a mismatch discards it and is
   // INVALID_ARGUMENT), then calls `take` with the partial file's path; `take` moves or
   // removes the file (it is the verified blob) and its status is returned. false, with
-  // nothing called, when no upload of this digest is in progress (or only an empty one, just
-  // begun by another call).
-  absl::StatusOr<bool> Commit(const std::string& owner, const std::string& sha256_hex,
+  // nothing called, when no upload of this digest holds `expected_size` bytes: none is in
+  // progress, or one that another client began after a racing commit took the complete one
+  // (its partial file is left alone, not called corrupt).
+  absl::StatusOr<bool> Commit(const std::string& owner, const std::string& sha256_hex, int64_t expected_size,
                               const std::function<absl::Status(const std::string& verified_path)>& take);
+  // FAILED_PRECONDITION for a commit that found no complete upload and no stored blob, naming
+  // the committed size to resume from.
+  absl::Status Incomplete(const std::string& owner, const std::string& sha256_hex, int64_t expected_size) const;
   absl::Status Discard(const std::string& owner, const std::string& sha256_hex);
   // BlobStore's UploadUsageOf, UploadUsageByOwner and ExpireUploads. An upload's last append
   // is its file's modification time, on disk: expiry holds across restarts.

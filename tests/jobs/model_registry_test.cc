@@ -7,10 +7,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "server/store/local_blob_store.h"
 #include "tests/jobs/fake_runner.h"
 
@@ -115,6 +118,37 @@ TEST_F(ModelRegistryTest, ATenantAtItsInspectionBoundWaitsWithoutHoldingUpAnothe
   flood.join();
   EXPECT_TRUE(first_done.ok()) << first_done.status();
   EXPECT_TRUE(models.FinishUpload("a", second).ok());  // the retry finishes what was staged
+}
+
+// Several clients of one tenant finish the same staged bytes at once (each saw them all
+// committed): one inspects and stores the model, the others wait for it and get that model;
+// none is told the upload is incomplete or corrupt, and it is inspected once.
+TEST_F(ModelRegistryTest, ClientsFinishingTheSameBytesAtOnceGetOneModelInspectedOnce) {
+  std::atomic<int> inspections{0};
+  absl::Notification inspecting, release;
+  runner_.before_inspect = [&]() -> absl::Status {
+    if (++inspections == 1) {
+      inspecting.Notify();
+      release.WaitForNotification();
+    }
+    return absl::OkStatus();
+  };
+  const v1::UploadHeader header = StageUpload(*models_, "t", "the same bytes");
+  constexpr int kClients = 3;
+  std::vector<absl::StatusOr<v1::Model>> finished(kClients);
+  std::vector<std::thread> clients;
+  clients.emplace_back([&] { finished[0] = models_->FinishUpload("t", header); });
+  inspecting.WaitForNotification();
+  for (int i = 1; i < kClients; ++i) clients.emplace_back([&, i] { finished[i] = models_->FinishUpload("t", header); });
+  absl::SleepFor(absl::Milliseconds(100));  // the late clients are waiting, not failing
+  release.Notify();
+  for (std::thread& client : clients) client.join();
+  for (int i = 0; i < kClients; ++i) {
+    ASSERT_TRUE(finished[i].ok()) << i << ": " << finished[i].status();
+    EXPECT_EQ(finished[i]->id(), finished[0]->id());
+    EXPECT_EQ(finished[i]->version(), 1);
+  }
+  EXPECT_EQ(inspections.load(), 1);
 }
 
 // The host had no room (the runner's bound): not a refused model; the same upload finishes later.

@@ -204,10 +204,11 @@ TEST_F(ServerTest, UploadsAreContentAddressedVerifiedAndResumable) {
   EXPECT_THAT(oversize.error_message(), HasSubstr("max_model_bytes"));
 }
 
-// Four clients upload the same bytes at once into the one partial upload their tenant has:
-// a chunk at an offset another client has just filled is refused (FAILED_PRECONDITION), and
-// the client resumes from the committed size, as a real client does. All end with the same
-// model, stored once and whole.
+// Four clients upload the same bytes at once into the one partial upload their tenant has
+// (every rank of a training job uploading its model): a chunk another client has just
+// filled is taken for its new bytes only, the finishes are served one at a time, and a
+// client told FAILED_PRECONDITION resumes from the committed size, as a real client does.
+// All end with the same model, stored once and whole.
 TEST_F(ServerTest, ConcurrentUploadsOfTheSameBytesEndInOneModel) {
   const std::string bytes = ReadBytes(kModel);
   const std::string hex = Sha256Hex(bytes);

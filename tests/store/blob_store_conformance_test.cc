@@ -143,7 +143,7 @@ TEST_P(BlobStoreConformance, RejectsDigestsThatAreNotLowercaseHex) {
     for (const absl::Status& s :
          {store_->SizeOf(bad).status(), store_->OpenReader(bad).status(), store_->LocalPath(bad).status(),
           store_->Remove(bad), store_->UploadedSize("t", bad).status(), store_->AppendUpload("t", bad, 0, "x", 1),
-          store_->CommitUpload("t", bad).status(), store_->DiscardUpload("t", bad)}) {
+          store_->CommitUpload("t", bad, 1).status(), store_->DiscardUpload("t", bad)}) {
       EXPECT_TRUE(absl::IsInvalidArgument(s)) << bad << ": " << s;
     }
   }
@@ -157,7 +157,7 @@ TEST_P(BlobStoreConformance, UploadsOfTheSameBytesByTwoOwnersAreApartAndOwnersMu
   EXPECT_EQ(*store_->UploadedSize("a", hex), 5);
   EXPECT_EQ(*store_->UploadedSize("b", hex), 0);  // b sees nothing of a's progress
   ASSERT_TRUE(store_->AppendUpload("b", hex, 0, bytes, bytes.size()).ok());
-  ASSERT_TRUE(store_->CommitUpload("b", hex).ok());
+  ASSERT_TRUE(store_->CommitUpload("b", hex, bytes.size()).ok());
   EXPECT_EQ(*store_->UploadedSize("a", hex), 5);  // nor does b's commit take a's partial
   for (const std::string& owner : std::vector<std::string>{"", "..", ".", "../x", "a/b", std::string(65, 'a')}) {
     EXPECT_TRUE(absl::IsInvalidArgument(store_->UploadedSize(owner, hex).status())) << owner;
@@ -175,60 +175,85 @@ TEST_P(BlobStoreConformance, UploadInChunksThenCommit) {
   EXPECT_EQ(*store_->UploadedSize("t", hex), 10);
   EXPECT_FALSE(store_->Has(hex));  // nothing of an upload is a blob before its commit
 
-  absl::Status wrong = store_->AppendUpload("t", hex, 4, "xx", n);
-  EXPECT_TRUE(absl::IsFailedPrecondition(wrong)) << wrong;
-  EXPECT_NE(wrong.message().find("10"), absl::string_view::npos) << wrong;  // names the committed size
+  absl::Status ahead = store_->AppendUpload("t", hex, 12, data.substr(12), n);
+  EXPECT_TRUE(absl::IsFailedPrecondition(ahead)) << ahead;
+  EXPECT_NE(ahead.message().find("resume at offset 10"), absl::string_view::npos) << ahead;
+  // Bytes below the committed size, sent again (another client of the same upload): kept as they were.
+  EXPECT_TRUE(store_->AppendUpload("t", hex, 4, data.substr(4, 2), n).ok());
+  EXPECT_EQ(*store_->UploadedSize("t", hex), 10);
 
   absl::Status overflow = store_->AppendUpload("t", hex, 10, data.substr(10) + "!", n);
   EXPECT_TRUE(absl::IsInvalidArgument(overflow)) << overflow;
   EXPECT_EQ(*store_->UploadedSize("t", hex), 10);  // refused chunks leave nothing behind
 
   ASSERT_TRUE(store_->AppendUpload("t", hex, 10, data.substr(10), n).ok());
-  absl::StatusOr<std::string> path = store_->CommitUpload("t", hex);
+  absl::StatusOr<std::string> path = store_->CommitUpload("t", hex, n);
   ASSERT_TRUE(path.ok()) << path.status();
   EXPECT_EQ(*path, *store_->LocalPath(hex));
   EXPECT_EQ(ReadBytes(*path), data);
   EXPECT_EQ(ReadAll(hex), data);
   EXPECT_EQ(*store_->UploadedSize("t", hex), 0);
   // Committing again (say, after a crash before the reply) still succeeds.
-  absl::StatusOr<std::string> again = store_->CommitUpload("t", hex);
+  absl::StatusOr<std::string> again = store_->CommitUpload("t", hex, n);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(ReadBytes(*again), data);
 }
 
 TEST_P(BlobStoreConformance, ACommitRacingANewUploadOfStoredBytesSucceedsAndLeavesItAlone) {
-  // One client's commit stored the blob; another's first append just created its (still
-  // empty) partial file when a third client, whose upload was that first one, commits.
+  // One client's commit stored the blob; another, finding nothing staged, began anew: its
+  // partial file is empty or holds a first chunk when a third client, whose upload was the
+  // complete one, commits. That commit succeeds and the new upload is not called corrupt.
   const std::string data = "stored already";
   const std::string hex = Sha256Hex(data);
-  ASSERT_TRUE(store_->AppendUpload("t", hex, 0, data, static_cast<int64_t>(data.size())).ok());
-  ASSERT_TRUE(store_->CommitUpload("t", hex).ok());
-  ASSERT_TRUE(store_->AppendUpload("t", hex, 0, "", static_cast<int64_t>(data.size())).ok());
-  absl::StatusOr<std::string> again = store_->CommitUpload("t", hex);
-  ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_EQ(ReadBytes(*again), data);
-  // The new upload goes on where it was.
-  ASSERT_TRUE(store_->AppendUpload("t", hex, 0, data, static_cast<int64_t>(data.size())).ok());
-  EXPECT_TRUE(store_->CommitUpload("t", hex).ok());
+  const int64_t n = static_cast<int64_t>(data.size());
+  ASSERT_TRUE(store_->AppendUpload("t", hex, 0, data, n).ok());
+  ASSERT_TRUE(store_->CommitUpload("t", hex, n).ok());
+  for (const int64_t begun : {int64_t{0}, int64_t{6}}) {
+    SCOPED_TRACE(begun);
+    ASSERT_TRUE(store_->AppendUpload("t", hex, 0, data.substr(0, begun), n).ok());
+    absl::StatusOr<std::string> again = store_->CommitUpload("t", hex, n);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(ReadBytes(*again), data);
+    // The new upload goes on where it was.
+    ASSERT_EQ(*store_->UploadedSize("t", hex), begun);
+    ASSERT_TRUE(store_->AppendUpload("t", hex, begun, data.substr(begun), n).ok());
+    EXPECT_TRUE(store_->CommitUpload("t", hex, n).ok());
+  }
+}
+
+TEST_P(BlobStoreConformance, ACommitOfAnIncompleteUploadIsRefusedNamingWhereToResumeAndKeepsIt) {
+  const std::string data = "not all here";
+  const std::string hex = Sha256Hex(data);
+  const int64_t n = static_cast<int64_t>(data.size());
+  absl::StatusOr<std::string> nothing = store_->CommitUpload("t", hex, n);
+  EXPECT_TRUE(absl::IsFailedPrecondition(nothing.status())) << nothing.status();
+  EXPECT_NE(nothing.status().message().find("resume from 0"), absl::string_view::npos) << nothing.status();
+  ASSERT_TRUE(store_->AppendUpload("t", hex, 0, data.substr(0, 4), n).ok());
+  absl::StatusOr<std::string> part = store_->CommitUpload("t", hex, n);
+  EXPECT_TRUE(absl::IsFailedPrecondition(part.status())) << part.status();
+  EXPECT_NE(part.status().message().find("4 of 12 bytes committed; resume from 4"), absl::string_view::npos)
+      << part.status();
+  EXPECT_EQ(*store_->UploadedSize("t", hex), 4);
+  EXPECT_FALSE(store_->Has(hex));
 }
 
 TEST_P(BlobStoreConformance, EmptyUploadCommits) {
   const std::string hex = Sha256Hex("");
   ASSERT_TRUE(store_->AppendUpload("t", hex, 0, "", 0).ok());
-  ASSERT_TRUE(store_->CommitUpload("t", hex).ok());
+  ASSERT_TRUE(store_->CommitUpload("t", hex, 0).ok());
   EXPECT_EQ(*store_->SizeOf(hex), 0);
   EXPECT_EQ(ReadAll(hex), "");
 }
 
 TEST_P(BlobStoreConformance, CommitWithWrongDigestDiscardsThePartial) {
   const std::string claimed = Sha256Hex("what the client said");
-  ASSERT_TRUE(store_->AppendUpload("t", claimed, 0, "what it sent", 100).ok());
-  absl::StatusOr<std::string> r = store_->CommitUpload("t", claimed);
+  ASSERT_TRUE(store_->AppendUpload("t", claimed, 0, "what it sent", 12).ok());
+  absl::StatusOr<std::string> r = store_->CommitUpload("t", claimed, 12);
   EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
   EXPECT_NE(r.status().message().find(Sha256Hex("what it sent")), absl::string_view::npos);
   EXPECT_EQ(*store_->UploadedSize("t", claimed), 0);
   EXPECT_FALSE(store_->Has(claimed));
-  EXPECT_TRUE(absl::IsNotFound(store_->CommitUpload("t", claimed).status()));
+  EXPECT_TRUE(absl::IsFailedPrecondition(store_->CommitUpload("t", claimed, 12).status()));
 }
 
 TEST_P(BlobStoreConformance, DiscardUpload) {
@@ -240,20 +265,26 @@ TEST_P(BlobStoreConformance, DiscardUpload) {
   ASSERT_TRUE(store_->AppendUpload("t", hex, 0, "abc", 3).ok());  // starts over from 0
 }
 
-TEST_P(BlobStoreConformance, RacingAppendsAtTheSameOffsetCommitOnce) {
-  const std::string chunk(64 * 1024, 'z');
+// Four clients send the same bytes in chunks of different sizes at once: every chunk is
+// taken (its new bytes, if any, written once), and the upload is whole and commits.
+TEST_P(BlobStoreConformance, ClientsRacingOverTheSameUploadAllSucceedAndWriteEachByteOnce) {
+  const std::string chunk = RandomBytes(64 * 1024, 7);
   const std::string hex = Sha256Hex(chunk);
-  std::atomic<int> ok{0};
+  const int64_t n = static_cast<int64_t>(chunk.size());
+  std::atomic<int> refused{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
-    threads.emplace_back([&] {
-      if (store_->AppendUpload("t", hex, 0, chunk, static_cast<int64_t>(chunk.size())).ok()) ++ok;
+    threads.emplace_back([&, t] {
+      const int64_t step = 1000 * (t + 1) + 17;
+      for (int64_t at = 0; at < n; at += step) {
+        if (!store_->AppendUpload("t", hex, at, chunk.substr(at, step), n).ok()) ++refused;
+      }
     });
   }
   for (auto& t : threads) t.join();
-  EXPECT_EQ(ok.load(), 1);
-  EXPECT_EQ(*store_->UploadedSize("t", hex), static_cast<int64_t>(chunk.size()));
-  EXPECT_TRUE(store_->CommitUpload("t", hex).ok());
+  EXPECT_EQ(refused.load(), 0);
+  EXPECT_EQ(*store_->UploadedSize("t", hex), n);
+  EXPECT_TRUE(store_->CommitUpload("t", hex, static_cast<int64_t>(chunk.size())).ok());
 }
 
 TEST_P(BlobStoreConformance, AdoptFileTakesTheFileOrDropsADuplicate) {
@@ -311,7 +342,7 @@ TEST_P(BlobStoreConformance, ALargeUploadCommitsWhole) {
   for (int64_t offset = 0; offset < n; offset += 1 << 20) {
     ASSERT_TRUE(store_->AppendUpload("t", hex, offset, bytes.substr(offset, 1 << 20), n).ok());
   }
-  absl::StatusOr<std::string> path = store_->CommitUpload("t", hex);
+  absl::StatusOr<std::string> path = store_->CommitUpload("t", hex, n);
   ASSERT_TRUE(path.ok()) << path.status();
   EXPECT_EQ(*Sha256OfFile(*path), hex);
   EXPECT_EQ(*store_->SizeOf(hex), n);

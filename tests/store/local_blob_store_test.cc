@@ -62,7 +62,7 @@ TEST(LocalBlobStoreTest, UploadResumesAfterReopen) {
   auto store = OpenStore(dir.path());
   EXPECT_EQ(*store->UploadedSize("t", hex), 6);
   ASSERT_TRUE(store->AppendUpload("t", hex, 6, data.substr(6), 10).ok());
-  EXPECT_EQ(ReadBytes(*store->CommitUpload("t", hex)), data);
+  EXPECT_EQ(ReadBytes(*store->CommitUpload("t", hex, 10)), data);
 }
 
 TEST(LocalBlobStoreTest, UploadSurvivesAProcessThatDiesWithoutCleanup) {

@@ -169,7 +169,7 @@ TEST_F(S3BlobStoreTest, AStoppedEndpointIsUnavailableWithinBoundedTimeAndLosesNo
   EXPECT_EQ(ReadBytes(src), "result");
   const std::string hex = Sha256Hex("model");
   ASSERT_TRUE(store->AppendUpload("t", hex, 0, "model", 5).ok());
-  EXPECT_TRUE(absl::IsUnavailable(store->CommitUpload("t", hex).status()));
+  EXPECT_TRUE(absl::IsUnavailable(store->CommitUpload("t", hex, 5).status()));
   EXPECT_EQ(*store->UploadedSize("t", hex), 5);
   EXPECT_TRUE(absl::IsUnavailable(store->LocalPath(hex).status()));
   EXPECT_TRUE(absl::IsUnavailable(store->OpenReader(hex).status()));
