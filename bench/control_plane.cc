@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "common/command_line.h"
 #include "tests/server/calls.h"
 #include "tests/server/server_process.h"
 #include "tests/store/postgres_server.h"
@@ -167,7 +167,7 @@ Row Measure(const std::string& dir, const std::string& calls_store, const std::s
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  recal::ParseCommandLineOrExit(argc, argv, "control_plane_bench", "control_plane_bench: the control plane on SQLite vs PostgreSQL: API calls/s, tiny jobs/s, failover time");
   auto postgres = recal::testing::PostgresServer::Shared();
   if (!postgres.ok()) {
     std::fprintf(stderr, "no PostgreSQL: %s\n", std::string(postgres.status().message()).c_str());

@@ -26,7 +26,6 @@
 #include <unistd.h>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -34,6 +33,7 @@
 #include "bench/median.h"
 #include "bench/timing.h"
 #include "common/atomic_file.h"
+#include "common/command_line.h"
 #include "server/engine/recalibration.h"
 
 ABSL_FLAG(std::vector<std::string>, models, {}, "NAME=PATH,... TorchScript models");
@@ -209,7 +209,7 @@ void MeasureFixedCosts(const std::string& name, const std::string& path, const a
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  recal::ParseCommandLineOrExit(argc, argv, "forward_levers", "forward_levers: issue 17's forward levers (inference mode, channels-last, truncation) side by side");
   if (absl::GetFlag(FLAGS_models).empty()) {
     std::fprintf(stderr, "--models NAME=PATH,... is required\n");
     return 2;

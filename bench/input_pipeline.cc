@@ -15,11 +15,11 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/command_line.h"
 #include "common/data_spec.h"
 #include "bench/median.h"
 #include "server/data/batch_source.h"
@@ -103,7 +103,7 @@ int Fail(const absl::Status& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  recal::ParseCommandLineOrExit(argc, argv, "input_pipeline", "input_pipeline: image-folder decoding throughput by threads, and a recalibration over the folder vs its parts");
   if (absl::GetFlag(FLAGS_model).empty() || absl::GetFlag(FLAGS_folder).empty()) {
     std::fprintf(stderr, "--model and --folder are required\n");
     return 2;

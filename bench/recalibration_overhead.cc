@@ -13,12 +13,12 @@
 #include <torch/script.h>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "bench/median.h"
 #include "bench/timing.h"
+#include "common/command_line.h"
 #include "server/engine/recalibration.h"
 
 ABSL_FLAG(std::string, model, "", "TorchScript model (bench/run_benchmarks.sh makes resnet18)");
@@ -32,7 +32,7 @@ using recal::bench::Median;
 using recal::bench::TimeIt;
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  recal::ParseCommandLineOrExit(argc, argv, "recalibration_overhead", "recalibration_overhead: recalibration's forward vs a plain train-mode forward over the same batches");
   const std::string model_path = absl::GetFlag(FLAGS_model);
   if (model_path.empty()) {
     std::fprintf(stderr, "--model is required\n");

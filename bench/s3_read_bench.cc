@@ -23,9 +23,9 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "bench/median.h"
+#include "common/command_line.h"
 #include "common/formats/npy.h"
 #include "common/mapped_file.h"
 #include "server/data/batch_source.h"
@@ -99,7 +99,7 @@ absl::StatusOr<int64_t> Repeated(const std::function<absl::StatusOr<std::unique_
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  recal::ParseCommandLineOrExit(argc, argv, "s3_read_bench", "s3_read_bench: a tensor file read in batches from a bucket (moto_server) vs from local disk");
   const std::string moto_binary = recal::s3::testing::FindOnPath("moto_server");
   if (moto_binary.empty()) {
     std::printf("s3_read_bench: moto_server not installed: skipped\n");

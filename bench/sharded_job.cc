@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "bench/median.h"
+#include "common/command_line.h"
 #include "tests/server/calls.h"
 #include "tests/server/server_process.h"
 #include "tests/test_util.h"
@@ -44,7 +44,7 @@ recal::v1::Job Get(recal::v1::Recal::Stub& stub, const std::string& id) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  recal::ParseCommandLineOrExit(argc, argv, "sharded_job_bench", "sharded_job_bench: one job in 1 and 2 shards on two one-thread workers: the speed-up and the merge");
   recal::testing::TempDir tmp;
   recal::testing::ServerProcess server(tmp.File("data"), {"--cpu_workers=2", "--threads_per_worker=1"});
   if (!server.ok()) {

@@ -21,9 +21,9 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "common/command_line.h"
 #include "tests/server/calls.h"
 #include "tests/server/process_stats.h"
 #include "tests/server/server_process.h"
@@ -166,7 +166,7 @@ void Print(const Measured& m) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  recal::ParseCommandLineOrExit(argc, argv, "watch_streams_bench", "watch_streams_bench: many WatchJob streams on one recal-server: its threads, memory and the last watcher's delay");
   Measured m;
   m.watchers = absl::GetFlag(FLAGS_watchers);
   m.channels = std::max(1, absl::GetFlag(FLAGS_channels));
