@@ -7,11 +7,13 @@
 #include <set>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 
 namespace recal::data {
 namespace {
@@ -25,15 +27,30 @@ absl::Status Bad(absl::string_view spec, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("bad data spec '", spec, "': ", why));
 }
 
+// SimpleAtoi alone would also take a sign and surrounding spaces, which no integer of a
+// spec has.
+bool AllDigits(absl::string_view text) {
+  return !text.empty() && text.find_first_not_of("0123456789") == absl::string_view::npos;
+}
+
+bool ParsePositive(absl::string_view text, int64_t* out) {
+  return AllDigits(text) && absl::SimpleAtoi(text, out) && *out >= 1;
+}
+
+absl::Status ParseSeed(absl::string_view spec, absl::string_view text, uint64_t* out) {
+  if (!AllDigits(text) || !absl::SimpleAtoi(text, out)) {
+    return Bad(spec, absl::StrCat("seed '", text, "' must be a non-negative integer below 2^64"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<int64_t>> ParseShape(absl::string_view spec, absl::string_view text) {
   if (text.empty()) return Bad(spec, "synthetic needs a per-sample SHAPE such as 3x224x224");
   std::vector<int64_t> shape;
   int64_t elements = 1;
   for (absl::string_view part : absl::StrSplit(text, 'x')) {
     int64_t dim = 0;
-    // SimpleAtoi accepts a sign and surrounding spaces; a shape has neither.
-    const bool digits = !part.empty() && part.find_first_not_of("0123456789") == absl::string_view::npos;
-    if (!digits || !absl::SimpleAtoi(part, &dim) || dim < 1) {
+    if (!ParsePositive(part, &dim)) {
       return Bad(spec, absl::StrCat("SHAPE '", text, "' must be positive integers joined by 'x' (e.g. 3x224x224); found '", part, "'"));
     }
     if (elements > std::numeric_limits<int32_t>::max() / dim) {
@@ -45,9 +62,29 @@ absl::StatusOr<std::vector<int64_t>> ParseShape(absl::string_view spec, absl::st
   return shape;
 }
 
-bool ParsePositive(absl::string_view text, int64_t* out) {
-  const bool digits = !text.empty() && text.find_first_not_of("0123456789") == absl::string_view::npos;
-  return digits && absl::SimpleAtoi(text, out) && *out >= 1;
+// A finite number in decimal notation: [+-](D+[.D*]|.D+)[(e|E)[+-]D+]. SimpleAtod alone would
+// also take surrounding spaces and hexadecimal ("0x1p3"), which the Python client refuses.
+bool ParseFinite(absl::string_view text, double* out) {
+  size_t i = 0;
+  const auto digits = [&] {
+    const size_t start = i;
+    while (i < text.size() && absl::ascii_isdigit(static_cast<unsigned char>(text[i]))) ++i;
+    return i > start;
+  };
+  if (i < text.size() && (text[i] == '+' || text[i] == '-')) ++i;
+  const bool integer_part = digits();
+  bool fraction_part = false;
+  if (i < text.size() && text[i] == '.') {
+    ++i;
+    fraction_part = digits();
+  }
+  if (!integer_part && !fraction_part) return false;
+  if (i < text.size() && (text[i] == 'e' || text[i] == 'E')) {
+    ++i;
+    if (i < text.size() && (text[i] == '+' || text[i] == '-')) ++i;
+    if (!digits()) return false;
+  }
+  return i == text.size() && absl::SimpleAtod(text, out) && std::isfinite(*out);
 }
 
 // Comma-separated finite numbers (positive ones for std); `count` of them unless 0.
@@ -56,7 +93,7 @@ absl::StatusOr<std::vector<double>> ParseNumbers(absl::string_view spec, absl::s
   std::vector<double> out;
   for (absl::string_view part : absl::StrSplit(text, ',')) {
     double v = 0;
-    if (!absl::SimpleAtod(part, &v) || !std::isfinite(v) || (positive && v <= 0)) {
+    if (!ParseFinite(part, &v) || (positive && v <= 0)) {
       return Bad(spec, absl::StrCat(key, " must be comma-separated ", positive ? "positive " : "",
                                     "numbers; found '", part, "'"));
     }
@@ -68,24 +105,37 @@ absl::StatusOr<std::vector<double>> ParseNumbers(absl::string_view spec, absl::s
   return out;
 }
 
-// The ?scale=S&mean=..&std=.. of a tensor file spec.
-absl::Status ParseNormalization(absl::string_view spec, absl::string_view options, DataSpec& out) {
-  if (options.empty()) return absl::OkStatus();
+struct Option {
+  std::string key;
+  absl::string_view value;
+};
+
+// KEY=VALUE&KEY=VALUE..., each KEY once, in order; empty parts ("DIR?", "&&") are skipped.
+// Every option is split before any value is read, so a spec's first error is the same here
+// and in the Python client.
+absl::StatusOr<std::vector<Option>> SplitOptions(absl::string_view spec, absl::string_view text) {
+  std::vector<Option> out;
   std::set<std::string> seen;
-  for (absl::string_view option : absl::StrSplit(options, '&')) {
+  for (absl::string_view option : absl::StrSplit(text, '&', absl::SkipEmpty())) {
     const size_t eq = option.find('=');
     if (eq == absl::string_view::npos) return Bad(spec, absl::StrCat("option '", option, "' is not KEY=VALUE"));
-    const std::string key(option.substr(0, eq));
-    const absl::string_view value = option.substr(eq + 1);
-    if (!seen.insert(key).second) return Bad(spec, absl::StrCat("repeated option '", key, "'"));
+    Option parsed{std::string(option.substr(0, eq)), option.substr(eq + 1)};
+    if (!seen.insert(parsed.key).second) return Bad(spec, absl::StrCat("repeated option '", parsed.key, "'"));
+    out.push_back(std::move(parsed));
+  }
+  return out;
+}
+
+// The ?scale=S&mean=..&std=.. of a tensor file spec.
+absl::Status ParseNormalization(absl::string_view spec, absl::string_view options, DataSpec& out) {
+  RECAL_ASSIGN_OR_RETURN(const std::vector<Option> parsed, SplitOptions(spec, options));
+  for (const auto& [key, value] : parsed) {
     if (key == "scale") {
-      if (!absl::SimpleAtod(value, &out.scale) || !std::isfinite(out.scale) || out.scale <= 0) {
+      if (!ParseFinite(value, &out.scale) || out.scale <= 0) {
         return Bad(spec, absl::StrCat("scale '", value, "' must be a positive number"));
       }
     } else if (key == "mean" || key == "std") {
-      absl::StatusOr<std::vector<double>> v = ParseNumbers(spec, key, value, key == "std", 0);
-      if (!v.ok()) return v.status();
-      (key == "mean" ? out.mean : out.std) = *std::move(v);
+      RECAL_ASSIGN_OR_RETURN((key == "mean" ? out.mean : out.std), ParseNumbers(spec, key, value, key == "std", 0));
     } else {
       return Bad(spec, absl::StrCat("unknown option '", key, "'; tensor files take scale, mean, std"));
     }
@@ -106,14 +156,9 @@ absl::StatusOr<DataSpec> ParseImages(absl::string_view spec, absl::string_view r
   const size_t q = std::min(rest.rfind('?'), rest.size());  // no '?': no options
   out.path = std::string(rest.substr(0, q));
   if (out.path.empty()) return Bad(spec, "empty directory after 'images:'");
-  std::set<std::string> seen;
   const absl::string_view options = q < rest.size() ? rest.substr(q + 1) : absl::string_view();
-  for (absl::string_view option : absl::StrSplit(options, '&', absl::SkipEmpty())) {
-    const size_t eq = option.find('=');
-    if (eq == absl::string_view::npos) return Bad(spec, absl::StrCat("option '", option, "' is not KEY=VALUE"));
-    const std::string key(option.substr(0, eq));
-    const absl::string_view value = option.substr(eq + 1);
-    if (!seen.insert(key).second) return Bad(spec, absl::StrCat("repeated option '", key, "'"));
+  RECAL_ASSIGN_OR_RETURN(const std::vector<Option> parsed, SplitOptions(spec, options));
+  for (const auto& [key, value] : parsed) {
     if (key == "resize" || key == "crop" || key == "samples") {
       int64_t v = 0;
       if (!ParsePositive(value, &v) || v > (key == "samples" ? std::numeric_limits<int64_t>::max() : kMaxImageSide)) {
@@ -122,14 +167,9 @@ absl::StatusOr<DataSpec> ParseImages(absl::string_view spec, absl::string_view r
       }
       (key == "resize" ? out.resize : key == "crop" ? out.crop : out.samples) = v;
     } else if (key == "mean" || key == "std") {
-      absl::StatusOr<std::vector<double>> v = ParseNumbers(spec, key, value, key == "std", 3);
-      if (!v.ok()) return v.status();
-      (key == "mean" ? out.mean : out.std) = *std::move(v);
+      RECAL_ASSIGN_OR_RETURN((key == "mean" ? out.mean : out.std), ParseNumbers(spec, key, value, key == "std", 3));
     } else if (key == "seed") {
-      const bool digits = !value.empty() && value.find_first_not_of("0123456789") == absl::string_view::npos;
-      if (!digits || !absl::SimpleAtoi(value, &out.seed)) {
-        return Bad(spec, absl::StrCat("seed '", value, "' must be a non-negative integer below 2^64"));
-      }
+      RECAL_RETURN_IF_ERROR(ParseSeed(spec, value, &out.seed));
     } else if (key == "shuffle") {
       if (value != "0" && value != "1") return Bad(spec, absl::StrCat("shuffle '", value, "' must be 0 or 1"));
       out.shuffle = value == "1";
@@ -163,19 +203,13 @@ absl::StatusOr<DataSpec> ParseDataSpec(absl::string_view spec) {
   if (scheme == "synthetic") {
     out.scheme = DataSpec::Scheme::kSynthetic;
     std::vector<absl::string_view> parts = absl::StrSplit(rest, ',');
-    absl::StatusOr<std::vector<int64_t>> shape = ParseShape(spec, parts[0]);
-    if (!shape.ok()) return shape.status();
-    out.sample_shape = *std::move(shape);
+    RECAL_ASSIGN_OR_RETURN(out.sample_shape, ParseShape(spec, parts[0]));
     bool have_seed = false;
     for (size_t i = 1; i < parts.size(); ++i) {
       if (!absl::StartsWith(parts[i], "seed=") || have_seed) {
         return Bad(spec, absl::StrCat("unknown or repeated option '", parts[i], "'; the only option is seed=S"));
       }
-      const absl::string_view value = parts[i].substr(5);
-      const bool digits = !value.empty() && value.find_first_not_of("0123456789") == absl::string_view::npos;
-      if (!digits || !absl::SimpleAtoi(value, &out.seed)) {
-        return Bad(spec, absl::StrCat("seed '", value, "' must be a non-negative integer below 2^64"));
-      }
+      RECAL_RETURN_IF_ERROR(ParseSeed(spec, parts[i].substr(5), &out.seed));
       have_seed = true;
     }
     return out;
@@ -212,7 +246,7 @@ absl::StatusOr<DataSpec> ParseDataSpec(absl::string_view spec) {
   }
   if (rest.empty()) return Bad(spec, absl::StrCat("empty path after '", scheme, ":'"));
   out.path = std::string(rest);
-  if (absl::Status s = ParseNormalization(spec, options, out); !s.ok()) return s;
+  RECAL_RETURN_IF_ERROR(ParseNormalization(spec, options, out));
   return out;
 }
 

@@ -19,7 +19,12 @@
 // PATH and DIR may be s3://BUCKET/KEY and s3://BUCKET/PREFIX/ (npy, safetensors, images):
 // the ':' of "s3://" is part of the path, never the one before safetensors keys. Where
 // such paths are read from, and which are refused, is the server's: server/data_access/s3_paths.h.
+// Options are KEY=VALUE joined by '&', each KEY at most once; empty ones ("DIR?", "a&&b") are
+// ignored. Numbers (scale, mean, std) are finite decimals such as 255, -0.5, .5 or 2e-3 (no
+// spaces, no hexadecimal, no inf or nan); integers (sides, N, seeds, dims) are digits only.
 // Parsing only checks the syntax; the files are looked at when the source is opened.
+// The Python client parses the same grammar (client/python/recal/specs.py); both are tested
+// against one table of cases, tests/data/data_spec_cases.json.
 #pragma once
 
 #include <cstdint>

@@ -558,61 +558,6 @@ class ClientTest(unittest.TestCase):
 
     # --------------------------------------------------------------------------- specs
 
-    def test_data_specs_become_typed_sources(self):
-        folder = recal.data_source("images:calib/a?b?resize=36&crop=32&mean=0.485,0.456,0.406"
-                                   "&std=0.229,0.224,0.225&samples=4&shuffle=1&seed=18446744073709551615"
-                                   "&on_bad=skip").image_folder
-        self.assertEqual(folder.path, "calib/a?b", "the options start at the last '?'")
-        self.assertEqual((folder.resize, folder.crop, folder.samples, folder.shuffle, folder.seed),
-                         (36, 32, 4, True, (1 << 64) - 1))
-        np.testing.assert_array_equal(folder.mean, np.float32([0.485, 0.456, 0.406]))
-        np.testing.assert_array_equal(folder.std, np.float32([0.229, 0.224, 0.225]))
-        self.assertEqual(folder.on_bad, recal_pb2.ImageFolderSource.SKIP)
-        plain = recal.data_source("images:d?resize=8&crop=8&mean=0,0,0&std=1,1,1").image_folder
-        self.assertEqual((plain.samples, plain.shuffle, plain.on_bad),
-                         (0, False, recal_pb2.ImageFolderSource.FAIL))
-
-        file = recal.data_source("safetensors:/d/a:b?.st:k1,k2?scale=255&mean=0.5,-1&std=0.25,2e-3").tensor_file
-        self.assertEqual((file.format, file.path, list(file.keys), file.scale),
-                         (recal_pb2.TensorFileSource.SAFETENSORS, "/d/a:b?.st", ["k1", "k2"], 255))
-        np.testing.assert_array_equal(file.mean, np.float32([0.5, -1]))
-        np.testing.assert_array_equal(file.std, np.float32([0.25, 2e-3]))
-        self.assertEqual(recal.data_source("torch:/d/what?.pt?").tensor_file.path, "/d/what?.pt")
-        self.assertEqual(recal.data_source("npy:x.npy?scale=65535").tensor_file.scale, 65535)
-        self.assertEqual(recal.data_source("synthetic:3,seed=18446744073709551615").synthetic.seed, -1,
-                         "int64 in the API: bit for bit, as the C++ client sends it")
-
-        made = recal_pb2.ImageFolderSource(path="x", resize=2, crop=1, mean=[0, 0, 0], std=[1, 1, 1])
-        self.assertEqual(recal.data_source(made).image_folder, made)
-
-        # Left out: ImageNet's transform, which the server fills in (unset here).
-        self.assertEqual(recal.data_source("images:d").image_folder,
-                         recal_pb2.ImageFolderSource(path="d", on_bad=recal_pb2.ImageFolderSource.FAIL))
-        self.assertEqual(recal.data_source("images:d?").image_folder.path, "d")
-        self.assertEqual(recal.data_source("images:d?crop=299").image_folder.crop, 299)
-        for spec, why in [
-                ("images:?resize=4&crop=4&mean=0,0,0&std=1,1,1", "empty directory"),
-                ("images:d?resize=4&crop=8&mean=0,0,0&std=1,1,1", "crop 8 is larger than resize 4"),
-                ("images:d?resize=65537&crop=8&mean=0,0,0&std=1,1,1", "resize '65537' must be a positive integer <= 65536"),
-                ("images:d?resize=4&crop=4&mean=0,0&std=1,1,1", "mean must have 3 values"),
-                ("images:d?resize=4&crop=4&mean=0,0,0&std=1,0,1", "std must be comma-separated positive numbers"),
-                ("images:d?resize=4&crop=4&mean=0,0,0&std=1,1,1&on_bad=ignore", "on_bad 'ignore' must be fail or skip"),
-                ("images:d?resize=4&crop=4&mean=0,0,0&std=1,1,1&shuffle=yes", "shuffle 'yes' must be 0 or 1"),
-                ("images:d?resize=4&crop=4&mean=0,0,0&std=1,1,1&size=4", "unknown option 'size'"),
-                ("images:d?resize=4&resize=4", "repeated option 'resize'"),
-                ("npy:x.npy?mean=0.5", "give both"),
-                ("npy:x.npy?scale=0", "scale '0' must be a positive number"),
-                ("npy:x.npy?scale=1_0", "scale '1_0' must be a positive number"),
-                ("npy:x.npy?mean=nan&std=1", "mean must be comma-separated numbers"),
-                ("npy:x.npy?resize=3", "unknown option 'resize'; tensor files take scale, mean, std"),
-                ("npy:?scale=2", "empty path"),
-                ("synthetic:3,seed=18446744073709551616", "below 2^64")]:
-            with self.assertRaises(recal.RecalError, msg=spec) as caught:
-                recal.data_source(spec)
-            self.assertEqual(caught.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
-            self.assertIn(why, caught.exception.message, spec)
-            self.assertTrue(caught.exception.message.startswith("bad data spec %r: " % spec))
-
     def test_uint8_tensor_files_are_normalised_on_the_server(self):
         # The same images as uint8 (a quarter of the bytes) with ?scale&mean&std, and as the
         # float32 tensors ToTensor + Normalize would give: the same statistics, to the bit.

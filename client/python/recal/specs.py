@@ -21,6 +21,10 @@ syntax as the C++ client's (common/data_spec.h):
                                     1 <= C <= R <= 65536. Left out: ImageNet's transform
                                     (256, 224, its mean and std; the server fills it in).
                                     A DIR containing '?' needs a trailing '?'.
+PATH and DIR may be s3://BUCKET/KEY: the ':' of "s3://" is never the one before the keys.
+Options are KEY=VALUE joined by '&', each KEY once; empty ones ("DIR?", "a&&b") are ignored.
+Numbers are finite decimals (255, -0.5, .5, 2e-3); integers are digits only. The C++ parser
+and this one are tested against one table of cases, tests/data/data_spec_cases.json.
 """
 
 import math
@@ -34,10 +38,11 @@ from recal.errors import RecalError
 _SYNTAX = ("expected npy:PATH, safetensors:PATH[:KEY,KEY...], torch:PATH (each with an optional "
            "?scale=S&mean=M,..&std=S,..), synthetic:SHAPE[,seed=S] or "
            "images:DIR[?resize=R&crop=C&mean=M,M,M&std=S,S,S&samples=N&seed=S&shuffle=0|1&on_bad=fail|skip]")
-# What the C++ parser (absl::SimpleAtod) reads as a number; Python's float() would also
-# take "1_0", " 1" and the like.
-_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+# A number as the C++ parser reads it (common/data_spec.cc, ParseFinite): decimal, ASCII
+# digits. Python's float() would also take "1_0", " 1", "inf" and other scripts' digits.
+_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 _MAX_SIDE = 65536
+_MAX_SAMPLE_ELEMENTS = (1 << 31) - 1  # as the C++ parser (ParseShape)
 _INT64_MAX = (1 << 63) - 1
 
 
@@ -45,8 +50,17 @@ def _bad(spec, why):
     return RecalError(grpc.StatusCode.INVALID_ARGUMENT, "bad data spec %r: %s" % (spec, why))
 
 
-def _digits(text):
-    return text != "" and all("0" <= c <= "9" for c in text)
+def _integer(text, high):
+    """The integer 0..high that `text` spells in ASCII digits alone, or None.
+    Leading zeros are read past (as the C++ parser does), and int() never sees more digits
+    than `high` has (it refuses strings of over 4300 digits)."""
+    if text == "" or not all("0" <= c <= "9" for c in text):
+        return None
+    significant = text.lstrip("0")
+    if len(significant) > len(str(high)):
+        return None
+    value = int(significant or "0")
+    return value if value <= high else None
 
 
 def _number(text):
@@ -58,9 +72,10 @@ def _number(text):
 
 
 def _seed(spec, text):
-    if not _digits(text) or int(text) >= 1 << 64:
+    seed = _integer(text, (1 << 64) - 1)
+    if seed is None:
         raise _bad(spec, "seed %r must be a non-negative integer below 2^64" % text)
-    return int(text)
+    return seed
 
 
 def _numbers(spec, key, text, positive, count=0):
@@ -111,6 +126,39 @@ def _normalization(spec, text, file):
                    % (len(file.mean), len(file.std)))
 
 
+def _shape(spec, text):
+    """The per-sample SHAPE of a synthetic spec: positive int64s, at most 2^31 - 1 elements."""
+    if text == "":
+        raise _bad(spec, "synthetic needs a per-sample SHAPE such as 3x224x224")
+    shape = []
+    elements = 1
+    for part in text.split("x"):
+        dim = _integer(part, _INT64_MAX)
+        if not dim:
+            raise _bad(spec, "SHAPE %r must be positive integers joined by 'x' (e.g. 3x224x224); found %r"
+                       % (text, part))
+        if elements > _MAX_SAMPLE_ELEMENTS // dim:
+            raise _bad(spec, "SHAPE %r has more than 2^31 elements per sample" % text)
+        elements *= dim
+        shape.append(dim)
+    return shape
+
+
+def _synthetic(spec, rest):
+    parts = rest.split(",")
+    shape = _shape(spec, parts[0])
+    seed = None
+    for option in parts[1:]:
+        if not option.startswith("seed=") or seed is not None:
+            raise _bad(spec, "unknown or repeated option %r; the only option is seed=S" % option)
+        seed = _seed(spec, option[5:])
+    seed = seed or 0
+    # int64 in the API: seeds of 2^63 and above travel bit for bit, as from the C++ client.
+    if seed > _INT64_MAX:
+        seed -= 1 << 64
+    return recal_pb2.DataSource(synthetic=recal_pb2.SyntheticSource(sample_shape=shape, seed=seed))
+
+
 def _images(spec, rest):
     path, question, text = rest.rpartition("?")
     if not question:  # no options: ImageNet's transform, filled in by the server
@@ -121,11 +169,11 @@ def _images(spec, rest):
     options = _options(spec, text)
     for key, value in options.items():
         if key in ("resize", "crop", "samples"):
-            limit = _INT64_MAX if key == "samples" else _MAX_SIDE
-            if not _digits(value) or not 1 <= int(value) <= limit:
+            number = _integer(value, _INT64_MAX if key == "samples" else _MAX_SIDE)
+            if not number:
                 raise _bad(spec, "%s %r must be a positive integer%s"
                            % (key, value, "" if key == "samples" else " <= %d" % _MAX_SIDE))
-            setattr(folder, key, int(value))
+            setattr(folder, key, number)
         elif key in ("mean", "std"):
             getattr(folder, key).extend(_numbers(spec, key, value, key == "std", 3))
         elif key == "seed":
@@ -173,24 +221,7 @@ def data_source(data):
     if not colon:
         raise _bad(data, "no scheme; " + _SYNTAX)
     if scheme == "synthetic":
-        parts = rest.split(",")
-        shape = []
-        for dim in parts[0].split("x") if parts[0] else []:
-            if not _digits(dim) or int(dim) < 1:
-                raise _bad(data, "SHAPE %r must be positive integers joined by 'x' (e.g. 3x224x224)"
-                           % parts[0])
-            shape.append(int(dim))
-        if not shape:
-            raise _bad(data, "synthetic needs a per-sample SHAPE such as 3x224x224")
-        seed = 0
-        for option in parts[1:]:
-            if not option.startswith("seed=") or len(parts) > 2:
-                raise _bad(data, "unknown or repeated option %r; the only option is seed=S" % option)
-            seed = _seed(data, option[5:])
-        # int64 in the API: seeds of 2^63 and above travel bit for bit, as from the C++ client.
-        if seed > _INT64_MAX:
-            seed -= 1 << 64
-        return recal_pb2.DataSource(synthetic=recal_pb2.SyntheticSource(sample_shape=shape, seed=seed))
+        return _synthetic(data, rest)
     if scheme == "images":
         return _images(data, rest)
     formats = {"npy": recal_pb2.TensorFileSource.NPY,
@@ -202,8 +233,10 @@ def data_source(data):
     if "?" in rest:
         rest, _, norm = rest.rpartition("?")
     keys = []
-    if scheme == "safetensors" and ":" in rest:
-        rest, _, key_list = rest.rpartition(":")
+    # The ':' of an s3:// URL is not the one before the keys.
+    last = rest.rfind(":")
+    if scheme == "safetensors" and last >= (5 if rest.startswith("s3://") else 0):
+        rest, key_list = rest[:last], rest[last + 1:]
         if key_list:
             keys = key_list.split(",")
             if "" in keys:
