@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/sha256.h"
+#include "common/status_macros.h"
 
 namespace recal::s3 {
 namespace {
@@ -90,7 +91,11 @@ std::string HmacSha256(absl::string_view key, absl::string_view data) {
   return std::string(reinterpret_cast<const char*>(out), len);
 }
 
-absl::StatusOr<SignedRequest> SignV4(const SigningRequest& request, const SigningParams& params) {
+namespace {
+
+// What SigV4 would sign ambiguously or what AWS refuses, found before anything is built:
+// credentials, the scope's region and service, the method, the path and the payload hash.
+absl::Status CheckSigningInput(const SigningRequest& request, const SigningParams& params) {
   const Credentials& creds = params.credentials;
   if (creds.access_key_id.empty() || creds.secret_access_key.empty()) {
     return absl::InvalidArgumentError("SigV4: no access key id or secret access key");
@@ -114,14 +119,19 @@ absl::StatusOr<SignedRequest> SignV4(const SigningRequest& request, const Signin
   if (!IsPayloadHash(request.payload_hash)) {
     return absl::InvalidArgumentError("SigV4: the payload hash is neither hex SHA-256 nor UNSIGNED-PAYLOAD");
   }
+  return absl::OkStatus();
+}
 
-  const std::string amz_date = AmzDate(params.time);
-  const std::string date = amz_date.substr(0, 8);
+// Lowercase header name -> its canonical values, in the order given. Sorted by name, as
+// the canonical request lists them.
+using HeaderValues = std::map<std::string, std::vector<std::string>>;
 
-  // Canonical headers: lowercase names, sorted; a repeated name's values joined with ','
-  // in the order given (get-header-key-duplicate, get-header-value-order).
-  std::map<std::string, std::vector<std::string>> headers;
-  for (const auto& [name, value] : request.headers) {
+// The caller's headers, canonical: lowercase names, a repeated name's values kept in the
+// order given (get-header-key-duplicate, get-header-value-order). Refuses what could inject
+// or forge a header, and anything but exactly one non-empty Host.
+absl::StatusOr<HeaderValues> CanonicalRequestHeaders(const HeaderList& request_headers) {
+  HeaderValues headers;
+  for (const auto& [name, value] : request_headers) {
     if (name.empty() || !std::all_of(name.begin(), name.end(), [](char c) {
           return IsTokenChar(static_cast<unsigned char>(c));
         })) {
@@ -139,23 +149,42 @@ absl::StatusOr<SignedRequest> SignV4(const SigningRequest& request, const Signin
   if (headers.count("host") == 0 || headers["host"].size() != 1 || headers["host"][0].empty()) {
     return absl::InvalidArgumentError("SigV4: exactly one non-empty Host header is required");
   }
+  return headers;
+}
+
+// The headers the signer sets, other than Authorization: added both to the request (`out`)
+// and to what is signed (`headers`).
+absl::Status AddSignerHeaders(const SigningRequest& request, const Credentials& creds, const std::string& amz_date,
+                              HeaderValues& headers, SignedRequest& out) {
   if (creds.session_token.find_first_of(std::string_view("\r\n\0", 3)) != std::string::npos) {
     return absl::InvalidArgumentError("SigV4: the session token has a CR, LF or NUL");
   }
+  const auto add = [&](const char* name, const std::string& value) {
+    out.headers_to_add.emplace_back(name, value);
+    headers[name].push_back(value);
+  };
+  add("x-amz-date", amz_date);
+  if (request.add_content_sha256_header) add("x-amz-content-sha256", request.payload_hash);
+  // Signed, as STS requires (post-sts-header-before in AWS's suite).
+  if (!creds.session_token.empty()) add("x-amz-security-token", creds.session_token);
+  return absl::OkStatus();
+}
 
-  SignedRequest out;
-  out.headers_to_add.emplace_back("x-amz-date", amz_date);
-  headers["x-amz-date"].push_back(amz_date);
-  if (request.add_content_sha256_header) {
-    out.headers_to_add.emplace_back("x-amz-content-sha256", request.payload_hash);
-    headers["x-amz-content-sha256"].push_back(request.payload_hash);
-  }
-  if (!creds.session_token.empty()) {
-    // Signed, as STS requires (post-sts-header-before in AWS's suite).
-    out.headers_to_add.emplace_back("x-amz-security-token", creds.session_token);
-    headers["x-amz-security-token"].push_back(creds.session_token);
-  }
+// Keys and values encoded (nothing kept, not even '/'), sorted by key then value.
+std::string CanonicalQuery(const HeaderList& request_query) {
+  std::vector<std::pair<std::string, std::string>> query;
+  query.reserve(request_query.size());
+  for (const auto& [k, v] : request_query) query.emplace_back(UriEncode(k, false), UriEncode(v, false));
+  std::sort(query.begin(), query.end());
+  std::vector<std::string> parts;
+  parts.reserve(query.size());
+  for (const auto& [k, v] : query) parts.push_back(absl::StrCat(k, "=", v));
+  return absl::StrJoin(parts, "&");
+}
 
+// Sets out.canonical_request (and the encoded path and query it holds, which the URL must
+// carry); returns the signed headers' names, "host;x-amz-date".
+std::string CanonicalRequest(const SigningRequest& request, const HeaderValues& headers, SignedRequest& out) {
   std::string canonical_headers;
   std::vector<absl::string_view> names;
   for (const auto& [name, values] : headers) {
@@ -163,32 +192,50 @@ absl::StatusOr<SignedRequest> SignV4(const SigningRequest& request, const Signin
     names.push_back(name);
   }
   const std::string signed_headers = absl::StrJoin(names, ";");
-
-  // Canonical query: keys and values encoded (nothing kept, not even '/'), sorted by key
-  // then value.
-  std::vector<std::pair<std::string, std::string>> query;
-  query.reserve(request.query.size());
-  for (const auto& [k, v] : request.query) query.emplace_back(UriEncode(k, false), UriEncode(v, false));
-  std::sort(query.begin(), query.end());
-  std::vector<std::string> parts;
-  parts.reserve(query.size());
-  for (const auto& [k, v] : query) parts.push_back(absl::StrCat(k, "=", v));
-  out.encoded_query = absl::StrJoin(parts, "&");
+  out.encoded_query = CanonicalQuery(request.query);
   out.encoded_path = UriEncode(request.path, /*keep_slash=*/true);
-
   out.canonical_request = absl::StrCat(request.method, "\n", out.encoded_path, "\n", out.encoded_query, "\n",
                                        canonical_headers, "\n", signed_headers, "\n", request.payload_hash);
-  const std::string scope = absl::StrCat(date, "/", params.region, "/", params.service, "/aws4_request");
-  out.string_to_sign =
-      absl::StrCat(kAlgorithm, "\n", amz_date, "\n", scope, "\n", Sha256Hex(out.canonical_request));
+  return signed_headers;
+}
 
-  const std::string k_date = HmacSha256(absl::StrCat("AWS4", creds.secret_access_key), date);
+// "20150830/us-east-1/s3/aws4_request".
+std::string CredentialScope(absl::string_view date, const SigningParams& params) {
+  return absl::StrCat(date, "/", params.region, "/", params.service, "/aws4_request");
+}
+
+std::string StringToSign(absl::string_view amz_date, absl::string_view scope, absl::string_view canonical_request) {
+  return absl::StrCat(kAlgorithm, "\n", amz_date, "\n", scope, "\n", Sha256Hex(canonical_request));
+}
+
+// The secret, narrowed to one day, region and service.
+std::string SigningKey(const SigningParams& params, absl::string_view date) {
+  const std::string k_date = HmacSha256(absl::StrCat("AWS4", params.credentials.secret_access_key), date);
   const std::string k_region = HmacSha256(k_date, params.region);
   const std::string k_service = HmacSha256(k_region, params.service);
-  const std::string k_signing = HmacSha256(k_service, "aws4_request");
-  out.signature = absl::BytesToHexString(HmacSha256(k_signing, out.string_to_sign));
-  out.authorization = absl::StrCat(kAlgorithm, " Credential=", creds.access_key_id, "/", scope,
-                                   ", SignedHeaders=", signed_headers, ", Signature=", out.signature);
+  return HmacSha256(k_service, "aws4_request");
+}
+
+std::string AuthorizationHeader(absl::string_view access_key_id, absl::string_view scope,
+                                absl::string_view signed_headers, absl::string_view signature) {
+  return absl::StrCat(kAlgorithm, " Credential=", access_key_id, "/", scope, ", SignedHeaders=", signed_headers,
+                      ", Signature=", signature);
+}
+
+}  // namespace
+
+absl::StatusOr<SignedRequest> SignV4(const SigningRequest& request, const SigningParams& params) {
+  RECAL_RETURN_IF_ERROR(CheckSigningInput(request, params));
+  RECAL_ASSIGN_OR_RETURN(HeaderValues headers, CanonicalRequestHeaders(request.headers));
+  const std::string amz_date = AmzDate(params.time);
+  const std::string date = amz_date.substr(0, 8);
+  SignedRequest out;
+  RECAL_RETURN_IF_ERROR(AddSignerHeaders(request, params.credentials, amz_date, headers, out));
+  const std::string signed_headers = CanonicalRequest(request, headers, out);
+  const std::string scope = CredentialScope(date, params);
+  out.string_to_sign = StringToSign(amz_date, scope, out.canonical_request);
+  out.signature = absl::BytesToHexString(HmacSha256(SigningKey(params, date), out.string_to_sign));
+  out.authorization = AuthorizationHeader(params.credentials.access_key_id, scope, signed_headers, out.signature);
   out.headers_to_add.emplace_back("Authorization", out.authorization);
   return out;
 }
