@@ -2,7 +2,8 @@
 // sandbox (server/sandbox): the only way the server runs an uploaded model. The process is
 // watched from outside: cancellation and the deadline end it (SIGTERM, then SIGKILL after
 // `kill_grace`), and a worker that dies (signal, exit code, memory limit) fails its task
-// with a message naming the cause; the server goes on.
+// with a message naming the cause; the server goes on. The process and its watchdog are
+// worker_process.h's, what flows through its pipes worker_pipes.h's.
 #pragma once
 
 #include <cstdint>
