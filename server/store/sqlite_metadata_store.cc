@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "google/protobuf/timestamp.pb.h"
+#include "server/store/job_creation.h"
 #include "server/store/metadata_rows.h"
 #include "server/store/sqlite_util.h"
 #include "common/status_macros.h"
@@ -165,12 +166,15 @@ struct SqliteMetadataStore::Impl {
   absl::StatusOr<std::optional<v1::Model>> FindModel(const std::string& tenant, const std::string& id);
   // `created_ms` nullopt: a row from before version 6 (migrated), which has none.
   absl::Status InsertJob(const v1::Job& job, std::optional<int64_t> created_ms);
-  // Inserts a new job and its events (seq and time assigned). ALREADY_EXISTS if the id is
-  // taken. Caller holds a transaction.
-  absl::Status InsertNewJob(const v1::Job& job, std::vector<v1::JobEvent> events, int64_t created_ms);
-  // CheckQuota on the tenant's jobs as this transaction sees them, for a job created at
-  // `now_ms`. Caller holds a transaction.
-  absl::Status CheckQuotaLocked(const std::string& tenant, const JobQuota& quota, int64_t now_ms);
+  // Inserts a new job and its events (seq and time assigned), unless its id is taken: whether
+  // it did. Caller holds a transaction.
+  absl::StatusOr<bool> InsertNewJob(const v1::Job& job, const std::vector<v1::JobEvent>& events, int64_t created_ms);
+  // The tenant's top-level jobs as this transaction sees them. Caller holds a transaction.
+  absl::StatusOr<internal::TopLevelJobCounts> CountTopLevelJobs(const std::string& tenant, int64_t created_after_ms);
+  // The tenant's job with `request_id`, if any.
+  absl::StatusOr<std::optional<v1::Job>> JobWithRequestId(const std::string& tenant, const std::string& request_id);
+  // CreateJob's queries in one write transaction.
+  class Creation;
   absl::StatusOr<std::vector<v1::Job>> QueryJobs(Query& q);
   absl::StatusOr<bool> JobExists(const std::string& id);
   // Whether the tenant has the model. Caller holds a transaction when it acts on the answer.
@@ -372,13 +376,14 @@ absl::Status SqliteMetadataStore::Impl::InsertJob(const v1::Job& job, std::optio
       .Run();
 }
 
-absl::Status SqliteMetadataStore::Impl::InsertNewJob(const v1::Job& job, std::vector<v1::JobEvent> events,
-                                                     int64_t created_ms) {
+absl::StatusOr<bool> SqliteMetadataStore::Impl::InsertNewJob(const v1::Job& job,
+                                                             const std::vector<v1::JobEvent>& events,
+                                                             int64_t created_ms) {
   RECAL_ASSIGN_OR_RETURN(const bool exists, JobExists(job.id()));
-  if (exists) return absl::AlreadyExistsError(absl::StrCat("a job with id '", job.id(), "' already exists"));
+  if (exists) return false;
   RECAL_RETURN_IF_ERROR(InsertJob(job, created_ms));
-  for (v1::JobEvent& event : events) RECAL_RETURN_IF_ERROR(InsertEvent(job.id(), std::move(event)).status());
-  return absl::OkStatus();
+  for (const v1::JobEvent& event : events) RECAL_RETURN_IF_ERROR(InsertEvent(job.id(), event).status());
+  return true;
 }
 
 absl::StatusOr<std::unique_ptr<SqliteMetadataStore>> SqliteMetadataStore::Open(const std::string& path) {
@@ -583,8 +588,8 @@ absl::StatusOr<bool> SqliteMetadataStore::Impl::JobExists(const std::string& id)
   return q.Bind(1, id).Step();
 }
 
-absl::Status SqliteMetadataStore::Impl::CheckQuotaLocked(const std::string& tenant, const JobQuota& quota,
-                                                         int64_t now_ms) {
+absl::StatusOr<internal::TopLevelJobCounts> SqliteMetadataStore::Impl::CountTopLevelJobs(
+    const std::string& tenant, int64_t created_after_ms) {
   RECAL_ASSIGN_OR_RETURN(
       Query q, db.Prepare("SELECT (SELECT COUNT(*) FROM jobs WHERE tenant = ?1 AND state IN (?2, ?3, ?4) "
                           "AND parent_id IS NULL), "
@@ -593,45 +598,61 @@ absl::Status SqliteMetadataStore::Impl::CheckQuotaLocked(const std::string& tena
                                              .Bind(2, int64_t{v1::QUEUED})
                                              .Bind(3, int64_t{v1::RUNNING})
                                              .Bind(4, int64_t{v1::CANCELLING})
-                                             .Bind(5, MinuteBefore(now_ms))
+                                             .Bind(5, created_after_ms)
                                              .Step());
   if (!row) return absl::InternalError("counting a tenant's jobs returned no row");
-  return CheckQuota(tenant, quota, q.Int64(0), q.Int64(1));
+  return internal::TopLevelJobCounts{q.Int64(0), q.Int64(1)};
 }
+
+absl::StatusOr<std::optional<v1::Job>> SqliteMetadataStore::Impl::JobWithRequestId(const std::string& tenant,
+                                                                                 const std::string& request_id) {
+  RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT id, proto FROM jobs WHERE tenant = ?1 AND request_id = ?2"));
+  RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, tenant).Bind(2, request_id).Step());
+  if (!row) return std::optional<v1::Job>();
+  RECAL_ASSIGN_OR_RETURN(v1::Job job, Parse<v1::Job>(q.Blob(1), "job", q.Text(0)));
+  return std::optional<v1::Job>(std::move(job));
+}
+
+// The write transaction (BEGIN IMMEDIATE) holds the database's write lock from its start: no
+// other connection, in this process or another, stores a job or deletes a model before it
+// ends. So there is no tenant lock to take, and a model seen stays.
+class SqliteMetadataStore::Impl::Creation final : public internal::JobCreationTransaction {
+ public:
+  Creation(Impl& impl, Transaction& txn) : impl_(impl), txn_(txn) {}
+
+  absl::Status LockTenant(const std::string& /*tenant*/) override { return absl::OkStatus(); }
+  absl::StatusOr<std::optional<v1::Job>> JobWithRequestId(const std::string& tenant,
+                                                          const std::string& request_id) override {
+    return impl_.JobWithRequestId(tenant, request_id);
+  }
+  absl::StatusOr<internal::TopLevelJobCounts> CountTopLevelJobs(const std::string& tenant,
+                                                                int64_t created_after_ms) override {
+    return impl_.CountTopLevelJobs(tenant, created_after_ms);
+  }
+  absl::StatusOr<bool> HoldModel(const std::string& tenant, const std::string& model_id) override {
+    return impl_.ModelExists(tenant, model_id);
+  }
+  absl::StatusOr<bool> InsertJob(const v1::Job& job, const std::vector<v1::JobEvent>& events,
+                                 int64_t created_ms) override {
+    return impl_.InsertNewJob(job, events, created_ms);
+  }
+  absl::StatusOr<bool> JobExists(const std::string& id) override { return impl_.JobExists(id); }
+  absl::Status Commit() override { return txn_.Commit(); }
+
+ private:
+  Impl& impl_;
+  Transaction& txn_;
+};
 
 absl::StatusOr<v1::Job> SqliteMetadataStore::CreateJob(const v1::Job& job, bool* created,
                                                        std::vector<v1::JobEvent> events,
                                                        std::vector<NewJob> children, const JobQuota& quota) {
-  RECAL_RETURN_IF_ERROR(CheckNewJobs(job, children));
-  const int64_t created_ms = CreatedMs(quota);
+  RECAL_ASSIGN_OR_RETURN(const internal::JobCreation creation,
+                         internal::JobCreation::Check(job, events, children, quota));
   std::lock_guard<std::mutex> lock(impl_->mu);
-  Db& db = impl_->db;
-  RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
-  if (!job.request_id().empty()) {
-    RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT id, proto FROM jobs WHERE tenant = ?1 AND request_id = ?2"));
-    RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, job.tenant()).Bind(2, job.request_id()).Step());
-    if (row) {
-      if (created != nullptr) *created = false;
-      return Parse<v1::Job>(q.Blob(1), "job", q.Text(0));  // the transaction rolls back: nothing written
-    }
-  }
-  // The write transaction (BEGIN IMMEDIATE) has held the database's write lock since it
-  // began: no other connection, in this process or another, stores a job between the count
-  // and the insert.
-  if (Limits(quota)) RECAL_RETURN_IF_ERROR(impl_->CheckQuotaLocked(job.tenant(), quota, created_ms));
-  if (quota.model_must_exist) {
-    RECAL_ASSIGN_OR_RETURN(const bool model, impl_->ModelExists(job.tenant(), job.spec().model_id()));
-    if (!model) return ModelGoneError(job.spec().model_id());
-  }
-  // The parent, then its children in order; any id taken fails the whole creation (the
-  // transaction rolls back).
-  RECAL_RETURN_IF_ERROR(impl_->InsertNewJob(job, std::move(events), created_ms));
-  for (NewJob& child : children) {
-    RECAL_RETURN_IF_ERROR(impl_->InsertNewJob(child.job, std::move(child.events), created_ms));
-  }
-  RECAL_RETURN_IF_ERROR(txn.Commit());
-  if (created != nullptr) *created = true;
-  return job;
+  RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->db));
+  Impl::Creation queries(*impl_, txn);
+  return creation.StoreIn(queries, created);  // the transaction rolls back unless it stored the job
 }
 
 absl::StatusOr<std::vector<v1::Job>> SqliteMetadataStore::ChildJobs(const std::string& parent_id) {
@@ -649,10 +670,9 @@ absl::StatusOr<std::vector<v1::Job>> SqliteMetadataStore::ChildJobs(const std::s
 
 absl::StatusOr<v1::Job> SqliteMetadataStore::FindJobByRequestId(const std::string& tenant, const std::string& request_id) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("SELECT id, proto FROM jobs WHERE tenant = ?1 AND request_id = ?2"));
-  RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, tenant).Bind(2, request_id).Step());
-  if (!row) return absl::NotFoundError(absl::StrCat("no job with request_id '", request_id, "'"));
-  return Parse<v1::Job>(q.Blob(1), "job", q.Text(0));
+  RECAL_ASSIGN_OR_RETURN(std::optional<v1::Job> job, impl_->JobWithRequestId(tenant, request_id));
+  if (!job) return absl::NotFoundError(absl::StrCat("no job with request_id '", request_id, "'"));
+  return *std::move(job);
 }
 
 absl::StatusOr<v1::Job> SqliteMetadataStore::GetJob(const std::string& id) {
