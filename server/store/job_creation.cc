@@ -61,8 +61,8 @@ absl::Status ModelGoneError(const std::string& model_id) {
 
 // Why `id` could not be inserted: another job has it, or (only left to collide) the
 // backend's own row number.
-absl::Status IdTaken(JobCreationTransaction& txn, const std::string& id) {
-  RECAL_ASSIGN_OR_RETURN(const bool exists, txn.JobExists(id));
+absl::Status IdTaken(JobCreationQueries& queries, const std::string& id) {
+  RECAL_ASSIGN_OR_RETURN(const bool exists, queries.JobExists(id));
   if (exists) return absl::AlreadyExistsError(absl::StrCat("a job with id '", id, "' already exists"));
   return absl::InternalError(absl::StrCat("job '", id, "' was not stored: its create_seq is taken; the jobs "
                                           "table holds rows the store did not number"));
@@ -77,52 +77,46 @@ absl::StatusOr<JobCreation> JobCreation::Check(const v1::Job& job, const std::ve
   return JobCreation(job, events, children, quota, created_ms);
 }
 
-absl::StatusOr<v1::Job> JobCreation::StoreIn(JobCreationTransaction& txn, bool* created) const {
+absl::StatusOr<JobCreation::Outcome> JobCreation::StoreIn(JobCreationQueries& queries) const {
   const v1::Job& job = *job_;
   const JobQuota& quota = *quota_;
   // The lock comes before the request_id look-up too: a concurrent creator of the same
   // request is then seen as a stored job, never counted against this one's quota.
-  if (Limits(quota)) RECAL_RETURN_IF_ERROR(txn.LockTenant(job.tenant()));
+  if (Limits(quota)) RECAL_RETURN_IF_ERROR(queries.LockTenant(job.tenant()));
   if (!job.request_id().empty()) {
-    RECAL_ASSIGN_OR_RETURN(std::optional<v1::Job> existing, txn.JobWithRequestId(job.tenant(), job.request_id()));
-    if (existing) {
-      if (created != nullptr) *created = false;
-      return *std::move(existing);
-    }
+    RECAL_ASSIGN_OR_RETURN(std::optional<v1::Job> existing, queries.JobWithRequestId(job.tenant(), job.request_id()));
+    if (existing) return Outcome{*std::move(existing), false};
   }
   if (Limits(quota)) {
-    RECAL_ASSIGN_OR_RETURN(const TopLevelJobCounts jobs, txn.CountTopLevelJobs(job.tenant(), MinuteBefore(created_ms_)));
+    RECAL_ASSIGN_OR_RETURN(const TopLevelJobCounts jobs,
+                           queries.CountTopLevelJobs(job.tenant(), MinuteBefore(created_ms_)));
     RECAL_RETURN_IF_ERROR(CheckQuota(job.tenant(), quota, jobs));
   }
   if (quota.model_must_exist) {
-    RECAL_ASSIGN_OR_RETURN(const bool model, txn.HoldModel(job.tenant(), job.spec().model_id()));
+    RECAL_ASSIGN_OR_RETURN(const bool model, queries.HoldModel(job.tenant(), job.spec().model_id()));
     if (!model) return ModelGoneError(job.spec().model_id());
   }
-  RECAL_ASSIGN_OR_RETURN(const bool inserted, txn.InsertJob(job, *events_, created_ms_));
-  if (!inserted) return NotInserted(txn, created);
+  RECAL_ASSIGN_OR_RETURN(const bool inserted, queries.InsertNewJob(job, *events_, created_ms_));
+  if (!inserted) return NotInserted(queries);
   // The children in order; any id taken fails the whole creation. They have no request_id:
   // only their id can collide.
   for (const NewJob& child : *children_) {
-    RECAL_ASSIGN_OR_RETURN(const bool child_inserted, txn.InsertJob(child.job, child.events, created_ms_));
-    if (!child_inserted) return IdTaken(txn, child.job.id());
+    RECAL_ASSIGN_OR_RETURN(const bool child_inserted, queries.InsertNewJob(child.job, child.events, created_ms_));
+    if (!child_inserted) return IdTaken(queries, child.job.id());
   }
-  RECAL_RETURN_IF_ERROR(txn.Commit());
-  if (created != nullptr) *created = true;
-  return job;
+  return Outcome{job, true};
 }
 
-absl::StatusOr<v1::Job> JobCreation::NotInserted(JobCreationTransaction& txn, bool* created) const {
+absl::StatusOr<JobCreation::Outcome> JobCreation::NotInserted(JobCreationQueries& queries) const {
   // A creator of the same request_id that committed after the look-up above (the insert
   // waited for it): its job is the answer, as it would have been a moment later. An existing
   // request_id wins over an existing id.
   if (!job_->request_id().empty()) {
-    RECAL_ASSIGN_OR_RETURN(std::optional<v1::Job> existing, txn.JobWithRequestId(job_->tenant(), job_->request_id()));
-    if (existing) {
-      if (created != nullptr) *created = false;
-      return *std::move(existing);
-    }
+    RECAL_ASSIGN_OR_RETURN(std::optional<v1::Job> existing,
+                           queries.JobWithRequestId(job_->tenant(), job_->request_id()));
+    if (existing) return Outcome{*std::move(existing), false};
   }
-  return IdTaken(txn, job_->id());
+  return IdTaken(queries, job_->id());
 }
 
 }  // namespace recal::store::internal

@@ -1,8 +1,8 @@
 // CreateJob's rules, once for every metadata backend: what a new job (and the shards stored
 // with it) must be, when a submission is a retry of a stored one, the tenant's quotas, the
-// model it must find, and what a taken id means. A backend opens its transaction and answers
-// the few queries of JobCreationTransaction inside it; the order of the checks is decided
-// here. Internal to server/store.
+// model it must find, and what a taken id means. A backend opens its transaction, answers the
+// few queries of JobCreationQueries inside it, and commits when told; the order of the checks
+// is decided here. Internal to server/store.
 #pragma once
 
 #include <cstdint>
@@ -24,13 +24,13 @@ struct TopLevelJobCounts {
 };
 
 // The queries CreateJob's rules ask of a backend, all answered inside the one transaction
-// that stores the job. Once LockTenant has returned (or, without it, once a row the backend
-// waits on is free), each read must see what was committed before it.
-class JobCreationTransaction {
+// the backend holds while they run. Once LockTenant has returned (or, without it, once a row
+// the backend waits on is free), each read must see what was committed before it.
+class JobCreationQueries {
  public:
-  virtual ~JobCreationTransaction() = default;
+  virtual ~JobCreationQueries() = default;
 
-  // Makes the tenant's job creations take turns until this transaction ends, so that what
+  // Makes the tenant's job creations take turns until the transaction ends, so that what
   // CountTopLevelJobs says stays true until the job is stored. Called before any other query,
   // and only when a quota is to be counted.
   virtual absl::Status LockTenant(const std::string& tenant) = 0;
@@ -38,17 +38,15 @@ class JobCreationTransaction {
   virtual absl::StatusOr<std::optional<v1::Job>> JobWithRequestId(const std::string& tenant,
                                                                   const std::string& request_id) = 0;
   virtual absl::StatusOr<TopLevelJobCounts> CountTopLevelJobs(const std::string& tenant, int64_t created_after_ms) = 0;
-  // Whether the tenant has the model; one it has stays (no deletion passes) until this
+  // Whether the tenant has the model; one it has stays (no deletion passes) until the
   // transaction ends.
   virtual absl::StatusOr<bool> HoldModel(const std::string& tenant, const std::string& model_id) = 0;
   // Stores `job`, created at `created_ms`, with its `events` (seq and time assigned), unless
   // a key of its row is taken (its id, its tenant and request_id, or the backend's own):
   // whether it did.
-  virtual absl::StatusOr<bool> InsertJob(const v1::Job& job, const std::vector<v1::JobEvent>& events,
-                                         int64_t created_ms) = 0;
+  virtual absl::StatusOr<bool> InsertNewJob(const v1::Job& job, const std::vector<v1::JobEvent>& events,
+                                            int64_t created_ms) = 0;
   virtual absl::StatusOr<bool> JobExists(const std::string& id) = 0;
-  // Makes what this transaction stored durable (and, where the backend can, tells watchers).
-  virtual absl::Status Commit() = 0;
 };
 
 // Whether `quota` limits anything, i.e. whether CreateJob must lock and count the tenant's
@@ -69,14 +67,19 @@ class JobCreation {
   static absl::StatusOr<JobCreation> Check(const v1::Job& job, const std::vector<v1::JobEvent>& events,
                                            const std::vector<NewJob>& children, const JobQuota& quota);
 
+  // The answer to CreateJob: the job, and whether this call stored it (the caller then commits
+  // its transaction; otherwise it rolls it back: the job is the one stored before).
+  struct Outcome {
+    v1::Job job;
+    bool created = false;
+  };
   // The rules, in this order: the tenant's lock when a quota is counted; a stored job with the
-  // same request_id is the answer (`*created` = false; a retry is answered over quota or not,
-  // and whether or not its model is still there); the quotas (RESOURCE_EXHAUSTED naming the
-  // first reached: active jobs, then submissions in the minute before); the model when it
-  // must exist (NOT_FOUND); then the job and its shards, all or none (a taken id:
-  // ALREADY_EXISTS). Commits `txn` only when the job was stored (`*created` = true); on any
-  // other outcome the caller's transaction is to roll back.
-  absl::StatusOr<v1::Job> StoreIn(JobCreationTransaction& txn, bool* created) const;
+  // same request_id is the answer (a retry is answered over quota or not, and whether or not
+  // its model is still there); the quotas (RESOURCE_EXHAUSTED naming the first reached:
+  // active jobs, then submissions in the minute before); the model when it must exist
+  // (NOT_FOUND); then the job and its shards, all or none (a taken id: ALREADY_EXISTS). On an
+  // error the caller's transaction is to roll back.
+  absl::StatusOr<Outcome> StoreIn(JobCreationQueries& queries) const;
 
  private:
   JobCreation(const v1::Job& job, const std::vector<v1::JobEvent>& events, const std::vector<NewJob>& children,
@@ -85,7 +88,7 @@ class JobCreation {
 
   // The answer when the job's own row could not be inserted: the job a concurrent creator
   // stored under the same request_id, or why the id is taken.
-  absl::StatusOr<v1::Job> NotInserted(JobCreationTransaction& txn, bool* created) const;
+  absl::StatusOr<Outcome> NotInserted(JobCreationQueries& queries) const;
 
   const v1::Job* job_;
   const std::vector<v1::JobEvent>* events_;

@@ -163,7 +163,9 @@ absl::StatusOr<std::vector<v1::Job>> ParseJobs(const Result& r) {  // columns: i
 
 }  // namespace
 
-struct PostgresMetadataStore::Impl {
+// Also answers CreateJob's queries (internal::JobCreation), inside the transaction CreateJob
+// holds on the connection.
+struct PostgresMetadataStore::Impl final : internal::JobCreationQueries {
   Impl(Connection conn, std::string uri) : conn(std::move(conn)), uri(std::move(uri)) {}
   std::mutex mu;  // guards conn: one connection, one statement at a time
   Connection conn;
@@ -187,7 +189,7 @@ struct PostgresMetadataStore::Impl {
   absl::StatusOr<std::optional<v1::Model>> FindModel(const std::string& tenant, const std::string& id);
   // Inserts `model` (a new version) unless the tenant has its bytes already: whether it did.
   absl::StatusOr<bool> InsertModel(const v1::Model& model);
-  absl::StatusOr<bool> JobExists(const std::string& id);
+  absl::StatusOr<bool> JobExists(const std::string& id) override;
   // READ COMMITTED for the caller's transaction, which must not have run a statement yet:
   // each statement then sees what was committed before it, also after it waited on a lock.
   absl::Status ReadCommitted() { return Exec("SET TRANSACTION ISOLATION LEVEL READ COMMITTED").status(); }
@@ -202,15 +204,16 @@ struct PostgresMetadataStore::Impl {
   // Inserts a new job created at `created_ms`, unless its id, or its tenant and request_id,
   // are taken (waiting for a concurrent writer of the same key): whether it was inserted.
   absl::StatusOr<bool> InsertJob(const v1::Job& job, int64_t created_ms);
-  // The tenant's job with `request_id`, if any.
-  absl::StatusOr<std::optional<v1::Job>> JobWithRequestId(const std::string& tenant, const std::string& request_id);
-  // Holds the tenant's quota lock until the caller's transaction ends, which must be READ
-  // COMMITTED.
-  absl::Status LockTenantQuota(const std::string& tenant);
-  // The tenant's top-level jobs; the caller holds the tenant's quota lock.
-  absl::StatusOr<internal::TopLevelJobCounts> CountTopLevelJobs(const std::string& tenant, int64_t created_after_ms);
-  // CreateJob's queries in one transaction.
-  class Creation;
+  // CreateJob's queries: the tenant's advisory lock, reads, and inserts that wait for a
+  // concurrent writer of the same key.
+  absl::Status LockTenant(const std::string& tenant) override;
+  absl::StatusOr<std::optional<v1::Job>> JobWithRequestId(const std::string& tenant,
+                                                          const std::string& request_id) override;
+  absl::StatusOr<internal::TopLevelJobCounts> CountTopLevelJobs(const std::string& tenant,
+                                                                int64_t created_after_ms) override;
+  absl::StatusOr<bool> HoldModel(const std::string& tenant, const std::string& model_id) override;
+  absl::StatusOr<bool> InsertNewJob(const v1::Job& job, const std::vector<v1::JobEvent>& events,
+                                    int64_t created_ms) override;
   // The tenants whose jobs hold as many workers as `max_running` allows them (AtRunningBound),
   // as this statement sees them.
   absl::StatusOr<std::set<std::string>> TenantsAtRunningBound(const MaxRunningJobs& max_running);
@@ -554,15 +557,15 @@ absl::StatusOr<std::optional<v1::Job>> PostgresMetadataStore::Impl::JobWithReque
   return std::optional<v1::Job>(std::move(job));
 }
 
-absl::Status PostgresMetadataStore::Impl::LockTenantQuota(const std::string& tenant) {
+absl::Status PostgresMetadataStore::Impl::LockTenant(const std::string& tenant) {
   // Two processes (api replicas) creating jobs for one tenant at once would otherwise both
   // count the same rows and both pass. The tenant's advisory lock, held until the
-  // transaction ends, makes them take turns; READ COMMITTED (which CreateJob sets, whatever the
-  // server's default) gives each statement a fresh snapshot, so a count made once the lock is held
-  // sees every job the previous holder committed. Not SERIALIZABLE with retries: that fails
-  // one of two concurrent creators where the lock just makes it wait, and it would also
-  // abort creations over unrelated writes to the rows the count reads (claims, state
-  // changes). Creations that check no limit take no lock: nothing bounds them.
+  // transaction ends, makes them take turns; READ COMMITTED (which CreateJob sets, whatever
+  // the server's default) gives each statement a fresh snapshot, so a count made once the
+  // lock is held sees every job the previous holder committed. Not SERIALIZABLE with
+  // retries: that fails one of two concurrent creators where the lock just makes it wait,
+  // and it would also abort creations over unrelated writes to the rows the count reads
+  // (claims, state changes). Creations that check no limit take no lock: nothing bounds them.
   return Exec(absl::StrCat("SELECT pg_advisory_xact_lock(", kTenantQuotaLockClass, ", hashtext($1))"),
               Params().Text(tenant))
       .status();
@@ -583,45 +586,22 @@ absl::StatusOr<internal::TopLevelJobCounts> PostgresMetadataStore::Impl::CountTo
   return internal::TopLevelJobCounts{r.Int64(0, 0), r.Int64(0, 1)};
 }
 
-class PostgresMetadataStore::Impl::Creation final : public internal::JobCreationTransaction {
- public:
-  Creation(Impl& impl, Transaction& txn) : impl_(impl), txn_(txn) {}
+absl::StatusOr<bool> PostgresMetadataStore::Impl::HoldModel(const std::string& tenant, const std::string& model_id) {
+  // Held until the job is committed: DeleteModelUnlessUsed (FOR UPDATE) waits, then counts
+  // this job. A model it deleted first is not found here.
+  RECAL_ASSIGN_OR_RETURN(Result model, Exec("SELECT 1 FROM models WHERE tenant = $1 AND id = $2 FOR SHARE",
+                                            Params().Text(tenant).Text(model_id)));
+  return model.rows() > 0;
+}
 
-  absl::Status LockTenant(const std::string& tenant) override { return impl_.LockTenantQuota(tenant); }
-  absl::StatusOr<std::optional<v1::Job>> JobWithRequestId(const std::string& tenant,
-                                                          const std::string& request_id) override {
-    return impl_.JobWithRequestId(tenant, request_id);
-  }
-  absl::StatusOr<internal::TopLevelJobCounts> CountTopLevelJobs(const std::string& tenant,
-                                                                int64_t created_after_ms) override {
-    return impl_.CountTopLevelJobs(tenant, created_after_ms);
-  }
-  absl::StatusOr<bool> HoldModel(const std::string& tenant, const std::string& model_id) override {
-    // Held until the job is committed: DeleteModelUnlessUsed (FOR UPDATE) waits, then
-    // counts this job. A model it deleted first is not found here.
-    RECAL_ASSIGN_OR_RETURN(Result model, impl_.Exec("SELECT 1 FROM models WHERE tenant = $1 AND id = $2 FOR SHARE",
-                                                    Params().Text(tenant).Text(model_id)));
-    return model.rows() > 0;
-  }
-  // Whichever key collides (id, tenant + request_id, or create_seq), the insert waits for a
-  // concurrent writer of the same key and then does nothing.
-  absl::StatusOr<bool> InsertJob(const v1::Job& job, const std::vector<v1::JobEvent>& events,
-                                 int64_t created_ms) override {
-    RECAL_ASSIGN_OR_RETURN(const bool inserted, impl_.InsertJob(job, created_ms));
-    if (!inserted) return false;
-    for (const v1::JobEvent& event : events) RECAL_RETURN_IF_ERROR(impl_.InsertEvent(job.id(), event).status());
-    return true;
-  }
-  absl::StatusOr<bool> JobExists(const std::string& id) override { return impl_.JobExists(id); }
-  absl::Status Commit() override {
-    RECAL_RETURN_IF_ERROR(impl_.Notify());
-    return txn_.Commit();
-  }
-
- private:
-  Impl& impl_;
-  Transaction& txn_;
-};
+absl::StatusOr<bool> PostgresMetadataStore::Impl::InsertNewJob(const v1::Job& job,
+                                                               const std::vector<v1::JobEvent>& events,
+                                                               int64_t created_ms) {
+  RECAL_ASSIGN_OR_RETURN(const bool inserted, InsertJob(job, created_ms));
+  if (!inserted) return false;
+  for (const v1::JobEvent& event : events) RECAL_RETURN_IF_ERROR(InsertEvent(job.id(), event).status());
+  return true;
+}
 
 absl::StatusOr<v1::Job> PostgresMetadataStore::CreateJob(const v1::Job& job, bool* created,
                                                          std::vector<v1::JobEvent> events,
@@ -633,8 +613,13 @@ absl::StatusOr<v1::Job> PostgresMetadataStore::CreateJob(const v1::Job& job, boo
     // What the rules read after waiting (on the tenant's lock, on a model row another
     // transaction holds) must be what that one committed.
     if (internal::Limits(quota) || quota.model_must_exist) RECAL_RETURN_IF_ERROR(impl_->ReadCommitted());
-    Impl::Creation queries(*impl_, txn);
-    return creation.StoreIn(queries, created);  // the transaction rolls back unless it stored the job
+    RECAL_ASSIGN_OR_RETURN(internal::JobCreation::Outcome outcome, creation.StoreIn(*impl_));
+    if (outcome.created) {  // otherwise the transaction rolls back: nothing written
+      RECAL_RETURN_IF_ERROR(impl_->Notify());
+      RECAL_RETURN_IF_ERROR(txn.Commit());
+    }
+    if (created != nullptr) *created = outcome.created;
+    return std::move(outcome.job);
   });
 }
 

@@ -145,7 +145,8 @@ void BindStates(Query& q, int first_index, const std::vector<v1::JobState>& stat
 
 }  // namespace
 
-struct SqliteMetadataStore::Impl {
+// Also answers CreateJob's queries (internal::JobCreation), inside its write transaction.
+struct SqliteMetadataStore::Impl final : internal::JobCreationQueries {
   explicit Impl(Db db) : db(std::move(db)) {}
   std::mutex mu;  // guards db: one connection, one user at a time
   Db db;
@@ -166,19 +167,24 @@ struct SqliteMetadataStore::Impl {
   absl::StatusOr<std::optional<v1::Model>> FindModel(const std::string& tenant, const std::string& id);
   // `created_ms` nullopt: a row from before version 6 (migrated), which has none.
   absl::Status InsertJob(const v1::Job& job, std::optional<int64_t> created_ms);
-  // Inserts a new job and its events (seq and time assigned), unless its id is taken: whether
-  // it did. Caller holds a transaction.
-  absl::StatusOr<bool> InsertNewJob(const v1::Job& job, const std::vector<v1::JobEvent>& events, int64_t created_ms);
-  // The tenant's top-level jobs as this transaction sees them. Caller holds a transaction.
-  absl::StatusOr<internal::TopLevelJobCounts> CountTopLevelJobs(const std::string& tenant, int64_t created_after_ms);
-  // The tenant's job with `request_id`, if any.
-  absl::StatusOr<std::optional<v1::Job>> JobWithRequestId(const std::string& tenant, const std::string& request_id);
-  // CreateJob's queries in one write transaction.
-  class Creation;
   absl::StatusOr<std::vector<v1::Job>> QueryJobs(Query& q);
-  absl::StatusOr<bool> JobExists(const std::string& id);
   // Whether the tenant has the model. Caller holds a transaction when it acts on the answer.
   absl::StatusOr<bool> ModelExists(const std::string& tenant, const std::string& id);
+
+  // CreateJob's queries. The write transaction (BEGIN IMMEDIATE) holds the database's write
+  // lock from its start: no other connection, in this process or another, stores a job or
+  // deletes a model before it ends. So there is no tenant lock to take, and a model seen stays.
+  absl::Status LockTenant(const std::string& /*tenant*/) override { return absl::OkStatus(); }
+  absl::StatusOr<std::optional<v1::Job>> JobWithRequestId(const std::string& tenant,
+                                                          const std::string& request_id) override;
+  absl::StatusOr<internal::TopLevelJobCounts> CountTopLevelJobs(const std::string& tenant,
+                                                                int64_t created_after_ms) override;
+  absl::StatusOr<bool> HoldModel(const std::string& tenant, const std::string& model_id) override {
+    return ModelExists(tenant, model_id);
+  }
+  absl::StatusOr<bool> InsertNewJob(const v1::Job& job, const std::vector<v1::JobEvent>& events,
+                                    int64_t created_ms) override;
+  absl::StatusOr<bool> JobExists(const std::string& id) override;
   // The tenant's top-level jobs that use the model and are, or have a shard that is, queued,
   // running or cancelling.
   absl::StatusOr<int64_t> CountActiveUsers(const std::string& tenant, const std::string& model_id);
@@ -588,6 +594,15 @@ absl::StatusOr<bool> SqliteMetadataStore::Impl::JobExists(const std::string& id)
   return q.Bind(1, id).Step();
 }
 
+absl::StatusOr<std::optional<v1::Job>> SqliteMetadataStore::Impl::JobWithRequestId(const std::string& tenant,
+                                                                                 const std::string& request_id) {
+  RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT id, proto FROM jobs WHERE tenant = ?1 AND request_id = ?2"));
+  RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, tenant).Bind(2, request_id).Step());
+  if (!row) return std::optional<v1::Job>();
+  RECAL_ASSIGN_OR_RETURN(v1::Job job, Parse<v1::Job>(q.Blob(1), "job", q.Text(0)));
+  return std::optional<v1::Job>(std::move(job));
+}
+
 absl::StatusOr<internal::TopLevelJobCounts> SqliteMetadataStore::Impl::CountTopLevelJobs(
     const std::string& tenant, int64_t created_after_ms) {
   RECAL_ASSIGN_OR_RETURN(
@@ -604,46 +619,6 @@ absl::StatusOr<internal::TopLevelJobCounts> SqliteMetadataStore::Impl::CountTopL
   return internal::TopLevelJobCounts{q.Int64(0), q.Int64(1)};
 }
 
-absl::StatusOr<std::optional<v1::Job>> SqliteMetadataStore::Impl::JobWithRequestId(const std::string& tenant,
-                                                                                 const std::string& request_id) {
-  RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT id, proto FROM jobs WHERE tenant = ?1 AND request_id = ?2"));
-  RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, tenant).Bind(2, request_id).Step());
-  if (!row) return std::optional<v1::Job>();
-  RECAL_ASSIGN_OR_RETURN(v1::Job job, Parse<v1::Job>(q.Blob(1), "job", q.Text(0)));
-  return std::optional<v1::Job>(std::move(job));
-}
-
-// The write transaction (BEGIN IMMEDIATE) holds the database's write lock from its start: no
-// other connection, in this process or another, stores a job or deletes a model before it
-// ends. So there is no tenant lock to take, and a model seen stays.
-class SqliteMetadataStore::Impl::Creation final : public internal::JobCreationTransaction {
- public:
-  Creation(Impl& impl, Transaction& txn) : impl_(impl), txn_(txn) {}
-
-  absl::Status LockTenant(const std::string& /*tenant*/) override { return absl::OkStatus(); }
-  absl::StatusOr<std::optional<v1::Job>> JobWithRequestId(const std::string& tenant,
-                                                          const std::string& request_id) override {
-    return impl_.JobWithRequestId(tenant, request_id);
-  }
-  absl::StatusOr<internal::TopLevelJobCounts> CountTopLevelJobs(const std::string& tenant,
-                                                                int64_t created_after_ms) override {
-    return impl_.CountTopLevelJobs(tenant, created_after_ms);
-  }
-  absl::StatusOr<bool> HoldModel(const std::string& tenant, const std::string& model_id) override {
-    return impl_.ModelExists(tenant, model_id);
-  }
-  absl::StatusOr<bool> InsertJob(const v1::Job& job, const std::vector<v1::JobEvent>& events,
-                                 int64_t created_ms) override {
-    return impl_.InsertNewJob(job, events, created_ms);
-  }
-  absl::StatusOr<bool> JobExists(const std::string& id) override { return impl_.JobExists(id); }
-  absl::Status Commit() override { return txn_.Commit(); }
-
- private:
-  Impl& impl_;
-  Transaction& txn_;
-};
-
 absl::StatusOr<v1::Job> SqliteMetadataStore::CreateJob(const v1::Job& job, bool* created,
                                                        std::vector<v1::JobEvent> events,
                                                        std::vector<NewJob> children, const JobQuota& quota) {
@@ -651,8 +626,10 @@ absl::StatusOr<v1::Job> SqliteMetadataStore::CreateJob(const v1::Job& job, bool*
                          internal::JobCreation::Check(job, events, children, quota));
   std::lock_guard<std::mutex> lock(impl_->mu);
   RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->db));
-  Impl::Creation queries(*impl_, txn);
-  return creation.StoreIn(queries, created);  // the transaction rolls back unless it stored the job
+  RECAL_ASSIGN_OR_RETURN(internal::JobCreation::Outcome outcome, creation.StoreIn(*impl_));
+  if (outcome.created) RECAL_RETURN_IF_ERROR(txn.Commit());  // otherwise it rolls back: nothing written
+  if (created != nullptr) *created = outcome.created;
+  return std::move(outcome.job);
 }
 
 absl::StatusOr<std::vector<v1::Job>> SqliteMetadataStore::ChildJobs(const std::string& parent_id) {

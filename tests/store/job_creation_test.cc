@@ -1,15 +1,16 @@
-// CreateJob's rules on a scripted transaction: the order of the queries, and the outcomes of
+// CreateJob's rules on scripted queries: the order of the queries, and the outcomes of
 // races that the conformance suite (metadata_store_test.cc, on both backends) cannot force:
 // an insert that lost to a concurrent creator, a row number taken.
 #include "server/store/job_creation.h"
 
-#include <map>
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/store/metadata_test_util.h"
@@ -21,7 +22,7 @@ using ::recal::store::test::MakeJob;
 using ::testing::ElementsAre;
 
 // Answers as scripted and records each query, in order.
-class ScriptedTransaction final : public JobCreationTransaction {
+class ScriptedQueries final : public JobCreationQueries {
  public:
   std::vector<std::string> calls;
   // The stored job with the request_id: before any insert, and once an insert was refused (a
@@ -31,7 +32,6 @@ class ScriptedTransaction final : public JobCreationTransaction {
   bool model = true;
   std::set<std::string> refused_ids;  // InsertJob returns false for these
   std::set<std::string> existing_ids;  // JobExists
-  bool committed = false;
 
   absl::Status LockTenant(const std::string& tenant) override {
     calls.push_back("lock " + tenant);
@@ -50,7 +50,7 @@ class ScriptedTransaction final : public JobCreationTransaction {
     calls.push_back("model " + model_id);
     return model;
   }
-  absl::StatusOr<bool> InsertJob(const v1::Job& job, const std::vector<v1::JobEvent>& events,
+  absl::StatusOr<bool> InsertNewJob(const v1::Job& job, const std::vector<v1::JobEvent>& events,
                                  int64_t created_ms) override {
     calls.push_back(absl::StrCat("insert ", job.id(), " with ", events.size(), " at ", created_ms));
     if (refused_ids.count(job.id()) > 0) {
@@ -62,11 +62,6 @@ class ScriptedTransaction final : public JobCreationTransaction {
   absl::StatusOr<bool> JobExists(const std::string& id) override {
     calls.push_back("exists " + id);
     return existing_ids.count(id) > 0;
-  }
-  absl::Status Commit() override {
-    calls.push_back("commit");
-    committed = true;
-    return absl::OkStatus();
   }
 
  private:
@@ -81,107 +76,94 @@ JobQuota Checked(int64_t max_active_jobs, bool model_must_exist) {
   return quota;
 }
 
+// `n` shards of `parent`, without events.
+std::vector<NewJob> Shards(const std::string& parent, int n) {
+  std::vector<NewJob> children(n);
+  for (int i = 0; i < n; ++i) {
+    children[i].job = MakeJob(absl::StrCat(parent, "-", i), v1::QUEUED);
+    children[i].job.set_parent_id(parent);
+  }
+  return children;
+}
+
 TEST(JobCreation, LocksThenLooksUpTheRequestThenCountsThenHoldsTheModelThenStoresTheJobAndItsShards) {
   const v1::Job job = MakeJob("p", v1::QUEUED, "key");
   const std::vector<v1::JobEvent> events(1);
-  std::vector<NewJob> children(2);
-  for (int i = 0; i < 2; ++i) {
-    children[i].job = MakeJob(absl::StrCat("p-", i), v1::QUEUED);
-    children[i].job.set_parent_id("p");
-  }
+  const std::vector<NewJob> children = Shards("p", 2);
   const JobQuota quota = Checked(5, true);
   absl::StatusOr<JobCreation> creation = JobCreation::Check(job, events, children, quota);
   ASSERT_TRUE(creation.ok()) << creation.status();
-  ScriptedTransaction txn;
-  bool created = false;
-  absl::StatusOr<v1::Job> stored = creation->StoreIn(txn, &created);
+  ScriptedQueries queries;
+  absl::StatusOr<JobCreation::Outcome> stored = creation->StoreIn(queries);
   ASSERT_TRUE(stored.ok()) << stored.status();
-  EXPECT_TRUE(created);
-  EXPECT_EQ(stored->id(), "p");
+  EXPECT_TRUE(stored->created);
+  EXPECT_EQ(stored->job.id(), "p");
   // The minute counted ends at the creation time, which every row is stored with.
-  EXPECT_THAT(txn.calls, ElementsAre("lock t", "request key", "count after 40000", "model sha256:m",
-                                     "insert p with 1 at 100000", "insert p-0 with 0 at 100000",
-                                     "insert p-1 with 0 at 100000", "commit"));
+  EXPECT_THAT(queries.calls, ElementsAre("lock t", "request key", "count after 40000", "model sha256:m",
+                                         "insert p with 1 at 100000", "insert p-0 with 0 at 100000",
+                                         "insert p-1 with 0 at 100000"));
+}
+
+// Stores `job`, without events or shards, by `queries`.
+absl::StatusOr<JobCreation::Outcome> StoreAlone(const v1::Job& job, const JobQuota& quota, ScriptedQueries& queries) {
+  const std::vector<v1::JobEvent> events;
+  const std::vector<NewJob> children;
+  RECAL_ASSIGN_OR_RETURN(const JobCreation creation, JobCreation::Check(job, events, children, quota));
+  return creation.StoreIn(queries);
 }
 
 TEST(JobCreation, WithoutAQuotaNeitherLocksNorCountsAndWithoutARequestIdLooksNothingUp) {
-  const v1::Job job = MakeJob("j", v1::QUEUED);
-  const std::vector<v1::JobEvent> events;
-  const std::vector<NewJob> children;
-  const JobQuota quota = Checked(0, false);
-  ScriptedTransaction txn;
-  ASSERT_TRUE(JobCreation::Check(job, events, children, quota)->StoreIn(txn, nullptr).ok());
-  EXPECT_THAT(txn.calls, ElementsAre("insert j with 0 at 100000", "commit"));
+  ScriptedQueries queries;
+  absl::StatusOr<JobCreation::Outcome> stored = StoreAlone(MakeJob("j", v1::QUEUED), Checked(0, false), queries);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_TRUE(stored->created);
+  EXPECT_THAT(queries.calls, ElementsAre("insert j with 0 at 100000"));
 }
 
 TEST(JobCreation, AStoredRequestIsTheAnswerBeforeAnyQuotaOrModelIsChecked) {
-  const v1::Job job = MakeJob("again", v1::QUEUED, "key");
-  const std::vector<v1::JobEvent> events;
-  const std::vector<NewJob> children;
-  const JobQuota quota = Checked(1, true);
-  ScriptedTransaction txn;
-  txn.stored_before_insert = MakeJob("first", v1::SUCCEEDED, "key");
-  txn.counts.active = 7;
-  txn.model = false;
-  bool created = true;
-  absl::StatusOr<v1::Job> answer = JobCreation::Check(job, events, children, quota)->StoreIn(txn, &created);
+  ScriptedQueries queries;
+  queries.stored_before_insert = MakeJob("first", v1::SUCCEEDED, "key");
+  queries.counts.active = 7;
+  queries.model = false;
+  absl::StatusOr<JobCreation::Outcome> answer =
+      StoreAlone(MakeJob("again", v1::QUEUED, "key"), Checked(1, true), queries);
   ASSERT_TRUE(answer.ok()) << answer.status();
-  EXPECT_FALSE(created);
-  EXPECT_EQ(answer->id(), "first");
-  EXPECT_THAT(txn.calls, ElementsAre("lock t", "request key"));
-  EXPECT_FALSE(txn.committed);
+  EXPECT_FALSE(answer->created);
+  EXPECT_EQ(answer->job.id(), "first");
+  EXPECT_THAT(queries.calls, ElementsAre("lock t", "request key"));
 }
 
 TEST(JobCreation, AnInsertLostToAConcurrentCreatorOfTheSameRequestIsAnsweredWithItsJob) {
-  const v1::Job job = MakeJob("mine", v1::QUEUED, "key");
-  const std::vector<v1::JobEvent> events;
-  const std::vector<NewJob> children;
-  const JobQuota quota = Checked(0, false);
-  ScriptedTransaction txn;
-  txn.refused_ids = {"mine"};
-  txn.stored_after_refused_insert = MakeJob("theirs", v1::QUEUED, "key");
-  bool created = true;
-  absl::StatusOr<v1::Job> answer = JobCreation::Check(job, events, children, quota)->StoreIn(txn, &created);
+  ScriptedQueries queries;
+  queries.refused_ids = {"mine"};
+  queries.stored_after_refused_insert = MakeJob("theirs", v1::QUEUED, "key");
+  absl::StatusOr<JobCreation::Outcome> answer =
+      StoreAlone(MakeJob("mine", v1::QUEUED, "key"), Checked(0, false), queries);
   ASSERT_TRUE(answer.ok()) << answer.status();
-  EXPECT_FALSE(created);
-  EXPECT_EQ(answer->id(), "theirs");
-  EXPECT_THAT(txn.calls, ElementsAre("request key", "insert mine with 0 at 100000", "request key"));
-  EXPECT_FALSE(txn.committed);
+  EXPECT_FALSE(answer->created);
+  EXPECT_EQ(answer->job.id(), "theirs");
+  EXPECT_THAT(queries.calls, ElementsAre("request key", "insert mine with 0 at 100000", "request key"));
+}
+
+// What storing `job` with `children` answers when inserts of the ids in `refused` do nothing
+// and the ids in `existing` are another job's.
+absl::Status RefusedInsert(const v1::Job& job, const std::vector<NewJob>& children, std::set<std::string> refused,
+                           std::set<std::string> existing) {
+  const std::vector<v1::JobEvent> events;
+  const JobQuota quota = Checked(0, false);
+  ScriptedQueries queries;
+  queries.refused_ids = std::move(refused);
+  queries.existing_ids = std::move(existing);
+  return JobCreation::Check(job, events, children, quota)->StoreIn(queries).status();
 }
 
 TEST(JobCreation, ATakenIdIsAlreadyExistsAndATakenRowNumberIsInternal) {
-  const std::vector<v1::JobEvent> events;
-  const JobQuota quota = Checked(0, false);
-  {
-    const v1::Job job = MakeJob("taken", v1::QUEUED, "key");
-    const std::vector<NewJob> children;
-    ScriptedTransaction txn;
-    txn.refused_ids = {"taken"};
-    txn.existing_ids = {"taken"};
-    EXPECT_TRUE(absl::IsAlreadyExists(JobCreation::Check(job, events, children, quota)->StoreIn(txn, nullptr).status()));
-    EXPECT_FALSE(txn.committed);
-  }
-  {
-    // A shard's id: all or nothing, nothing committed.
-    const v1::Job job = MakeJob("p", v1::QUEUED);
-    std::vector<NewJob> children(1);
-    children[0].job = MakeJob("p-0", v1::QUEUED);
-    children[0].job.set_parent_id("p");
-    ScriptedTransaction txn;
-    txn.refused_ids = {"p-0"};
-    txn.existing_ids = {"p-0"};
-    EXPECT_TRUE(absl::IsAlreadyExists(JobCreation::Check(job, events, children, quota)->StoreIn(txn, nullptr).status()));
-    EXPECT_FALSE(txn.committed);
-  }
-  {
-    const v1::Job job = MakeJob("fresh", v1::QUEUED);
-    const std::vector<NewJob> children;
-    ScriptedTransaction txn;
-    txn.refused_ids = {"fresh"};
-    absl::Status refused = JobCreation::Check(job, events, children, quota)->StoreIn(txn, nullptr).status();
-    EXPECT_TRUE(absl::IsInternal(refused)) << refused;
-    EXPECT_THAT(std::string(refused.message()), ::testing::HasSubstr("create_seq"));
-  }
+  EXPECT_TRUE(absl::IsAlreadyExists(RefusedInsert(MakeJob("taken", v1::QUEUED, "key"), {}, {"taken"}, {"taken"})));
+  // A shard's id: all or nothing (an error: the caller's transaction rolls back).
+  EXPECT_TRUE(absl::IsAlreadyExists(RefusedInsert(MakeJob("p", v1::QUEUED), Shards("p", 2), {"p-1"}, {"p-1"})));
+  const absl::Status refused = RefusedInsert(MakeJob("fresh", v1::QUEUED), {}, {"fresh"}, {});
+  EXPECT_TRUE(absl::IsInternal(refused)) << refused;
+  EXPECT_THAT(std::string(refused.message()), ::testing::HasSubstr("create_seq"));
 }
 
 TEST(JobCreation, ChecksWhatItStoresBeforeAnyTransaction) {
@@ -191,9 +173,7 @@ TEST(JobCreation, ChecksWhatItStoresBeforeAnyTransaction) {
   EXPECT_TRUE(absl::IsInvalidArgument(JobCreation::Check(MakeJob("", v1::QUEUED), events, none, quota).status()));
   EXPECT_TRUE(
       absl::IsInvalidArgument(JobCreation::Check(MakeJob("j", v1::QUEUED, "", "m", ""), events, none, quota).status()));
-  std::vector<NewJob> stray(1);
-  stray[0].job = MakeJob("j-0", v1::QUEUED);
-  stray[0].job.set_parent_id("other");
+  const std::vector<NewJob> stray = Shards("other", 1);
   EXPECT_TRUE(absl::IsInvalidArgument(JobCreation::Check(MakeJob("j", v1::QUEUED), events, stray, quota).status()));
 }
 

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -1211,6 +1212,21 @@ TEST_P(MetadataStoreTest, CreateJobRefusesATenantAtItsSubmissionsPerMinuteAsTheM
   EXPECT_EQ(Ids(db_->ListJobs("t", {}, 0, "")->jobs), (std::vector<std::string>{"e", "d", "c", "b", "a", "p"}));
 }
 
+// Runs `body(t)` for t in [0, threads) on threads that all start at once; returns when all
+// have ended.
+void AllAtOnce(int threads, const std::function<void(int)>& body) {
+  std::atomic<int> ready{0};
+  std::vector<std::thread> running;
+  for (int t = 0; t < threads; ++t) {
+    running.emplace_back([&, t] {
+      ++ready;
+      while (ready.load() < threads) std::this_thread::yield();
+      body(t);
+    });
+  }
+  for (std::thread& thread : running) thread.join();
+}
+
 // Api replicas are processes with connections of their own: creators on two stores at once
 // never pass a quota between them.
 TEST_P(MetadataStoreTest, ConcurrentCreatorsOnTwoStoresNeverPassAQuota) {
@@ -1224,26 +1240,20 @@ TEST_P(MetadataStoreTest, ConcurrentCreatorsOnTwoStoresNeverPassAQuota) {
       const std::string tenant = absl::StrCat(per_minute ? "minute-" : "active-", round);
       const JobQuota quota = per_minute ? Quota(0, 5, now) : Quota(3, 0, now);
       const int limit = per_minute ? 5 : 3;
-      std::atomic<int> ready{0}, stored{0}, refused{0};
-      std::vector<std::thread> threads;
-      for (int t = 0; t < kThreads; ++t) {
-        threads.emplace_back([&, t] {
-          MetadataStore& store = t % 2 == 0 ? *db_ : *other;
-          ++ready;
-          while (ready.load() < kThreads) std::this_thread::yield();  // all start at once
-          for (int i = 0; i < kAttempts; ++i) {
-            absl::StatusOr<v1::Job> job = CreateWithin(store, absl::StrCat(tenant, "-", t, "-", i), quota, "", tenant);
-            if (job.ok()) {
-              ++stored;
-            } else if (absl::IsResourceExhausted(job.status())) {
-              ++refused;
-            } else {
-              ADD_FAILURE() << job.status();
-            }
+      std::atomic<int> stored{0}, refused{0};
+      AllAtOnce(kThreads, [&](int t) {
+        MetadataStore& store = t % 2 == 0 ? *db_ : *other;
+        for (int i = 0; i < kAttempts; ++i) {
+          absl::StatusOr<v1::Job> job = CreateWithin(store, absl::StrCat(tenant, "-", t, "-", i), quota, "", tenant);
+          if (job.ok()) {
+            ++stored;
+          } else if (absl::IsResourceExhausted(job.status())) {
+            ++refused;
+          } else {
+            ADD_FAILURE() << job.status();
           }
-        });
-      }
-      for (std::thread& thread : threads) thread.join();
+        }
+      });
       EXPECT_EQ(stored.load(), limit) << tenant;
       EXPECT_EQ(refused.load(), kThreads * kAttempts - limit) << tenant;
       EXPECT_EQ(db_->ListJobs(tenant, {}, 0, "")->jobs.size(), static_cast<size_t>(limit)) << tenant;
@@ -1411,27 +1421,21 @@ TEST_P(MetadataStoreTest, ConcurrentRetriesOfOneRequestOnTwoStoresStoreOneJob) {
     const JobQuota quota = limited ? Quota(/*max_active_jobs=*/1, 0, kT0) : JobQuota();
     const std::string tenant = absl::StrCat("tenant-", round);
     const std::string request_id = absl::StrCat("req-", round);
-    std::atomic<int> ready{0}, stored{0};
+    std::atomic<int> stored{0};
     std::vector<std::string> answers(kThreads);
-    std::vector<std::thread> threads;
-    for (int t = 0; t < kThreads; ++t) {
-      threads.emplace_back([&, t] {
-        MetadataStore& store = t % 2 == 0 ? *db_ : *other;
-        ++ready;
-        while (ready.load() < kThreads) std::this_thread::yield();  // all start at once
-        bool created = false;
-        absl::StatusOr<v1::Job> job = store.CreateJob(
-            MakeJob(absl::StrCat(tenant, "-", t), v1::QUEUED, request_id, "sha256:m", tenant), &created,
-            {StateEvent(v1::QUEUED)}, {}, quota);
-        if (!job.ok()) {
-          ADD_FAILURE() << job.status();
-          return;
-        }
-        if (created) ++stored;
-        answers[t] = job->id();
-      });
-    }
-    for (std::thread& thread : threads) thread.join();
+    AllAtOnce(kThreads, [&](int t) {
+      MetadataStore& store = t % 2 == 0 ? *db_ : *other;
+      bool created = false;
+      absl::StatusOr<v1::Job> job =
+          store.CreateJob(MakeJob(absl::StrCat(tenant, "-", t), v1::QUEUED, request_id, "sha256:m", tenant), &created,
+                          {StateEvent(v1::QUEUED)}, {}, quota);
+      if (!job.ok()) {
+        ADD_FAILURE() << job.status();
+        return;
+      }
+      if (created) ++stored;
+      answers[t] = job->id();
+    });
     EXPECT_EQ(stored.load(), 1) << tenant;
     const std::vector<v1::Job> jobs = db_->ListJobs(tenant, {}, 0, "")->jobs;
     ASSERT_EQ(jobs.size(), 1u) << tenant;
