@@ -1,11 +1,14 @@
 #include "server/api/recal_service.h"
 
 #include <algorithm>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/request_limits.h"
+#include "common/status_macros.h"
 #include "common/version.h"
 #include "server/api/list_pages.h"
 #include "server/api/request_bounds.h"
@@ -15,21 +18,6 @@
 
 namespace recal::api {
 namespace {
-
-// Returns from the adapter with the gRPC form of a non-OK status (common/status_macros.h has
-// the absl::Status twin).
-#define RECAL_GRPC_RETURN_IF_ERROR(expr)                               \
-  do {                                                            \
-    const absl::Status _status = (expr);                          \
-    if (!_status.ok()) return ::recal::ToGrpcStatus(_status);     \
-  } while (0)
-
-template <typename T>
-grpc::Status Respond(absl::StatusOr<T> result, T* response) {
-  if (!result.ok()) return ToGrpcStatus(result.status());
-  *response = *std::move(result);
-  return grpc::Status::OK;
-}
 
 // Admins reach every tenant's jobs; everyone else their own tenant's.
 jobs::Caller CallerOf(const auth::Principal& principal) {
@@ -42,10 +30,7 @@ absl::Status TenantFilter(const auth::Principal& who, const std::string& request
                           std::string* tenant) {
   *tenant = who.tenant;
   if (requested.empty() || requested == who.tenant) return absl::OkStatus();
-  if (absl::Status s = auth::Authorize(who, auth::Role::kAdmin, absl::StrCat("list another tenant's ", what));
-      !s.ok()) {
-    return s;
-  }
+  RECAL_RETURN_IF_ERROR(auth::Authorize(who, auth::Role::kAdmin, absl::StrCat("list another tenant's ", what)));
   *tenant = requested == "*" ? "" : requested;
   return absl::OkStatus();
 }
@@ -65,12 +50,12 @@ std::vector<std::string> CertificateNames(const grpc::ServerContextBase& context
 
 // The audit line of a mutating call: who, what, on what, and how it ended.
 void Audit(const auth::Principal& who, absl::string_view method, absl::string_view resource,
-           const grpc::Status& outcome) {
+           const absl::Status& outcome) {
   log::Info("audit", {{"tenant", who.tenant},
                       {"identity", who.name},
                       {"method", std::string(method)},
                       {"resource", log::ClientValue(resource)},
-                      {"outcome", outcome.ok() ? "OK" : log::ClientValue(absl::StrCat("refused: ", outcome.error_message()))}});
+                      {"outcome", outcome.ok() ? "OK" : log::ClientValue(absl::StrCat("refused: ", outcome.message()))}});
 }
 
 }  // namespace
@@ -121,167 +106,195 @@ int64_t RecalService::ListPageBytes() const {
   return std::min(limits::kListPageBytes, limits_.max_message_bytes / 2);
 }
 
+template <typename Body>
+grpc::Status RecalService::Serve(grpc::ServerContextBase* context, auth::Role role, absl::string_view method,
+                                 absl::string_view resource, Body&& body) const {
+  absl::StatusOr<auth::Principal> who = Admit(context, role, method, resource);
+  if (!who.ok()) return ToGrpcStatus(who.status());
+  return ToGrpcStatus(body(*who));
+}
+
+template <typename Response, typename Body>
+grpc::Status RecalService::Serve(grpc::ServerContextBase* context, auth::Role role, absl::string_view method,
+                                 absl::string_view resource, Response* response, Body&& body) const {
+  return Serve(context, role, method, resource, [&](const auth::Principal& who) -> absl::Status {
+    RECAL_ASSIGN_OR_RETURN(*response, body(who));
+    return absl::OkStatus();
+  });
+}
+
+template <typename Body>
+grpc::Status RecalService::ServeAudited(grpc::ServerContextBase* context, auth::Role role, absl::string_view method,
+                                        absl::string_view resource, Body&& body) const {
+  return Serve(context, role, method, resource, [&](const auth::Principal& who) -> absl::Status {
+    std::string audited(resource);
+    absl::Status outcome = body(who, audited);
+    Audit(who, method, audited, outcome);
+    return outcome;
+  });
+}
+
 grpc::Status RecalService::UploadModel(grpc::ServerContext* context,
                                        grpc::ServerReader<v1::UploadModelRequest>* reader,
                                        v1::Model* response) {
-  // Before reading a byte of the upload.
-  auto who = Admit(context, auth::Role::kSubmit, "UploadModel", "");
-  if (!who.ok()) return ToGrpcStatus(who.status());
-  v1::UploadModelRequest message;
-  if (!reader->Read(&message) || !message.has_header()) {
-    return ToGrpcStatus(absl::InvalidArgumentError("the first message of an upload is its header"));
-  }
-  const v1::UploadHeader header = message.header();
-  const absl::Status bounded = CheckBounds(header);
-  grpc::Status outcome = bounded.ok() ? Upload(*who, context, reader, header, response) : ToGrpcStatus(bounded);
-  Audit(*who, "UploadModel", absl::StrCat("sha256:", header.sha256()), outcome);
-  return outcome;
+  // Admitted before reading a byte of the upload.
+  return ServeAudited(context, auth::Role::kSubmit, "UploadModel", "",
+                      [&](const auth::Principal& who, std::string& audited) -> absl::Status {
+                        v1::UploadModelRequest message;
+                        if (!reader->Read(&message) || !message.has_header()) {
+                          return absl::InvalidArgumentError("the first message of an upload is its header");
+                        }
+                        const v1::UploadHeader header = message.header();
+                        audited = absl::StrCat("sha256:", header.sha256());
+                        RECAL_RETURN_IF_ERROR(CheckBounds(header));
+                        return Upload(who, context, reader, header, response);
+                      });
 }
 
-grpc::Status RecalService::Upload(const auth::Principal& who, grpc::ServerContext* context,
+absl::Status RecalService::Upload(const auth::Principal& who, grpc::ServerContext* context,
                                   grpc::ServerReader<v1::UploadModelRequest>* reader, const v1::UploadHeader& header,
                                   v1::Model* response) {
   v1::UploadModelRequest message;
-  auto existing = models_->StartUpload(who.tenant, header);
-  if (!existing.ok()) return ToGrpcStatus(existing.status());
-  if (existing->has_value()) {
-    *response = **existing;  // the same bytes are stored already
-    return grpc::Status::OK;
+  RECAL_ASSIGN_OR_RETURN(std::optional<v1::Model> existing, models_->StartUpload(who.tenant, header));
+  if (existing.has_value()) {
+    *response = *std::move(existing);  // the same bytes are stored already
+    return absl::OkStatus();
   }
   while (reader->Read(&message)) {
-    if (!message.has_chunk()) {
-      return ToGrpcStatus(absl::InvalidArgumentError("only chunks may follow the upload header"));
-    }
-    RECAL_GRPC_RETURN_IF_ERROR(models_->AppendChunk(who.tenant, header, message.chunk()));
+    if (!message.has_chunk()) return absl::InvalidArgumentError("only chunks may follow the upload header");
+    RECAL_RETURN_IF_ERROR(models_->AppendChunk(who.tenant, header, message.chunk()));
     if (metrics_) metrics_->UploadBytes(who.tenant).Increment(static_cast<double>(message.chunk().data().size()));
   }
-  if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "upload broken off");
-  return Respond(models_->FinishUpload(who.tenant, header), response);
+  if (context->IsCancelled()) return absl::CancelledError("upload broken off");
+  RECAL_ASSIGN_OR_RETURN(*response, models_->FinishUpload(who.tenant, header));
+  return absl::OkStatus();
 }
 
 grpc::Status RecalService::GetUploadStatus(grpc::ServerContext* context, const v1::GetUploadStatusRequest* request,
                                            v1::UploadStatus* response) {
-  auto who = Admit(context, auth::Role::kRead, "GetUploadStatus", request->sha256());
-  if (!who.ok()) return ToGrpcStatus(who.status());
-  RECAL_GRPC_RETURN_IF_ERROR(CheckBounds(*request));
-  return Respond(models_->UploadStatus(who->tenant, request->sha256()), response);
+  return Serve(context, auth::Role::kRead, "GetUploadStatus", request->sha256(), response,
+               [&](const auth::Principal& who) -> absl::StatusOr<v1::UploadStatus> {
+                 RECAL_RETURN_IF_ERROR(CheckBounds(*request));
+                 return models_->UploadStatus(who.tenant, request->sha256());
+               });
 }
 
 grpc::Status RecalService::GetModel(grpc::ServerContext* context, const v1::GetModelRequest* request,
                                     v1::Model* response) {
-  auto who = Admit(context, auth::Role::kRead, "GetModel", request->id());
-  if (!who.ok()) return ToGrpcStatus(who.status());
-  RECAL_GRPC_RETURN_IF_ERROR(CheckBounds(*request));
-  return Respond(models_->Resolve(who->tenant, request->id()), response);
+  return Serve(context, auth::Role::kRead, "GetModel", request->id(), response,
+               [&](const auth::Principal& who) -> absl::StatusOr<v1::Model> {
+                 RECAL_RETURN_IF_ERROR(CheckBounds(*request));
+                 return models_->Resolve(who.tenant, request->id());
+               });
 }
 
 grpc::Status RecalService::ListModels(grpc::ServerContext* context, const v1::ListModelsRequest* request,
                                       v1::ListModelsResponse* response) {
-  auto who = Admit(context, auth::Role::kRead, "ListModels", request->tenant());
-  if (!who.ok()) return ToGrpcStatus(who.status());
-  RECAL_GRPC_RETURN_IF_ERROR(CheckBounds(*request));
-  std::string tenant;
-  RECAL_GRPC_RETURN_IF_ERROR(TenantFilter(*who, request->tenant(), "models", &tenant));
-  auto page = PageWithin(
-      request->page_size(), ListPageBytes(),
-      [&](int size) { return models_->List(tenant, size, request->page_token(), request->name()); },
-      [](const store::ModelPage& p) -> const std::vector<v1::Model>& { return p.models; });
-  if (!page.ok()) return ToGrpcStatus(page.status());
-  for (v1::Model& model : page->models) *response->add_models() = std::move(model);
-  response->set_next_page_token(page->next_page_token);
-  return grpc::Status::OK;
+  return Serve(context, auth::Role::kRead, "ListModels", request->tenant(), [&](const auth::Principal& who) {
+    RECAL_RETURN_IF_ERROR(CheckBounds(*request));
+    std::string tenant;
+    RECAL_RETURN_IF_ERROR(TenantFilter(who, request->tenant(), "models", &tenant));
+    RECAL_ASSIGN_OR_RETURN(
+        store::ModelPage page,
+        PageWithin(
+            request->page_size(), ListPageBytes(),
+            [&](int size) { return models_->List(tenant, size, request->page_token(), request->name()); },
+            [](const store::ModelPage& p) -> const std::vector<v1::Model>& { return p.models; }));
+    for (v1::Model& model : page.models) *response->add_models() = std::move(model);
+    response->set_next_page_token(page.next_page_token);
+    return absl::OkStatus();
+  });
 }
 
 grpc::Status RecalService::DeleteModel(grpc::ServerContext* context, const v1::DeleteModelRequest* request,
                                        v1::DeleteModelResponse* response) {
-  auto who = Admit(context, auth::Role::kAdmin, "DeleteModel", request->id());
-  if (!who.ok()) return ToGrpcStatus(who.status());
-  RECAL_GRPC_RETURN_IF_ERROR(CheckBounds(*request));
-  const std::string tenant = request->tenant().empty() ? who->tenant : request->tenant();
-  absl::StatusOr<v1::Model> deleted = models_->Delete(tenant, request->id());
-  grpc::Status outcome = ToGrpcStatus(deleted.status());
-  // The reference as given, and the exact bytes it named.
-  Audit(*who, "DeleteModel",
-        absl::StrCat(tenant, "/", request->id(), deleted.ok() ? absl::StrCat(" = ", deleted->id()) : ""), outcome);
-  if (deleted.ok()) *response->mutable_model() = *std::move(deleted);
-  return outcome;
+  return ServeAudited(context, auth::Role::kAdmin, "DeleteModel", request->id(),
+                      [&](const auth::Principal& who, std::string& audited) -> absl::Status {
+                        RECAL_RETURN_IF_ERROR(CheckBounds(*request));
+                        const std::string tenant = request->tenant().empty() ? who.tenant : request->tenant();
+                        // The reference as given, and the exact bytes it named.
+                        audited = absl::StrCat(tenant, "/", request->id());
+                        RECAL_ASSIGN_OR_RETURN(*response->mutable_model(), models_->Delete(tenant, request->id()));
+                        absl::StrAppend(&audited, " = ", response->model().id());
+                        return absl::OkStatus();
+                      });
 }
 
 grpc::Status RecalService::SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
                                      v1::Job* response) {
-  auto who = Admit(context, auth::Role::kSubmit, "SubmitJob", request->spec().model_id());
-  if (!who.ok()) return ToGrpcStatus(who.status());
-  absl::Status bounded = CheckBounds(*request);
-  if (bounded.ok()) bounded = CheckPriority(who->role, request->spec().priority());
-  grpc::Status outcome =
-      bounded.ok() ? Respond(jobs_->Submit(CallerOf(*who), *request), response) : ToGrpcStatus(bounded);
-  Audit(*who, "SubmitJob", outcome.ok() ? response->id() : request->spec().model_id(), outcome);
-  return outcome;
+  return ServeAudited(context, auth::Role::kSubmit, "SubmitJob", request->spec().model_id(),
+                      [&](const auth::Principal& who, std::string& audited) -> absl::Status {
+                        RECAL_RETURN_IF_ERROR(CheckBounds(*request));
+                        RECAL_RETURN_IF_ERROR(CheckPriority(who.role, request->spec().priority()));
+                        RECAL_ASSIGN_OR_RETURN(*response, jobs_->Submit(CallerOf(who), *request));
+                        audited = response->id();
+                        return absl::OkStatus();
+                      });
 }
 
 grpc::Status RecalService::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request, v1::Job* response) {
-  auto who = Admit(context, auth::Role::kRead, "GetJob", request->id());
-  if (!who.ok()) return ToGrpcStatus(who.status());
-  RECAL_GRPC_RETURN_IF_ERROR(CheckBounds(*request));
-  return Respond(jobs_->Get(CallerOf(*who), request->id()), response);
+  return Serve(context, auth::Role::kRead, "GetJob", request->id(), response,
+               [&](const auth::Principal& who) -> absl::StatusOr<v1::Job> {
+                 RECAL_RETURN_IF_ERROR(CheckBounds(*request));
+                 return jobs_->Get(CallerOf(who), request->id());
+               });
 }
 
 grpc::Status RecalService::ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* request,
                                     v1::ListJobsResponse* response) {
-  auto who = Admit(context, auth::Role::kRead, "ListJobs", request->tenant());
-  if (!who.ok()) return ToGrpcStatus(who.status());
-  RECAL_GRPC_RETURN_IF_ERROR(CheckBounds(*request));
-  std::string tenant;
-  std::vector<v1::JobState> states;
-  for (int state : request->states()) states.push_back(static_cast<v1::JobState>(state));
-  RECAL_GRPC_RETURN_IF_ERROR(TenantFilter(*who, request->tenant(), "jobs", &tenant));
-  auto page = PageWithin(
-      request->page_size(), ListPageBytes(),
-      [&](int size) { return jobs_->List(tenant, states, size, request->page_token()); },
-      [](const store::JobPage& p) -> const std::vector<v1::Job>& { return p.jobs; });
-  if (!page.ok()) return ToGrpcStatus(page.status());
-  for (v1::Job& job : page->jobs) *response->add_jobs() = std::move(job);
-  response->set_next_page_token(page->next_page_token);
-  return grpc::Status::OK;
+  return Serve(context, auth::Role::kRead, "ListJobs", request->tenant(), [&](const auth::Principal& who) {
+    RECAL_RETURN_IF_ERROR(CheckBounds(*request));
+    std::string tenant;
+    std::vector<v1::JobState> states;
+    for (int state : request->states()) states.push_back(static_cast<v1::JobState>(state));
+    RECAL_RETURN_IF_ERROR(TenantFilter(who, request->tenant(), "jobs", &tenant));
+    RECAL_ASSIGN_OR_RETURN(
+        store::JobPage page,
+        PageWithin(
+            request->page_size(), ListPageBytes(),
+            [&](int size) { return jobs_->List(tenant, states, size, request->page_token()); },
+            [](const store::JobPage& p) -> const std::vector<v1::Job>& { return p.jobs; }));
+    for (v1::Job& job : page.jobs) *response->add_jobs() = std::move(job);
+    response->set_next_page_token(page.next_page_token);
+    return absl::OkStatus();
+  });
 }
 
 grpc::Status RecalService::CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
                                      v1::Job* response) {
-  auto who = Admit(context, auth::Role::kSubmit, "CancelJob", request->id());
-  if (!who.ok()) return ToGrpcStatus(who.status());
-  const absl::Status bounded = CheckBounds(*request);
-  grpc::Status outcome =
-      bounded.ok() ? Respond(jobs_->Cancel(CallerOf(*who), request->id()), response) : ToGrpcStatus(bounded);
-  Audit(*who, "CancelJob", request->id(), outcome);
-  return outcome;
+  return ServeAudited(context, auth::Role::kSubmit, "CancelJob", request->id(),
+                      [&](const auth::Principal& who, std::string& /*audited*/) -> absl::Status {
+                        RECAL_RETURN_IF_ERROR(CheckBounds(*request));
+                        RECAL_ASSIGN_OR_RETURN(*response, jobs_->Cancel(CallerOf(who), request->id()));
+                        return absl::OkStatus();
+                      });
 }
 
 grpc::Status RecalService::DeleteJob(grpc::ServerContext* context, const v1::DeleteJobRequest* request,
                                      v1::DeleteJobResponse* response) {
-  auto who = Admit(context, auth::Role::kAdmin, "DeleteJob", request->id());
-  if (!who.ok()) return ToGrpcStatus(who.status());
-  // As DeleteModel: the caller's tenant, or the one an admin names; never every tenant, so
-  // another tenant's job id is NOT_FOUND as a missing one.
-  const std::string tenant = request->tenant().empty() ? who->tenant : request->tenant();
-  absl::StatusOr<jobs::JobManager::Deleted> deleted = jobs_->Delete(jobs::Caller{tenant}, request->id());
-  grpc::Status outcome = ToGrpcStatus(deleted.status());
-  Audit(*who, "DeleteJob", absl::StrCat(tenant, "/", request->id()), outcome);
-  if (deleted.ok()) {
-    *response->mutable_job() = std::move(deleted->job);
-    response->set_result_bytes(deleted->result_bytes);
-  }
-  return outcome;
+  return ServeAudited(context, auth::Role::kAdmin, "DeleteJob", request->id(),
+                      [&](const auth::Principal& who, std::string& audited) -> absl::Status {
+                        // As DeleteModel: the caller's tenant, or the one an admin names; never
+                        // every tenant, so another tenant's job id is NOT_FOUND as a missing one.
+                        const std::string tenant = request->tenant().empty() ? who.tenant : request->tenant();
+                        audited = absl::StrCat(tenant, "/", request->id());
+                        RECAL_ASSIGN_OR_RETURN(jobs::JobManager::Deleted deleted,
+                                               jobs_->Delete(jobs::Caller{tenant}, request->id()));
+                        *response->mutable_job() = std::move(deleted.job);
+                        response->set_result_bytes(deleted.result_bytes);
+                        return absl::OkStatus();
+                      });
 }
 
 grpc::Status RecalService::GetUsage(grpc::ServerContext* context, const v1::GetUsageRequest* request,
                                     v1::Usage* response) {
-  auto who = Admit(context, auth::Role::kRead, "GetUsage", request->tenant());
-  if (!who.ok()) return ToGrpcStatus(who.status());
-  if (!request->tenant().empty() && request->tenant() != who->tenant) {
-    RECAL_GRPC_RETURN_IF_ERROR(auth::Authorize(*who, auth::Role::kAdmin, "see another tenant's usage"));
-  }
-  const std::string tenant = request->tenant().empty() ? who->tenant : request->tenant();
-  return Respond(models_->Usage(tenant), response);
+  return Serve(context, auth::Role::kRead, "GetUsage", request->tenant(), response,
+               [&](const auth::Principal& who) -> absl::StatusOr<v1::Usage> {
+                 if (!request->tenant().empty() && request->tenant() != who.tenant) {
+                   RECAL_RETURN_IF_ERROR(auth::Authorize(who, auth::Role::kAdmin, "see another tenant's usage"));
+                 }
+                 return models_->Usage(request->tenant().empty() ? who.tenant : request->tenant());
+               });
 }
 
 grpc::ServerWriteReactor<v1::JobEvent>* RecalService::WatchJob(grpc::CallbackServerContext* context,
@@ -297,83 +310,96 @@ grpc::ServerWriteReactor<v1::JobEvent>* RecalService::WatchJob(grpc::CallbackSer
 grpc::Status RecalService::PushBatches(grpc::ServerContext* context,
                                        grpc::ServerReader<v1::PushBatchesRequest>* reader,
                                        v1::PushBatchesResponse* response) {
-  auto who = Admit(context, auth::Role::kSubmit, "PushBatches", "");
-  if (!who.ok()) return ToGrpcStatus(who.status());
+  return ServeAudited(context, auth::Role::kSubmit, "PushBatches", "",
+                      [&](const auth::Principal& who, std::string& audited) -> absl::Status {
+                        std::string job_id;
+                        absl::Status outcome = PushAll(who, context, reader, response, &job_id);
+                        audited = absl::StrCat(job_id, " (", response->batches_received(), " batches)");
+                        return outcome;
+                      });
+}
+
+absl::Status RecalService::PushAll(const auth::Principal& who, grpc::ServerContext* context,
+                                   grpc::ServerReader<v1::PushBatchesRequest>* reader,
+                                   v1::PushBatchesResponse* response, std::string* job_id) {
   v1::PushBatchesRequest message;
-  std::string job_id;
   // Opened at the first message, which names the job: into this process's feed, or relayed
   // to the worker process that runs the job (cluster mode).
   std::unique_ptr<jobs::PushStream> stream;
-  grpc::Status outcome;
+  absl::Status outcome;
   while (outcome.ok() && reader->Read(&message)) {
-    if (outcome = ToGrpcStatus(CheckBounds(message)); !outcome.ok()) break;
+    if (outcome = CheckBounds(message); !outcome.ok()) break;
     if (!stream) {
-      job_id = message.job_id();
-      if (job_id.empty()) {
-        outcome = ToGrpcStatus(absl::InvalidArgumentError("the first message names the job"));
+      *job_id = message.job_id();
+      if (job_id->empty()) {
+        outcome = absl::InvalidArgumentError("the first message names the job");
         break;
       }
-      auto opened = jobs_->OpenPush(CallerOf(*who), job_id, message.shard(), [context] { return context->IsCancelled(); });
+      auto opened = jobs_->OpenPush(CallerOf(who), *job_id, message.shard(), [context] { return context->IsCancelled(); });
       if (!opened.ok()) {
-        outcome = ToGrpcStatus(opened.status());
+        outcome = opened.status();
         break;
       }
       stream = *std::move(opened);
     }
     // The parts of a batch sent in parts count once, at the part that completes it.
     const bool batch = !message.inputs().empty() && !message.batch_continues();
-    outcome = ToGrpcStatus(stream->Push(message));
+    outcome = stream->Push(message);
     if (outcome.ok() && batch) response->set_batches_received(response->batches_received() + 1);
   }
   if (stream) {
     const absl::Status finished = stream->Finish();
-    if (outcome.ok()) outcome = ToGrpcStatus(finished);
+    if (outcome.ok()) outcome = finished;
   }
-  Audit(*who, "PushBatches", absl::StrCat(job_id, " (", response->batches_received(), " batches)"), outcome);
   return outcome;
 }
 
 grpc::Status RecalService::DownloadResult(grpc::ServerContext* context,
                                           const v1::DownloadResultRequest* request,
                                           grpc::ServerWriter<v1::DownloadResultChunk>* writer) {
-  auto who = Admit(context, auth::Role::kRead, "DownloadResult", request->job_id());
-  if (!who.ok()) return ToGrpcStatus(who.status());
-  RECAL_GRPC_RETURN_IF_ERROR(CheckBounds(*request));
-  auto result = jobs_->OpenResult(CallerOf(*who), request->job_id(), request->artifact());
-  if (!result.ok()) return ToGrpcStatus(result.status());
-  const store::ResultRef& ref = result->ref;
-  if (request->offset() < 0 || request->offset() > ref.size) {
-    return ToGrpcStatus(absl::OutOfRangeError(
-        absl::StrCat("offset ", request->offset(), " is outside the artifact's ", ref.size, " bytes")));
+  return Serve(context, auth::Role::kRead, "DownloadResult", request->job_id(), [&](const auth::Principal& who) {
+    RECAL_RETURN_IF_ERROR(CheckBounds(*request));
+    RECAL_ASSIGN_OR_RETURN(jobs::JobManager::OpenedResult result,
+                           jobs_->OpenResult(CallerOf(who), request->job_id(), request->artifact()));
+    return Download(who, context, *request, result, writer);
+  });
+}
+
+absl::Status RecalService::Download(const auth::Principal& who, grpc::ServerContext* context,
+                                    const v1::DownloadResultRequest& request,
+                                    const jobs::JobManager::OpenedResult& result,
+                                    grpc::ServerWriter<v1::DownloadResultChunk>* writer) {
+  const store::ResultRef& ref = result.ref;
+  if (request.offset() < 0 || request.offset() > ref.size) {
+    return absl::OutOfRangeError(
+        absl::StrCat("offset ", request.offset(), " is outside the artifact's ", ref.size, " bytes"));
   }
-  int64_t offset = request->offset();
+  int64_t offset = request.offset();
   bool first = true;
   do {
     v1::DownloadResultChunk chunk;
     chunk.set_offset(offset);
-    if (absl::Status read = result->reader->ReadAt(offset, limits_.download_chunk_bytes, chunk.mutable_data()); !read.ok()) {
-      return ToGrpcStatus(read);
-    }
+    RECAL_RETURN_IF_ERROR(result.reader->ReadAt(offset, limits_.download_chunk_bytes, chunk.mutable_data()));
     const int64_t got = static_cast<int64_t>(chunk.data().size());
     chunk.set_total_size(ref.size);
     if (first) chunk.set_sha256(ref.sha256);
     first = false;
-    if (!writer->Write(chunk)) return grpc::Status(grpc::StatusCode::CANCELLED, "download broken off");
-    if (metrics_) metrics_->DownloadBytes(who->tenant).Increment(static_cast<double>(got));
+    if (!writer->Write(chunk)) return absl::CancelledError("download broken off");
+    if (metrics_) metrics_->DownloadBytes(who.tenant).Increment(static_cast<double>(got));
     offset += got;
   } while (offset < ref.size && !context->IsCancelled());
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
 grpc::Status RecalService::GetServerInfo(grpc::ServerContext* context, const v1::GetServerInfoRequest* request,
                                          v1::ServerInfo* response) {
-  auto who = Admit(context, auth::Role::kRead, "GetServerInfo", "");
-  if (!who.ok()) return ToGrpcStatus(who.status());
-  response->set_version(Version());
-  response->set_libtorch_version(LibTorchVersion());
-  response->set_max_message_bytes(limits_.max_message_bytes);
-  response->set_max_batch_bytes(jobs_->max_batch_bytes());
-  return grpc::Status::OK;
+  return Serve(context, auth::Role::kRead, "GetServerInfo", "", [&](const auth::Principal& /*who*/) {
+    response->set_version(Version());
+    response->set_libtorch_version(LibTorchVersion());
+    response->set_max_message_bytes(limits_.max_message_bytes);
+    response->set_max_batch_bytes(jobs_->max_batch_bytes());
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace recal::api

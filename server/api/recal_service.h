@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "absl/time/time.h"
 #include "common/task_pool.h"
@@ -90,9 +91,34 @@ class RecalService final : public v1::Recal::WithCallbackMethod_WatchJob<v1::Rec
   // The byte budget of one ListJobs / ListModels response.
   int64_t ListPageBytes() const;
 
-  grpc::Status Upload(const auth::Principal& who, grpc::ServerContext* context,
+  // Serves one call of `method` on `resource`, which needs `role`: admits the caller (Admit's
+  // refusal is the answer), runs `body` with its principal, and answers with the gRPC form of
+  // the absl::Status it returns. With `response`, `body` returns absl::StatusOr<Response>,
+  // whose value becomes the response.
+  template <typename Body>
+  grpc::Status Serve(grpc::ServerContextBase* context, auth::Role role, absl::string_view method,
+                     absl::string_view resource, Body&& body) const;
+  template <typename Response, typename Body>
+  grpc::Status Serve(grpc::ServerContextBase* context, auth::Role role, absl::string_view method,
+                     absl::string_view resource, Response* response, Body&& body) const;
+  // Serve for a call that changes something: writes its audit line once `body` has run, naming
+  // the resource as `body` leaves its second argument (`resource` unless it names it better).
+  template <typename Body>
+  grpc::Status ServeAudited(grpc::ServerContextBase* context, auth::Role role, absl::string_view method,
+                            absl::string_view resource, Body&& body) const;
+
+  absl::Status Upload(const auth::Principal& who, grpc::ServerContext* context,
                       grpc::ServerReader<v1::UploadModelRequest>* reader, const v1::UploadHeader& header,
                       v1::Model* response);
+  // Pushes the stream's batches into the job its first message names (`*job_id`), counting
+  // them in `response`, until the client is done or one is refused.
+  absl::Status PushAll(const auth::Principal& who, grpc::ServerContext* context,
+                       grpc::ServerReader<v1::PushBatchesRequest>* reader, v1::PushBatchesResponse* response,
+                       std::string* job_id);
+  // Writes the result from request.offset() on, in chunks, until it ends or the client goes.
+  absl::Status Download(const auth::Principal& who, grpc::ServerContext* context,
+                        const v1::DownloadResultRequest& request, const jobs::JobManager::OpenedResult& result,
+                        grpc::ServerWriter<v1::DownloadResultChunk>* writer);
 
   const auth::Authenticator* auth_;
   jobs::ModelRegistry* models_;

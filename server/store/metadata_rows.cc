@@ -57,30 +57,6 @@ void SetNow(google::protobuf::Timestamp* ts) {
   ts->set_nanos(static_cast<int32_t>(nanos % 1000000000));
 }
 
-absl::Status CheckNewJobs(const v1::Job& job, const std::vector<NewJob>& children) {
-  if (job.id().empty()) return absl::InvalidArgumentError("cannot store a job without an id");
-  if (job.tenant().empty()) return absl::InvalidArgumentError("cannot store a job without a tenant");
-  for (const NewJob& child : children) {
-    const v1::Job& c = child.job;
-    if (c.id().empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("cannot store a shard of job '", job.id(), "' without an id"));
-    }
-    if (c.parent_id() != job.id()) {
-      return absl::InvalidArgumentError(absl::StrCat("job '", c.id(), "' is stored as a shard of job '", job.id(),
-                                                     "' but its parent_id is '", c.parent_id(), "'"));
-    }
-    if (c.tenant() != job.tenant()) {
-      return absl::InvalidArgumentError(absl::StrCat("shard '", c.id(), "' of job '", job.id(), "' has tenant '",
-                                                     c.tenant(), "', not its parent's '", job.tenant(), "'"));
-    }
-    if (!c.request_id().empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("shard '", c.id(), "' of job '", job.id(), "' has a request_id; only its parent may"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CheckDeletable(const std::string& id, v1::JobState state, const std::string& parent_id,
                             int64_t shards_not_ended) {
   if (!parent_id.empty()) {
@@ -106,33 +82,9 @@ bool AtRunningBound(const MaxRunningJobs& max_running, const std::string& tenant
   return bound > 0 && running >= bound;
 }
 
-absl::Status ModelGoneError(const std::string& model_id) {
-  return absl::NotFoundError(absl::StrCat("model '", model_id,
-                                          "' was deleted while the job was submitted; upload it again or name "
-                                          "another model"));
-}
-
 void SortByShard(std::vector<v1::Job>& children) {
   std::stable_sort(children.begin(), children.end(),
                    [](const v1::Job& a, const v1::Job& b) { return a.shard() < b.shard(); });
-}
-
-int64_t CreatedMs(const JobQuota& quota) {
-  return quota.now_ms != 0 ? quota.now_ms : absl::ToUnixMillis(absl::Now());
-}
-
-absl::Status CheckQuota(const std::string& tenant, const JobQuota& quota, int64_t active, int64_t recent) {
-  if (quota.max_active_jobs > 0 && active >= quota.max_active_jobs) {
-    return absl::ResourceExhaustedError(absl::StrCat("tenant ", tenant, " has ", active,
-                                                     " jobs queued or running, its quota max_active_jobs=",
-                                                     quota.max_active_jobs, "; retry when one has ended"));
-  }
-  if (quota.max_submissions_per_minute > 0 && recent >= quota.max_submissions_per_minute) {
-    return absl::ResourceExhaustedError(absl::StrCat("tenant ", tenant, " submitted ", recent,
-                                                     " jobs in the last minute, its quota max_submissions_per_minute=",
-                                                     quota.max_submissions_per_minute, "; retry later"));
-  }
-  return absl::OkStatus();
 }
 
 absl::Status CheckNewModel(const v1::Model& model) {

@@ -34,25 +34,6 @@ std::optional<std::vector<v1::JobState>> NormalizeStates(const std::vector<v1::J
 
 void SetNow(google::protobuf::Timestamp* ts);
 
-// What CreateJob needs of a job and of the children stored with it: ids and tenants, and
-// children that are the parent's shards (parent_id = its id, same tenant, no request_id).
-// INVALID_ARGUMENT naming the first that is not.
-absl::Status CheckNewJobs(const v1::Job& job, const std::vector<NewJob>& children);
-
-// The creation time a new job is stored with: quota.now_ms, or the clock's now.
-int64_t CreatedMs(const JobQuota& quota);
-// Whether `quota` limits anything, i.e. whether CreateJob must count the tenant's jobs.
-inline bool Limits(const JobQuota& quota) {
-  return quota.max_active_jobs > 0 || quota.max_submissions_per_minute > 0;
-}
-// The submissions quota counts top-level jobs whose created_ms is after this, for a job
-// created at `now_ms`.
-inline int64_t MinuteBefore(int64_t now_ms) { return now_ms - 60 * 1000; }
-// RESOURCE_EXHAUSTED naming the first limit of `quota` that the tenant's `active` top-level
-// jobs (queued, running or cancelling) or its `recent` ones (created in the minute before)
-// have reached; OK when there is room for one more.
-absl::Status CheckQuota(const std::string& tenant, const JobQuota& quota, int64_t active, int64_t recent);
-
 // What DeleteJob refuses (FAILED_PRECONDITION, saying what to do), given the job's state and
 // parent and how many of its shards have not ended; OK when it may go.
 absl::Status CheckDeletable(const std::string& id, v1::JobState state, const std::string& parent_id,
@@ -63,9 +44,6 @@ inline constexpr v1::JobState kHoldingWorker[] = {v1::RUNNING, v1::CANCELLING};
 // Whether `tenant`, whose jobs hold `running` workers, may not have another (ClaimJob passes
 // over its jobs). No `max_running`, or 0 for the tenant: never.
 bool AtRunningBound(const MaxRunningJobs& max_running, const std::string& tenant, int64_t running);
-
-// CreateJob's refusal when quota.model_must_exist and the model is not (any more) the tenant's.
-absl::Status ModelGoneError(const std::string& model_id);
 
 // Sorts a sharded job's children, read in create_seq order, by shard index (stable: equal
 // indexes stay in create_seq order).

@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/status_macros.h"
+#include "server/store/job_creation.h"
 #include "server/store/metadata_rows.h"
 #include "server/store/postgres_util.h"
 
@@ -162,7 +163,9 @@ absl::StatusOr<std::vector<v1::Job>> ParseJobs(const Result& r) {  // columns: i
 
 }  // namespace
 
-struct PostgresMetadataStore::Impl {
+// Also answers CreateJob's queries (internal::JobCreation), inside the transaction CreateJob
+// holds on the connection.
+struct PostgresMetadataStore::Impl final : internal::JobCreationQueries {
   Impl(Connection conn, std::string uri) : conn(std::move(conn)), uri(std::move(uri)) {}
   std::mutex mu;  // guards conn: one connection, one statement at a time
   Connection conn;
@@ -186,7 +189,7 @@ struct PostgresMetadataStore::Impl {
   absl::StatusOr<std::optional<v1::Model>> FindModel(const std::string& tenant, const std::string& id);
   // Inserts `model` (a new version) unless the tenant has its bytes already: whether it did.
   absl::StatusOr<bool> InsertModel(const v1::Model& model);
-  absl::StatusOr<bool> JobExists(const std::string& id);
+  absl::StatusOr<bool> JobExists(const std::string& id) override;
   // READ COMMITTED for the caller's transaction, which must not have run a statement yet:
   // each statement then sees what was committed before it, also after it waited on a lock.
   absl::Status ReadCommitted() { return Exec("SET TRANSACTION ISOLATION LEVEL READ COMMITTED").status(); }
@@ -201,14 +204,16 @@ struct PostgresMetadataStore::Impl {
   // Inserts a new job created at `created_ms`, unless its id, or its tenant and request_id,
   // are taken (waiting for a concurrent writer of the same key): whether it was inserted.
   absl::StatusOr<bool> InsertJob(const v1::Job& job, int64_t created_ms);
-  // The tenant's job with `request_id`, if any.
-  absl::StatusOr<std::optional<v1::Job>> JobWithRequestId(const std::string& tenant, const std::string& request_id);
-  // Holds the tenant's quota lock until the caller's transaction ends, which must not have
-  // run a statement yet.
-  absl::Status LockTenantQuota(const std::string& tenant);
-  // CheckQuota on the tenant's jobs for a job created at `now_ms`; the caller holds the
-  // tenant's quota lock.
-  absl::Status CheckQuotaLocked(const std::string& tenant, const JobQuota& quota, int64_t now_ms);
+  // CreateJob's queries: the tenant's advisory lock, reads, and inserts that wait for a
+  // concurrent writer of the same key.
+  absl::Status LockTenant(const std::string& tenant) override;
+  absl::StatusOr<std::optional<v1::Job>> JobWithRequestId(const std::string& tenant,
+                                                          const std::string& request_id) override;
+  absl::StatusOr<internal::TopLevelJobCounts> CountTopLevelJobs(const std::string& tenant,
+                                                                int64_t created_after_ms) override;
+  absl::StatusOr<bool> HoldModel(const std::string& tenant, const std::string& model_id) override;
+  absl::StatusOr<bool> InsertNewJob(const v1::Job& job, const std::vector<v1::JobEvent>& events,
+                                    int64_t created_ms) override;
   // The tenants whose jobs hold as many workers as `max_running` allows them (AtRunningBound),
   // as this statement sees them.
   absl::StatusOr<std::set<std::string>> TenantsAtRunningBound(const MaxRunningJobs& max_running);
@@ -552,23 +557,22 @@ absl::StatusOr<std::optional<v1::Job>> PostgresMetadataStore::Impl::JobWithReque
   return std::optional<v1::Job>(std::move(job));
 }
 
-absl::Status PostgresMetadataStore::Impl::LockTenantQuota(const std::string& tenant) {
+absl::Status PostgresMetadataStore::Impl::LockTenant(const std::string& tenant) {
   // Two processes (api replicas) creating jobs for one tenant at once would otherwise both
   // count the same rows and both pass. The tenant's advisory lock, held until the
-  // transaction ends, makes them take turns; READ COMMITTED (set here, whatever the server's
-  // default) gives each statement a fresh snapshot, so a count made once the lock is held
-  // sees every job the previous holder committed. Not SERIALIZABLE with retries: that fails
-  // one of two concurrent creators where the lock just makes it wait, and it would also
-  // abort creations over unrelated writes to the rows the count reads (claims, state
-  // changes). Creations that check no limit take no lock: nothing bounds them.
-  RECAL_RETURN_IF_ERROR(ReadCommitted());
+  // transaction ends, makes them take turns; READ COMMITTED (which CreateJob sets, whatever
+  // the server's default) gives each statement a fresh snapshot, so a count made once the
+  // lock is held sees every job the previous holder committed. Not SERIALIZABLE with
+  // retries: that fails one of two concurrent creators where the lock just makes it wait,
+  // and it would also abort creations over unrelated writes to the rows the count reads
+  // (claims, state changes). Creations that check no limit take no lock: nothing bounds them.
   return Exec(absl::StrCat("SELECT pg_advisory_xact_lock(", kTenantQuotaLockClass, ", hashtext($1))"),
               Params().Text(tenant))
       .status();
 }
 
-absl::Status PostgresMetadataStore::Impl::CheckQuotaLocked(const std::string& tenant, const JobQuota& quota,
-                                                           int64_t now_ms) {
+absl::StatusOr<internal::TopLevelJobCounts> PostgresMetadataStore::Impl::CountTopLevelJobs(
+    const std::string& tenant, int64_t created_after_ms) {
   RECAL_ASSIGN_OR_RETURN(
       Result r, Exec("SELECT (SELECT COUNT(*) FROM jobs WHERE tenant = $1 AND state IN ($2, $3, $4) "
                      "AND parent_id IS NULL), "
@@ -578,77 +582,44 @@ absl::Status PostgresMetadataStore::Impl::CheckQuotaLocked(const std::string& te
                          .Int64(v1::QUEUED)
                          .Int64(v1::RUNNING)
                          .Int64(v1::CANCELLING)
-                         .Int64(MinuteBefore(now_ms))));
-  return CheckQuota(tenant, quota, r.Int64(0, 0), r.Int64(0, 1));
+                         .Int64(created_after_ms)));
+  return internal::TopLevelJobCounts{r.Int64(0, 0), r.Int64(0, 1)};
+}
+
+absl::StatusOr<bool> PostgresMetadataStore::Impl::HoldModel(const std::string& tenant, const std::string& model_id) {
+  // Held until the job is committed: DeleteModelUnlessUsed (FOR UPDATE) waits, then counts
+  // this job. A model it deleted first is not found here.
+  RECAL_ASSIGN_OR_RETURN(Result model, Exec("SELECT 1 FROM models WHERE tenant = $1 AND id = $2 FOR SHARE",
+                                            Params().Text(tenant).Text(model_id)));
+  return model.rows() > 0;
+}
+
+absl::StatusOr<bool> PostgresMetadataStore::Impl::InsertNewJob(const v1::Job& job,
+                                                               const std::vector<v1::JobEvent>& events,
+                                                               int64_t created_ms) {
+  RECAL_ASSIGN_OR_RETURN(const bool inserted, InsertJob(job, created_ms));
+  if (!inserted) return false;
+  for (const v1::JobEvent& event : events) RECAL_RETURN_IF_ERROR(InsertEvent(job.id(), event).status());
+  return true;
 }
 
 absl::StatusOr<v1::Job> PostgresMetadataStore::CreateJob(const v1::Job& job, bool* created,
                                                          std::vector<v1::JobEvent> events,
                                                          std::vector<NewJob> children, const JobQuota& quota) {
-  RECAL_RETURN_IF_ERROR(CheckNewJobs(job, children));
-  const int64_t created_ms = CreatedMs(quota);
+  RECAL_ASSIGN_OR_RETURN(const internal::JobCreation creation,
+                         internal::JobCreation::Check(job, events, children, quota));
   return impl_->Run([&]() -> absl::StatusOr<v1::Job> {
     RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn));
-    if (!Limits(quota) && quota.model_must_exist) RECAL_RETURN_IF_ERROR(impl_->ReadCommitted());
-    if (Limits(quota)) {
-      RECAL_RETURN_IF_ERROR(impl_->LockTenantQuota(job.tenant()));
-      // A retried submission is answered with its job, over quota or not.
-      if (!job.request_id().empty()) {
-        RECAL_ASSIGN_OR_RETURN(std::optional<v1::Job> existing,
-                               impl_->JobWithRequestId(job.tenant(), job.request_id()));
-        if (existing) {
-          if (created != nullptr) *created = false;
-          return *std::move(existing);
-        }
-      }
-      RECAL_RETURN_IF_ERROR(impl_->CheckQuotaLocked(job.tenant(), quota, created_ms));
-    }
-    if (quota.model_must_exist) {
-      // Held until the job is committed: DeleteModelUnlessUsed (FOR UPDATE) waits, then
-      // counts this job. A model it deleted first is not found here.
-      RECAL_ASSIGN_OR_RETURN(Result model, impl_->Exec("SELECT 1 FROM models WHERE tenant = $1 AND id = $2 FOR SHARE",
-                                                       Params().Text(job.tenant()).Text(job.spec().model_id())));
-      if (model.rows() == 0) return ModelGoneError(job.spec().model_id());
-    }
-    // Whichever key collides (id or tenant + request_id), the insert waits for a concurrent
-    // writer of the same key and then does nothing; the look-ups below tell which it was,
-    // in SQLite's order: an existing request_id wins over an existing id.
-    RECAL_ASSIGN_OR_RETURN(const bool inserted, impl_->InsertJob(job, created_ms));
-    if (inserted) {
-      for (const v1::JobEvent& event : events) RECAL_RETURN_IF_ERROR(impl_->InsertEvent(job.id(), event).status());
-      // The children in order; any id taken fails the whole creation (the transaction rolls
-      // back). They have no request_id: only their id can collide.
-      for (const NewJob& child : children) {
-        RECAL_ASSIGN_OR_RETURN(const bool child_inserted, impl_->InsertJob(child.job, created_ms));
-        if (!child_inserted) {
-          RECAL_ASSIGN_OR_RETURN(const bool exists, impl_->JobExists(child.job.id()));
-          if (exists) {
-            return absl::AlreadyExistsError(absl::StrCat("a job with id '", child.job.id(), "' already exists"));
-          }
-          return absl::InternalError(absl::StrCat("job '", child.job.id(), "' was not stored: its create_seq is "
-                                                  "taken; the jobs table holds rows the store did not number"));
-        }
-        for (const v1::JobEvent& event : child.events) {
-          RECAL_RETURN_IF_ERROR(impl_->InsertEvent(child.job.id(), event).status());
-        }
-      }
+    // What the rules read after waiting (on the tenant's lock, on a model row another
+    // transaction holds) must be what that one committed.
+    if (internal::Limits(quota) || quota.model_must_exist) RECAL_RETURN_IF_ERROR(impl_->ReadCommitted());
+    RECAL_ASSIGN_OR_RETURN(internal::JobCreation::Outcome outcome, creation.StoreIn(*impl_));
+    if (outcome.created) {  // otherwise the transaction rolls back: nothing written
       RECAL_RETURN_IF_ERROR(impl_->Notify());
       RECAL_RETURN_IF_ERROR(txn.Commit());
-      if (created != nullptr) *created = true;
-      return job;
     }
-    if (!job.request_id().empty()) {
-      RECAL_ASSIGN_OR_RETURN(std::optional<v1::Job> existing, impl_->JobWithRequestId(job.tenant(), job.request_id()));
-      if (existing) {
-        if (created != nullptr) *created = false;
-        return *std::move(existing);  // the transaction rolls back: nothing written
-      }
-    }
-    RECAL_ASSIGN_OR_RETURN(const bool exists, impl_->JobExists(job.id()));
-    if (exists) return absl::AlreadyExistsError(absl::StrCat("a job with id '", job.id(), "' already exists"));
-    // Only create_seq is left to collide: rows were inserted past the identity's sequence.
-    return absl::InternalError(absl::StrCat("job '", job.id(), "' was not stored: its create_seq is taken; the jobs "
-                                            "table holds rows the store did not number"));
+    if (created != nullptr) *created = outcome.created;
+    return std::move(outcome.job);
   });
 }
 
@@ -665,10 +636,9 @@ absl::StatusOr<std::vector<v1::Job>> PostgresMetadataStore::ChildJobs(const std:
 absl::StatusOr<v1::Job> PostgresMetadataStore::FindJobByRequestId(const std::string& tenant,
                                                                   const std::string& request_id) {
   return impl_->Run([&]() -> absl::StatusOr<v1::Job> {
-    RECAL_ASSIGN_OR_RETURN(Result r, impl_->Exec("SELECT id, proto FROM jobs WHERE tenant = $1 AND request_id = $2",
-                                                 Params().Text(tenant).Text(request_id)));
-    if (r.rows() == 0) return absl::NotFoundError(absl::StrCat("no job with request_id '", request_id, "'"));
-    return Parse<v1::Job>(r.Bytes(0, 1), "job", r.Bytes(0, 0));
+    RECAL_ASSIGN_OR_RETURN(std::optional<v1::Job> job, impl_->JobWithRequestId(tenant, request_id));
+    if (!job) return absl::NotFoundError(absl::StrCat("no job with request_id '", request_id, "'"));
+    return *std::move(job);
   });
 }
 

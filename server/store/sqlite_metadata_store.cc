@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "google/protobuf/timestamp.pb.h"
+#include "server/store/job_creation.h"
 #include "server/store/metadata_rows.h"
 #include "server/store/sqlite_util.h"
 #include "common/status_macros.h"
@@ -144,7 +145,8 @@ void BindStates(Query& q, int first_index, const std::vector<v1::JobState>& stat
 
 }  // namespace
 
-struct SqliteMetadataStore::Impl {
+// Also answers CreateJob's queries (internal::JobCreation), inside its write transaction.
+struct SqliteMetadataStore::Impl final : internal::JobCreationQueries {
   explicit Impl(Db db) : db(std::move(db)) {}
   std::mutex mu;  // guards db: one connection, one user at a time
   Db db;
@@ -165,16 +167,24 @@ struct SqliteMetadataStore::Impl {
   absl::StatusOr<std::optional<v1::Model>> FindModel(const std::string& tenant, const std::string& id);
   // `created_ms` nullopt: a row from before version 6 (migrated), which has none.
   absl::Status InsertJob(const v1::Job& job, std::optional<int64_t> created_ms);
-  // Inserts a new job and its events (seq and time assigned). ALREADY_EXISTS if the id is
-  // taken. Caller holds a transaction.
-  absl::Status InsertNewJob(const v1::Job& job, std::vector<v1::JobEvent> events, int64_t created_ms);
-  // CheckQuota on the tenant's jobs as this transaction sees them, for a job created at
-  // `now_ms`. Caller holds a transaction.
-  absl::Status CheckQuotaLocked(const std::string& tenant, const JobQuota& quota, int64_t now_ms);
   absl::StatusOr<std::vector<v1::Job>> QueryJobs(Query& q);
-  absl::StatusOr<bool> JobExists(const std::string& id);
   // Whether the tenant has the model. Caller holds a transaction when it acts on the answer.
   absl::StatusOr<bool> ModelExists(const std::string& tenant, const std::string& id);
+
+  // CreateJob's queries. The write transaction (BEGIN IMMEDIATE) holds the database's write
+  // lock from its start: no other connection, in this process or another, stores a job or
+  // deletes a model before it ends. So there is no tenant lock to take, and a model seen stays.
+  absl::Status LockTenant(const std::string& /*tenant*/) override { return absl::OkStatus(); }
+  absl::StatusOr<std::optional<v1::Job>> JobWithRequestId(const std::string& tenant,
+                                                          const std::string& request_id) override;
+  absl::StatusOr<internal::TopLevelJobCounts> CountTopLevelJobs(const std::string& tenant,
+                                                                int64_t created_after_ms) override;
+  absl::StatusOr<bool> HoldModel(const std::string& tenant, const std::string& model_id) override {
+    return ModelExists(tenant, model_id);
+  }
+  absl::StatusOr<bool> InsertNewJob(const v1::Job& job, const std::vector<v1::JobEvent>& events,
+                                    int64_t created_ms) override;
+  absl::StatusOr<bool> JobExists(const std::string& id) override;
   // The tenant's top-level jobs that use the model and are, or have a shard that is, queued,
   // running or cancelling.
   absl::StatusOr<int64_t> CountActiveUsers(const std::string& tenant, const std::string& model_id);
@@ -372,13 +382,14 @@ absl::Status SqliteMetadataStore::Impl::InsertJob(const v1::Job& job, std::optio
       .Run();
 }
 
-absl::Status SqliteMetadataStore::Impl::InsertNewJob(const v1::Job& job, std::vector<v1::JobEvent> events,
-                                                     int64_t created_ms) {
+absl::StatusOr<bool> SqliteMetadataStore::Impl::InsertNewJob(const v1::Job& job,
+                                                             const std::vector<v1::JobEvent>& events,
+                                                             int64_t created_ms) {
   RECAL_ASSIGN_OR_RETURN(const bool exists, JobExists(job.id()));
-  if (exists) return absl::AlreadyExistsError(absl::StrCat("a job with id '", job.id(), "' already exists"));
+  if (exists) return false;
   RECAL_RETURN_IF_ERROR(InsertJob(job, created_ms));
-  for (v1::JobEvent& event : events) RECAL_RETURN_IF_ERROR(InsertEvent(job.id(), std::move(event)).status());
-  return absl::OkStatus();
+  for (const v1::JobEvent& event : events) RECAL_RETURN_IF_ERROR(InsertEvent(job.id(), event).status());
+  return true;
 }
 
 absl::StatusOr<std::unique_ptr<SqliteMetadataStore>> SqliteMetadataStore::Open(const std::string& path) {
@@ -583,8 +594,17 @@ absl::StatusOr<bool> SqliteMetadataStore::Impl::JobExists(const std::string& id)
   return q.Bind(1, id).Step();
 }
 
-absl::Status SqliteMetadataStore::Impl::CheckQuotaLocked(const std::string& tenant, const JobQuota& quota,
-                                                         int64_t now_ms) {
+absl::StatusOr<std::optional<v1::Job>> SqliteMetadataStore::Impl::JobWithRequestId(const std::string& tenant,
+                                                                                 const std::string& request_id) {
+  RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT id, proto FROM jobs WHERE tenant = ?1 AND request_id = ?2"));
+  RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, tenant).Bind(2, request_id).Step());
+  if (!row) return std::optional<v1::Job>();
+  RECAL_ASSIGN_OR_RETURN(v1::Job job, Parse<v1::Job>(q.Blob(1), "job", q.Text(0)));
+  return std::optional<v1::Job>(std::move(job));
+}
+
+absl::StatusOr<internal::TopLevelJobCounts> SqliteMetadataStore::Impl::CountTopLevelJobs(
+    const std::string& tenant, int64_t created_after_ms) {
   RECAL_ASSIGN_OR_RETURN(
       Query q, db.Prepare("SELECT (SELECT COUNT(*) FROM jobs WHERE tenant = ?1 AND state IN (?2, ?3, ?4) "
                           "AND parent_id IS NULL), "
@@ -593,45 +613,23 @@ absl::Status SqliteMetadataStore::Impl::CheckQuotaLocked(const std::string& tena
                                              .Bind(2, int64_t{v1::QUEUED})
                                              .Bind(3, int64_t{v1::RUNNING})
                                              .Bind(4, int64_t{v1::CANCELLING})
-                                             .Bind(5, MinuteBefore(now_ms))
+                                             .Bind(5, created_after_ms)
                                              .Step());
   if (!row) return absl::InternalError("counting a tenant's jobs returned no row");
-  return CheckQuota(tenant, quota, q.Int64(0), q.Int64(1));
+  return internal::TopLevelJobCounts{q.Int64(0), q.Int64(1)};
 }
 
 absl::StatusOr<v1::Job> SqliteMetadataStore::CreateJob(const v1::Job& job, bool* created,
                                                        std::vector<v1::JobEvent> events,
                                                        std::vector<NewJob> children, const JobQuota& quota) {
-  RECAL_RETURN_IF_ERROR(CheckNewJobs(job, children));
-  const int64_t created_ms = CreatedMs(quota);
+  RECAL_ASSIGN_OR_RETURN(const internal::JobCreation creation,
+                         internal::JobCreation::Check(job, events, children, quota));
   std::lock_guard<std::mutex> lock(impl_->mu);
-  Db& db = impl_->db;
-  RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
-  if (!job.request_id().empty()) {
-    RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT id, proto FROM jobs WHERE tenant = ?1 AND request_id = ?2"));
-    RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, job.tenant()).Bind(2, job.request_id()).Step());
-    if (row) {
-      if (created != nullptr) *created = false;
-      return Parse<v1::Job>(q.Blob(1), "job", q.Text(0));  // the transaction rolls back: nothing written
-    }
-  }
-  // The write transaction (BEGIN IMMEDIATE) has held the database's write lock since it
-  // began: no other connection, in this process or another, stores a job between the count
-  // and the insert.
-  if (Limits(quota)) RECAL_RETURN_IF_ERROR(impl_->CheckQuotaLocked(job.tenant(), quota, created_ms));
-  if (quota.model_must_exist) {
-    RECAL_ASSIGN_OR_RETURN(const bool model, impl_->ModelExists(job.tenant(), job.spec().model_id()));
-    if (!model) return ModelGoneError(job.spec().model_id());
-  }
-  // The parent, then its children in order; any id taken fails the whole creation (the
-  // transaction rolls back).
-  RECAL_RETURN_IF_ERROR(impl_->InsertNewJob(job, std::move(events), created_ms));
-  for (NewJob& child : children) {
-    RECAL_RETURN_IF_ERROR(impl_->InsertNewJob(child.job, std::move(child.events), created_ms));
-  }
-  RECAL_RETURN_IF_ERROR(txn.Commit());
-  if (created != nullptr) *created = true;
-  return job;
+  RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->db));
+  RECAL_ASSIGN_OR_RETURN(internal::JobCreation::Outcome outcome, creation.StoreIn(*impl_));
+  if (outcome.created) RECAL_RETURN_IF_ERROR(txn.Commit());  // otherwise it rolls back: nothing written
+  if (created != nullptr) *created = outcome.created;
+  return std::move(outcome.job);
 }
 
 absl::StatusOr<std::vector<v1::Job>> SqliteMetadataStore::ChildJobs(const std::string& parent_id) {
@@ -649,10 +647,9 @@ absl::StatusOr<std::vector<v1::Job>> SqliteMetadataStore::ChildJobs(const std::s
 
 absl::StatusOr<v1::Job> SqliteMetadataStore::FindJobByRequestId(const std::string& tenant, const std::string& request_id) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("SELECT id, proto FROM jobs WHERE tenant = ?1 AND request_id = ?2"));
-  RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, tenant).Bind(2, request_id).Step());
-  if (!row) return absl::NotFoundError(absl::StrCat("no job with request_id '", request_id, "'"));
-  return Parse<v1::Job>(q.Blob(1), "job", q.Text(0));
+  RECAL_ASSIGN_OR_RETURN(std::optional<v1::Job> job, impl_->JobWithRequestId(tenant, request_id));
+  if (!job) return absl::NotFoundError(absl::StrCat("no job with request_id '", request_id, "'"));
+  return *std::move(job);
 }
 
 absl::StatusOr<v1::Job> SqliteMetadataStore::GetJob(const std::string& id) {

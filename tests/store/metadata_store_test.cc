@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -1211,6 +1212,21 @@ TEST_P(MetadataStoreTest, CreateJobRefusesATenantAtItsSubmissionsPerMinuteAsTheM
   EXPECT_EQ(Ids(db_->ListJobs("t", {}, 0, "")->jobs), (std::vector<std::string>{"e", "d", "c", "b", "a", "p"}));
 }
 
+// Runs `body(t)` for t in [0, threads) on threads that all start at once; returns when all
+// have ended.
+void AllAtOnce(int threads, const std::function<void(int)>& body) {
+  std::atomic<int> ready{0};
+  std::vector<std::thread> running;
+  for (int t = 0; t < threads; ++t) {
+    running.emplace_back([&, t] {
+      ++ready;
+      while (ready.load() < threads) std::this_thread::yield();
+      body(t);
+    });
+  }
+  for (std::thread& thread : running) thread.join();
+}
+
 // Api replicas are processes with connections of their own: creators on two stores at once
 // never pass a quota between them.
 TEST_P(MetadataStoreTest, ConcurrentCreatorsOnTwoStoresNeverPassAQuota) {
@@ -1224,26 +1240,20 @@ TEST_P(MetadataStoreTest, ConcurrentCreatorsOnTwoStoresNeverPassAQuota) {
       const std::string tenant = absl::StrCat(per_minute ? "minute-" : "active-", round);
       const JobQuota quota = per_minute ? Quota(0, 5, now) : Quota(3, 0, now);
       const int limit = per_minute ? 5 : 3;
-      std::atomic<int> ready{0}, stored{0}, refused{0};
-      std::vector<std::thread> threads;
-      for (int t = 0; t < kThreads; ++t) {
-        threads.emplace_back([&, t] {
-          MetadataStore& store = t % 2 == 0 ? *db_ : *other;
-          ++ready;
-          while (ready.load() < kThreads) std::this_thread::yield();  // all start at once
-          for (int i = 0; i < kAttempts; ++i) {
-            absl::StatusOr<v1::Job> job = CreateWithin(store, absl::StrCat(tenant, "-", t, "-", i), quota, "", tenant);
-            if (job.ok()) {
-              ++stored;
-            } else if (absl::IsResourceExhausted(job.status())) {
-              ++refused;
-            } else {
-              ADD_FAILURE() << job.status();
-            }
+      std::atomic<int> stored{0}, refused{0};
+      AllAtOnce(kThreads, [&](int t) {
+        MetadataStore& store = t % 2 == 0 ? *db_ : *other;
+        for (int i = 0; i < kAttempts; ++i) {
+          absl::StatusOr<v1::Job> job = CreateWithin(store, absl::StrCat(tenant, "-", t, "-", i), quota, "", tenant);
+          if (job.ok()) {
+            ++stored;
+          } else if (absl::IsResourceExhausted(job.status())) {
+            ++refused;
+          } else {
+            ADD_FAILURE() << job.status();
           }
-        });
-      }
-      for (std::thread& thread : threads) thread.join();
+        }
+      });
       EXPECT_EQ(stored.load(), limit) << tenant;
       EXPECT_EQ(refused.load(), kThreads * kAttempts - limit) << tenant;
       EXPECT_EQ(db_->ListJobs(tenant, {}, 0, "")->jobs.size(), static_cast<size_t>(limit)) << tenant;
@@ -1355,6 +1365,83 @@ TEST_P(MetadataStoreTest, AJobWhoseModelMustExistIsNotStoredWithoutIt) {
   ASSERT_TRUE(db_->PutModel(MakeModel(DigestId("a"), "m")).ok());
   ASSERT_TRUE(db_->CreateJob(MakeJob("j", v1::QUEUED, "", DigestId("a")), &created, {}, {}, checked).ok());
   EXPECT_TRUE(created);
+}
+
+// A submission retried after its job ended and its model was deleted is answered with its job,
+// not refused for the model: the request_id is looked up before anything else is checked.
+TEST_P(MetadataStoreTest, ARetryIsAnsweredWithItsJobAfterItsModelIsGone) {
+  ASSERT_TRUE(db_->PutModel(MakeModel(DigestId("a"), "m")).ok());
+  JobQuota checked;
+  checked.model_must_exist = true;
+  bool created = false;
+  ASSERT_TRUE(db_->CreateJob(MakeJob("j", v1::QUEUED, "key", DigestId("a")), &created, {}, {}, checked).ok());
+  EXPECT_TRUE(created);
+  SetState(*db_, "j", v1::SUCCEEDED);
+  ASSERT_EQ(*db_->DeleteModelUnlessUsed("t", DigestId("a")), 0);
+  for (const bool quota : {false, true}) {
+    JobQuota retry = quota ? Quota(/*max_active_jobs=*/1, /*max_submissions_per_minute=*/1, kT0) : JobQuota();
+    retry.model_must_exist = true;
+    absl::StatusOr<v1::Job> again =
+        db_->CreateJob(MakeJob("j-again", v1::QUEUED, "key", DigestId("a")), &created, {}, {}, retry);
+    ASSERT_TRUE(again.ok()) << "quota " << quota << ": " << again.status();
+    EXPECT_FALSE(created);
+    EXPECT_EQ(again->id(), "j");
+  }
+  // A new request for the gone model is refused, and nothing of it stored.
+  EXPECT_TRUE(absl::IsNotFound(
+      db_->CreateJob(MakeJob("k", v1::QUEUED, "other", DigestId("a")), &created, {}, {}, checked).status()));
+  EXPECT_TRUE(absl::IsNotFound(db_->GetJob("k").status()));
+}
+
+// The quotas are checked before the model: a tenant over its quota is told so whether or not
+// the model it names is there.
+TEST_P(MetadataStoreTest, ATenantOverItsQuotaIsToldSoBeforeAMissingModel) {
+  JobQuota quota = Quota(/*max_active_jobs=*/1, 0, kT0);
+  ASSERT_TRUE(CreateWithin(*db_, "a", quota).ok());
+  quota.model_must_exist = true;
+  bool created = false;
+  absl::StatusOr<v1::Job> refused =
+      db_->CreateJob(MakeJob("b", v1::QUEUED, "", DigestId("gone")), &created, {}, {}, quota);
+  EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
+  // With room, the missing model is what is refused.
+  SetState(*db_, "a", v1::FAILED);
+  refused = db_->CreateJob(MakeJob("b", v1::QUEUED, "", DigestId("gone")), &created, {}, {}, quota);
+  EXPECT_TRUE(absl::IsNotFound(refused.status())) << refused.status();
+  EXPECT_TRUE(absl::IsNotFound(db_->GetJob("b").status()));
+}
+
+// Clients retrying one submission through several api replicas at once: one job is stored,
+// and every attempt is answered with it, with quotas counted or not.
+TEST_P(MetadataStoreTest, ConcurrentRetriesOfOneRequestOnTwoStoresStoreOneJob) {
+  std::unique_ptr<MetadataStore> other = OpenDb(spec_);  // another process, as far as the database knows
+  ASSERT_NE(other, nullptr);
+  constexpr int kThreads = 8;  // half on each store
+  for (int round = 0; round < 6; ++round) {
+    const bool limited = round % 2 == 1;
+    const JobQuota quota = limited ? Quota(/*max_active_jobs=*/1, 0, kT0) : JobQuota();
+    const std::string tenant = absl::StrCat("tenant-", round);
+    const std::string request_id = absl::StrCat("req-", round);
+    std::atomic<int> stored{0};
+    std::vector<std::string> answers(kThreads);
+    AllAtOnce(kThreads, [&](int t) {
+      MetadataStore& store = t % 2 == 0 ? *db_ : *other;
+      bool created = false;
+      absl::StatusOr<v1::Job> job =
+          store.CreateJob(MakeJob(absl::StrCat(tenant, "-", t), v1::QUEUED, request_id, "sha256:m", tenant), &created,
+                          {StateEvent(v1::QUEUED)}, {}, quota);
+      if (!job.ok()) {
+        ADD_FAILURE() << job.status();
+        return;
+      }
+      if (created) ++stored;
+      answers[t] = job->id();
+    });
+    EXPECT_EQ(stored.load(), 1) << tenant;
+    const std::vector<v1::Job> jobs = db_->ListJobs(tenant, {}, 0, "")->jobs;
+    ASSERT_EQ(jobs.size(), 1u) << tenant;
+    for (const std::string& answer : answers) EXPECT_EQ(answer, jobs[0].id()) << tenant;
+    EXPECT_EQ(db_->EventsAfter(jobs[0].id(), 0, 0)->size(), 1u) << tenant;
+  }
 }
 
 // The retention sweeper's race: a sweep deleting a model version on one store while a job
