@@ -117,6 +117,16 @@ void WorkerProcess::Signal(int signal) {
   }
 }
 
+bool WorkerProcess::KillIfRunning() {
+  siginfo_t info{};
+  // WNOWAIT: only a look; Wait() still reaps it and reads its status.
+  if (::waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid != 0) {
+    return false;
+  }
+  Signal(SIGKILL);
+  return true;
+}
+
 int WorkerProcess::Wait() {
   while (::waitpid(pid_, &wait_status_, 0) < 0 && errno == EINTR) {
   }
@@ -146,7 +156,7 @@ std::string HowItEnded(int wait_status) {
 
 bool ExitedCleanly(int wait_status) { return WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0; }
 
-absl::Status WorkerFailure(int wait_status, absl::string_view last_words, int64_t file_bytes) {
+absl::Status WorkerFailure(int wait_status, absl::string_view last_words, const WorkerLimits& limits) {
   if (!WIFSIGNALED(wait_status)) {
     return absl::InternalError(
         absl::StrCat("the worker ", HowItEnded(wait_status), last_words.empty() ? "" : ": ", last_words));
@@ -156,9 +166,15 @@ absl::Status WorkerFailure(int wait_status, absl::string_view last_words, int64_
   if (signal == SIGKILL) {
     absl::StrAppend(&message, " from outside: the kernel's out-of-memory killer, most likely");
   } else if (signal == SIGXFSZ) {
-    absl::StrAppend(&message, ": it wrote a file past the limit of ", file_bytes, " bytes");
+    absl::StrAppend(&message, ": it wrote a file past the limit of ", limits.file_bytes, " bytes");
   } else if (signal == SIGSEGV || signal == SIGABRT || signal == SIGBUS || signal == SIGILL) {
     absl::StrAppend(&message, ": LibTorch crashed on this model");
+    // Under RLIMIT_AS a refused allocation is often not an error LibTorch reports but an
+    // abort or a crash in whatever did not expect it (loading a large archive, say).
+    if (limits.address_space_bytes > 0) {
+      absl::StrAppend(&message, ", or an allocation failed under the worker's address-space limit of ",
+                      limits.address_space_bytes, " bytes (", limits.address_space_flag, "; raise it for a large model)");
+    }
   }
   if (!last_words.empty()) absl::StrAppend(&message, " (last words: ", last_words, ")");
   return absl::InternalError(message);

@@ -36,6 +36,9 @@ class WorkerProcess {
 
   // Never reaches another process that reused the pid. Thread-safe.
   void Signal(int signal);
+  // SIGKILL if it has not ended yet (not waited for: its status stays to be read); whether
+  // it was still running, so that its end is known to be this kill's.
+  bool KillIfRunning();
   // Blocks until it ends; its wait status.
   int Wait();
   // Waits until `deadline`, then kills it: false if it had to be killed. A process that
@@ -58,10 +61,18 @@ class WorkerProcess {
 std::string HowItEnded(int wait_status);
 bool ExitedCleanly(int wait_status);
 
+// The limits a worker ran under, to explain its end (0: none).
+struct WorkerLimits {
+  int64_t file_bytes = 0;           // RLIMIT_FSIZE
+  int64_t address_space_bytes = 0;  // RLIMIT_AS
+  std::string address_space_flag;   // the server flag that sets it, e.g. "--job_memory_bytes"
+};
+
 // INTERNAL: how a worker that ran a model ended, from its wait status (not a clean exit),
-// with the likely cause of a signal (the out-of-memory killer, the file size limit of
-// `file_bytes`, a crash in LibTorch) and its `last_words` on stderr.
-absl::Status WorkerFailure(int wait_status, absl::string_view last_words, int64_t file_bytes);
+// with the likely cause of a signal (the out-of-memory killer, the file size limit, a crash
+// in LibTorch or an allocation refused under the address-space limit) and its `last_words`
+// on stderr.
+absl::Status WorkerFailure(int wait_status, absl::string_view last_words, const WorkerLimits& limits);
 
 // Ends a worker once `*cancel` is set or `deadline` passes: SIGTERM, then SIGKILL after
 // `grace`. Watches from its own thread until the worker was waited for; Join() after that.

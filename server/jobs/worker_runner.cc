@@ -57,20 +57,22 @@ bool OnGpu(const wire::Task& task) {
 
 // What a run came to: the watchdog's stop first, then a feed that failed the job, then the
 // worker's last event if it exited cleanly, else how it ended.
+// `killed_for_protocol`: the worker was alive when the runner killed it for breaking the
+// protocol, so its SIGKILL is the runner's, not the out-of-memory killer's.
 absl::StatusOr<wire::Event> RunOutcome(WorkerWatchdog::Stop stopped_by, const absl::Status& feed_error,
-                                       WorkerEvents events, int wait_status, const std::string& last_words,
-                                       int64_t file_bytes) {
+                                       WorkerEvents events, int wait_status, bool killed_for_protocol,
+                                       const std::string& last_words, const WorkerLimits& limits) {
   if (stopped_by == WorkerWatchdog::Stop::kCancelled) return absl::CancelledError("cancelled");
   if (stopped_by == WorkerWatchdog::Stop::kPastDeadline) {
     return absl::DeadlineExceededError("the job ran past its deadline; its worker was stopped");
   }
   if (!feed_error.ok()) return feed_error;
   if (events.last && ExitedCleanly(wait_status)) return *std::move(events.last);
-  // A signal is named before a broken protocol, even the SIGKILL that a broken protocol gets.
-  if (!WIFSIGNALED(wait_status) && !events.protocol.ok()) {
+  // A worker that died of a signal may leave a torn event behind: then the signal is the cause.
+  if (!events.protocol.ok() && (killed_for_protocol || !WIFSIGNALED(wait_status))) {
     return absl::InternalError(absl::StrCat("the worker broke the protocol: ", events.protocol.message()));
   }
-  return WorkerFailure(wait_status, last_words, file_bytes);
+  return WorkerFailure(wait_status, last_words, limits);
 }
 
 // One `recal-worker --print_cuda_devices [extra]`: its count, and its stderr (where a worker
@@ -133,6 +135,22 @@ int64_t InspectionMemoryBytes(const WorkerRunnerOptions& options) {
   return options.inspection_memory_bytes > 0 ? options.inspection_memory_bytes : options.memory_bytes;
 }
 
+namespace {
+
+// The limits the worker of `task` gets: a GPU worker no address-space limit (CUDA reserves
+// terabytes of it), an inspecting one its own, lower one.
+WorkerLimits LimitsOf(const WorkerRunnerOptions& options, const wire::Task& task) {
+  WorkerLimits limits;
+  limits.file_bytes = options.file_bytes;
+  if (OnGpu(task)) return limits;
+  limits.address_space_bytes = task.has_inspect() ? InspectionMemoryBytes(options) : options.memory_bytes;
+  limits.address_space_flag =
+      task.has_inspect() && options.inspection_memory_bytes > 0 ? "--inspection_memory_bytes" : "--job_memory_bytes";
+  return limits;
+}
+
+}  // namespace
+
 std::vector<std::string> WorkerArguments(const WorkerRunnerOptions& options, const wire::Task& task,
                                          const std::string& scratch) {
   std::vector<std::string> args = {options.binary, "--scratch=" + scratch};
@@ -146,11 +164,11 @@ std::vector<std::string> WorkerArguments(const WorkerRunnerOptions& options, con
     if (!data::IsS3Path(root)) read_paths.push_back(root);
   }
   if (!read_paths.empty()) args.push_back("--read_path=" + absl::StrJoin(read_paths, ","));
-  const int64_t memory_bytes = task.has_inspect() ? InspectionMemoryBytes(options) : options.memory_bytes;
+  const WorkerLimits limits = LimitsOf(options, task);
   if (OnGpu(task)) {
     args.push_back("--gpu");
-  } else if (memory_bytes > 0) {
-    args.push_back(absl::StrCat("--memory_bytes=", memory_bytes));
+  } else if (limits.address_space_bytes > 0) {
+    args.push_back(absl::StrCat("--memory_bytes=", limits.address_space_bytes));
   }
   if (options.file_bytes > 0) args.push_back(absl::StrCat("--file_bytes=", options.file_bytes));
   if (!options.user.empty()) args.push_back("--user=" + options.user);
@@ -194,13 +212,14 @@ absl::StatusOr<wire::Event> WorkerRunner::Run(const wire::Task& task, const std:
                                         },
                                     .on_progress = hooks.on_progress,
                                     .reads = reads ? &*reads : nullptr});
-  if (!events.protocol.ok()) process->Signal(SIGKILL);
+  const bool killed_for_protocol = !events.protocol.ok() && process->KillIfRunning();
   const int status = process->Wait();
   if (reads) reads->Stop();
   watchdog.Join();
   const std::string last_words = err.LastWords();
   const absl::Status feed_error = feeder.Finish();
-  return RunOutcome(watchdog.stopped_by(), feed_error, std::move(events), status, last_words, options_.file_bytes);
+  return RunOutcome(watchdog.stopped_by(), feed_error, std::move(events), status, killed_for_protocol, last_words,
+                    LimitsOf(options_, task));
 }
 
 void WorkerRunner::LogGpuSandbox(const wire::Sandboxed& sandboxed) {

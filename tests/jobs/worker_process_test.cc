@@ -12,6 +12,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/time/clock.h"
+
 namespace recal::jobs {
 namespace {
 
@@ -30,7 +32,7 @@ TEST(WorkerProcess, AnExitCodeIsSaidWithTheLastWords) {
   EXPECT_TRUE(process->finished());
   EXPECT_FALSE(ExitedCleanly(status));
   EXPECT_EQ(HowItEnded(status), "exited with code 3");
-  const absl::Status failure = WorkerFailure(status, "no data", 0);
+  const absl::Status failure = WorkerFailure(status, "no data", {});
   EXPECT_EQ(failure.code(), absl::StatusCode::kInternal);
   EXPECT_EQ(failure.message(), "the worker exited with code 3: no data");
 }
@@ -40,9 +42,39 @@ TEST(WorkerProcess, ASignalIsSaidWithItsLikelyCause) {
   ASSERT_NE(process, nullptr);
   const int status = process->Wait();
   EXPECT_EQ(HowItEnded(status), "was killed by SIGSEGV (Segmentation fault)");
-  EXPECT_EQ(WorkerFailure(status, "", 0).message(),
+  EXPECT_EQ(WorkerFailure(status, "", {}).message(),
             "the worker running the model was killed by SIGSEGV (Segmentation fault): LibTorch crashed on this model");
-  EXPECT_THAT(WorkerFailure(status, "bad op", 0).message(), HasSubstr("(last words: bad op)"));
+  EXPECT_THAT(WorkerFailure(status, "bad op", {}).message(), HasSubstr("(last words: bad op)"));
+  // Under an address-space limit, a refused allocation may end as a crash: the limit and its
+  // flag are named with the fix.
+  const WorkerLimits limits{.file_bytes = 0, .address_space_bytes = 1 << 30,
+                            .address_space_flag = "--inspection_memory_bytes"};
+  EXPECT_THAT(WorkerFailure(status, "", limits).message(),
+              HasSubstr("LibTorch crashed on this model, or an allocation failed under the worker's address-space "
+                        "limit of 1073741824 bytes (--inspection_memory_bytes; raise it for a large model)"));
+}
+
+TEST(WorkerProcess, KillIfRunningKillsOnlyAProcessThatHasNotEnded) {
+  auto sleeping = StartShell("exec sleep 30");
+  ASSERT_NE(sleeping, nullptr);
+  EXPECT_TRUE(sleeping->KillIfRunning());
+  const int killed = sleeping->Wait();
+  EXPECT_EQ(HowItEnded(killed), "was killed by SIGKILL (Killed)");
+
+  // Ended (its output closed, then a moment to become a zombie) but not yet waited for: not
+  // killed, and its status is still its own.
+  Fd out_read, out_write;
+  ASSERT_TRUE(Pipe(out_read, out_write).ok());
+  auto spawned = WorkerProcess::Spawn({"/bin/sh", "-c", "exit 4"}, {-1, out_write.get(), -1});
+  ASSERT_TRUE(spawned.ok()) << spawned.status();
+  std::unique_ptr<WorkerProcess> ended = *std::move(spawned);
+  out_write.reset();
+  char byte;
+  while (::read(out_read.get(), &byte, 1) > 0) {
+  }
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_FALSE(ended->KillIfRunning());
+  EXPECT_EQ(HowItEnded(ended->Wait()), "exited with code 4");
 }
 
 TEST(WorkerProcess, ACleanExitIsClean) {

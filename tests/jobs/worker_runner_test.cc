@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/sanitizers.h"
 #include "server/jobs/devices.h"
 #include "tests/test_util.h"
@@ -293,6 +294,24 @@ std::string FakeWorker(const testing::TempDir& tmp, const std::string& body) {
   testing::WriteBytes(path, "#!/bin/sh\n" + body + "\n");
   fs::permissions(path, fs::perms::owner_all);
   return path;
+}
+
+// A worker that sends an event that is no event and lives on is killed by the runner: the
+// error says it broke the protocol, not that something outside killed it (the SIGKILL is
+// the runner's own, not the out-of-memory killer's).
+TEST(WorkerRunnerProtocol, AWorkerThatBreaksTheProtocolIsSaidToHaveBrokenIt) {
+  testing::TempDir tmp;
+  WorkerRunnerOptions options;
+  // Descriptor 3 is the events pipe: a 3-byte message that does not parse, then silence.
+  options.binary = FakeWorker(tmp, "printf '\\003\\377\\377\\377' >&3; exec sleep 60");
+  testing::WriteBytes(tmp.File("model.pt"), "any bytes");
+  WorkerRunner runner(options);
+  const absl::Time start = absl::Now();
+  auto layers = runner.Inspect(tmp.File("model.pt"));
+  EXPECT_EQ(layers.status().code(), absl::StatusCode::kInternal) << layers.status();
+  EXPECT_THAT(layers.status().message(), HasSubstr("the worker broke the protocol"));
+  EXPECT_THAT(layers.status().message(), ::testing::Not(HasSubstr("out-of-memory")));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));  // not the sleep's minute
 }
 
 // What the real recal-worker's LibTorch sees decides the devices: on a machine without a
