@@ -47,17 +47,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(Options options) {
 absl::Status Server::BuildAll() {
   RECAL_RETURN_IF_ERROR(OpenAccess());
   RECAL_RETURN_IF_ERROR(OpenStorage());
-  RECAL_RETURN_IF_ERROR(ResolveDevices());
-  RECAL_RETURN_IF_ERROR(MakeRunner());
-  RECAL_RETURN_IF_ERROR(DescribeSandbox());
-  MakeModels(runner_.get());
-  jobs::JobManagerOptions jobs = JobOptions();
-  jobs.scheduler.recover_all_at_start = absl::StartsWith(store_spec_, "sqlite:");
-  jobs.client_streams = true;
-  RECAL_RETURN_IF_ERROR(StartJobs(jobs));
-  MakeSweeper(/*start=*/true);
-  RECAL_RETURN_IF_ERROR(ServeMetrics());
-  return ServeApi(/*register_api=*/true);
+  RECAL_RETURN_IF_ERROR(StartLocalWorkers());
+  jobs::JobManagerOptions job_options = JobOptions();
+  job_options.scheduler.recover_all_at_start = absl::StartsWith(store_spec_, "sqlite:");
+  job_options.client_streams = true;
+  RECAL_RETURN_IF_ERROR(StartJobs(job_options));
+  return Serve(/*serves_api=*/true);
 }
 
 // An api replica starts no recal-worker (docs/cluster.md): the worker processes inspect its
@@ -71,14 +66,12 @@ absl::Status Server::BuildApi() {
             "this process starts no recal-worker");
   RECAL_RETURN_IF_ERROR(ConnectRelay());
   MakeModels(remote_inspector_.get());
-  jobs::JobManagerOptions jobs = JobOptions();
-  jobs.client_streams = true;
-  jobs.relay = relay_client_.get();
-  jobs.scheduler.pushes = jobs::SchedulerOptions::Pushes::kRelayed;
-  RECAL_RETURN_IF_ERROR(StartJobs(jobs));
-  MakeSweeper(/*start=*/true);
-  RECAL_RETURN_IF_ERROR(ServeMetrics());
-  return ServeApi(/*register_api=*/true);
+  jobs::JobManagerOptions job_options = JobOptions();
+  job_options.client_streams = true;
+  job_options.relay = relay_client_.get();
+  job_options.scheduler.pushes = jobs::SchedulerOptions::Pushes::kRelayed;
+  RECAL_RETURN_IF_ERROR(StartJobs(job_options));
+  return Serve(/*serves_api=*/true);
 }
 
 // A worker process serves health and metrics only (clients talk to the api processes); with
@@ -88,23 +81,34 @@ absl::Status Server::BuildWorker() {
   RECAL_ASSIGN_OR_RETURN(cluster_secret_, ClusterSecretFor(options_));
   RECAL_RETURN_IF_ERROR(OpenAccess());
   RECAL_RETURN_IF_ERROR(OpenStorage());
-  RECAL_RETURN_IF_ERROR(ResolveDevices());
-  RECAL_RETURN_IF_ERROR(MakeRunner());
-  RECAL_RETURN_IF_ERROR(DescribeSandbox());
-  MakeModels(runner_.get());
+  RECAL_RETURN_IF_ERROR(StartLocalWorkers());
   RECAL_RETURN_IF_ERROR(ServeInternalEndpoint());
-  jobs::JobManagerOptions jobs = JobOptions();
-  jobs.client_streams = false;
-  jobs.scheduler.pushes = jobs::SchedulerOptions::Pushes::kRelayed;
-  jobs.scheduler.relay_endpoint = internal_.advertised;
-  RECAL_RETURN_IF_ERROR(StartJobs(jobs));
+  jobs::JobManagerOptions job_options = JobOptions();
+  job_options.client_streams = false;
+  job_options.scheduler.pushes = jobs::SchedulerOptions::Pushes::kRelayed;
+  job_options.scheduler.relay_endpoint = internal_.advertised;
+  RECAL_RETURN_IF_ERROR(StartJobs(job_options));
   if (internal_.server) {
     heartbeat_.emplace(metadata_.get(), jobs_->lease_owner(), internal_.advertised);
     heartbeat_->Start();
   }
-  MakeSweeper(/*start=*/false);
+  return Serve(/*serves_api=*/false);
+}
+
+// This process runs jobs and inspects uploads itself, on its own devices.
+absl::Status Server::StartLocalWorkers() {
+  RECAL_RETURN_IF_ERROR(ResolveDevices());
+  RECAL_RETURN_IF_ERROR(MakeRunner());
+  RECAL_RETURN_IF_ERROR(DescribeSandbox());
+  MakeModels(runner_.get());
+  return absl::OkStatus();
+}
+
+// Every process that serves the API sweeps; a worker serves health (and metrics) only.
+absl::Status Server::Serve(bool serves_api) {
+  MakeSweeper(/*start=*/serves_api);
   RECAL_RETURN_IF_ERROR(ServeMetrics());
-  return ServeApi(/*register_api=*/false);
+  return ServeApi(/*register_api=*/serves_api);
 }
 
 void Server::ReloadAuth() {

@@ -81,6 +81,7 @@ class Server {
   // The steps the role builders take, in this order.
   absl::Status OpenAccess();   // callers' credentials, TLS, and the metrics registry
   absl::Status OpenStorage();  // data dir, blob store, metadata store
+  absl::Status StartLocalWorkers();  // roles all and worker: devices, runner, sandbox, models
   absl::Status ResolveDevices();
   absl::Status MakeRunner();
   absl::Status DescribeSandbox();
@@ -90,6 +91,7 @@ class Server {
   jobs::JobManagerOptions JobOptions() const;
   absl::Status StartJobs(const jobs::JobManagerOptions& options);
   void MakeSweeper(bool start);
+  absl::Status Serve(bool serves_api);  // the sweeper, metrics and the gRPC server
   absl::Status ServeMetrics();
   absl::Status ServeApi(bool register_api);
   void StartHealthWatcher();

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <filesystem>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <tuple>
 
@@ -23,6 +24,9 @@
 #include "tests/test_util.h"
 
 namespace recal::app {
+
+void PrintTo(Role role, std::ostream* os) { *os << RoleName(role); }
+
 namespace {
 
 using grpc::health::v1::HealthCheckResponse;
@@ -31,6 +35,8 @@ const std::string kFixtures = RECAL_FIXTURES_DIR;
 constexpr absl::Duration kShutdownTimeout = absl::Seconds(5);
 
 enum class Backend { kSqlite, kPostgres };
+
+void PrintTo(Backend backend, std::ostream* os) { *os << (backend == Backend::kSqlite ? "sqlite" : "postgresql"); }
 
 // The store's spec for a test: an SQLite file under `tmp`, or a fresh PostgreSQL database
 // (empty, with the reason in `skip`, where PostgreSQL is not installed).
