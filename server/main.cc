@@ -2,59 +2,24 @@
 // --data_dir). SIGTERM / SIGINT: health goes NOT_SERVING, workers stop at a batch
 // boundary (their jobs stay QUEUED for the next start), watchers are ended, and the
 // process exits within --shutdown_timeout_seconds. SIGHUP: the auth file is read again.
-#include <signal.h>
-
-#include <algorithm>
-#include <atomic>
-#include <condition_variable>
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
+// This file parses the flags into app::ServerOptions; server/app/ builds and runs the server.
+#include <cstdint>
 #include <iostream>
-#include <mutex>
-#include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/health_check_service_interface.h>
-#include <grpcpp/server_builder.h>
-
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
-#include "absl/strings/match.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
-#include "server/api/listen_security.h"
-#include "server/api/recal_service.h"
-#include "server/auth/authenticator.h"
-#include "server/data_access/object_storage.h"
-#include "server/data_access/s3_paths.h"
-#include "server/jobs/devices.h"
-#include "server/jobs/job_manager.h"
-#include "server/jobs/model_registry.h"
-#include "server/jobs/retention_sweeper.h"
-#include "server/jobs/worker_runner.h"
 #include "common/command_line.h"
-#include "common/version.h"
+#include "server/app/server.h"
+#include "server/app/server_options.h"
+#include "server/jobs/data_source_spec.h"
 #include "server/log/log.h"
-#include "server/metrics/metrics.h"
-#include "server/relay/endpoint_heartbeat.h"
-#include "server/relay/inspection_service.h"
-#include "server/relay/internal_endpoint.h"
-#include "server/relay/relay_client.h"
-#include "server/relay/relay_service.h"
-#include "server/relay/remote_inspector.h"
 #include "server/s3/s3_flags.h"
-#include "server/store/blob_store.h"
-#include "server/store/metadata_store.h"
-#include "server/store/open_blob_store.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "address to serve gRPC on (port 0: any free port); beyond loopback it needs --auth_file "
@@ -182,19 +147,73 @@ recal::jobs::DataRoots AllDataRoots(int argc, char** argv) {
   return roots;
 }
 
-// --inspection_memory_total, or a quarter of the host's memory (MemTotal) but room for one
-// inspection of `per_inspection` at least: what all inspecting workers together may hold, so
-// that uploads cannot take the machine.
-int64_t InspectionMemoryTotal(int64_t per_inspection) {
-  if (absl::GetFlag(FLAGS_inspection_memory_total) > 0) return absl::GetFlag(FLAGS_inspection_memory_total);
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  int64_t kib = 0;
-  while (meminfo >> key >> kib) {
-    if (key == "MemTotal:") return std::max(kib * 1024 / 4, per_inspection);
-    meminfo.ignore(64, '\n');
-  }
-  return 0;  // unknown: the count bound alone
+// Who may call and where things live.
+void ParseAccessAndStorageFlags(recal::app::ServerOptions& options) {
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.auth_file = absl::GetFlag(FLAGS_auth_file);
+  options.allow_unauthenticated = absl::GetFlag(FLAGS_allow_unauthenticated);
+  options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key = absl::GetFlag(FLAGS_tls_key);
+  options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  options.reflection = absl::GetFlag(FLAGS_reflection);
+  options.data_dir = absl::GetFlag(FLAGS_data_dir);
+  options.store = absl::GetFlag(FLAGS_store);
+  options.blobs = absl::GetFlag(FLAGS_blobs);
+  options.blob_part_bytes = absl::GetFlag(FLAGS_blob_part_bytes);
+  options.s3 = recal::s3::S3SettingsFromFlags();
+  options.internal_token_file = absl::GetFlag(FLAGS_internal_token_file);
+  options.internal_listen = absl::GetFlag(FLAGS_internal_listen);
+  options.advertise_address = absl::GetFlag(FLAGS_advertise_address);
+  options.internal_tls_ca = absl::GetFlag(FLAGS_internal_tls_ca);
+  options.relay_wait = absl::Seconds(absl::GetFlag(FLAGS_relay_wait_seconds));
+  options.lease = absl::Seconds(absl::GetFlag(FLAGS_lease_seconds));
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.shutdown_timeout = absl::Seconds(absl::GetFlag(FLAGS_shutdown_timeout_seconds));
+}
+
+// Workers, inspections, jobs and retention.
+void ParseWorkFlags(recal::app::ServerOptions& options) {
+  options.devices = absl::GetFlag(FLAGS_devices);
+  options.cpu_workers = absl::GetFlag(FLAGS_cpu_workers);
+  options.threads_per_worker = absl::GetFlag(FLAGS_threads_per_worker);
+  options.prefetch_depth = absl::GetFlag(FLAGS_prefetch_depth);
+  options.decode_threads = absl::GetFlag(FLAGS_decode_threads);
+  options.worker_binary = absl::GetFlag(FLAGS_worker_binary);
+  options.job_memory_bytes = absl::GetFlag(FLAGS_job_memory_bytes);
+  options.job_file_bytes = absl::GetFlag(FLAGS_job_file_bytes);
+  options.worker_user = absl::GetFlag(FLAGS_worker_user);
+  options.extra_allowed_ops = absl::GetFlag(FLAGS_extra_allowed_ops);
+  options.max_graph_nodes = absl::GetFlag(FLAGS_max_graph_nodes);
+  options.inspection_memory_bytes = absl::GetFlag(FLAGS_inspection_memory_bytes);
+  options.max_concurrent_inspections = absl::GetFlag(FLAGS_max_concurrent_inspections);
+  options.inspection_memory_total = absl::GetFlag(FLAGS_inspection_memory_total);
+  options.inspection_wait = absl::Seconds(absl::GetFlag(FLAGS_inspection_wait_seconds));
+  options.tenant_max_concurrent_inspections = absl::GetFlag(FLAGS_tenant_max_concurrent_inspections);
+  options.tenant_max_running_jobs = absl::GetFlag(FLAGS_tenant_max_running_jobs);
+  options.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_jobs);
+  options.max_model_bytes = absl::GetFlag(FLAGS_max_model_bytes);
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
+  options.max_batch_bytes = absl::GetFlag(FLAGS_max_batch_bytes);
+  options.job_timeout = absl::Seconds(absl::GetFlag(FLAGS_job_timeout_seconds));
+  options.stream_idle = absl::Seconds(absl::GetFlag(FLAGS_stream_idle_seconds));
+  options.max_attempts = absl::GetFlag(FLAGS_max_attempts);
+  options.download_chunk_bytes = absl::GetFlag(FLAGS_download_chunk_bytes);
+  options.keep_versions = absl::GetFlag(FLAGS_keep_versions);
+  options.keep_results_days = absl::GetFlag(FLAGS_keep_results_days);
+  options.upload_idle = absl::Seconds(absl::GetFlag(FLAGS_upload_idle_seconds));
+  options.retention_interval = absl::Seconds(absl::GetFlag(FLAGS_retention_interval_seconds));
+}
+
+absl::StatusOr<recal::app::ServerOptions> OptionsFromFlags(int argc, char** argv) {
+  recal::app::ServerOptions options;
+  auto role = recal::app::ParseRole(absl::GetFlag(FLAGS_role));
+  if (!role.ok()) return role.status();
+  options.role = *role;
+  ParseAccessAndStorageFlags(options);
+  ParseWorkFlags(options);
+  options.data_roots = AllDataRoots(argc, argv);
+  return options;
 }
 
 int Fail(const absl::Status& status) {
@@ -214,356 +233,8 @@ int main(int argc, char** argv) {
     std::cerr << "recal-server: " << configured.message() << "\n";
     return 2;
   }
-
-  // Signals are taken by one thread with sigwait, so block them before any thread starts.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-
-  const std::string role = absl::GetFlag(FLAGS_role);
-  if (role != "all" && role != "api" && role != "worker") {
-    return Fail(absl::InvalidArgumentError(absl::StrCat("--role=", role, " is not all, api or worker")));
-  }
-  // Cluster mode's secret (docs/cluster.md). An api replica starts no recal-worker:
-  // the worker processes inspect its uploads, and it reaches them with the secret.
-  std::optional<recal::relay::RelaySecret> cluster_secret;
-  if (role != "all" && !absl::GetFlag(FLAGS_internal_token_file).empty()) {
-    auto secret = recal::relay::RelaySecret::FromFile(absl::GetFlag(FLAGS_internal_token_file));
-    if (!secret.ok()) return Fail(secret.status());
-    cluster_secret = *std::move(secret);
-  } else if (role == "api") {
-    return Fail(absl::FailedPreconditionError(
-        "--role=api starts no recal-worker, so the worker processes inspect its uploads, reached with the "
-        "cluster secret: give --internal_token_file=FILE, the same file as the workers' (at least 32 characters, "
-        "e.g. a token from 'recalctl token new')"));
-  }
-  // Who may call, decided before anything listens.
-  const std::string listen = absl::GetFlag(FLAGS_listen);
-  std::unique_ptr<recal::auth::Authenticator> auth;
-  if (!absl::GetFlag(FLAGS_auth_file).empty()) {
-    auto loaded = recal::auth::Authenticator::FromFile(absl::GetFlag(FLAGS_auth_file));
-    if (!loaded.ok()) return Fail(loaded.status());
-    auth = *std::move(loaded);
-  } else if (!recal::api::IsLoopbackAddress(listen) && !absl::GetFlag(FLAGS_allow_unauthenticated)) {
-    return Fail(absl::FailedPreconditionError(absl::StrCat(
-        "refusing to serve ", listen, " without credentials: anyone who reaches it could read every model and "
-        "result. Give --auth_file=FILE (make a token with 'recalctl token new --tenant T --role submit'), "
-        "listen on loopback (--listen=127.0.0.1:50051), or pass --allow_unauthenticated if the network is yours")));
-  } else {
-    auth = recal::auth::Authenticator::Open(recal::store::kDefaultTenant);
-    if (!recal::api::IsLoopbackAddress(listen)) {
-      recal::log::Warning(absl::StrCat("recal-server: serving ", listen,
-                                       " WITHOUT authentication (--allow_unauthenticated): every caller is admin"));
-    }
-  }
-  recal::api::TlsFiles tls{absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
-                           absl::GetFlag(FLAGS_tls_client_ca)};
-  auto credentials = recal::api::ServerCredentialsFor(tls);
-  if (!credentials.ok()) return Fail(credentials.status());
-
-  const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
-  std::error_code error;
-  std::filesystem::create_directories(data_dir, error);
-  if (error) return Fail(absl::InternalError(absl::StrCat("cannot create ", data_dir, ": ", error.message())));
-  auto opened_blobs = recal::store::OpenBlobStore(
-      {.spec = absl::GetFlag(FLAGS_blobs),
-       .data_dir = data_dir,
-       .object_storage = [] { return recal::data::ObjectStorageOptions(recal::s3::S3SettingsFromFlags()); },
-       .part_bytes = absl::GetFlag(FLAGS_blob_part_bytes)});
-  if (!opened_blobs.ok()) return Fail(opened_blobs.status());
-  // The endpoint may come up after the server: jobs fail UNAVAILABLE until it does.
-  if (!opened_blobs->reachable.ok()) {
-    recal::log::Warning(absl::StrCat("recal-server: blob store not reachable yet: ", opened_blobs->reachable.message()));
-  }
-  recal::store::BlobStore* blobs = opened_blobs->store.get();
-  const std::string store_spec =
-      absl::GetFlag(FLAGS_store).empty() ? "sqlite:" + data_dir + "/recal.db" : absl::GetFlag(FLAGS_store);
-  auto metadata = recal::store::OpenMetadataStore(store_spec);
-  if (!metadata.ok()) return Fail(metadata.status());
-  recal::jobs::WorkerRunnerOptions worker;
-  worker.binary = absl::GetFlag(FLAGS_worker_binary);
-  if (worker.binary.empty()) {
-    std::error_code error;
-    worker.binary = (std::filesystem::read_symlink("/proc/self/exe", error).parent_path() / "recal-worker").string();
-  }
-  // An api process runs no jobs, so it has no devices to find. The others count CUDA devices
-  // with recal-worker, which runs on them (this process loads no LibTorch), only for a
-  // --devices that names CUDA.
-  absl::StatusOr<std::vector<std::string>> devices = std::vector<std::string>();
-  if (role != "api") {
-    devices = recal::jobs::ResolveDevices(absl::GetFlag(FLAGS_devices), absl::GetFlag(FLAGS_cpu_workers),
-                                          [&worker] { return recal::jobs::CountCudaDevices(worker.binary); });
-  }
-  if (!devices.ok()) return Fail(devices.status());
-
-  // Metrics outlive everything that counts into them; null when --metrics_listen is empty.
-  const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
-  std::unique_ptr<recal::metrics::Metrics> metrics;
-  if (!metrics_listen.empty()) {
-    metrics = std::make_unique<recal::metrics::Metrics>(role);
-    for (const std::string& tenant : auth->Tenants()) metrics->AddTenant(tenant);
-  }
-
-  const recal::jobs::DataRoots data_roots = AllDataRoots(argc, argv);
-  worker.scratch_root = blobs->scratch_dir();
-  worker.data_roots = data_roots.All();
-  // Data in a bucket: only where a data root names one, so that a server without any needs
-  // no object-storage configuration. Read by this process for its sandboxed workers.
-  if (std::any_of(worker.data_roots.begin(), worker.data_roots.end(),
-                  [](const std::string& root) { return recal::data::IsS3Path(root); })) {
-    auto settings = recal::data::ObjectStorageOptions(recal::s3::S3SettingsFromFlags());
-    if (!settings.ok()) return Fail(settings.status());
-    auto bucket = recal::data::ConnectBucket(*settings);
-    if (!bucket.ok()) return Fail(bucket.status());
-    worker.object_storage = *std::move(bucket);
-  }
-  worker.memory_bytes = absl::GetFlag(FLAGS_job_memory_bytes);
-  worker.file_bytes = absl::GetFlag(FLAGS_job_file_bytes) > 0 ? absl::GetFlag(FLAGS_job_file_bytes)
-                                                              : 2 * absl::GetFlag(FLAGS_max_model_bytes);
-  worker.inspection_memory_bytes = absl::GetFlag(FLAGS_inspection_memory_bytes);
-  worker.inspections = std::make_shared<recal::jobs::InspectionSlots>(recal::jobs::InspectionBounds{
-      absl::GetFlag(FLAGS_max_concurrent_inspections), InspectionMemoryTotal(recal::jobs::InspectionMemoryBytes(worker)), 0,
-      absl::Seconds(absl::GetFlag(FLAGS_inspection_wait_seconds))});
-  worker.user = absl::GetFlag(FLAGS_worker_user);
-  worker.extra_allowed_ops = absl::GetFlag(FLAGS_extra_allowed_ops);
-  worker.max_graph_nodes = absl::GetFlag(FLAGS_max_graph_nodes);
-  worker.threads = absl::GetFlag(FLAGS_threads_per_worker);
-  worker.prefetch_depth = std::max(0, absl::GetFlag(FLAGS_prefetch_depth));
-  worker.decode_threads = std::max(0, absl::GetFlag(FLAGS_decode_threads));
-  recal::jobs::WorkerRunner runner(worker);
-  if (role == "api") {
-    recal::log::Info("recal-server: jobs and inspections of uploads run on the worker processes (--role=worker); "
-                     "this process starts no recal-worker");
-  } else {
-    // Said once at start: what the sandbox holds on this machine, and by name what it cannot.
-    auto sandbox = runner.DescribeSandbox();
-    if (!sandbox.ok()) {
-      return Fail(absl::Status(sandbox.status().code(),
-                               absl::StrCat("the worker does not start: ", sandbox.status().message())));
-    }
-    recal::log::Info("recal-server: jobs run in sandboxed workers",
-                     {{"worker", worker.binary}, {"enforced", absl::StrJoin(sandbox->enforced(), ", ")}});
-    for (const std::string& missing : sandbox->missing()) {
-      recal::log::Warning(absl::StrCat("recal-server: sandbox: not enforced on this machine: ", missing));
-    }
-  }
-  // An api replica's connections to the workers' internal endpoints: the inspections of its
-  // uploads, and the pushed batches of client-stream jobs.
-  std::unique_ptr<recal::relay::RelayClient> relay_client;
-  std::unique_ptr<recal::relay::RemoteInspector> remote_inspector;
-  if (role == "api") {
-    auto made = recal::relay::RelayClient::Make(*cluster_secret,
-                                                {.tls_ca = absl::GetFlag(FLAGS_internal_tls_ca),
-                                                 .tls_cert = tls.cert,
-                                                 .tls_key = tls.key,
-                                                 .max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes)});
-    if (!made.ok()) return Fail(made.status());
-    relay_client = *std::move(made);
-    remote_inspector = std::make_unique<recal::relay::RemoteInspector>(relay_client.get(), metadata->get());
-  }
-  recal::jobs::ModelInspector* const inspector =
-      remote_inspector ? static_cast<recal::jobs::ModelInspector*>(remote_inspector.get()) : &runner;
-  const recal::jobs::TenantLimitsFn limits = [&auth](const std::string& tenant) {
-    const recal::auth::TenantQuotas quotas = auth->QuotasOf(tenant);
-    const auto or_flag = [](int64_t value, int64_t server_default) { return value > 0 ? value : server_default; };
-    return recal::jobs::TenantLimits{
-        quotas.max_active_jobs, quotas.max_stored_bytes, quotas.max_submissions_per_minute,
-        or_flag(quotas.max_concurrent_inspections, absl::GetFlag(FLAGS_tenant_max_concurrent_inspections)),
-        or_flag(quotas.max_running_jobs, absl::GetFlag(FLAGS_tenant_max_running_jobs))};
-  };
-  recal::jobs::ModelRegistry models(metadata->get(), blobs, absl::GetFlag(FLAGS_max_model_bytes), inspector,
-                                    limits);
-  models.SetInspectionWait(absl::Seconds(absl::GetFlag(FLAGS_inspection_wait_seconds)));
-  // Cluster mode's client streams (docs/cluster.md, "Client streams across processes"): a worker process takes relayed
-  // pushes on an internal endpoint of its own, an api replica relays them there; both only
-  // with the cluster secret.
-  std::unique_ptr<recal::relay::RelayService> relay_service;
-  std::unique_ptr<recal::relay::InspectionService> inspection_service;
-  recal::relay::InternalEndpoint internal;
-  if (role == "worker" && cluster_secret) {
-    relay_service = std::make_unique<recal::relay::RelayService>(*cluster_secret);
-    inspection_service = std::make_unique<recal::relay::InspectionService>(
-        *cluster_secret, &runner,
-        recal::relay::InspectionServiceOptions{absl::GetFlag(FLAGS_max_model_bytes), worker.scratch_root});
-    auto served = recal::relay::ServeInternal(
-        absl::GetFlag(FLAGS_internal_listen), absl::GetFlag(FLAGS_advertise_address), *credentials,
-        {relay_service.get(), inspection_service.get()}, absl::GetFlag(FLAGS_max_message_bytes));
-    if (!served.ok()) return Fail(served.status());
-    internal = *std::move(served);
-    recal::log::Info("recal-server: internal endpoint for inspections and relayed pushes",
-                     {{"listen", absl::GetFlag(FLAGS_internal_listen)}, {"advertised", internal.advertised}});
-  } else if (role == "worker") {
-    recal::log::Warning("recal-server: no --internal_token_file: api replicas cannot reach this worker, so it "
-                        "inspects none of their uploads, and client-stream jobs it takes fail");
-  }
-  recal::jobs::JobManagerOptions options;
-  // An api process runs no jobs; a process alone on an SQLite file (role all) may take back
-  // every job left running at start, any other only those whose lease has run out.
-  options.scheduler.devices = *devices;
-  options.scheduler.lease = absl::Seconds(absl::GetFlag(FLAGS_lease_seconds));
-  options.scheduler.recover_all_at_start = role == "all" && absl::StartsWith(store_spec, "sqlite:");
-  options.client_streams = role == "all" || relay_client != nullptr;
-  options.relay = relay_client.get();
-  options.relay_wait = absl::Seconds(absl::GetFlag(FLAGS_relay_wait_seconds));
-  if (role != "all") {
-    options.scheduler.pushes = recal::jobs::SchedulerOptions::Pushes::kRelayed;
-    options.scheduler.relay_endpoint = internal.advertised;
-  }
-  options.scheduler.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_jobs);
-  options.scheduler.data_roots = data_roots;
-  options.scheduler.default_timeout_seconds = absl::GetFlag(FLAGS_job_timeout_seconds);
-  options.scheduler.stream_idle = absl::Seconds(absl::GetFlag(FLAGS_stream_idle_seconds));
-  options.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
-  options.max_batch_bytes = absl::GetFlag(FLAGS_max_batch_bytes);
-  options.scheduler.metrics = metrics.get();
-  options.scheduler.max_attempts = std::max(1, absl::GetFlag(FLAGS_max_attempts));
-  options.limits = limits;
-  recal::jobs::JobManager jobs(metadata->get(), blobs, &models, &runner, options);
-  if (relay_service) relay_service->Bind(&jobs);
-  if (absl::Status started = jobs.Start(); !started.ok()) return Fail(started);
-  // Api replicas send inspections to the workers they heard from lately.
-  std::optional<recal::relay::EndpointHeartbeat> heartbeat;
-  if (internal.server) {
-    heartbeat.emplace(metadata->get(), jobs.lease_owner(), internal.advertised);
-    heartbeat->Start();
-  }
-
-  // Every process that serves the API sweeps (with --blobs=s3:// each stages its own uploads);
-  // what it does is safe when replicas do it at once (retention_sweeper.h).
-  const recal::jobs::RetentionFn retention = [&auth](const std::string& tenant) {
-    const recal::auth::TenantQuotas quotas = auth->QuotasOf(tenant);
-    const auto or_default = [](int64_t value, int64_t server_default) {
-      return value == recal::auth::kRetentionDefault ? server_default : value;
-    };
-    return recal::jobs::RetentionPolicy{or_default(quotas.keep_versions, absl::GetFlag(FLAGS_keep_versions)),
-                                        or_default(quotas.keep_results_days, absl::GetFlag(FLAGS_keep_results_days))};
-  };
-  recal::jobs::RetentionSweeper sweeper(
-      metadata->get(), blobs,
-      {.retention = retention,
-       .upload_idle = absl::Seconds(absl::GetFlag(FLAGS_upload_idle_seconds)),
-       .interval = absl::Seconds(absl::GetFlag(FLAGS_retention_interval_seconds))});
-  if (role != "worker" && absl::GetFlag(FLAGS_retention_interval_seconds) > 0) sweeper.Start();
-
-  // Declared after `jobs`: it stops serving (its gauges read the jobs) before they go.
-  std::unique_ptr<prometheus::Exposer> exposer;
-  if (metrics) {
-    std::vector<recal::metrics::ScrapedGauge> gauges = {
-        {"recal_jobs_queued", "Jobs waiting for a worker", [&jobs] { return double(jobs.queued()); }},
-        {"recal_jobs_running", "Jobs on a worker", [&jobs] { return double(jobs.running()); }},
-        {"recal_inspections_running", "Upload inspections running on this host",
-         [&worker] { return double(worker.inspections->running()); }},
-        {"recal_inspections_queued", "Uploads waiting for an inspection slot (the host's or their tenant's)",
-         [&worker, &models] {
-           return double(worker.inspections->queued() + models.tenant_inspections().queued());
-         }},
-        {"recal_inspections_refused", "Uploads refused RESOURCE_EXHAUSTED for want of an inspection slot since start",
-         [&worker, &models] {
-           return double(worker.inspections->refused() + models.tenant_inspections().refused());
-         }}};
-    // Per tenant, as its quota counts: models and results as stored (whichever blob store),
-    // and its unfinished uploads on this host's disk.
-    recal::metrics::ScrapedGauge store_bytes{"recal_store_bytes",
-                                             "Bytes a tenant stores: models, results and unfinished uploads"};
-    store_bytes.label = "tenant";
-    store_bytes.by_label = [&auth, &models] {
-      std::map<std::string, double> bytes;
-      for (const std::string& tenant : auth->Tenants()) {
-        if (auto usage = models.Usage(tenant); usage.ok()) bytes[tenant] = static_cast<double>(usage->stored_bytes());
-      }
-      return bytes;
-    };
-    gauges.push_back(std::move(store_bytes));
-    auto served = recal::metrics::Serve(metrics_listen, metrics.get(), std::move(gauges));
-    if (!served.ok()) return Fail(served.status());
-    exposer = *std::move(served);
-    recal::log::Info(absl::StrCat("recal-server: metrics on port ", recal::metrics::PortOf(*exposer)),
-                     {{"address", metrics_listen}, {"path", "/metrics"}});
-  }
-
-  recal::api::RecalService service(auth.get(), &models, &jobs,
-                                   {.download_chunk_bytes = absl::GetFlag(FLAGS_download_chunk_bytes),
-                                    .max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes)},
-                                   metrics.get());
-  grpc::EnableDefaultHealthCheckService(true);
-  if (absl::GetFlag(FLAGS_reflection)) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(listen, *credentials, &port);
-  builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
-  // A worker serves health (and metrics) only: clients talk to the api processes.
-  if (role != "worker") builder.RegisterService(&service);
-  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
-  interceptors.push_back(std::make_unique<recal::metrics::ServerInterceptorFactory>(metrics.get()));
-  builder.experimental().SetInterceptorCreators(std::move(interceptors));
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0) {
-    return Fail(absl::UnavailableError(absl::StrCat("cannot listen on ", listen)));
-  }
-  recal::log::Info(absl::StrCat("recal-server: listening on port ", port),
-                   {{"address", listen},
-                    {"auth", auth->enabled() ? auth->path() : "none (loopback)"},
-                    {"tls", tls.cert.empty() ? "off" : tls.client_ca.empty() ? "on" : "mutual"},
-                    {"data_dir", data_dir},
-                    {"store", store_spec.substr(0, store_spec.find(':'))},  // never the URI: it may hold a password
-                    {"blobs", blobs->Describe()},
-                    {"role", role},
-                    {"workers", static_cast<int64_t>(devices->size())},
-                    {"version", recal::Version()}});
-
-  // Health follows the store: a process that cannot reach it can neither take jobs nor
-  // answer for them, so it says NOT_SERVING (a load balancer or Kubernetes routes around it).
-  std::atomic<bool> stopping{false};
-  std::mutex health_mu;
-  std::condition_variable health_cv;
-  std::thread store_health([&] {
-    bool serving = true;
-    std::unique_lock<std::mutex> lock(health_mu);
-    while (!health_cv.wait_for(lock, std::chrono::seconds(2), [&] { return stopping.load(); })) {
-      const absl::StatusOr<int64_t> reached = metadata->get()->CountJobsInStates({recal::v1::QUEUED});
-      if (reached.ok() == serving) continue;
-      serving = reached.ok();
-      server->GetHealthCheckService()->SetServingStatus(serving);
-      if (serving) {
-        recal::log::Info("recal-server: the store answers again: SERVING");
-      } else {
-        recal::log::Error("recal-server: the store does not answer: NOT_SERVING",
-                          {{"error", std::string(reached.status().message())}});
-      }
-    }
-  });
-
-  int signal = 0;
-  while (sigwait(&signals, &signal) == 0 && signal == SIGHUP) {
-    // A file that does not parse keeps the credentials in force.
-    if (absl::Status reloaded = auth->Reload(); !reloaded.ok()) {
-      recal::log::Error("recal-server: auth file not reloaded, the previous one stays",
-                        {{"error", std::string(reloaded.message())}});
-    } else {
-      recal::log::Info("recal-server: auth file reloaded", {{"path", auth->path()}});
-      if (metrics) {
-        for (const std::string& tenant : auth->Tenants()) metrics->AddTenant(tenant);
-      }
-    }
-  }
-  recal::log::Info("recal-server: shutting down", {{"signal", signal}});
-  {
-    std::lock_guard<std::mutex> lock(health_mu);
-    stopping = true;
-  }
-  health_cv.notify_all();
-  store_health.join();
-  const absl::Duration deadline = absl::Seconds(absl::GetFlag(FLAGS_shutdown_timeout_seconds));
-  server->GetHealthCheckService()->SetServingStatus(false);
-  if (heartbeat) heartbeat->Stop();  // no inspection is sent here any more
-  sweeper.Stop();
-  jobs.Shutdown(deadline);  // closes the feeds: relayed streams end
-  if (internal.server) internal.server->Shutdown(std::chrono::system_clock::now() + absl::ToChronoSeconds(deadline));
-  server->Shutdown(std::chrono::system_clock::now() + absl::ToChronoSeconds(deadline));
-  exposer.reset();
-  recal::log::Info("recal-server: stopped");
+  absl::StatusOr<recal::app::ServerOptions> options = OptionsFromFlags(argc, argv);
+  if (!options.ok()) return Fail(options.status());
+  if (absl::Status run = recal::app::RunServer(*std::move(options)); !run.ok()) return Fail(run);
   return 0;
 }
