@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/command_line.h"
+#include "common/enum_names.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -81,24 +82,19 @@ using recal::engine::Options;
 absl::StatusOr<Options> OptionsFromFlags() {
   Options options;
   const std::string estimator = absl::GetFlag(FLAGS_estimator);
-  if (estimator == "population") {
-    options.estimator = recal::v1::POPULATION;
-  } else if (estimator == "batch_average") {
-    options.estimator = recal::v1::BATCH_AVERAGE;
-  } else {
+  const std::optional<recal::v1::Estimator> parsed_estimator = recal::EnumFromName<recal::v1::Estimator>(estimator);
+  if (!parsed_estimator) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--estimator=", estimator, ": use population or batch_average"));
+        absl::StrCat("--estimator=", estimator, ": use ", recal::EnumNameList<recal::v1::Estimator>()));
   }
+  options.estimator = *parsed_estimator;
   const std::string modules = absl::GetFlag(FLAGS_modules);
-  if (modules == "eval") {
-    options.modules = recal::v1::EVAL;
-  } else if (modules == "train") {
-    options.modules = recal::v1::TRAIN;
-  } else if (modules == "as_saved") {
-    options.modules = recal::v1::AS_SAVED;
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat("--modules=", modules, ": use eval, train or as_saved"));
+  const std::optional<recal::v1::ModuleMode> parsed_modules = recal::EnumFromName<recal::v1::ModuleMode>(modules);
+  if (!parsed_modules) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--modules=", modules, ": use ", recal::EnumNameList<recal::v1::ModuleMode>()));
   }
+  options.modules = *parsed_modules;
   options.include = absl::GetFlag(FLAGS_include);
   options.exclude = absl::GetFlag(FLAGS_exclude);
   if (absl::GetFlag(FLAGS_max_batches) < 0) return absl::InvalidArgumentError("--max_batches must be >= 0");
@@ -111,7 +107,7 @@ absl::StatusOr<Options> OptionsFromFlags() {
   auto memory_format = recal::engine::ParseMemoryFormat(format);
   if (!memory_format.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--memory_format=", format, ": use auto, contiguous or channels_last"));
+        absl::StrCat("--memory_format=", format, ": use ", recal::EnumNameList<recal::v1::MemoryFormat>()));
   }
   options.memory_format = *memory_format;
   auto compute_dtype = recal::engine::ParseComputeDtype(absl::GetFlag(FLAGS_compute_dtype));

@@ -12,6 +12,7 @@
 #include "client/recalctl/commands.h"
 #include "client/recalctl/exit_codes.h"
 #include "client/recalctl/output.h"
+#include "common/enum_names.h"
 #include "common/status_macros.h"
 #include "recal/data.h"
 
@@ -67,30 +68,22 @@ absl::Status FillSpec(const Args& args, v1::JobSpec* spec, v1::ClientStreamSourc
   options->set_allow_short_data(args.GetBool("allow_short_data"));
   options->set_include(args.Get("include"));
   options->set_exclude(args.Get("exclude"));
-  // Checked by the server (one list of names, the engine's).
+  // Checked by the server against the same proto enums (v1::ComputeDtype, v1::MemoryFormat).
   options->set_compute_dtype(args.Get("compute_dtype"));
   options->set_memory_format(args.Get("memory_format"));
   if (args.Has("estimator")) {
-    const std::string name = absl::AsciiStrToLower(args.Get("estimator"));
-    if (name == "population") {
-      options->set_estimator(v1::POPULATION);
-    } else if (name == "batch_average") {
-      options->set_estimator(v1::BATCH_AVERAGE);
-    } else {
-      return absl::InvalidArgumentError("--estimator must be population or batch_average");
+    const auto estimator = EnumFromName<v1::Estimator>(absl::AsciiStrToLower(args.Get("estimator")));
+    if (!estimator) {
+      return absl::InvalidArgumentError(absl::StrCat("--estimator must be ", EnumNameList<v1::Estimator>()));
     }
+    options->set_estimator(*estimator);
   }
   if (args.Has("modules")) {
-    const std::string name = absl::AsciiStrToLower(args.Get("modules"));
-    if (name == "eval") {
-      options->set_modules(v1::EVAL);
-    } else if (name == "train") {
-      options->set_modules(v1::TRAIN);
-    } else if (name == "as_saved") {
-      options->set_modules(v1::AS_SAVED);
-    } else {
-      return absl::InvalidArgumentError("--modules must be eval, train or as_saved");
+    const auto modules = EnumFromName<v1::ModuleMode>(absl::AsciiStrToLower(args.Get("modules")));
+    if (!modules) {
+      return absl::InvalidArgumentError(absl::StrCat("--modules must be ", EnumNameList<v1::ModuleMode>()));
     }
+    options->set_modules(*modules);
   }
   RECAL_ASSIGN_OR_RETURN(const auto labels, args.GetPairs("label"));
   spec->mutable_labels()->insert(labels.begin(), labels.end());

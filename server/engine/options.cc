@@ -1,39 +1,49 @@
 #include "server/engine/options.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/enum_names.h"
 
 namespace recal::engine {
 
+// The engine keeps enums of its own (used in switches throughout the forward); their names
+// are the proto's (v1::MemoryFormat, v1::ComputeDtype), mapped here and nowhere else.
+
 absl::StatusOr<MemoryFormat> ParseMemoryFormat(absl::string_view name) {
-  if (name == "auto") return MemoryFormat::kAuto;
-  if (name == "contiguous") return MemoryFormat::kContiguous;
-  if (name == "channels_last") return MemoryFormat::kChannelsLast;
+  switch (EnumFromName<v1::MemoryFormat>(name).value_or(v1::MEMORY_FORMAT_UNSPECIFIED)) {
+    case v1::AUTO: return MemoryFormat::kAuto;
+    case v1::CONTIGUOUS: return MemoryFormat::kContiguous;
+    case v1::CHANNELS_LAST: return MemoryFormat::kChannelsLast;
+    default: break;
+  }
   return absl::InvalidArgumentError(
-      absl::StrCat("memory format '", name, "': use auto, contiguous or channels_last"));
+      absl::StrCat("memory format '", name, "': use ", EnumNameList<v1::MemoryFormat>()));
 }
 
-const char* MemoryFormatName(MemoryFormat format) {
+std::string MemoryFormatName(MemoryFormat format) {
   switch (format) {
-    case MemoryFormat::kAuto: return "auto";
-    case MemoryFormat::kContiguous: return "contiguous";
-    case MemoryFormat::kChannelsLast: return "channels_last";
+    case MemoryFormat::kAuto: return EnumName(v1::AUTO);
+    case MemoryFormat::kContiguous: return EnumName(v1::CONTIGUOUS);
+    case MemoryFormat::kChannelsLast: return EnumName(v1::CHANNELS_LAST);
   }
   return "unknown";
 }
 
 absl::StatusOr<ComputeDtype> ParseComputeDtype(absl::string_view name) {
-  if (name == "float32") return ComputeDtype::kFloat32;
-  if (name == "bfloat16") return ComputeDtype::kBFloat16;
-  if (name == "float16") return ComputeDtype::kFloat16;
+  switch (EnumFromName<v1::ComputeDtype>(name).value_or(v1::COMPUTE_DTYPE_UNSPECIFIED)) {
+    case v1::FLOAT32: return ComputeDtype::kFloat32;
+    case v1::BFLOAT16: return ComputeDtype::kBFloat16;
+    case v1::FLOAT16: return ComputeDtype::kFloat16;
+    default: break;
+  }
   return absl::InvalidArgumentError(
-      absl::StrCat("compute dtype '", name, "': use float32, bfloat16 or float16"));
+      absl::StrCat("compute dtype '", name, "': use ", EnumNameList<v1::ComputeDtype>()));
 }
 
-const char* ComputeDtypeName(ComputeDtype dtype) {
+std::string ComputeDtypeName(ComputeDtype dtype) {
   switch (dtype) {
-    case ComputeDtype::kFloat32: return "float32";
-    case ComputeDtype::kBFloat16: return "bfloat16";
-    case ComputeDtype::kFloat16: return "float16";
+    case ComputeDtype::kFloat32: return EnumName(v1::FLOAT32);
+    case ComputeDtype::kBFloat16: return EnumName(v1::BFLOAT16);
+    case ComputeDtype::kFloat16: return EnumName(v1::FLOAT16);
   }
   return "unknown";
 }

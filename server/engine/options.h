@@ -18,8 +18,9 @@ namespace recal::engine {
 // recalibration.cc), decided at the first batch.
 enum class MemoryFormat { kAuto, kContiguous, kChannelsLast };
 
-absl::StatusOr<MemoryFormat> ParseMemoryFormat(absl::string_view name);  // auto|contiguous|channels_last
-const char* MemoryFormatName(MemoryFormat format);
+// Names: v1::MemoryFormat's, lowercase (common/enum_names.h).
+absl::StatusOr<MemoryFormat> ParseMemoryFormat(absl::string_view name);
+std::string MemoryFormatName(MemoryFormat format);
 
 // The precision the forward computes in. float32: the model as it is (exact, the default).
 // bfloat16 / float16: under autocast (CPU: bfloat16 only; CUDA: both), so convolutions and
@@ -27,8 +28,9 @@ const char* MemoryFormatName(MemoryFormat format);
 // statistics are still accumulated in float64 from the activations it actually sees.
 enum class ComputeDtype { kFloat32, kBFloat16, kFloat16 };
 
-absl::StatusOr<ComputeDtype> ParseComputeDtype(absl::string_view name);  // float32|bfloat16|float16
-const char* ComputeDtypeName(ComputeDtype dtype);
+// Names: v1::ComputeDtype's, lowercase (common/enum_names.h).
+absl::StatusOr<ComputeDtype> ParseComputeDtype(absl::string_view name);
+std::string ComputeDtypeName(ComputeDtype dtype);
 
 struct Options {
   v1::Estimator estimator = v1::POPULATION;

@@ -5,6 +5,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/enum_names.h"
 #include "common/now.h"
 #include "common/status_macros.h"
 #include "server/jobs/batch_assembler.h"
@@ -12,6 +13,7 @@
 #include "server/jobs/storage.h"
 #include "server/log/log.h"
 #include "server/metrics/metrics.h"
+#include "recal/v1/report.pb.h"
 
 namespace recal::jobs {
 namespace {
@@ -90,15 +92,13 @@ absl::Status JobManager::ValidateSpec(const std::string& tenant, const v1::JobSp
   if (spec.options().target_rel_error() < 0) return absl::InvalidArgumentError("options.target_rel_error < 0");
   // The engine parses these again in the worker; refused here so that a typo fails the
   // submit, not the job.
-  if (const std::string& d = spec.options().compute_dtype();
-      !d.empty() && d != "float32" && d != "bfloat16" && d != "float16") {
+  if (const std::string& d = spec.options().compute_dtype(); !d.empty() && !EnumFromName<v1::ComputeDtype>(d)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("options.compute_dtype '", d, "': use float32, bfloat16 or float16"));
+        absl::StrCat("options.compute_dtype '", d, "': use ", EnumNameList<v1::ComputeDtype>()));
   }
-  if (const std::string& f = spec.options().memory_format();
-      !f.empty() && f != "auto" && f != "contiguous" && f != "channels_last") {
+  if (const std::string& f = spec.options().memory_format(); !f.empty() && !EnumFromName<v1::MemoryFormat>(f)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("options.memory_format '", f, "': use auto, contiguous or channels_last"));
+        absl::StrCat("options.memory_format '", f, "': use ", EnumNameList<v1::MemoryFormat>()));
   }
   if (spec.timeout_seconds() < 0) return absl::InvalidArgumentError("spec.timeout_seconds < 0");
   if (spec.shards() < 0 || spec.shards() > options_.max_shards) {

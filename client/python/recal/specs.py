@@ -258,8 +258,23 @@ def _enum(enum, value, names, what):
     raise ValueError("%s %r is not one of %s" % (what, value, ", ".join(sorted(names))))
 
 
-_ESTIMATORS = {"population": report_pb2.POPULATION, "batch_average": report_pb2.BATCH_AVERAGE}
-_MODULES = {"eval": report_pb2.EVAL, "train": report_pb2.TRAIN, "as_saved": report_pb2.AS_SAVED}
+def _option_names(enum):
+    """A proto enum's names as users write them: the value names in lowercase, UNSPECIFIED
+    left out (as common/enum_names.h does for C++), so the proto is the one list."""
+    return {name.lower(): number for name, number in enum.items() if not name.endswith("_UNSPECIFIED")}
+
+
+def _enum_name(enum, value, names, what):
+    """The lowercase name for a string-valued option given as a name or an enum number."""
+    number = _enum(enum, value, names, what)
+    return next(name for name, n in names.items() if n == number)
+
+
+_ESTIMATORS = _option_names(report_pb2.Estimator)
+_MODULES = _option_names(report_pb2.ModuleMode)
+# Strings on the wire (JobOptions.compute_dtype / memory_format), spelled as these enums'.
+_COMPUTE_DTYPES = _option_names(report_pb2.ComputeDtype)
+_MEMORY_FORMATS = _option_names(report_pb2.MemoryFormat)
 ENGINE_OPTIONS = ("estimator", "modules", "include", "exclude", "max_batches", "allow_short_data",
                   "target_rel_error", "compute_dtype", "memory_format")
 
@@ -270,7 +285,8 @@ def engine_options(**options):
     include / exclude (regular expressions searched in layer names), max_batches,
     allow_short_data, target_rel_error, compute_dtype "float32" | "bfloat16" | "float16"
     (the forward's precision, under autocast; statistics stay float64), memory_format
-    "auto" | "contiguous" | "channels_last"."""
+    "auto" | "contiguous" | "channels_last". The names are those of the proto enums
+    (report_pb2.Estimator, ModuleMode, ComputeDtype, MemoryFormat) in lowercase."""
     unknown = sorted(set(options) - set(ENGINE_OPTIONS))
     if unknown:
         raise TypeError("unknown engine option(s) %s; expected %s"
@@ -281,6 +297,12 @@ def engine_options(**options):
         out.estimator = _enum(report_pb2.Estimator, values.pop("estimator"), _ESTIMATORS, "estimator")
     if "modules" in values:
         out.modules = _enum(report_pb2.ModuleMode, values.pop("modules"), _MODULES, "modules")
+    if "compute_dtype" in values:
+        out.compute_dtype = _enum_name(report_pb2.ComputeDtype, values.pop("compute_dtype"),
+                                       _COMPUTE_DTYPES, "compute_dtype")
+    if "memory_format" in values:
+        out.memory_format = _enum_name(report_pb2.MemoryFormat, values.pop("memory_format"),
+                                       _MEMORY_FORMATS, "memory_format")
     for key, value in values.items():
         setattr(out, key, value)
     return out
