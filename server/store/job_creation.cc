@@ -71,10 +71,11 @@ absl::Status IdTaken(JobCreationQueries& queries, const std::string& id) {
 }  // namespace
 
 absl::StatusOr<JobCreation> JobCreation::Check(const v1::Job& job, const std::vector<v1::JobEvent>& events,
-                                               const std::vector<NewJob>& children, const JobQuota& quota) {
+                                               const std::vector<NewJob>& children, const JobQuota& quota,
+                                               const std::string& plan) {
   RECAL_RETURN_IF_ERROR(CheckNewJobs(job, children));
   const int64_t created_ms = quota.now_ms != 0 ? quota.now_ms : absl::ToUnixMillis(absl::Now());
-  return JobCreation(job, events, children, quota, created_ms);
+  return JobCreation(job, events, children, quota, plan, created_ms);
 }
 
 absl::StatusOr<JobCreation::Outcome> JobCreation::StoreIn(JobCreationQueries& queries) const {
@@ -96,12 +97,13 @@ absl::StatusOr<JobCreation::Outcome> JobCreation::StoreIn(JobCreationQueries& qu
     RECAL_ASSIGN_OR_RETURN(const bool model, queries.HoldModel(job.tenant(), job.spec().model_id()));
     if (!model) return ModelGoneError(job.spec().model_id());
   }
-  RECAL_ASSIGN_OR_RETURN(const bool inserted, queries.InsertNewJob(job, *events_, created_ms_));
+  RECAL_ASSIGN_OR_RETURN(const bool inserted, queries.InsertNewJob(job, *events_, *plan_, created_ms_));
   if (!inserted) return NotInserted(queries);
   // The children in order; any id taken fails the whole creation. They have no request_id:
   // only their id can collide.
   for (const NewJob& child : *children_) {
-    RECAL_ASSIGN_OR_RETURN(const bool child_inserted, queries.InsertNewJob(child.job, child.events, created_ms_));
+    RECAL_ASSIGN_OR_RETURN(const bool child_inserted,
+                           queries.InsertNewJob(child.job, child.events, child.plan, created_ms_));
     if (!child_inserted) return IdTaken(queries, child.job.id());
   }
   return Outcome{job, true};

@@ -41,11 +41,11 @@ class JobCreationQueries {
   // Whether the tenant has the model; one it has stays (no deletion passes) until the
   // transaction ends.
   virtual absl::StatusOr<bool> HoldModel(const std::string& tenant, const std::string& model_id) = 0;
-  // Stores `job`, created at `created_ms`, with its `events` (seq and time assigned), unless
-  // a key of its row is taken (its id, its tenant and request_id, or the backend's own):
-  // whether it did.
+  // Stores `job`, created at `created_ms`, with its `events` (seq and time assigned) and its
+  // `plan` (the bytes as given, in its row), unless a key of its row is taken (its id, its
+  // tenant and request_id, or the backend's own): whether it did.
   virtual absl::StatusOr<bool> InsertNewJob(const v1::Job& job, const std::vector<v1::JobEvent>& events,
-                                            int64_t created_ms) = 0;
+                                            const std::string& plan, int64_t created_ms) = 0;
   virtual absl::StatusOr<bool> JobExists(const std::string& id) = 0;
 };
 
@@ -62,10 +62,12 @@ class JobCreation {
  public:
   // INVALID_ARGUMENT naming the first of `job` and `children` that is not storable: an id and
   // a tenant, and children that are the job's shards (parent_id = its id, same tenant, no
-  // request_id). The creation time is quota.now_ms, or the clock's now. The arguments must
-  // outlive the JobCreation.
+  // request_id). The creation time is quota.now_ms, or the clock's now. `plan` is stored
+  // with the job, each child's NewJob::plan with it. The arguments must outlive the
+  // JobCreation.
   static absl::StatusOr<JobCreation> Check(const v1::Job& job, const std::vector<v1::JobEvent>& events,
-                                           const std::vector<NewJob>& children, const JobQuota& quota);
+                                           const std::vector<NewJob>& children, const JobQuota& quota,
+                                           const std::string& plan);
 
   // The answer to CreateJob: the job, and whether this call stored it (the caller then commits
   // its transaction; otherwise it rolls it back: the job is the one stored before).
@@ -77,14 +79,14 @@ class JobCreation {
   // same request_id is the answer (a retry is answered over quota or not, and whether or not
   // its model is still there); the quotas (RESOURCE_EXHAUSTED naming the first reached:
   // active jobs, then submissions in the minute before); the model when it must exist
-  // (NOT_FOUND); then the job and its shards, all or none (a taken id: ALREADY_EXISTS). On an
-  // error the caller's transaction is to roll back.
+  // (NOT_FOUND); then the job and its shards with their plans, all or none (a taken id:
+  // ALREADY_EXISTS). On an error the caller's transaction is to roll back.
   absl::StatusOr<Outcome> StoreIn(JobCreationQueries& queries) const;
 
  private:
   JobCreation(const v1::Job& job, const std::vector<v1::JobEvent>& events, const std::vector<NewJob>& children,
-              const JobQuota& quota, int64_t created_ms)
-      : job_(&job), events_(&events), children_(&children), quota_(&quota), created_ms_(created_ms) {}
+              const JobQuota& quota, const std::string& plan, int64_t created_ms)
+      : job_(&job), events_(&events), children_(&children), quota_(&quota), plan_(&plan), created_ms_(created_ms) {}
 
   // The answer when the job's own row could not be inserted: the job a concurrent creator
   // stored under the same request_id, or why the id is taken.
@@ -94,6 +96,7 @@ class JobCreation {
   const std::vector<v1::JobEvent>* events_;
   const std::vector<NewJob>* children_;
   const JobQuota* quota_;
+  const std::string* plan_;
   int64_t created_ms_;
 };
 

@@ -83,6 +83,9 @@ using ClaimChange = std::function<absl::Status(v1::Job&, std::vector<v1::JobEven
 struct NewJob {
   v1::Job job;
   std::vector<v1::JobEvent> events;
+  // Stored with the job's row, as CreateJob's `plan` is with its job: a shard's is its
+  // parent's plan.
+  std::string plan;
 };
 
 // Which queued jobs a claimer takes: jobs that run on a worker (plain jobs and the shards of
@@ -163,10 +166,17 @@ class MetadataStore {
   // so two processes creating at once cannot both pass): RESOURCE_EXHAUSTED naming it, and
   // nothing stored. An existing request_id is looked up first: a retried submission is
   // answered with its job, over quota or not.
+  // `plan` is the job's plan (server/jobs makes it at admission; opaque bytes here), stored
+  // in the job's row in the same transaction; a retried submission leaves the stored plan
+  // as it is.
   virtual absl::StatusOr<v1::Job> CreateJob(const v1::Job& job, bool* created,
                                             std::vector<v1::JobEvent> events = {},
                                             std::vector<NewJob> children = {},
-                                            const JobQuota& quota = {}) = 0;
+                                            const JobQuota& quota = {}, const std::string& plan = "") = 0;
+  // The plan bytes stored with job `id` (a top-level job or a shard), byte for byte; empty
+  // for a job stored without one (or before plans were, schema version 8). NOT_FOUND when
+  // there is no such job.
+  virtual absl::StatusOr<std::string> JobPlan(const std::string& id) = 0;
   // The shards of a sharded job, by shard index.
   virtual absl::StatusOr<std::vector<v1::Job>> ChildJobs(const std::string& parent_id) = 0;
   virtual absl::StatusOr<v1::Job> GetJob(const std::string& id) = 0;  // NOT_FOUND

@@ -27,7 +27,7 @@ using namespace internal::rows;  // NOLINT: the rows helpers are this file's voc
 
 // The row of schema_version. 2 is SQLite's version 2, table for table (PostgreSQL stores
 // began there). Bump it, and add a step in MigrateSchema, whenever a table changes.
-constexpr int64_t kSchemaVersion = 7;
+constexpr int64_t kSchemaVersion = 8;
 
 // The advisory lock that whoever creates or migrates the schema holds: "recal" and a 1.
 constexpr int64_t kSchemaLockKey = 0x726563616c000001;
@@ -140,6 +140,10 @@ CREATE TABLE model_names (
 )sql";
 constexpr char kModelVersionsIndexV7[] = "CREATE UNIQUE INDEX models_by_name ON models(tenant, name, version)";
 
+// Version 8: each job's plan, as in SQLite's version 8 (opaque bytes, stored with the job's
+// row when it is created). Rows from before have none (NULL), which reads as an empty plan.
+constexpr char kJobsV8[] = "ALTER TABLE jobs ADD COLUMN plan BYTEA;";
+
 // "($3,$4,$5)" for a state filter whose parameters start at $first.
 std::string Placeholders(int first, size_t n) {
   std::string s = "(";
@@ -201,9 +205,10 @@ struct PostgresMetadataStore::Impl final : internal::JobCreationQueries {
   // Replaces the job's row (and so locks it).
   absl::Status WriteJob(const v1::Job& job, int64_t expected_version = -1);
   absl::Status InsertResult(const std::string& job_id, v1::Artifact artifact, const ResultRef& ref);
-  // Inserts a new job created at `created_ms`, unless its id, or its tenant and request_id,
-  // are taken (waiting for a concurrent writer of the same key): whether it was inserted.
-  absl::StatusOr<bool> InsertJob(const v1::Job& job, int64_t created_ms);
+  // Inserts a new job created at `created_ms` with its `plan`, unless its id, or its tenant
+  // and request_id, are taken (waiting for a concurrent writer of the same key): whether it
+  // was inserted.
+  absl::StatusOr<bool> InsertJob(const v1::Job& job, const std::string& plan, int64_t created_ms);
   // CreateJob's queries: the tenant's advisory lock, reads, and inserts that wait for a
   // concurrent writer of the same key.
   absl::Status LockTenant(const std::string& tenant) override;
@@ -213,7 +218,7 @@ struct PostgresMetadataStore::Impl final : internal::JobCreationQueries {
                                                                 int64_t created_after_ms) override;
   absl::StatusOr<bool> HoldModel(const std::string& tenant, const std::string& model_id) override;
   absl::StatusOr<bool> InsertNewJob(const v1::Job& job, const std::vector<v1::JobEvent>& events,
-                                    int64_t created_ms) override;
+                                    const std::string& plan, int64_t created_ms) override;
   // The tenants whose jobs hold as many workers as `max_running` allows them (AtRunningBound),
   // as this statement sees them.
   absl::StatusOr<std::set<std::string>> TenantsAtRunningBound(const MaxRunningJobs& max_running);
@@ -283,8 +288,11 @@ absl::Status PostgresMetadataStore::Impl::MigrateSchema() {
   if (version < 4) RECAL_RETURN_IF_ERROR(conn.ExecScript(kJobsV4));
   if (version < 5) RECAL_RETURN_IF_ERROR(conn.ExecScript(kWorkerEndpointsV5));
   if (version < 6) RECAL_RETURN_IF_ERROR(conn.ExecScript(kJobsV6));
-  RECAL_RETURN_IF_ERROR(conn.ExecScript(kModelsV7));
-  RECAL_RETURN_IF_ERROR(NumberModels());
+  if (version < 7) {
+    RECAL_RETURN_IF_ERROR(conn.ExecScript(kModelsV7));
+    RECAL_RETURN_IF_ERROR(NumberModels());
+  }
+  RECAL_RETURN_IF_ERROR(conn.ExecScript(kJobsV8));
   RECAL_RETURN_IF_ERROR(Exec("DELETE FROM schema_version").status());
   RECAL_RETURN_IF_ERROR(
       Exec("INSERT INTO schema_version(version) VALUES($1)", Params().Int64(kSchemaVersion)).status());
@@ -525,7 +533,8 @@ absl::StatusOr<bool> PostgresMetadataStore::Impl::LockJob(const std::string& id)
   return r.rows() > 0;
 }
 
-absl::StatusOr<bool> PostgresMetadataStore::Impl::InsertJob(const v1::Job& job, int64_t created_ms) {
+absl::StatusOr<bool> PostgresMetadataStore::Impl::InsertJob(const v1::Job& job, const std::string& plan,
+                                                            int64_t created_ms) {
   Params insert;
   insert.Text(job.id()).Text(job.tenant());
   if (job.request_id().empty()) {
@@ -539,11 +548,11 @@ absl::StatusOr<bool> PostgresMetadataStore::Impl::InsertJob(const v1::Job& job, 
   } else {
     insert.Text(job.parent_id());
   }
-  insert.Int64(IsCoordinated(job) ? 1 : 0).Int64(created_ms);
+  insert.Int64(IsCoordinated(job) ? 1 : 0).Int64(created_ms).Bytes(plan);
   RECAL_ASSIGN_OR_RETURN(Result inserted,
                          Exec("INSERT INTO jobs(id, tenant, request_id, state, model_id, proto, priority, parent_id, "
-                              "coordinated, created_ms) VALUES($1, $2, $3, $4, $5, $6, $7, $8, $9 <> 0, $10) "
-                              "ON CONFLICT DO NOTHING",
+                              "coordinated, created_ms, plan) "
+                              "VALUES($1, $2, $3, $4, $5, $6, $7, $8, $9 <> 0, $10, $11) ON CONFLICT DO NOTHING",
                               insert));
   return inserted.Affected() == 1;
 }
@@ -596,8 +605,8 @@ absl::StatusOr<bool> PostgresMetadataStore::Impl::HoldModel(const std::string& t
 
 absl::StatusOr<bool> PostgresMetadataStore::Impl::InsertNewJob(const v1::Job& job,
                                                                const std::vector<v1::JobEvent>& events,
-                                                               int64_t created_ms) {
-  RECAL_ASSIGN_OR_RETURN(const bool inserted, InsertJob(job, created_ms));
+                                                               const std::string& plan, int64_t created_ms) {
+  RECAL_ASSIGN_OR_RETURN(const bool inserted, InsertJob(job, plan, created_ms));
   if (!inserted) return false;
   for (const v1::JobEvent& event : events) RECAL_RETURN_IF_ERROR(InsertEvent(job.id(), event).status());
   return true;
@@ -605,9 +614,10 @@ absl::StatusOr<bool> PostgresMetadataStore::Impl::InsertNewJob(const v1::Job& jo
 
 absl::StatusOr<v1::Job> PostgresMetadataStore::CreateJob(const v1::Job& job, bool* created,
                                                          std::vector<v1::JobEvent> events,
-                                                         std::vector<NewJob> children, const JobQuota& quota) {
+                                                         std::vector<NewJob> children, const JobQuota& quota,
+                                                         const std::string& plan) {
   RECAL_ASSIGN_OR_RETURN(const internal::JobCreation creation,
-                         internal::JobCreation::Check(job, events, children, quota));
+                         internal::JobCreation::Check(job, events, children, quota, plan));
   return impl_->Run([&]() -> absl::StatusOr<v1::Job> {
     RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn));
     // What the rules read after waiting (on the tenant's lock, on a model row another
@@ -639,6 +649,15 @@ absl::StatusOr<v1::Job> PostgresMetadataStore::FindJobByRequestId(const std::str
     RECAL_ASSIGN_OR_RETURN(std::optional<v1::Job> job, impl_->JobWithRequestId(tenant, request_id));
     if (!job) return absl::NotFoundError(absl::StrCat("no job with request_id '", request_id, "'"));
     return *std::move(job);
+  });
+}
+
+absl::StatusOr<std::string> PostgresMetadataStore::JobPlan(const std::string& id) {
+  return impl_->Run([&]() -> absl::StatusOr<std::string> {
+    RECAL_ASSIGN_OR_RETURN(Result r, impl_->Exec("SELECT COALESCE(plan, ''::bytea) FROM jobs WHERE id = $1",
+                                                 Params().Text(id)));
+    if (r.rows() == 0) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+    return r.Bytes(0, 0);
   });
 }
 

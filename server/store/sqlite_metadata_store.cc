@@ -27,7 +27,7 @@ using namespace internal::rows;  // NOLINT: the rows helpers are this file's voc
 
 // PRAGMA user_version of the schema below. Bump it (and add a migration step in
 // MigrateSchema) whenever a table changes.
-constexpr int64_t kSchemaVersion = 7;
+constexpr int64_t kSchemaVersion = 8;
 
 // create_seq is a per-table counter, so "newest first" and page tokens do not depend on
 // clock resolution or clock steps. Every model and job belongs to one tenant: a model's
@@ -113,6 +113,10 @@ CREATE TABLE model_names (
 ) WITHOUT ROWID;
 )sql";
 constexpr char kModelVersionsIndexV7[] = "CREATE UNIQUE INDEX models_by_name ON models(tenant, name, version);";
+// Version 8: each job's plan (opaque bytes: server/jobs makes and reads them), stored with
+// the job's row when it is created. Rows from before have none (NULL), which reads as an
+// empty plan. The same step for a new database and an old one.
+constexpr char kJobsV8[] = "ALTER TABLE jobs ADD COLUMN plan BLOB;";
 constexpr char kEventsAndResults[] = R"sql(
 CREATE TABLE events (
   job_id TEXT NOT NULL,
@@ -158,6 +162,7 @@ struct SqliteMetadataStore::Impl final : internal::JobCreationQueries {
   absl::Status MigrateV3ToV4();
   absl::Status MigrateV4ToV5();
   absl::Status MigrateV5ToV6();
+  absl::Status MigrateV7ToV8();
   // Gives every model a name and a version (rows::NumberVersions) and indexes them.
   absl::Status NumberModels();
   absl::Status InsertModel(const v1::Model& model);
@@ -166,7 +171,7 @@ struct SqliteMetadataStore::Impl final : internal::JobCreationQueries {
   absl::Status SetLastVersion(const std::string& tenant, const std::string& name, int64_t version);
   absl::StatusOr<std::optional<v1::Model>> FindModel(const std::string& tenant, const std::string& id);
   // `created_ms` nullopt: a row from before version 6 (migrated), which has none.
-  absl::Status InsertJob(const v1::Job& job, std::optional<int64_t> created_ms);
+  absl::Status InsertJob(const v1::Job& job, const std::string& plan, std::optional<int64_t> created_ms);
   absl::StatusOr<std::vector<v1::Job>> QueryJobs(Query& q);
   // Whether the tenant has the model. Caller holds a transaction when it acts on the answer.
   absl::StatusOr<bool> ModelExists(const std::string& tenant, const std::string& id);
@@ -183,7 +188,7 @@ struct SqliteMetadataStore::Impl final : internal::JobCreationQueries {
     return ModelExists(tenant, model_id);
   }
   absl::StatusOr<bool> InsertNewJob(const v1::Job& job, const std::vector<v1::JobEvent>& events,
-                                    int64_t created_ms) override;
+                                    const std::string& plan, int64_t created_ms) override;
   absl::StatusOr<bool> JobExists(const std::string& id) override;
   // The tenant's top-level jobs that use the model and are, or have a shard that is, queued,
   // running or cancelling.
@@ -219,7 +224,7 @@ absl::Status SqliteMetadataStore::Impl::MigrateSchema() {
     RECAL_RETURN_IF_ERROR(MigrateV2ToV3());
     RECAL_RETURN_IF_ERROR(MigrateV3ToV4());
   } else if (version == 1) {
-    RECAL_RETURN_IF_ERROR(MigrateV1ToV2());  // straight to version 6's columns of jobs
+    RECAL_RETURN_IF_ERROR(MigrateV1ToV2());  // straight to version 8's columns
   } else if (version == 2) {
     RECAL_RETURN_IF_ERROR(MigrateV2ToV3());
     RECAL_RETURN_IF_ERROR(MigrateV3ToV4());
@@ -227,10 +232,11 @@ absl::Status SqliteMetadataStore::Impl::MigrateSchema() {
     RECAL_RETURN_IF_ERROR(MigrateV3ToV4());
   }
   if (version < 5) RECAL_RETURN_IF_ERROR(MigrateV4ToV5());
-  // Version 1 went straight to version 7's columns.
+  // Version 1 went straight to version 8's columns.
   if (version != 1 && version < 6) RECAL_RETURN_IF_ERROR(MigrateV5ToV6());
-  if (version != 1) RECAL_RETURN_IF_ERROR(db.Exec(kModelsV7));
-  RECAL_RETURN_IF_ERROR(NumberModels());
+  if (version != 1 && version < 7) RECAL_RETURN_IF_ERROR(db.Exec(kModelsV7));
+  if (version < 7) RECAL_RETURN_IF_ERROR(NumberModels());
+  if (version != 1) RECAL_RETURN_IF_ERROR(MigrateV7ToV8());
   RECAL_RETURN_IF_ERROR(db.Exec(absl::StrCat("PRAGMA user_version = ", kSchemaVersion)));
   return txn.Commit();
 }
@@ -243,6 +249,7 @@ absl::Status SqliteMetadataStore::Impl::MigrateV1ToV2() {
   RECAL_RETURN_IF_ERROR(db.Exec(kJobsV4));
   RECAL_RETURN_IF_ERROR(db.Exec(kJobsV6));    // InsertJob writes created_ms
   RECAL_RETURN_IF_ERROR(db.Exec(kModelsV7));  // InsertModel writes name and version
+  RECAL_RETURN_IF_ERROR(db.Exec(kJobsV8));    // InsertJob writes the plan
   {
     RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("SELECT id, proto FROM models_v1 ORDER BY create_seq"));
     while (true) {
@@ -260,7 +267,7 @@ absl::Status SqliteMetadataStore::Impl::MigrateV1ToV2() {
       if (!row) break;
       RECAL_ASSIGN_OR_RETURN(v1::Job job, Parse<v1::Job>(q.Blob(1), "job", q.Text(0)));
       job.set_tenant(kDefaultTenant);
-      RECAL_RETURN_IF_ERROR(InsertJob(job, std::nullopt));
+      RECAL_RETURN_IF_ERROR(InsertJob(job, "", std::nullopt));
     }
   }
   RECAL_RETURN_IF_ERROR(db.Exec("DROP TABLE models_v1; DROP TABLE jobs_v1;"));
@@ -286,6 +293,8 @@ absl::Status SqliteMetadataStore::Impl::MigrateV3ToV4() { return db.Exec(kJobsV4
 absl::Status SqliteMetadataStore::Impl::MigrateV4ToV5() { return db.Exec(kWorkerEndpointsV5); }
 
 absl::Status SqliteMetadataStore::Impl::MigrateV5ToV6() { return db.Exec(kJobsV6); }
+
+absl::Status SqliteMetadataStore::Impl::MigrateV7ToV8() { return db.Exec(kJobsV8); }
 
 absl::Status SqliteMetadataStore::Impl::NumberModels() {
   std::vector<v1::Model> models;
@@ -352,12 +361,13 @@ absl::StatusOr<std::optional<v1::Model>> SqliteMetadataStore::Impl::FindModel(co
   return std::optional<v1::Model>(std::move(model));
 }
 
-absl::Status SqliteMetadataStore::Impl::InsertJob(const v1::Job& job, std::optional<int64_t> created_ms) {
+absl::Status SqliteMetadataStore::Impl::InsertJob(const v1::Job& job, const std::string& plan,
+                                                  std::optional<int64_t> created_ms) {
   RECAL_ASSIGN_OR_RETURN(
       Query q, db.Prepare("INSERT INTO jobs(id, tenant, request_id, state, model_id, create_seq, proto, priority, "
-                          "parent_id, coordinated, created_ms) "
+                          "parent_id, coordinated, created_ms, plan) "
                           "VALUES(?1, ?2, ?3, ?4, ?5, (SELECT COALESCE(MAX(create_seq), 0) + 1 FROM jobs), ?6, ?7, "
-                          "?8, ?9, ?10)"));
+                          "?8, ?9, ?10, ?11)"));
   q.Bind(1, job.id()).Bind(2, job.tenant());
   if (created_ms) {
     q.Bind(10, *created_ms);
@@ -379,15 +389,16 @@ absl::Status SqliteMetadataStore::Impl::InsertJob(const v1::Job& job, std::optio
       .BindBlob(6, job.SerializeAsString())
       .Bind(7, int64_t{job.spec().priority()})
       .Bind(9, int64_t{IsCoordinated(job) ? 1 : 0})
+      .BindBlob(11, plan)
       .Run();
 }
 
 absl::StatusOr<bool> SqliteMetadataStore::Impl::InsertNewJob(const v1::Job& job,
                                                              const std::vector<v1::JobEvent>& events,
-                                                             int64_t created_ms) {
+                                                             const std::string& plan, int64_t created_ms) {
   RECAL_ASSIGN_OR_RETURN(const bool exists, JobExists(job.id()));
   if (exists) return false;
-  RECAL_RETURN_IF_ERROR(InsertJob(job, created_ms));
+  RECAL_RETURN_IF_ERROR(InsertJob(job, plan, created_ms));
   for (const v1::JobEvent& event : events) RECAL_RETURN_IF_ERROR(InsertEvent(job.id(), event).status());
   return true;
 }
@@ -621,9 +632,10 @@ absl::StatusOr<internal::TopLevelJobCounts> SqliteMetadataStore::Impl::CountTopL
 
 absl::StatusOr<v1::Job> SqliteMetadataStore::CreateJob(const v1::Job& job, bool* created,
                                                        std::vector<v1::JobEvent> events,
-                                                       std::vector<NewJob> children, const JobQuota& quota) {
+                                                       std::vector<NewJob> children, const JobQuota& quota,
+                                                       const std::string& plan) {
   RECAL_ASSIGN_OR_RETURN(const internal::JobCreation creation,
-                         internal::JobCreation::Check(job, events, children, quota));
+                         internal::JobCreation::Check(job, events, children, quota, plan));
   std::lock_guard<std::mutex> lock(impl_->mu);
   RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->db));
   RECAL_ASSIGN_OR_RETURN(internal::JobCreation::Outcome outcome, creation.StoreIn(*impl_));
@@ -650,6 +662,14 @@ absl::StatusOr<v1::Job> SqliteMetadataStore::FindJobByRequestId(const std::strin
   RECAL_ASSIGN_OR_RETURN(std::optional<v1::Job> job, impl_->JobWithRequestId(tenant, request_id));
   if (!job) return absl::NotFoundError(absl::StrCat("no job with request_id '", request_id, "'"));
   return *std::move(job);
+}
+
+absl::StatusOr<std::string> SqliteMetadataStore::JobPlan(const std::string& id) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("SELECT COALESCE(plan, X'') FROM jobs WHERE id = ?1"));
+  RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, id).Step());
+  if (!row) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  return q.Blob(0);
 }
 
 absl::StatusOr<v1::Job> SqliteMetadataStore::GetJob(const std::string& id) {

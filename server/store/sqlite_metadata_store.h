@@ -30,7 +30,9 @@ class SqliteMetadataStore final : public MetadataStore {
                                               const std::vector<v1::JobState>& states) override;
   absl::StatusOr<TenantUsage> Usage(const std::string& tenant) override;
   absl::StatusOr<v1::Job> CreateJob(const v1::Job& job, bool* created, std::vector<v1::JobEvent> events,
-                                    std::vector<NewJob> children, const JobQuota& quota) override;
+                                    std::vector<NewJob> children, const JobQuota& quota,
+                                    const std::string& plan) override;
+  absl::StatusOr<std::string> JobPlan(const std::string& id) override;
   absl::StatusOr<std::vector<v1::Job>> ChildJobs(const std::string& parent_id) override;
   absl::StatusOr<v1::Job> GetJob(const std::string& id) override;
   absl::StatusOr<v1::Job> FindJobByRequestId(const std::string& tenant, const std::string& request_id) override;

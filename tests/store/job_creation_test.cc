@@ -51,8 +51,10 @@ class ScriptedQueries final : public JobCreationQueries {
     return model;
   }
   absl::StatusOr<bool> InsertNewJob(const v1::Job& job, const std::vector<v1::JobEvent>& events,
-                                 int64_t created_ms) override {
-    calls.push_back(absl::StrCat("insert ", job.id(), " with ", events.size(), " at ", created_ms));
+                                    const std::string& plan, int64_t created_ms) override {
+    std::string call = absl::StrCat("insert ", job.id(), " with ", events.size(), " at ", created_ms);
+    if (!plan.empty()) absl::StrAppend(&call, " plan ", plan);
+    calls.push_back(std::move(call));
     if (refused_ids.count(job.id()) > 0) {
       insert_refused_ = true;
       return false;
@@ -89,26 +91,32 @@ std::vector<NewJob> Shards(const std::string& parent, int n) {
 TEST(JobCreation, LocksThenLooksUpTheRequestThenCountsThenHoldsTheModelThenStoresTheJobAndItsShards) {
   const v1::Job job = MakeJob("p", v1::QUEUED, "key");
   const std::vector<v1::JobEvent> events(1);
-  const std::vector<NewJob> children = Shards("p", 2);
+  std::vector<NewJob> children = Shards("p", 2);
+  children[0].plan = "first";
+  children[1].plan = "second";
   const JobQuota quota = Checked(5, true);
-  absl::StatusOr<JobCreation> creation = JobCreation::Check(job, events, children, quota);
+  const std::string plan = "whole";
+  absl::StatusOr<JobCreation> creation = JobCreation::Check(job, events, children, quota, plan);
   ASSERT_TRUE(creation.ok()) << creation.status();
   ScriptedQueries queries;
   absl::StatusOr<JobCreation::Outcome> stored = creation->StoreIn(queries);
   ASSERT_TRUE(stored.ok()) << stored.status();
   EXPECT_TRUE(stored->created);
   EXPECT_EQ(stored->job.id(), "p");
-  // The minute counted ends at the creation time, which every row is stored with.
+  // The minute counted ends at the creation time, which every row is stored with; each row
+  // with its own plan.
   EXPECT_THAT(queries.calls, ElementsAre("lock t", "request key", "count after 40000", "model sha256:m",
-                                         "insert p with 1 at 100000", "insert p-0 with 0 at 100000",
-                                         "insert p-1 with 0 at 100000"));
+                                         "insert p with 1 at 100000 plan whole",
+                                         "insert p-0 with 0 at 100000 plan first",
+                                         "insert p-1 with 0 at 100000 plan second"));
 }
 
 // Stores `job`, without events or shards, by `queries`.
 absl::StatusOr<JobCreation::Outcome> StoreAlone(const v1::Job& job, const JobQuota& quota, ScriptedQueries& queries) {
   const std::vector<v1::JobEvent> events;
   const std::vector<NewJob> children;
-  RECAL_ASSIGN_OR_RETURN(const JobCreation creation, JobCreation::Check(job, events, children, quota));
+  const std::string plan;
+  RECAL_ASSIGN_OR_RETURN(const JobCreation creation, JobCreation::Check(job, events, children, quota, plan));
   return creation.StoreIn(queries);
 }
 
@@ -151,10 +159,11 @@ absl::Status RefusedInsert(const v1::Job& job, const std::vector<NewJob>& childr
                            std::set<std::string> existing) {
   const std::vector<v1::JobEvent> events;
   const JobQuota quota = Checked(0, false);
+  const std::string plan;
   ScriptedQueries queries;
   queries.refused_ids = std::move(refused);
   queries.existing_ids = std::move(existing);
-  return JobCreation::Check(job, events, children, quota)->StoreIn(queries).status();
+  return JobCreation::Check(job, events, children, quota, plan)->StoreIn(queries).status();
 }
 
 TEST(JobCreation, ATakenIdIsAlreadyExistsAndATakenRowNumberIsInternal) {
@@ -170,11 +179,14 @@ TEST(JobCreation, ChecksWhatItStoresBeforeAnyTransaction) {
   const std::vector<v1::JobEvent> events;
   const JobQuota quota;
   const std::vector<NewJob> none;
-  EXPECT_TRUE(absl::IsInvalidArgument(JobCreation::Check(MakeJob("", v1::QUEUED), events, none, quota).status()));
+  const std::string plan;
   EXPECT_TRUE(
-      absl::IsInvalidArgument(JobCreation::Check(MakeJob("j", v1::QUEUED, "", "m", ""), events, none, quota).status()));
+      absl::IsInvalidArgument(JobCreation::Check(MakeJob("", v1::QUEUED), events, none, quota, plan).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      JobCreation::Check(MakeJob("j", v1::QUEUED, "", "m", ""), events, none, quota, plan).status()));
   const std::vector<NewJob> stray = Shards("other", 1);
-  EXPECT_TRUE(absl::IsInvalidArgument(JobCreation::Check(MakeJob("j", v1::QUEUED), events, stray, quota).status()));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(JobCreation::Check(MakeJob("j", v1::QUEUED), events, stray, quota, plan).status()));
 }
 
 }  // namespace

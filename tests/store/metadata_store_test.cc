@@ -1489,6 +1489,94 @@ TEST_P(MetadataStoreTest, ASweepRacingASubmissionNeverLeavesAJobWithoutItsModel)
   EXPECT_GT(sweeps_won, 0);
 }
 
+// ------------------------------------------------------------------------------- plans
+
+// Plan bytes as server/jobs makes them: a serialized message, so any byte, NUL and 0xff too.
+std::string PlanBytes(const std::string& tag) { return absl::StrCat(tag, std::string("\0\xff\x01\0", 4), tag); }
+
+TEST_P(MetadataStoreTest, AJobsPlanIsStoredWithItAndReadBackByteForByte) {
+  const std::string plan = PlanBytes("plan");
+  ASSERT_EQ(plan.size(), 12u);
+  bool created = false;
+  ASSERT_TRUE(db_->CreateJob(MakeJob("j", v1::QUEUED, "req"), &created, {StateEvent(v1::QUEUED)}, {}, {}, plan).ok());
+  EXPECT_TRUE(created);
+  absl::StatusOr<std::string> stored = db_->JobPlan("j");
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(*stored, plan);
+  // Writes to the job leave its plan as it is, and it survives a reopen.
+  v1::Job job = *db_->GetJob("j");
+  job.set_state(v1::RUNNING);
+  ASSERT_TRUE(db_->UpdateJob(job, StateEvent(v1::RUNNING)).ok());
+  db_.reset();
+  db_ = OpenDb(spec_);
+  ASSERT_NE(db_, nullptr);
+  EXPECT_EQ(*db_->JobPlan("j"), plan);
+}
+
+TEST_P(MetadataStoreTest, EachShardIsStoredWithItsOwnPlan) {
+  ShardedJob sharded = MakeSharded("p", 3, "req", {2, 0, 1});
+  for (NewJob& child : sharded.children) child.plan = PlanBytes(child.job.id());
+  ASSERT_TRUE(db_->CreateJob(sharded.parent, nullptr, sharded.events, sharded.children, {}, PlanBytes("p")).ok());
+  EXPECT_EQ(*db_->JobPlan("p"), PlanBytes("p"));
+  for (const char* shard : {"p-0", "p-1", "p-2"}) EXPECT_EQ(*db_->JobPlan(shard), PlanBytes(shard)) << shard;
+}
+
+TEST_P(MetadataStoreTest, ARetryWithAnotherPlanLeavesTheFirstPlan) {
+  bool created = false;
+  ShardedJob first = MakeSharded("p", 2, "req");
+  for (NewJob& child : first.children) child.plan = PlanBytes("first");
+  ASSERT_TRUE(db_->CreateJob(first.parent, &created, first.events, first.children, {}, PlanBytes("first")).ok());
+  ASSERT_TRUE(created);
+  ShardedJob retry = MakeSharded("p", 2, "req");
+  for (NewJob& child : retry.children) child.plan = PlanBytes("second");
+  absl::StatusOr<v1::Job> again =
+      db_->CreateJob(retry.parent, &created, retry.events, retry.children, {}, PlanBytes("second"));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(created);
+  for (const char* id : {"p", "p-0", "p-1"}) EXPECT_EQ(*db_->JobPlan(id), PlanBytes("first")) << id;
+  // A retry under another job id (each attempt names its own) stores no row to hold a plan.
+  ASSERT_TRUE(db_->CreateJob(MakeJob("j", v1::QUEUED, "key"), &created, {}, {}, {}, PlanBytes("first")).ok());
+  ASSERT_TRUE(db_->CreateJob(MakeJob("j-retry", v1::QUEUED, "key"), &created, {}, {}, {}, PlanBytes("second")).ok());
+  EXPECT_FALSE(created);
+  EXPECT_EQ(*db_->JobPlan("j"), PlanBytes("first"));
+  EXPECT_TRUE(absl::IsNotFound(db_->JobPlan("j-retry").status()));
+}
+
+TEST_P(MetadataStoreTest, JobPlanOfAnUnknownJobIsNotFound) {
+  ASSERT_TRUE(db_->CreateJob(MakeJob("j", v1::QUEUED), nullptr, {}, {}, {}, PlanBytes("plan")).ok());
+  const absl::StatusOr<std::string> plan = db_->JobPlan("nope");
+  ASSERT_TRUE(absl::IsNotFound(plan.status())) << plan.status();
+  EXPECT_EQ(plan.status().message(), "no job 'nope'");
+  EXPECT_TRUE(absl::IsNotFound(db_->JobPlan("").status()));
+}
+
+TEST_P(MetadataStoreTest, AJobStoredWithoutAPlanReadsAnEmptyOne) {
+  ASSERT_TRUE(db_->CreateJob(MakeJob("default", v1::QUEUED), nullptr).ok());
+  ASSERT_TRUE(db_->CreateJob(MakeJob("empty", v1::QUEUED), nullptr, {}, {}, {}, "").ok());
+  ASSERT_TRUE(Create(*db_, MakeSharded("p", 2)).ok());  // shards with NewJob's default plan
+  for (const char* id : {"default", "empty", "p", "p-0", "p-1"}) {
+    absl::StatusOr<std::string> plan = db_->JobPlan(id);
+    ASSERT_TRUE(plan.ok()) << id << ": " << plan.status();
+    EXPECT_EQ(*plan, "") << id;
+  }
+}
+
+TEST_P(MetadataStoreTest, DeletingAJobDeletesItsPlanAndItsShardsPlans) {
+  ShardedJob sharded = MakeSharded("p", 2);
+  for (NewJob& child : sharded.children) child.plan = PlanBytes("shard");
+  ASSERT_TRUE(db_->CreateJob(sharded.parent, nullptr, sharded.events, sharded.children, {}, PlanBytes("p")).ok());
+  for (const char* id : {"p", "p-0", "p-1"}) {
+    v1::Job job = *db_->GetJob(id);
+    job.set_state(v1::SUCCEEDED);
+    ASSERT_TRUE(db_->CommitJob(job, {StateEvent(v1::SUCCEEDED)}).ok()) << id;
+  }
+  ASSERT_TRUE(db_->DeleteJob("p").ok());
+  for (const char* id : {"p", "p-0", "p-1"}) EXPECT_TRUE(absl::IsNotFound(db_->JobPlan(id).status())) << id;
+  // The id is free again, and a job stored under it has its own plan, not the deleted one's.
+  ASSERT_TRUE(db_->CreateJob(MakeJob("p", v1::QUEUED), nullptr).ok());
+  EXPECT_EQ(*db_->JobPlan("p"), "");
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, MetadataStoreTest, ::testing::Values("sqlite", "postgresql"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 

@@ -90,6 +90,20 @@ inline void ExpectPreV6JobsCountAsActiveButInNoMinute(MetadataStore& store) {
   EXPECT_NE(over.status().message().find("submitted 2 jobs"), absl::string_view::npos) << over.status();
 }
 
+// A store opened on a database from before schema v8 holding the job "old" (QUEUED,
+// request_id "key") and the model DigestId("a1"), "rn50" version 1, of tenant "t": the job's
+// plan reads empty, the rest as before, and a new job ("new") stores its plan, "p\0\xff".
+inline void ExpectPreV8JobsReadAnEmptyPlan(MetadataStore& store) {
+  absl::StatusOr<std::string> plan = store.JobPlan("old");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(*plan, "");
+  EXPECT_EQ(store.FindJobByRequestId("t", "key")->id(), "old");
+  EXPECT_EQ(store.GetModelVersion("t", "rn50", 0)->id(), DigestId("a1"));
+  const std::string new_plan("p\0\xff", 3);
+  ASSERT_TRUE(store.CreateJob(MakeJob("new", v1::QUEUED), nullptr, {}, {}, {}, new_plan).ok());
+  EXPECT_EQ(*store.JobPlan("new"), new_plan);
+}
+
 inline v1::JobEvent StateEvent(v1::JobState s) {
   v1::JobEvent e;
   e.set_state(s);

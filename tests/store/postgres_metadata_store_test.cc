@@ -20,6 +20,7 @@ namespace {
 using ::recal::store::test::DigestId;
 using ::recal::store::test::ExpectPreV6JobsCountAsActiveButInNoMinute;
 using ::recal::store::test::ExpectPreV7ModelsNumberedInCreationOrder;
+using ::recal::store::test::ExpectPreV8JobsReadAnEmptyPlan;
 using ::recal::store::test::MakeModel;
 using ::recal::store::test::Ids;
 using ::recal::store::test::MakeJob;
@@ -147,9 +148,10 @@ TEST_F(PostgresMetadataStoreTest, ADatabaseFromBeforeShardedJobsKeepsItsJobsTopL
     EXPECT_EQ((*claimed)->id(), "queued");
   }
   // Version 4's columns and indexes, the old rows at their defaults, version 5's table of
-  // worker endpoints, version 6's creation times (none for old rows); the version is 7.
+  // worker endpoints, version 6's creation times (none for old rows); the version is the
+  // current one.
   const std::string checks[] = {
-      "DO $$ BEGIN IF (SELECT MAX(version) FROM schema_version) <> 7 THEN RAISE 'version'; END IF; END $$",
+      "DO $$ BEGIN IF (SELECT MAX(version) FROM schema_version) <> 8 THEN RAISE 'version'; END IF; END $$",
       "DO $$ BEGIN IF EXISTS (SELECT 1 FROM jobs WHERE created_ms IS NOT NULL) THEN RAISE 'created_ms'; END IF; "
       "END $$",
       "DO $$ BEGIN IF to_regclass('worker_endpoints') IS NULL THEN RAISE 'worker_endpoints'; END IF; END $$",
@@ -186,7 +188,7 @@ TEST_F(PostgresMetadataStoreTest, ADatabaseFromBeforeCreationTimesCountsItsJobsA
     ExpectPreV6JobsCountAsActiveButInNoMinute(*db);
   }
   const std::string checks[] = {
-      "DO $$ BEGIN IF (SELECT MAX(version) FROM schema_version) <> 7 THEN RAISE 'version'; END IF; END $$",
+      "DO $$ BEGIN IF (SELECT MAX(version) FROM schema_version) <> 8 THEN RAISE 'version'; END IF; END $$",
       "DO $$ BEGIN IF (SELECT string_agg(id, ',' ORDER BY create_seq) FROM jobs WHERE created_ms IS NULL) "
       "<> 'queued,done' THEN RAISE 'old rows'; END IF; END $$",
       "DO $$ BEGIN IF (SELECT string_agg(id, ',' ORDER BY create_seq) FROM jobs WHERE created_ms IS NOT NULL) "
@@ -230,13 +232,51 @@ TEST_F(PostgresMetadataStoreTest, ADatabaseFromBeforeModelVersionsNumbersItsMode
     ExpectPreV7ModelsNumberedInCreationOrder(*db);
   }
   const std::string checks[] = {
-      "DO $$ BEGIN IF (SELECT MAX(version) FROM schema_version) <> 7 THEN RAISE 'version'; END IF; END $$",
+      "DO $$ BEGIN IF (SELECT MAX(version) FROM schema_version) <> 8 THEN RAISE 'version'; END IF; END $$",
       "DO $$ BEGIN IF (SELECT string_agg(tenant || '/' || name || ':' || version, ',' ORDER BY create_seq) "
       "FROM models) <> 't/rn50:1,t/model:1,t/rn50:2,u/rn50:1,t/rn50:3,u/rn50:2' THEN RAISE 'models'; END IF; END $$",
       "DO $$ BEGIN IF (SELECT string_agg(tenant || '/' || name || ':' || last_version, ',' ORDER BY tenant, name) "
       "FROM model_names) <> 't/model:1,t/rn50:3,u/rn50:2' THEN RAISE 'names'; END IF; END $$",
       "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_indexes WHERE indexname = 'models_by_name') "
       "THEN RAISE 'index'; END IF; END $$",
+  };
+  for (const std::string& check : checks) {
+    const absl::Status s = PostgresServer::Execute(uri_, check);
+    EXPECT_TRUE(s.ok()) << s;
+  }
+}
+
+// Schema version 7 (before plans) as the previous release made it: its jobs read an empty
+// plan, its models keep their names and versions, and new jobs store theirs.
+TEST_F(PostgresMetadataStoreTest, ADatabaseFromBeforePlansReadsItsJobsPlansEmpty) {
+  const v1::Job old = MakeJob("old", v1::QUEUED, "key");
+  const v1::Model model = MakeModel(DigestId("a1"), "rn50");
+  std::string sql = absl::StrCat(
+      kSchemaV3, kSchemaV4AndV5,
+      "ALTER TABLE jobs ADD COLUMN created_ms BIGINT;"
+      "CREATE INDEX jobs_created_by_tenant ON jobs(tenant, created_ms);"
+      "ALTER TABLE models ADD COLUMN name TEXT NOT NULL DEFAULT '', ADD COLUMN version BIGINT NOT NULL DEFAULT 0;"
+      "CREATE TABLE model_names (tenant TEXT NOT NULL, name TEXT NOT NULL, last_version BIGINT NOT NULL, "
+      "PRIMARY KEY (tenant, name));"
+      "CREATE UNIQUE INDEX models_by_name ON models(tenant, name, version);"
+      "INSERT INTO schema_version(version) VALUES(7);");
+  absl::StrAppend(&sql, "INSERT INTO jobs(id, tenant, request_id, state, model_id, proto, created_ms) "
+                        "VALUES('old', 't', 'key', ", int{v1::QUEUED}, ", 'sha256:m', '\\x",
+                  absl::BytesToHexString(old.SerializeAsString()), "'::bytea, 1000);");
+  absl::StrAppend(&sql, "INSERT INTO models(tenant, id, size, proto, name, version) VALUES('t', '", model.id(),
+                  "', 42, '\\x", absl::BytesToHexString(model.SerializeAsString()), "'::bytea, 'rn50', 1);");
+  absl::StrAppend(&sql, "INSERT INTO model_names VALUES('t', 'rn50', 1);");
+  const absl::Status written = PostgresServer::Execute(uri_, sql);
+  ASSERT_TRUE(written.ok()) << written;
+  {
+    auto db = OpenDb(uri_);
+    ASSERT_NE(db, nullptr);
+    ExpectPreV8JobsReadAnEmptyPlan(*db);
+  }
+  const std::string checks[] = {
+      "DO $$ BEGIN IF (SELECT MAX(version) FROM schema_version) <> 8 THEN RAISE 'version'; END IF; END $$",
+      "DO $$ BEGIN IF (SELECT string_agg(id || ':' || COALESCE(encode(plan, 'hex'), 'NULL'), ',' "
+      "ORDER BY create_seq) FROM jobs) <> 'old:NULL,new:7000ff' THEN RAISE 'plans'; END IF; END $$",
   };
   for (const std::string& check : checks) {
     const absl::Status s = PostgresServer::Execute(uri_, check);

@@ -23,6 +23,7 @@ namespace {
 using ::recal::store::test::DigestId;
 using ::recal::store::test::ExpectPreV6JobsCountAsActiveButInNoMinute;
 using ::recal::store::test::ExpectPreV7ModelsNumberedInCreationOrder;
+using ::recal::store::test::ExpectPreV8JobsReadAnEmptyPlan;
 using ::recal::store::test::Ids;
 using ::recal::store::test::MakeJob;
 using ::recal::store::test::MakeModel;
@@ -63,6 +64,16 @@ constexpr char kSchemaV4AndV5[] =
     "CREATE INDEX jobs_by_parent ON jobs(parent_id, create_seq);"
     "CREATE TABLE worker_endpoints (owner TEXT PRIMARY KEY, address TEXT NOT NULL, updated_ms INTEGER NOT NULL) "
     "WITHOUT ROWID;";
+
+// What version 6 (creation times) and version 7 (model names and versions) added to version 5.
+constexpr char kSchemaV6AndV7[] =
+    "ALTER TABLE jobs ADD COLUMN created_ms INTEGER;"
+    "CREATE INDEX jobs_created_by_tenant ON jobs(tenant, created_ms);"
+    "ALTER TABLE models ADD COLUMN name TEXT NOT NULL DEFAULT '';"
+    "ALTER TABLE models ADD COLUMN version INTEGER NOT NULL DEFAULT 0;"
+    "CREATE TABLE model_names (tenant TEXT NOT NULL, name TEXT NOT NULL, last_version INTEGER NOT NULL, "
+    "PRIMARY KEY (tenant, name)) WITHOUT ROWID;"
+    "CREATE UNIQUE INDEX models_by_name ON models(tenant, name, version);";
 
 // The first column of every row of `sql`, as text ("NULL" for NULL).
 std::vector<std::string> QueryColumn(sqlite3* raw, const std::string& sql) {
@@ -115,6 +126,7 @@ TEST(SqliteMetadataStoreTest, ADatabaseFromBeforeTenantsBecomesTheDefaultTenants
   EXPECT_EQ(db->GetJob("old-job")->tenant(), kDefaultTenant);
   EXPECT_EQ(db->FindJobByRequestId(kDefaultTenant, "key")->id(), "old-job");
   EXPECT_EQ(db->GetResult("old-job", v1::MODEL)->size, 7);
+  EXPECT_EQ(*db->JobPlan("old-job"), "");
   EXPECT_EQ(db->Usage(kDefaultTenant)->stored_bytes, 42 + 7);
   bool created = false;
   ASSERT_TRUE(db->CreateJob(MakeJob("new-job", v1::QUEUED, "", "sha256:a", kDefaultTenant), &created).ok());
@@ -166,12 +178,13 @@ TEST(SqliteMetadataStoreTest, ADatabaseFromBeforeShardedJobsKeepsItsJobsTopLevel
     ASSERT_TRUE(claimed->has_value());
     EXPECT_EQ((*claimed)->id(), "queued");
   }
-  // The schema is version 6's: version 4's columns and indexes, the old rows at their defaults,
-  // version 5's table of worker endpoints and version 6's creation times (none for old rows).
+  // The schema is the current one: version 4's columns and indexes, the old rows at their
+  // defaults, version 5's table of worker endpoints and version 6's creation times (none for
+  // old rows).
   sqlite3* raw = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
   const auto query = [&](const std::string& sql) { return QueryColumn(raw, sql); };
-  EXPECT_EQ(query("PRAGMA user_version"), std::vector<std::string>{"7"});
+  EXPECT_EQ(query("PRAGMA user_version"), std::vector<std::string>{"8"});
   EXPECT_EQ(query("SELECT COALESCE(created_ms, 'NULL') FROM jobs ORDER BY create_seq"),
             (std::vector<std::string>{"NULL", "NULL"}));
   EXPECT_EQ(query("SELECT name FROM sqlite_master WHERE name = 'worker_endpoints'"),
@@ -213,7 +226,7 @@ TEST(SqliteMetadataStoreTest, ADatabaseFromBeforeCreationTimesCountsItsJobsAsAct
   }
   sqlite3* raw = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
-  EXPECT_EQ(QueryColumn(raw, "PRAGMA user_version"), std::vector<std::string>{"7"});
+  EXPECT_EQ(QueryColumn(raw, "PRAGMA user_version"), std::vector<std::string>{"8"});
   EXPECT_EQ(QueryColumn(raw, "SELECT id || ':' || COALESCE(created_ms, 'NULL') FROM jobs WHERE created_ms IS NULL "
                              "ORDER BY create_seq"),
             (std::vector<std::string>{"queued:NULL", "done:NULL"}));
@@ -258,12 +271,48 @@ TEST(SqliteMetadataStoreTest, ADatabaseFromBeforeModelVersionsNumbersItsModelsIn
   }
   sqlite3* raw = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
-  EXPECT_EQ(QueryColumn(raw, "PRAGMA user_version"), std::vector<std::string>{"7"});
+  EXPECT_EQ(QueryColumn(raw, "PRAGMA user_version"), std::vector<std::string>{"8"});
   EXPECT_EQ(QueryColumn(raw, "SELECT tenant || '/' || name || ':' || version FROM models ORDER BY create_seq"),
             (std::vector<std::string>{"t/rn50:1", "t/model:1", "t/rn50:2", "u/rn50:1", "t/rn50:3", "u/rn50:2"}));
   EXPECT_EQ(QueryColumn(raw, "SELECT tenant || '/' || name || ':' || last_version FROM model_names "
                              "ORDER BY tenant, name"),
             (std::vector<std::string>{"t/model:1", "t/rn50:3", "u/rn50:2"}));
+  sqlite3_close(raw);
+}
+
+// Schema version 7 (before plans) as the previous release made it: its jobs read an empty
+// plan, its models keep their names and versions, and new jobs store theirs.
+TEST(SqliteMetadataStoreTest, ADatabaseFromBeforePlansReadsItsJobsPlansEmpty) {
+  TempDir dir;
+  const std::string path = dir.File("meta.db");
+  {
+    sqlite3* raw = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
+    const v1::Job old = MakeJob("old", v1::QUEUED, "key");
+    const v1::Model model = MakeModel(DigestId("a1"), "rn50");
+    std::string sql = absl::StrCat(kSchemaV3, kSchemaV4AndV5, kSchemaV6AndV7);
+    absl::StrAppend(&sql, "INSERT INTO jobs(id, tenant, request_id, state, model_id, create_seq, proto, created_ms) "
+                          "VALUES('old', 't', 'key', ", int{v1::QUEUED}, ", 'sha256:m', 1, x'",
+                    absl::BytesToHexString(old.SerializeAsString()), "', 1000);");
+    absl::StrAppend(&sql, "INSERT INTO models VALUES('t', '", model.id(), "', 1, 42, x'",
+                    absl::BytesToHexString(model.SerializeAsString()), "', 'rn50', 1);");
+    absl::StrAppend(&sql, "INSERT INTO model_names VALUES('t', 'rn50', 1);");
+    absl::StrAppend(&sql, "PRAGMA user_version = 7;");
+    ASSERT_EQ(sqlite3_exec(raw, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(raw);
+    sqlite3_close(raw);
+  }
+  {
+    auto db = OpenDb(path);
+    ASSERT_NE(db, nullptr);
+    ExpectPreV8JobsReadAnEmptyPlan(*db);
+  }
+  sqlite3* raw = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
+  EXPECT_EQ(QueryColumn(raw, "PRAGMA user_version"), std::vector<std::string>{"8"});
+  // hex(NULL) is '': tell NULL (the old row's) apart.
+  EXPECT_EQ(QueryColumn(raw, "SELECT id || ':' || CASE WHEN plan IS NULL THEN 'NULL' ELSE hex(plan) END FROM jobs "
+                             "ORDER BY create_seq"),
+            (std::vector<std::string>{"old:NULL", "new:7000FF"}));
   sqlite3_close(raw);
 }
 
