@@ -1,6 +1,7 @@
 #include "common/data_spec.h"
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -62,8 +63,14 @@ absl::StatusOr<std::vector<int64_t>> ParseShape(absl::string_view spec, absl::st
   return shape;
 }
 
-// A finite number in decimal notation: [+-](D+[.D*]|.D+)[(e|E)[+-]D+]. SimpleAtod alone would
-// also take surrounding spaces and hexadecimal ("0x1p3"), which the Python client refuses.
+// What ParseFinite's numbers must be, for the errors that refuse one.
+constexpr char kFloat32Range[] = " (within float32's range: 0, or 1.4e-45 to 3.4e38 in magnitude)";
+
+// A number in decimal notation, [+-](D+[.D*]|.D+)[(e|E)[+-]D+], that a float32 carries: the
+// API sends scale, mean and std as floats (recal.v1), and a value beyond float32's range
+// would arrive as infinity, or as 0, which for a scale means "none" (1e-50 would silently
+// become no scaling at all). SimpleAtod alone would also take surrounding spaces and
+// hexadecimal ("0x1p3"), which the Python client refuses.
 bool ParseFinite(absl::string_view text, double* out) {
   size_t i = 0;
   const auto digits = [&] {
@@ -84,7 +91,9 @@ bool ParseFinite(absl::string_view text, double* out) {
     if (i < text.size() && (text[i] == '+' || text[i] == '-')) ++i;
     if (!digits()) return false;
   }
-  return i == text.size() && absl::SimpleAtod(text, out) && std::isfinite(*out);
+  if (i != text.size() || !absl::SimpleAtod(text, out) || !std::isfinite(*out)) return false;
+  const float carried = static_cast<float>(*out);
+  return std::isfinite(carried) && (carried != 0 || *out == 0);
 }
 
 // Comma-separated finite numbers (positive ones for std); `count` of them unless 0.
@@ -94,8 +103,8 @@ absl::StatusOr<std::vector<double>> ParseNumbers(absl::string_view spec, absl::s
   for (absl::string_view part : absl::StrSplit(text, ',')) {
     double v = 0;
     if (!ParseFinite(part, &v) || (positive && v <= 0)) {
-      return Bad(spec, absl::StrCat(key, " must be comma-separated ", positive ? "positive " : "",
-                                    "numbers; found '", part, "'"));
+      return Bad(spec, absl::StrCat(key, " must be comma-separated ", positive ? "positive " : "", "numbers; found '",
+                                    part, "'", kFloat32Range));
     }
     out.push_back(v);
   }
@@ -132,7 +141,7 @@ absl::Status ParseNormalization(absl::string_view spec, absl::string_view option
   for (const auto& [key, value] : parsed) {
     if (key == "scale") {
       if (!ParseFinite(value, &out.scale) || out.scale <= 0) {
-        return Bad(spec, absl::StrCat("scale '", value, "' must be a positive number"));
+        return Bad(spec, absl::StrCat("scale '", value, "' must be a positive number", kFloat32Range));
       }
     } else if (key == "mean" || key == "std") {
       RECAL_ASSIGN_OR_RETURN((key == "mean" ? out.mean : out.std), ParseNumbers(spec, key, value, key == "std", 0));
@@ -190,9 +199,14 @@ absl::StatusOr<DataSpec> ParseImages(absl::string_view spec, absl::string_view r
   return out;
 }
 
+std::atomic<int64_t> parse_count{0};
+
 }  // namespace
 
+int64_t ParseDataSpecCount() { return parse_count.load(std::memory_order_relaxed); }
+
 absl::StatusOr<DataSpec> ParseDataSpec(absl::string_view spec) {
+  parse_count.fetch_add(1, std::memory_order_relaxed);
   const size_t colon = spec.find(':');
   if (colon == absl::string_view::npos) return Bad(spec, absl::StrCat("no scheme; ", kSyntax));
   const absl::string_view scheme = spec.substr(0, colon);

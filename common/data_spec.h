@@ -56,6 +56,10 @@ struct DataSpec {
 // INVALID_ARGUMENT with the offending spec quoted and the expected syntax.
 absl::StatusOr<DataSpec> ParseDataSpec(absl::string_view spec);
 
+// How many times ParseDataSpec ran in this process. A job's data travels typed from the RPC
+// to its batch source (server/jobs/job_plan.h); tests count that none of it is text parsed.
+int64_t ParseDataSpecCount();
+
 // The canonical spelling (e.g. what Describe() starts with). Numbers are spelled so that
 // they parse back to the same doubles.
 std::string DataSpecToString(const DataSpec& spec);

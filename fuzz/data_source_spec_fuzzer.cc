@@ -1,12 +1,14 @@
-// The API's data source (recal.v1.DataSource, part of SubmitJob) -> the data spec a job runs
-// with: server/jobs/data_source_spec.cc (DataSpecFor: field checks, the path resolved under
-// the data roots) and common/data_source.cc (DataSpecOfSource, the field-for-field mapping
-// the client shares). The input is a serialized DataSource message.
+// The API's data source (recal.v1.DataSource, part of SubmitJob) -> the data a job runs
+// with: server/jobs/resolved_data_source.cc (ResolveDataSource: field checks, the path
+// resolved under the data roots) and common/data_source.cc (DataSpecOfSource, the
+// field-for-field mapping the worker and the client share). The input is a serialized
+// DataSource message.
 //
 // Contract: a malformed source is INVALID_ARGUMENT (PERMISSION_DENIED, NOT_FOUND for paths)
-// with a message; an accepted one gives a spec that parses (common/data_spec.cc) and stands
-// for the message field for field, and whose path lies under a data root (no "..", absolute
-// path or symbolic link leads out).
+// with a message; an accepted one stands for the message field for field (but its path), its
+// spec spelled as text parses back to the same spec (common/data_spec.cc: what reports show
+// and recal-run reads), and its path lies under a data root (no "..", absolute path or
+// symbolic link leads out).
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -19,7 +21,7 @@
 #include "common/data_spec.h"
 #include "fuzz/fuzz_util.h"
 #include "recal/v1/recal.pb.h"
-#include "server/jobs/data_source_spec.h"
+#include "server/jobs/resolved_data_source.h"
 
 namespace {
 
@@ -87,29 +89,34 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)recal::data::DataSpecToString(*mapped);
   }
 
-  auto spec = recal::jobs::DataSpecFor(source, TheRoots().roots);
-  if (!spec.ok()) {
-    recal::fuzz::CheckRefusal(spec.status(), "DataSpecFor");
-    const absl::StatusCode code = spec.status().code();
+  auto resolved = recal::jobs::ResolveDataSource(source, TheRoots().roots);
+  if (!resolved.ok()) {
+    recal::fuzz::CheckRefusal(resolved.status(), "ResolveDataSource");
+    const absl::StatusCode code = resolved.status().code();
     FUZZ_CHECK(code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kPermissionDenied ||
                    code == absl::StatusCode::kNotFound,
-               "unexpected code: ", spec.status().ToString());
+               "unexpected code: ", resolved.status().ToString());
     return 0;
   }
   if (source.has_client_stream()) {
-    FUZZ_CHECK(*spec == recal::jobs::kClientStreamSpec, "client_stream spec '", *spec, "'");
+    FUZZ_CHECK(resolved->has_client_stream(), "a client stream resolved to another source");
     return 0;
   }
   FUZZ_CHECK(mapped.has_value(), "an accepted source that maps to no spec");
-  auto parsed = recal::data::ParseDataSpec(*spec);
-  FUZZ_CHECK(parsed.ok(), "an accepted source's spec '", *spec, "' does not parse: ", parsed.status().ToString());
-  FUZZ_CHECK(SameExceptPath(*mapped, *parsed), "spec '", *spec, "' does not stand for the message");
-  FUZZ_CHECK(recal::data::DataSpecToString(*parsed) == *spec, "spec '", *spec, "' is not canonical");
+  const std::optional<DataSpec> typed = recal::data::DataSpecOfSource(*resolved);
+  FUZZ_CHECK(typed.has_value(), "a resolved source that maps to no spec");
+  const std::string spec = recal::data::DataSpecToString(*typed);
+  FUZZ_CHECK(SameExceptPath(*mapped, *typed), "spec '", spec, "' does not stand for the message");
+  auto parsed = recal::data::ParseDataSpec(spec);
+  FUZZ_CHECK(parsed.ok(), "an accepted source's spec '", spec, "' does not parse: ", parsed.status().ToString());
+  FUZZ_CHECK(SameExceptPath(*typed, *parsed) && typed->path == parsed->path, "spec '", spec,
+             "' parses to another spec");
+  FUZZ_CHECK(recal::data::DataSpecToString(*parsed) == spec, "spec '", spec, "' is not canonical");
   if (!source.has_synthetic()) {
-    FUZZ_CHECK(UnderARoot(parsed->path), "spec '", *spec, "' names a path outside the data roots");
+    FUZZ_CHECK(UnderARoot(parsed->path), "spec '", spec, "' names a path outside the data roots");
     std::error_code error;
     const fs::path real = fs::canonical(parsed->path, error);
-    FUZZ_CHECK(!error && UnderARoot(real.string()), "spec '", *spec, "' leads outside the data roots");
+    FUZZ_CHECK(!error && UnderARoot(real.string()), "spec '", spec, "' leads outside the data roots");
   }
   return 0;
 }

@@ -17,7 +17,7 @@
 #include "common/command_line.h"
 #include "server/app/server.h"
 #include "server/app/server_options.h"
-#include "server/jobs/data_source_spec.h"
+#include "server/jobs/resolved_data_source.h"
 #include "server/log/log.h"
 #include "server/s3/s3_flags.h"
 

@@ -14,6 +14,7 @@
 
 #include "common/command_line.h"
 #include "common/enum_names.h"
+#include "common/status_macros.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -161,7 +162,7 @@ struct ShardRun {
   absl::Status status;
 };
 
-ShardRun RunShard(const std::string& model, const std::string& data, int64_t batch_size,
+ShardRun RunShard(const std::string& model, const recal::data::DataSpec& data, int64_t batch_size,
                   const recal::data::InputOptions& input, const Options& options, int index, int shards,
                   ProgressPrinter& progress) {
   ShardRun out;
@@ -189,11 +190,12 @@ ShardRun RunShard(const std::string& model, const std::string& data, int64_t bat
 
 absl::Status RunMain() {
   const std::string model = absl::GetFlag(FLAGS_model);
-  const std::string data = absl::GetFlag(FLAGS_data);
+  const std::string data_flag = absl::GetFlag(FLAGS_data);
   const std::string out = absl::GetFlag(FLAGS_out);
-  if (model.empty() || data.empty() || out.empty()) {
+  if (model.empty() || data_flag.empty() || out.empty()) {
     return absl::InvalidArgumentError("--model, --data and --out are required (see --help)");
   }
+  RECAL_ASSIGN_OR_RETURN(const recal::data::DataSpec data, recal::data::ParseDataSpec(data_flag));
   const int64_t batch_size = absl::GetFlag(FLAGS_batch_size);
   if (batch_size < 1) return absl::InvalidArgumentError("--batch_size must be at least 1");
   auto options = OptionsFromFlags();
@@ -211,7 +213,7 @@ absl::Status RunMain() {
 
   // Object storage only for data in a bucket: credentials are looked up only then.
   std::shared_ptr<recal::data::ObjectStorage> object_storage;
-  if (auto parsed = recal::data::ParseDataSpec(data); parsed.ok() && recal::data::ReadsObjectStorage(*parsed)) {
+  if (recal::data::ReadsObjectStorage(data)) {
     auto settings = recal::data::ObjectStorageOptions(recal::s3::S3SettingsFromFlags());
     if (!settings.ok()) return settings.status();
     auto storage = recal::data::ConnectBucket(*settings);
@@ -252,7 +254,7 @@ absl::Status RunMain() {
     if (absl::Status s = run->WriteBatchNormBuffers(bn_out); !s.ok()) return s;
   }
   recal::v1::RunReport report = run->Report();
-  report.set_data(data);
+  report.set_data(data_flag);
   report.set_batch_size(batch_size);
   report.set_skipped_files(skipped_files);
   report.set_shards(shards);

@@ -11,7 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "server/jobs/data_source_spec.h"
+#include "server/jobs/resolved_data_source.h"
 #include "server/s3/s3_config.h"
 
 namespace recal::app {

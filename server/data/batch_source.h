@@ -53,6 +53,9 @@ struct InputOptions {
 // Opens a data spec (common/data_spec.h) as the whole input pipeline: the source
 // (image_source.h, sources.h), the conversion of uint8/float16 inputs with the spec's
 // scale/mean/std (normalization.h), and the read-ahead (prefetcher.h).
+absl::StatusOr<std::unique_ptr<BatchSource>> OpenBatchSource(const DataSpec& spec, int64_t batch_size,
+                                                             const InputOptions& options = {});
+// The same for a spec as text (recal-run's --data, tests), parsed here, at that edge.
 absl::StatusOr<std::unique_ptr<BatchSource>> OpenBatchSource(const std::string& spec, int64_t batch_size,
                                                              const InputOptions& options = {});
 
@@ -85,6 +88,8 @@ struct ShardOfData {
 
 // OpenBatchSource for one shard: the source starts at the shard's first batch, without
 // reading (or decoding) what comes before.
+absl::StatusOr<ShardOfData> OpenBatchSourceShard(const DataSpec& spec, int64_t batch_size,
+                                                 const InputOptions& options, const ShardPlan& plan);
 absl::StatusOr<ShardOfData> OpenBatchSourceShard(const std::string& spec, int64_t batch_size,
                                                  const InputOptions& options, const ShardPlan& plan);
 

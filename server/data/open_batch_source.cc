@@ -4,6 +4,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/data_spec.h"
+#include "common/status_macros.h"
 #include "server/data/batch_source.h"
 #include "server/data/image_source.h"
 #include "server/data/normalization.h"
@@ -53,18 +54,13 @@ class Limited final : public BatchSource {
   int64_t left_;
 };
 
-absl::StatusOr<std::pair<DataSpec, std::unique_ptr<BatchSource>>> OpenParsed(const std::string& spec,
-                                                                              int64_t batch_size,
-                                                                              const InputOptions& options) {
-  absl::StatusOr<DataSpec> parsed = ParseDataSpec(spec);
-  if (!parsed.ok()) return parsed.status();
+absl::StatusOr<std::unique_ptr<BatchSource>> OpenChecked(const DataSpec& spec, int64_t batch_size,
+                                                         const InputOptions& options) {
   if (batch_size < 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("batch size must be >= 1, got ", batch_size, " (data spec '", spec, "')"));
+        absl::StrCat("batch size must be >= 1, got ", batch_size, " (data spec '", DataSpecToString(spec), "')"));
   }
-  absl::StatusOr<std::unique_ptr<BatchSource>> source = OpenSource(*parsed, batch_size, options);
-  if (!source.ok()) return source.status();
-  return std::make_pair(*std::move(parsed), *std::move(source));
+  return OpenSource(spec, batch_size, options);
 }
 
 // The conversions and the read-ahead around an opened source.
@@ -90,11 +86,16 @@ absl::Status BatchSource::SkipBatches(int64_t batches) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::unique_ptr<BatchSource>> OpenBatchSource(const DataSpec& spec, int64_t batch_size,
+                                                             const InputOptions& options) {
+  RECAL_ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> source, OpenChecked(spec, batch_size, options));
+  return Pipeline(spec, std::move(source), options);
+}
+
 absl::StatusOr<std::unique_ptr<BatchSource>> OpenBatchSource(const std::string& spec, int64_t batch_size,
                                                              const InputOptions& options) {
-  auto opened = OpenParsed(spec, batch_size, options);
-  if (!opened.ok()) return opened.status();
-  return Pipeline(opened->first, std::move(opened->second), options);
+  RECAL_ASSIGN_OR_RETURN(const DataSpec parsed, ParseDataSpec(spec));
+  return OpenBatchSource(parsed, batch_size, options);
 }
 
 absl::StatusOr<BatchRange> ShardBatchRange(std::optional<int64_t> num_samples, int64_t batch_size,
@@ -121,16 +122,20 @@ absl::StatusOr<BatchRange> ShardBatchRange(std::optional<int64_t> num_samples, i
   return BatchRange{boundary(plan.index), boundary(plan.index + 1) - boundary(plan.index)};
 }
 
-absl::StatusOr<ShardOfData> OpenBatchSourceShard(const std::string& spec, int64_t batch_size,
+absl::StatusOr<ShardOfData> OpenBatchSourceShard(const DataSpec& spec, int64_t batch_size,
                                                  const InputOptions& options, const ShardPlan& plan) {
-  auto opened = OpenParsed(spec, batch_size, options);
-  if (!opened.ok()) return opened.status();
-  std::unique_ptr<BatchSource>& source = opened->second;
+  RECAL_ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> source, OpenChecked(spec, batch_size, options));
   auto range = ShardBatchRange(source->num_samples(), batch_size, plan);
   if (!range.ok()) return absl::Status(range.status().code(), absl::StrCat(source->Describe(), ": ", range.status().message()));
   if (absl::Status skipped = source->SkipBatches(range->first); !skipped.ok()) return skipped;
   std::unique_ptr<BatchSource> shard = std::make_unique<Limited>(std::move(source), range->count);
-  return ShardOfData{Pipeline(opened->first, std::move(shard), options), *range};
+  return ShardOfData{Pipeline(spec, std::move(shard), options), *range};
+}
+
+absl::StatusOr<ShardOfData> OpenBatchSourceShard(const std::string& spec, int64_t batch_size,
+                                                 const InputOptions& options, const ShardPlan& plan) {
+  RECAL_ASSIGN_OR_RETURN(const DataSpec parsed, ParseDataSpec(spec));
+  return OpenBatchSourceShard(parsed, batch_size, options, plan);
 }
 
 }  // namespace recal::data

@@ -8,13 +8,16 @@ namespace recal::engine {
 // The engine keeps enums of its own (used in switches throughout the forward); their names
 // are the proto's (v1::MemoryFormat, v1::ComputeDtype), mapped here and nowhere else.
 
-absl::StatusOr<MemoryFormat> ParseMemoryFormat(absl::string_view name) {
-  switch (EnumFromName<v1::MemoryFormat>(name).value_or(v1::MEMORY_FORMAT_UNSPECIFIED)) {
-    case v1::AUTO: return MemoryFormat::kAuto;
+MemoryFormat MemoryFormatOf(v1::MemoryFormat format) {
+  switch (format) {
     case v1::CONTIGUOUS: return MemoryFormat::kContiguous;
     case v1::CHANNELS_LAST: return MemoryFormat::kChannelsLast;
-    default: break;
+    default: return MemoryFormat::kAuto;
   }
+}
+
+absl::StatusOr<MemoryFormat> ParseMemoryFormat(absl::string_view name) {
+  if (std::optional<v1::MemoryFormat> format = EnumFromName<v1::MemoryFormat>(name)) return MemoryFormatOf(*format);
   return absl::InvalidArgumentError(
       absl::StrCat("memory format '", name, "': use ", EnumNameList<v1::MemoryFormat>()));
 }
@@ -28,13 +31,16 @@ std::string MemoryFormatName(MemoryFormat format) {
   return "unknown";
 }
 
-absl::StatusOr<ComputeDtype> ParseComputeDtype(absl::string_view name) {
-  switch (EnumFromName<v1::ComputeDtype>(name).value_or(v1::COMPUTE_DTYPE_UNSPECIFIED)) {
-    case v1::FLOAT32: return ComputeDtype::kFloat32;
+ComputeDtype ComputeDtypeOf(v1::ComputeDtype dtype) {
+  switch (dtype) {
     case v1::BFLOAT16: return ComputeDtype::kBFloat16;
     case v1::FLOAT16: return ComputeDtype::kFloat16;
-    default: break;
+    default: return ComputeDtype::kFloat32;
   }
+}
+
+absl::StatusOr<ComputeDtype> ParseComputeDtype(absl::string_view name) {
+  if (std::optional<v1::ComputeDtype> dtype = EnumFromName<v1::ComputeDtype>(name)) return ComputeDtypeOf(*dtype);
   return absl::InvalidArgumentError(
       absl::StrCat("compute dtype '", name, "': use ", EnumNameList<v1::ComputeDtype>()));
 }

@@ -18,7 +18,8 @@ namespace recal::engine {
 // recalibration.cc), decided at the first batch.
 enum class MemoryFormat { kAuto, kContiguous, kChannelsLast };
 
-// Names: v1::MemoryFormat's, lowercase (common/enum_names.h).
+// Names: v1::MemoryFormat's, lowercase (common/enum_names.h). MEMORY_FORMAT_UNSPECIFIED is auto.
+MemoryFormat MemoryFormatOf(v1::MemoryFormat format);
 absl::StatusOr<MemoryFormat> ParseMemoryFormat(absl::string_view name);
 std::string MemoryFormatName(MemoryFormat format);
 
@@ -28,7 +29,8 @@ std::string MemoryFormatName(MemoryFormat format);
 // statistics are still accumulated in float64 from the activations it actually sees.
 enum class ComputeDtype { kFloat32, kBFloat16, kFloat16 };
 
-// Names: v1::ComputeDtype's, lowercase (common/enum_names.h).
+// Names: v1::ComputeDtype's, lowercase (common/enum_names.h). COMPUTE_DTYPE_UNSPECIFIED is float32.
+ComputeDtype ComputeDtypeOf(v1::ComputeDtype dtype);
 absl::StatusOr<ComputeDtype> ParseComputeDtype(absl::string_view name);
 std::string ComputeDtypeName(ComputeDtype dtype);
 

@@ -5,11 +5,10 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/enum_names.h"
 #include "common/now.h"
 #include "common/status_macros.h"
 #include "server/jobs/batch_assembler.h"
-#include "server/jobs/data_source_spec.h"
+#include "server/jobs/job_plan.h"
 #include "server/jobs/storage.h"
 #include "server/log/log.h"
 #include "server/metrics/metrics.h"
@@ -83,22 +82,10 @@ void JobManager::Shutdown(absl::Duration deadline) {
   scheduler_.Shutdown(deadline);
 }
 
-absl::Status JobManager::ValidateSpec(const std::string& tenant, const v1::JobSpec& spec) {
+absl::StatusOr<worker::v1::JobPlan> JobManager::PlanWithinLimits(const std::string& tenant, const v1::JobSpec& spec) {
   if (spec.batch_size() < 1 || spec.batch_size() > options_.max_batch_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("spec.batch_size must be in 1..", options_.max_batch_size, ", got ", spec.batch_size()));
-  }
-  if (spec.options().max_batches() < 0) return absl::InvalidArgumentError("options.max_batches < 0");
-  if (spec.options().target_rel_error() < 0) return absl::InvalidArgumentError("options.target_rel_error < 0");
-  // The engine parses these again in the worker; refused here so that a typo fails the
-  // submit, not the job.
-  if (const std::string& d = spec.options().compute_dtype(); !d.empty() && !EnumFromName<v1::ComputeDtype>(d)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("options.compute_dtype '", d, "': use ", EnumNameList<v1::ComputeDtype>()));
-  }
-  if (const std::string& f = spec.options().memory_format(); !f.empty() && !EnumFromName<v1::MemoryFormat>(f)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("options.memory_format '", f, "': use ", EnumNameList<v1::MemoryFormat>()));
   }
   if (spec.timeout_seconds() < 0) return absl::InvalidArgumentError("spec.timeout_seconds < 0");
   if (spec.shards() < 0 || spec.shards() > options_.max_shards) {
@@ -110,7 +97,7 @@ absl::Status JobManager::ValidateSpec(const std::string& tenant, const v1::JobSp
         "client_stream jobs need a server running with --role=all, or api replicas and workers started with "
         "--internal_token_file (the cluster secret), which relay pushed batches to the worker running the job");
   }
-  return DataSpecFor(spec.data(), options_.scheduler.data_roots.For(tenant)).status();
+  return PlanJob(spec, options_.scheduler.data_roots.For(tenant));
 }
 
 absl::StatusOr<v1::Job> JobManager::Visible(const Caller& caller, const std::string& id) {
@@ -137,7 +124,9 @@ absl::StatusOr<v1::Job> JobManager::Submit(const Caller& caller, const v1::Submi
   // The model is resolved once, here: the job keeps its full id, and so runs these bytes
   // whatever is uploaded under the name after.
   RECAL_ASSIGN_OR_RETURN(const v1::Model model, models_->Resolve(caller.tenant, request.spec().model_id()));
-  RECAL_RETURN_IF_ERROR(ValidateSpec(caller.tenant, request.spec()));
+  v1::JobSpec spec = request.spec();
+  spec.set_model_id(model.id());
+  RECAL_ASSIGN_OR_RETURN(const worker::v1::JobPlan plan, PlanWithinLimits(caller.tenant, spec));
   // One submission at a time past this point, so that the queue's bound holds. The tenant's
   // quotas are the store's to check, in the transaction that creates the job, so that they
   // hold across api replicas too.
@@ -146,8 +135,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const Caller& caller, const v1::Submi
   job.set_id(NewJobId());
   job.set_tenant(caller.tenant);
   job.set_request_id(request.request_id());
-  *job.mutable_spec() = request.spec();
-  job.mutable_spec()->set_model_id(model.id());
+  *job.mutable_spec() = std::move(spec);
   if (!request.request_id().empty()) {
     // A retried submission is answered with its job, the queue full or not (and over quota
     // or not: the store looks it up before it counts).
@@ -157,7 +145,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const Caller& caller, const v1::Submi
   }
   if (absl::Status room = scheduler_.CheckCapacity(); !room.ok()) return room;
   bool created = false;
-  auto stored = repository_.Create(job, &created, QuotaOf(caller.tenant));
+  auto stored = repository_.Create(job, plan, &created, QuotaOf(caller.tenant));
   if (!stored.ok() || !created) return stored;
   if (options_.scheduler.metrics) options_.scheduler.metrics->JobsSubmitted(stored->tenant()).Increment();
   log::Info("job submitted", {{"job_id", stored->id()},

@@ -127,8 +127,9 @@ class JobManager {
   const std::string& lease_owner() const { return scheduler_.owner(); }
 
  private:
-  // Everything of the spec but its model, which Submit resolves.
-  absl::Status ValidateSpec(const std::string& tenant, const v1::JobSpec& spec);
+  // The plan of `spec` (PlanJob), refused first where the spec passes this server's limits
+  // (batch size, shards, timeout) or asks for what it does not offer (client streams).
+  absl::StatusOr<worker::v1::JobPlan> PlanWithinLimits(const std::string& tenant, const v1::JobSpec& spec);
   // The job if the caller may see it; NOT_FOUND (worded as for a missing job) otherwise.
   absl::StatusOr<v1::Job> Visible(const Caller& caller, const std::string& id);
   // The tenant's limits on active jobs and submissions per minute, for the store to check.

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/now.h"
+#include "common/status_macros.h"
 #include "absl/time/clock.h"
 
 namespace recal::jobs {
@@ -36,7 +37,8 @@ std::string ShardJobId(const std::string& parent_id, int index) { return absl::S
 JobRepository::JobRepository(store::MetadataStore* metadata, EventHub* events)
     : metadata_(metadata), events_(events) {}
 
-absl::StatusOr<v1::Job> JobRepository::Create(v1::Job job, bool* created, store::JobQuota quota) {
+absl::StatusOr<v1::Job> JobRepository::Create(v1::Job job, const worker::v1::JobPlan& plan, bool* created,
+                                              store::JobQuota quota) {
   job.set_state(v1::QUEUED);
   job.set_attempts(0);
   job.clear_progress();
@@ -47,6 +49,7 @@ absl::StatusOr<v1::Job> JobRepository::Create(v1::Job job, bool* created, store:
   if (quota.now_ms == 0) quota.now_ms = TimeUtil::TimestampToMilliseconds(job.create_time());
   v1::JobEvent queued;
   queued.set_state(v1::QUEUED);
+  const std::string plan_bytes = plan.SerializeAsString();
   std::vector<store::NewJob> children;
   if (store::IsCoordinated(job)) {
     for (int k = 0; k < job.spec().shards(); ++k) {
@@ -55,17 +58,25 @@ absl::StatusOr<v1::Job> JobRepository::Create(v1::Job job, bool* created, store:
       shard.clear_request_id();
       shard.set_parent_id(job.id());
       shard.set_shard(k);
-      children.push_back({std::move(shard), {queued}});
+      children.push_back({std::move(shard), {queued}, plan_bytes});
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
-  auto stored = metadata_->CreateJob(job, created, {queued}, std::move(children), quota);
+  auto stored = metadata_->CreateJob(job, created, {queued}, std::move(children), quota, plan_bytes);
   if (!stored.ok() || !*created) return stored;
   events_->Publish(job.id());
   return stored;
 }
 
 absl::StatusOr<v1::Job> JobRepository::Get(const std::string& id) { return metadata_->GetJob(id); }
+
+absl::StatusOr<std::optional<worker::v1::JobPlan>> JobRepository::Plan(const std::string& id) {
+  RECAL_ASSIGN_OR_RETURN(const std::string bytes, metadata_->JobPlan(id));
+  if (bytes.empty()) return std::nullopt;
+  worker::v1::JobPlan plan;
+  if (!plan.ParseFromString(bytes)) return absl::DataLossError(absl::StrCat("the stored plan of job ", id, " is unreadable"));
+  return plan;
+}
 
 absl::StatusOr<std::vector<v1::Job>> JobRepository::Children(const std::string& parent_id) {
   return metadata_->ChildJobs(parent_id);

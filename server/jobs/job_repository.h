@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "recal/v1/recal.pb.h"
+#include "recal/worker/v1/worker.pb.h"
 #include "server/jobs/event_hub.h"
 #include "server/store/metadata_store.h"
 
@@ -43,8 +44,13 @@ class JobRepository {
   // QUEUED. A job with the same non-empty request_id is returned instead, `*created` false.
   // A sharded job (spec.shards > 1) is stored with its shards, QUEUED too, in one step.
   // Within the tenant's `quota`, counted by the store in that step (RESOURCE_EXHAUSTED over
-  // it); its now_ms, if 0, is the job's create_time.
-  absl::StatusOr<v1::Job> Create(v1::Job job, bool* created, store::JobQuota quota = {});
+  // it); its now_ms, if 0, is the job's create_time. `plan` (PlanJob's) is stored with the
+  // job and with each shard.
+  absl::StatusOr<v1::Job> Create(v1::Job job, const worker::v1::JobPlan& plan, bool* created,
+                                 store::JobQuota quota = {});
+  // The plan stored with job `id` (a shard's is its parent's); std::nullopt for a job stored
+  // before plans were, which is planned again when it runs.
+  absl::StatusOr<std::optional<worker::v1::JobPlan>> Plan(const std::string& id);
   // The shards of a sharded job, by index.
   absl::StatusOr<std::vector<v1::Job>> Children(const std::string& parent_id);
   absl::StatusOr<v1::Job> Get(const std::string& id);  // NOT_FOUND

@@ -18,9 +18,8 @@
 namespace recal::jobs {
 
 struct RecalibrationTask {
-  v1::JobSpec spec;
-  std::string model_path;   // the stored archive
-  std::string data_spec;    // resolved under the data roots; empty for a client stream
+  worker::v1::JobPlan plan;  // as stored with the job (job_plan.h)
+  std::string model_path;    // the stored archive
   std::vector<std::string> data_roots;  // the job's tenant's: all the worker may read of the data
   std::string device;
   std::string scratch_dir;  // receives model.pt, bn.safetensors and report.json

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "server/jobs/data_source_spec.h"
+#include "server/jobs/resolved_data_source.h"
 #include "server/store/metadata_store.h"
 
 namespace recal::metrics {

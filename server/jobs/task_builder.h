@@ -1,6 +1,6 @@
 // The one place a job's RecalibrationTask is made, for a run of the job (or of a shard) and
-// for the merge of a sharded job's statistics: its model in the blob store, its data resolved
-// under the tenant's roots, and what differs between the two.
+// for the merge of a sharded job's statistics: its model in the blob store, the plan stored
+// with it (job_plan.h), and what differs between the two.
 #pragma once
 
 #include <atomic>
@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "recal/v1/recal.pb.h"
-#include "server/jobs/data_source_spec.h"
+#include "server/jobs/resolved_data_source.h"
 #include "server/jobs/job_repository.h"
 #include "server/jobs/job_runner.h"
 #include "server/jobs/model_registry.h"

@@ -19,7 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
-#include "common/data_spec.h"
+#include "common/data_source.h"
 #include "server/data_access/locate_objects.h"
 #include "server/data_access/s3_paths.h"
 #include "server/jobs/remote_reads.h"
@@ -110,6 +110,17 @@ absl::StatusOr<CudaCount> AskCudaDevices(const std::string& binary, const std::v
                                             "', not a number of devices"));
   }
   return answer;
+}
+
+wire::RemoteObjects RemoteObjectsOf(const data::LocatedObjects& located) {
+  wire::RemoteObjects objects;
+  objects.set_bucket(located.bucket);
+  for (const s3::ObjectInfo& object : located.objects) {
+    wire::RemoteObject* out = objects.add_objects();
+    out->set_key(object.key);
+    out->set_size(object.size);
+  }
+  return objects;
 }
 
 }  // namespace
@@ -257,11 +268,24 @@ absl::Status WorkerRunner::GiveToWorkerUser(const std::string& dir) const {
   return absl::OkStatus();
 }
 
+// The worker is told what there is and asks for ranges of it.
+absl::StatusOr<std::optional<data::LocatedObjects>> WorkerRunner::LocateRemoteData(const RecalibrationTask& task) const {
+  const std::optional<data::DataSpec> spec = data::DataSpecOfSource(task.plan.data());
+  if (!spec || !data::ReadsObjectStorage(*spec)) return std::nullopt;
+  // No roots would mean no confinement to the data layer (recal-run's case), never here.
+  if (task.data_roots.empty()) {
+    return absl::PermissionDeniedError(absl::StrCat(spec->path, ": the tenant has no data roots"));
+  }
+  RECAL_ASSIGN_OR_RETURN(data::LocatedObjects located,
+                         data::LocateObjects(*spec, {.data_roots = task.data_roots,
+                                                     .object_storage = options_.object_storage}));
+  return located;
+}
+
 absl::StatusOr<v1::RunReport> WorkerRunner::Recalibrate(const RecalibrationTask& task, const RunHooks& hooks) {
   wire::Task request = NewTask();
   wire::Recalibrate* job = request.mutable_recalibrate();
-  *job->mutable_spec() = task.spec;
-  job->set_data_spec(task.data_spec);
+  *job->mutable_plan() = task.plan;
   job->set_device(task.device);
   job->set_threads(options_.threads);
   job->set_prefetch_depth(options_.prefetch_depth);
@@ -270,26 +294,10 @@ absl::StatusOr<v1::RunReport> WorkerRunner::Recalibrate(const RecalibrationTask&
   job->set_shard_index(task.shard_index);
   job->set_shard_count(task.shard_count);
   for (const std::string& name : task.merge_statistics) job->add_merge(name);
-  // Data in a bucket: found here, where the network and the credentials are, before the
-  // worker starts; the worker is told what there is and asks for ranges of it.
   std::optional<data::LocatedObjects> remote;
-  if (auto parsed = data::ParseDataSpec(task.data_spec);
-      task.merge_statistics.empty() && parsed.ok() && data::ReadsObjectStorage(*parsed)) {
-    // No roots would mean no confinement to the data layer (recal-run's case), never here.
-    if (task.data_roots.empty()) {
-      return absl::PermissionDeniedError(absl::StrCat(task.data_spec, ": the tenant has no data roots"));
-    }
-    auto located = data::LocateObjects(*parsed, {.data_roots = task.data_roots,
-                                                 .object_storage = options_.object_storage});
-    if (!located.ok()) return located.status();
-    remote = *std::move(located);
-    wire::RemoteObjects* objects = job->mutable_remote_objects();
-    objects->set_bucket(remote->bucket);
-    for (const s3::ObjectInfo& object : remote->objects) {
-      wire::RemoteObject* out = objects->add_objects();
-      out->set_key(object.key);
-      out->set_size(object.size);
-    }
+  if (task.merge_statistics.empty()) {
+    RECAL_ASSIGN_OR_RETURN(remote, LocateRemoteData(task));
+    if (remote) *job->mutable_remote_objects() = RemoteObjectsOf(*remote);
   }
   if (absl::Status owned = GiveToWorkerUser(task.scratch_dir); !owned.ok()) return owned;
   auto event = Expect(Run(request, task.model_path, task.scratch_dir, hooks, nullptr, remote ? &*remote : nullptr),

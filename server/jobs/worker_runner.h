@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,9 @@ class WorkerRunner : public JobRunner, public ModelInspector {
   absl::StatusOr<worker::v1::Event> RunInScratch(const worker::v1::Task& task, const std::string& model_path,
                                                  const RunHooks& hooks, worker::v1::Sandboxed* sandboxed = nullptr);
   worker::v1::Task NewTask() const;
+  // The objects of the task's data when it is in a bucket (std::nullopt otherwise), found
+  // here, where the network and the credentials are, before the worker starts.
+  absl::StatusOr<std::optional<data::LocatedObjects>> LocateRemoteData(const RecalibrationTask& task) const;
   void LogGpuSandbox(const worker::v1::Sandboxed& sandboxed);
   // With --worker_user, the worker's scratch directory must be its own.
   absl::Status GiveToWorkerUser(const std::string& dir) const;

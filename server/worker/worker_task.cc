@@ -11,9 +11,11 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/data_source.h"
 #include "common/status_macros.h"
 #include "server/data/batch_source.h"
 #include "server/data/normalization.h"
@@ -27,9 +29,11 @@ namespace {
 
 namespace api = ::recal::v1;
 
-absl::StatusOr<engine::Options> EngineOptionsOf(const v1::Task& task) {
+// The plan's options were checked at admission (server/jobs/job_plan.h); here they are only
+// mapped.
+engine::Options EngineOptionsOf(const v1::Task& task) {
   const v1::Recalibrate& job = task.recalibrate();
-  const api::EngineOptions& o = job.spec().options();
+  const v1::EnginePlan& o = job.plan().engine();
   engine::Options options;
   if (o.estimator() != api::ESTIMATOR_UNSPECIFIED) options.estimator = o.estimator();
   if (o.modules() != api::MODULE_MODE_UNSPECIFIED) options.modules = o.modules();
@@ -40,16 +44,8 @@ absl::StatusOr<engine::Options> EngineOptionsOf(const v1::Task& task) {
   options.target_rel_error = o.target_rel_error();
   options.device = job.device().empty() ? "cpu" : job.device();
   options.threads = job.threads();
-  if (!o.compute_dtype().empty()) {
-    auto dtype = engine::ParseComputeDtype(o.compute_dtype());
-    if (!dtype.ok()) return dtype.status();
-    options.compute_dtype = *dtype;
-  }
-  if (!o.memory_format().empty()) {
-    auto format = engine::ParseMemoryFormat(o.memory_format());
-    if (!format.ok()) return format.status();
-    options.memory_format = *format;
-  }
+  options.compute_dtype = engine::ComputeDtypeOf(o.compute_dtype());
+  options.memory_format = engine::MemoryFormatOf(o.memory_format());
   return options;
 }
 
@@ -76,8 +72,9 @@ struct OpenedData {
 
 absl::StatusOr<OpenedData> OpenData(const v1::Recalibrate& job, const TaskContext& context,
                                     const engine::Options& options, const EventSink& send) {
-  if (job.spec().data().has_client_stream()) {
-    const api::ClientStreamSource& stream = job.spec().data().client_stream();
+  const api::DataSource& data_source = job.plan().data();
+  if (data_source.has_client_stream()) {
+    const api::ClientStreamSource& stream = data_source.client_stream();
     if (context.input == nullptr) return absl::InternalError("no channel for pushed batches");
     std::unique_ptr<data::BatchSource> pushed = data::Normalized(
         PushedBatches(context.input),
@@ -85,6 +82,8 @@ absl::StatusOr<OpenedData> OpenData(const v1::Recalibrate& job, const TaskContex
     if (absl::StartsWith(job.device(), "cuda")) pushed = Pinned(std::move(pushed));
     return OpenedData{std::move(pushed), std::nullopt};
   }
+  const std::optional<data::DataSpec> spec = data::DataSpecOfSource(data_source);
+  if (!spec) return absl::InvalidArgumentError("the job's plan names no data source");
   data::InputOptions input;
   input.prefetch_depth = job.prefetch_depth();
   input.decode_threads = job.decode_threads();
@@ -96,13 +95,13 @@ absl::StatusOr<OpenedData> OpenData(const v1::Recalibrate& job, const TaskContex
   }
   if (job.shard_count() > 1) {
     auto shard = data::OpenBatchSourceShard(
-        job.data_spec(), job.spec().batch_size(), input,
+        *spec, job.plan().batch_size(), input,
         {job.shard_index(), job.shard_count(), options.max_batches.value_or(0), engine::kDefaultMaxBatches,
          options.allow_short_data});
     if (!shard.ok()) return shard.status();
     return OpenedData{std::move(shard->source), shard->range.count};
   }
-  auto source = data::OpenBatchSource(job.data_spec(), job.spec().batch_size(), input);
+  auto source = data::OpenBatchSource(*spec, job.plan().batch_size(), input);
   if (!source.ok()) return source.status();
   return OpenedData{*std::move(source), std::nullopt};
 }
@@ -119,10 +118,19 @@ absl::Status WriteResults(const engine::Recalibration& run, const api::RunReport
   return send(done);
 }
 
+// What the report says of the job: its model, its data (as a spec, or "client stream") and
+// its batch size.
+void DescribeJob(const v1::JobPlan& plan, api::RunReport* report) {
+  report->set_model(plan.model_id());
+  const std::optional<data::DataSpec> spec = data::DataSpecOfSource(plan.data());
+  report->set_data(spec ? data::DataSpecToString(*spec) : "client stream");
+  report->set_batch_size(plan.batch_size());
+}
+
 // The merge of a sharded job: the shards' statistics into one result.
 absl::Status Merge(const v1::Task& task, const TaskContext& context, const EventSink& send) {
   const v1::Recalibrate& job = task.recalibrate();
-  RECAL_ASSIGN_OR_RETURN(engine::Options options, EngineOptionsOf(task));
+  engine::Options options = EngineOptionsOf(task);
   options.graph_policy = GraphPolicyOf(task);
   auto run = engine::Recalibration::Create(context.model, options);
   if (!run.ok()) return run.status();
@@ -137,9 +145,7 @@ absl::Status Merge(const v1::Task& task, const TaskContext& context, const Event
   }
   if (absl::Status finished = (*run)->Finish(); !finished.ok()) return finished;
   api::RunReport report = (*run)->Report();
-  report.set_model(job.spec().model_id());
-  report.set_data(job.data_spec().empty() ? "client stream" : job.data_spec());
-  report.set_batch_size(job.spec().batch_size());
+  DescribeJob(job.plan(), &report);
   report.set_shards(job.merge_size());
   return WriteResults(**run, report, context, send);
 }
@@ -148,7 +154,7 @@ absl::Status Recalibrate(const v1::Task& task, const TaskContext& context, const
   const v1::Recalibrate& job = task.recalibrate();
   if (job.merge_size() > 0) return Merge(task, context, send);
   const bool shard = job.shard_count() > 1;
-  RECAL_ASSIGN_OR_RETURN(engine::Options options, EngineOptionsOf(task));
+  engine::Options options = EngineOptionsOf(task);
   options.graph_policy = GraphPolicyOf(task);
   auto data = OpenData(job, context, options, send);
   if (!data.ok()) return data.status();
@@ -181,9 +187,7 @@ absl::Status Recalibrate(const v1::Task& task, const TaskContext& context, const
   if (!ran.ok()) return ran;
 
   api::RunReport report = (*run)->Report();
-  report.set_model(job.spec().model_id());
-  report.set_data(job.data_spec().empty() ? "client stream" : job.data_spec());
-  report.set_batch_size(job.spec().batch_size());
+  DescribeJob(job.plan(), &report);
   report.set_skipped_files(source.skipped_files());
   if (!shard) return WriteResults(**run, report, context, send);
   const std::string path = (std::filesystem::path(context.scratch) / "statistics.safetensors").string();

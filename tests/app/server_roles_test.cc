@@ -15,6 +15,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/data_spec.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "server/app/server.h"
 #include "server/app/server_options.h"
@@ -99,8 +100,9 @@ grpc::Status ListModels(const Server& server) {
   return v1::Recal::NewStub(ChannelTo(server))->ListModels(&context, {}, &response);
 }
 
-// Uploads the smallest fixture model through `api` and runs an npy job on it to SUCCEEDED.
-void RunsAJob(const Server& api) {
+// Uploads the smallest fixture model through `api` and runs an npy job on it (in `shards`) to
+// SUCCEEDED.
+void RunsAJob(const Server& api, int shards = 0) {
   auto stub = v1::Recal::NewStub(ChannelTo(api));
   v1::Model model;
   const grpc::Status uploaded =
@@ -108,7 +110,9 @@ void RunsAJob(const Server& api) {
   ASSERT_TRUE(uploaded.ok()) << uploaded.error_message();
   grpc::ClientContext context;
   v1::Job job;
-  const grpc::Status submitted = stub->SubmitJob(&context, testing::NpyJob(model.id(), "data/bn1d_2d.npy", 8), &job);
+  v1::SubmitJobRequest request = testing::NpyJob(model.id(), "data/bn1d_2d.npy", 8);
+  request.mutable_spec()->set_shards(shards);
+  const grpc::Status submitted = stub->SubmitJob(&context, request, &job);
   ASSERT_TRUE(submitted.ok()) << submitted.error_message();
   EXPECT_EQ(testing::WaitForState(*stub, job.id(), v1::SUCCEEDED).state(), v1::SUCCEEDED);
 }
@@ -166,6 +170,19 @@ TEST(ServerClusterTest, ApiAndWorkerOnOnePostgresStoreRunAJobBetweenThem) {
   auto api = Server::BuildAndStart(OptionsFor(Role::kApi, store, tmp, "api"));
   ASSERT_TRUE(api.ok()) << api.status();
   RunsAJob(**api);
+}
+
+// The job's data travels typed from the RPC to the worker (server/jobs/job_plan.h): admission
+// checks it once and nothing in the server parses a data spec from text, for a job, its shards
+// or their merge. (The worker's side: tests/worker/worker_task_test.cc.)
+TEST(ServerDataTest, AJobsDataIsNeverParsedFromTextBetweenTheRpcAndTheWorker) {
+  testing::TempDir tmp;
+  auto server = Server::BuildAndStart(OptionsFor(Role::kAll, "sqlite:" + tmp.File("recal.db"), tmp, "data"));
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int64_t parsed_before = data::ParseDataSpecCount();
+  RunsAJob(**server);
+  RunsAJob(**server, /*shards=*/2);
+  EXPECT_EQ(data::ParseDataSpecCount() - parsed_before, 0);
 }
 
 }  // namespace

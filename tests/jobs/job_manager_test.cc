@@ -66,7 +66,7 @@ class JobManagerTest : public ::testing::Test {
 TEST_F(JobManagerTest, SucceededRunsLeaveTheirFilesAsResultsAndTheirProgressAsEvents) {
   runner_.recalibrate = [](const RecalibrationTask& task, const RunHooks& hooks) -> absl::StatusOr<v1::RunReport> {
     EXPECT_TRUE(task.model_path.size() > 0 && fs::exists(task.model_path));
-    EXPECT_EQ(task.data_spec.rfind("synthetic:", 0), 0u) << task.data_spec;
+    EXPECT_TRUE(task.plan.data().has_synthetic()) << task.plan.ShortDebugString();
     for (int batch = 1; batch <= 3; ++batch) {
       worker::v1::Progress progress;
       progress.set_batches(batch);

@@ -29,7 +29,7 @@ class JobRepositoryTest : public ::testing::Test {
     job.set_tenant("t");
     job.mutable_spec()->set_model_id("sha256:00");
     bool created = false;
-    auto stored = jobs_->Create(job, &created);
+    auto stored = jobs_->Create(job, worker::v1::JobPlan(), &created);
     EXPECT_TRUE(stored.ok()) << stored.status();
     return *stored;
   }
@@ -56,6 +56,29 @@ class JobRepositoryTest : public ::testing::Test {
   std::unique_ptr<JobRepository> jobs_;
 };
 
+TEST_F(JobRepositoryTest, APlanIsStoredWithTheJobAndEachOfItsShards) {
+  v1::Job job;
+  job.set_id("sharded");
+  job.set_tenant("t");
+  job.mutable_spec()->set_model_id("sha256:00");
+  job.mutable_spec()->set_shards(2);
+  worker::v1::JobPlan plan;
+  plan.set_model_id("sha256:00");
+  plan.set_batch_size(16);
+  plan.mutable_data()->mutable_synthetic()->add_sample_shape(3);
+  plan.mutable_engine()->set_compute_dtype(v1::BFLOAT16);
+  bool created = false;
+  ASSERT_TRUE(jobs_->Create(job, plan, &created).ok());
+  for (const std::string& id : {std::string("sharded"), ShardJobId("sharded", 0), ShardJobId("sharded", 1)}) {
+    absl::StatusOr<std::optional<worker::v1::JobPlan>> stored = jobs_->Plan(id);
+    ASSERT_TRUE(stored.ok()) << stored.status();
+    ASSERT_TRUE(stored->has_value()) << id;
+    EXPECT_EQ((*stored)->SerializeAsString(), plan.SerializeAsString()) << id;
+  }
+  EXPECT_FALSE(jobs_->Plan(Create("unplanned").id())->has_value()) << "an empty plan reads as none";
+  EXPECT_TRUE(absl::IsNotFound(jobs_->Plan("no-such-job").status()));
+}
+
 TEST_F(JobRepositoryTest, CreateQueuesTheJobOnceForARequestId) {
   const v1::Job first = Create("a", "request-1");
   EXPECT_EQ(first.state(), v1::QUEUED);
@@ -65,7 +88,7 @@ TEST_F(JobRepositoryTest, CreateQueuesTheJobOnceForARequestId) {
   again.set_request_id("request-1");
   again.set_tenant("t");
   bool created = true;
-  auto stored = jobs_->Create(again, &created);
+  auto stored = jobs_->Create(again, worker::v1::JobPlan(), &created);
   ASSERT_TRUE(stored.ok());
   EXPECT_FALSE(created);
   EXPECT_EQ(stored->id(), "a");
@@ -173,7 +196,7 @@ TEST_F(JobRepositoryTest, AClientStreamJobWhoseLeaseExpiredFailsInsteadOfWaiting
   stream.mutable_spec()->set_model_id("sha256:00");
   stream.mutable_spec()->mutable_data()->mutable_client_stream();
   bool created = false;
-  ASSERT_TRUE(jobs_->Create(stream, &created).ok());
+  ASSERT_TRUE(jobs_->Create(stream, worker::v1::JobPlan(), &created).ok());
   Create("files");
   const int64_t now = absl::ToUnixMillis(absl::Now());
   for (int i = 0; i < 2; ++i) ASSERT_TRUE(jobs_->Claim("cpu", "worker-1", now - 1000)->has_value());
@@ -188,7 +211,7 @@ TEST_F(JobRepositoryTest, AClientStreamJobWhoseLeaseExpiredFailsInsteadOfWaiting
   // At start-up of the embedded server (no other process: its clients push again) it is
   // queued again, as it always was.
   stream.set_id("stream-2");
-  ASSERT_TRUE(jobs_->Create(stream, &created).ok());
+  ASSERT_TRUE(jobs_->Create(stream, worker::v1::JobPlan(), &created).ok());
   ASSERT_TRUE(jobs_->Start("stream-2", "cpu").ok());
   ASSERT_TRUE(jobs_->RecoverInterrupted(3).ok());
   EXPECT_EQ(StateOf("stream-2"), v1::QUEUED);

@@ -10,6 +10,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "server/jobs/job_plan.h"
 #include "server/store/local_blob_store.h"
 #include "tests/jobs/fake_runner.h"
 
@@ -80,7 +81,7 @@ class SchedulerTest : public ::testing::Test {
     job.mutable_spec()->set_priority(priority);
     job.mutable_spec()->mutable_data()->mutable_synthetic()->add_sample_shape(3);
     bool created = false;
-    v1::Job stored = *jobs_->Create(job, &created);
+    v1::Job stored = *jobs_->Create(job, *PlanJob(job.spec(), {}), &created);
     if (scheduler_) scheduler_->Enqueue(stored);
     return stored;
   }

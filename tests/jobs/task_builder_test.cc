@@ -10,6 +10,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "server/jobs/job_plan.h"
 #include "server/store/local_blob_store.h"
 #include "tests/jobs/fake_runner.h"
 
@@ -52,7 +53,9 @@ class TaskBuilderTest : public ::testing::Test {
     spec.set_batch_size(4);
     *job.mutable_spec() = spec;
     bool created = false;
-    return *jobs_->Create(job, &created);
+    const absl::StatusOr<worker::v1::JobPlan> plan = PlanJob(job.spec(), roots_.For("t"));
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    return *jobs_->Create(job, plan.value_or(worker::v1::JobPlan()), &created);
   }
   static v1::JobSpec TensorFileSpec(const std::string& path) {
     v1::JobSpec spec;
@@ -96,11 +99,11 @@ TEST_F(TaskBuilderTest, ARunCarriesTheStoredModelTheResolvedDataAndTheTenantsRoo
   absl::StatusOr<RecalibrationTask> task = Build(job, TaskPurpose::Run("cuda:1"));
   ASSERT_TRUE(task.ok()) << task.status();
   EXPECT_EQ(task->model_path, *blobs_->LocalPath(*models_->DigestOf("t", model_id_)));
-  EXPECT_EQ(task->data_spec, "npy:" + data_root_ + "/x.npy");
+  EXPECT_EQ(task->plan.data().tensor_file().path(), data_root_ + "/x.npy");
   EXPECT_THAT(task->data_roots, ElementsAre(data_root_));
   EXPECT_EQ(task->device, "cuda:1");
   EXPECT_EQ(task->scratch_dir, scratch_.string());
-  EXPECT_EQ(task->spec.SerializeAsString(), job.spec().SerializeAsString());
+  EXPECT_EQ(task->plan.SerializeAsString(), jobs_->Plan(job.id())->value().SerializeAsString());
   EXPECT_EQ(task->shard_count, 1);
   EXPECT_THAT(task->merge_statistics, IsEmpty());
 }
@@ -116,12 +119,42 @@ TEST_F(TaskBuilderTest, AShardsRunCarriesItsIndexAndTheCount) {
   EXPECT_EQ(task->shard_count, 3);
 }
 
-TEST_F(TaskBuilderTest, AClientStreamsRunHasNoDataSpec) {
+TEST_F(TaskBuilderTest, AClientStreamsRunCarriesItsStreamAsPlanned) {
   v1::JobSpec spec;
-  spec.mutable_data()->mutable_client_stream();
+  spec.mutable_data()->mutable_client_stream()->set_scale(255);
   absl::StatusOr<RecalibrationTask> task = Build(Created(spec), TaskPurpose::Run("cpu"));
   ASSERT_TRUE(task.ok()) << task.status();
-  EXPECT_EQ(task->data_spec, "");
+  EXPECT_EQ(task->plan.data().client_stream().scale(), 255);
+}
+
+TEST_F(TaskBuilderTest, AJobStoredBeforePlansIsPlannedWhenItRuns) {
+  v1::Job job;
+  job.set_id("from-an-older-server");
+  job.set_tenant("t");
+  *job.mutable_spec() = TensorFileSpec("x.npy");
+  job.mutable_spec()->set_model_id(model_id_);
+  job.mutable_spec()->set_batch_size(4);
+  job.mutable_spec()->mutable_options()->set_compute_dtype("bfloat16");
+  bool created = false;
+  ASSERT_TRUE(jobs_->Create(job, worker::v1::JobPlan(), &created).ok());
+  ASSERT_FALSE(jobs_->Plan(job.id())->has_value());
+  absl::StatusOr<RecalibrationTask> task = Build(job, TaskPurpose::Run("cpu"));
+  ASSERT_TRUE(task.ok()) << task.status();
+  EXPECT_EQ(task->plan.data().tensor_file().path(), data_root_ + "/x.npy");
+  EXPECT_EQ(task->plan.engine().compute_dtype(), v1::BFLOAT16);
+  EXPECT_EQ(task->plan.batch_size(), 4);
+}
+
+// The path was canonical under the roots at admission; a link put in its place since then
+// would lead the worker elsewhere (the sandbox would still confine it to the roots).
+TEST_F(TaskBuilderTest, APathThatNoLongerResolvesToWhatWasAdmittedFailsTheRun) {
+  const v1::Job job = Created(TensorFileSpec("x.npy"));
+  testing::WriteBytes(data_root_ + "/y.npy", "another file");
+  fs::remove(data_root_ + "/x.npy");
+  fs::create_symlink(data_root_ + "/y.npy", data_root_ + "/x.npy");
+  absl::Status status = Build(job, TaskPurpose::Run("cpu")).status();
+  EXPECT_TRUE(absl::IsPermissionDenied(status)) << status;
+  EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("submit it again"));
 }
 
 TEST_F(TaskBuilderTest, AMergeGetsTheShardsStatisticsInShardOrderOnTheCpuAndReadsNoData) {
@@ -135,7 +168,7 @@ TEST_F(TaskBuilderTest, AMergeGetsTheShardsStatisticsInShardOrderOnTheCpuAndRead
   EXPECT_THAT(task->merge_statistics, ElementsAre("shard-0.safetensors", "shard-1.safetensors"));
   EXPECT_EQ(ReadAll(scratch_ / "shard-0.safetensors"), "statistics of shard 0");
   EXPECT_EQ(ReadAll(scratch_ / "shard-1.safetensors"), "statistics of shard 1");
-  EXPECT_EQ(task->data_spec, "npy:" + data_root_ + "/x.npy");  // named in the report
+  EXPECT_EQ(task->plan.data().tensor_file().path(), data_root_ + "/x.npy");  // named in the report
   EXPECT_THAT(task->data_roots, IsEmpty());
   EXPECT_EQ(task->shard_count, 1);
 }
@@ -155,9 +188,14 @@ TEST_F(TaskBuilderTest, DataOutsideTheRootsFailsARunAndAMergeAlike) {
 }
 
 TEST_F(TaskBuilderTest, AMissingModelIsNotFound) {
-  v1::JobSpec spec = TensorFileSpec("x.npy");
-  v1::Job job = Created(spec);
+  v1::Job job;
+  job.set_id("missing-model");
+  job.set_tenant("t");
+  *job.mutable_spec() = TensorFileSpec("x.npy");
   job.mutable_spec()->set_model_id("sha256:" + std::string(64, '0'));  // well formed, never uploaded
+  job.mutable_spec()->set_batch_size(4);
+  bool created = false;
+  ASSERT_TRUE(jobs_->Create(job, *PlanJob(job.spec(), roots_.For("t")), &created).ok());
   EXPECT_TRUE(absl::IsNotFound(Build(job, TaskPurpose::Run("cpu")).status()));
 }
 

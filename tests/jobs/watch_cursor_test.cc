@@ -25,7 +25,7 @@ class WatchCursorTest : public ::testing::Test {
     job.set_tenant("t");
     job.mutable_spec()->set_model_id("sha256:00");
     bool created = false;
-    ASSERT_TRUE(jobs_->Create(job, &created).ok());
+    ASSERT_TRUE(jobs_->Create(job, worker::v1::JobPlan(), &created).ok());
   }
   WatchCursor Open(int64_t after_seq) { return WatchCursor(jobs_.get(), *jobs_->Get("a"), after_seq); }
   void Progress(int64_t batches) {

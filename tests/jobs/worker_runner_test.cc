@@ -22,6 +22,15 @@
 namespace recal::jobs {
 namespace {
 
+// The plan of a job over an npy file in batches of 8, as admission would store it.
+worker::v1::JobPlan NpyPlan(const std::string& path) {
+  worker::v1::JobPlan plan;
+  plan.set_batch_size(8);
+  plan.mutable_data()->mutable_tensor_file()->set_format(v1::TensorFileSource::NPY);
+  plan.mutable_data()->mutable_tensor_file()->set_path(path);
+  return plan;
+}
+
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
@@ -42,9 +51,8 @@ class WorkerRunnerTest : public ::testing::Test {
   absl::StatusOr<v1::RunReport> Recalibrate(WorkerRunner& runner, const std::string& model,
                                             const RunHooks& hooks = {}) {
     RecalibrationTask task;
-    task.spec.set_batch_size(8);
+    task.plan = NpyPlan(data_);
     task.model_path = model;
-    task.data_spec = "npy:" + data_;
     task.data_roots = options_.data_roots;
     task.device = "cpu";
     task.scratch_dir = tmp_.File("job");
@@ -56,9 +64,8 @@ class WorkerRunnerTest : public ::testing::Test {
   // A good fixture model and its data (26 samples), on `device`, with its scratch directory.
   RecalibrationTask GoodTask(const std::string& device, const std::string& scratch) {
     RecalibrationTask task;
-    task.spec.set_batch_size(8);
+    task.plan = NpyPlan(kFixtures + "/data/bn1d_2d.npy");
     task.model_path = kFixtures + "/models/bn1d_2d.traced_train.pt";
-    task.data_spec = "npy:" + kFixtures + "/data/bn1d_2d.npy";
     task.data_roots = {kFixtures};
     task.device = device;
     task.scratch_dir = tmp_.File(scratch);

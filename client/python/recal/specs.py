@@ -29,6 +29,7 @@ and this one are tested against one table of cases, tests/data/data_spec_cases.j
 
 import math
 import re
+import struct
 
 import grpc
 
@@ -42,6 +43,7 @@ _SYNTAX = ("expected npy:PATH, safetensors:PATH[:KEY,KEY...], torch:PATH (each w
 # digits. Python's float() would also take "1_0", " 1", "inf" and other scripts' digits.
 _NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 _MAX_SIDE = 65536
+_FLOAT32_RANGE = " (within float32's range: 0, or 1.4e-45 to 3.4e38 in magnitude)"
 _MAX_SAMPLE_ELEMENTS = (1 << 31) - 1  # as the C++ parser (ParseShape)
 _INT64_MAX = (1 << 63) - 1
 
@@ -64,11 +66,20 @@ def _integer(text, high):
 
 
 def _number(text):
-    """The finite number `text` spells, or None."""
+    """The number `text` spells if a float32 carries it (the API's type for scale, mean and
+    std: beyond its range a value would arrive as infinity or as 0), or None."""
     if not _NUMBER.fullmatch(text):
         return None
     value = float(text)
-    return value if math.isfinite(value) else None
+    if not math.isfinite(value):
+        return None
+    try:
+        carried = struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:
+        return None
+    if not math.isfinite(carried) or (carried == 0 and value != 0):
+        return None
+    return value
 
 
 def _seed(spec, text):
@@ -84,8 +95,8 @@ def _numbers(spec, key, text, positive, count=0):
     for part in text.split(","):
         value = _number(part)
         if value is None or (positive and value <= 0):
-            raise _bad(spec, "%s must be comma-separated %snumbers; found %r"
-                       % (key, "positive " if positive else "", part))
+            raise _bad(spec, "%s must be comma-separated %snumbers; found %r%s"
+                       % (key, "positive " if positive else "", part, _FLOAT32_RANGE))
         values.append(value)
     if count and len(values) != count:
         raise _bad(spec, "%s must have %d values (one per RGB channel)" % (key, count))
@@ -115,7 +126,7 @@ def _normalization(spec, text, file):
         if key == "scale":
             scale = _number(value)
             if scale is None or scale <= 0:
-                raise _bad(spec, "scale %r must be a positive number" % value)
+                raise _bad(spec, "scale %r must be a positive number%s" % (value, _FLOAT32_RANGE))
             file.scale = scale
         elif key in ("mean", "std"):
             getattr(file, key).extend(_numbers(spec, key, value, key == "std"))

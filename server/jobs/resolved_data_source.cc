@@ -1,22 +1,21 @@
-#include "server/jobs/data_source_spec.h"
+#include "server/jobs/resolved_data_source.h"
 
 #include <cmath>
 #include <filesystem>
+#include <limits>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/data_source.h"
 #include "common/data_spec.h"
+#include "common/status_macros.h"
 #include "common/tenant_name.h"
 #include "server/data_access/data_roots.h"
 #include "server/data_access/s3_paths.h"
 
 namespace recal::jobs {
 namespace {
-
-using data::DataSpec;
-
 
 absl::Status Invalid(absl::string_view message) { return absl::InvalidArgumentError(message); }
 
@@ -114,41 +113,44 @@ absl::StatusOr<std::string> CheckImageFolder(const v1::ImageFolderSource& given,
 
 absl::Status CheckSynthetic(const v1::SyntheticSource& synthetic) {
   if (synthetic.sample_shape().empty()) return Invalid("synthetic.sample_shape is empty");
+  int64_t elements = 1;
   for (int64_t d : synthetic.sample_shape()) {
     if (d <= 0) return Invalid("synthetic.sample_shape dims must be positive");
+    // A sample the data layer indexes with 32-bit offsets, as ParseDataSpec refuses in a spec.
+    if (elements > std::numeric_limits<int32_t>::max() / d) {
+      return Invalid("synthetic.sample_shape has more than 2^31 elements per sample");
+    }
+    elements *= d;
   }
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<std::string> DataSpecFor(const v1::DataSource& source,
-                                        const std::vector<std::string>& data_roots) {
-  absl::StatusOr<std::string> path = std::string();  // synthetic data has none
+absl::StatusOr<v1::DataSource> ResolveDataSource(const v1::DataSource& source,
+                                                 const std::vector<std::string>& data_roots) {
+  v1::DataSource resolved = source;
   switch (source.source_case()) {
-    case v1::DataSource::kTensorFile:
-      path = CheckTensorFile(source.tensor_file(), data_roots);
-      break;
-    case v1::DataSource::kImageFolder:
-      path = CheckImageFolder(source.image_folder(), data_roots);
-      break;
+    case v1::DataSource::kTensorFile: {
+      RECAL_ASSIGN_OR_RETURN(std::string path, CheckTensorFile(source.tensor_file(), data_roots));
+      resolved.mutable_tensor_file()->set_path(std::move(path));
+      return resolved;
+    }
+    case v1::DataSource::kImageFolder: {
+      RECAL_ASSIGN_OR_RETURN(std::string path, CheckImageFolder(source.image_folder(), data_roots));
+      *resolved.mutable_image_folder() = data::WithImageNetDefaults(source.image_folder());
+      resolved.mutable_image_folder()->set_path(std::move(path));
+      return resolved;
+    }
     case v1::DataSource::kSynthetic:
-      if (absl::Status s = CheckSynthetic(source.synthetic()); !s.ok()) return s;
-      break;
+      RECAL_RETURN_IF_ERROR(CheckSynthetic(source.synthetic()));
+      return resolved;
     case v1::DataSource::kClientStream:
-      if (absl::Status s = CheckNormalization(source.client_stream(), "client_stream"); !s.ok()) return s;
-      return std::string(kClientStreamSpec);
+      RECAL_RETURN_IF_ERROR(CheckNormalization(source.client_stream(), "client_stream"));
+      return resolved;
     default:
       return Invalid("the job spec names no data source");
   }
-  if (!path.ok()) return path.status();
-  DataSpec spec = *data::DataSpecOfSource(source);  // the checks above leave a spec to map
-  if (!path->empty()) spec.path = *std::move(path);
-  std::string text = data::DataSpecToString(spec);
-  // The data layer parses the string again when the job runs: what it would refuse then
-  // (e.g. a synthetic sample of more than 2^31 elements) is refused now, at submit.
-  if (absl::Status parsed = data::ParseDataSpec(text).status(); !parsed.ok()) return parsed;
-  return text;
 }
 
 std::vector<std::string> DataRoots::For(const std::string& tenant) const {

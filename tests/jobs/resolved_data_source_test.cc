@@ -1,7 +1,8 @@
-// DataSpecFor: the typed DataSource of a job as the data layer's spec string. Every spec it
-// makes is parsed back (ParseDataSpec, as the data layer does when the job runs) and must
-// give the fields of the message.
-#include "server/jobs/data_source_spec.h"
+// ResolveDataSource: a job's DataSource checked and its path resolved under the data roots.
+// Each resolved source is compared as the spec it stands for (DataSpecOfSource, as the worker
+// opens it), spelled as text and parsed back (as reports show it and recal-run reads it),
+// which must give the same spec.
+#include "server/jobs/resolved_data_source.h"
 
 #include <cmath>
 #include <filesystem>
@@ -11,7 +12,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "common/data_source.h"
 #include "common/data_spec.h"
+#include "common/status_macros.h"
 #include "tests/test_util.h"
 
 namespace recal::jobs {
@@ -22,7 +25,18 @@ using ::testing::HasSubstr;
 using data::DataSpec;
 namespace fs = std::filesystem;
 
-class DataSpecForTest : public ::testing::Test {
+constexpr char kClientStreamSpec[] = "client_stream";
+
+// The resolved source as a spec's text; kClientStreamSpec for a client stream.
+absl::StatusOr<std::string> DataSpecFor(const v1::DataSource& source, const std::vector<std::string>& roots) {
+  RECAL_ASSIGN_OR_RETURN(const v1::DataSource resolved, ResolveDataSource(source, roots));
+  if (resolved.has_client_stream()) return std::string(kClientStreamSpec);
+  const std::optional<DataSpec> spec = data::DataSpecOfSource(resolved);
+  if (!spec) return absl::InternalError("a resolved source that maps to no spec");
+  return data::DataSpecToString(*spec);
+}
+
+class ResolvedDataSourceTest : public ::testing::Test {
  protected:
   void SetUp() override {
     root_ = fs::canonical(tmp_.path()).string() + "/root";
@@ -33,7 +47,7 @@ class DataSpecForTest : public ::testing::Test {
     fs::create_directories(tmp_.File("outside_images"));
   }
 
-  // DataSpecFor, and the spec it gives parsed back; fails the test on an error.
+  // The resolved source's spec, parsed back from its text; fails the test on an error.
   DataSpec Parsed(const v1::DataSource& source) {
     absl::StatusOr<std::string> text = DataSpecFor(source, {root_});
     EXPECT_TRUE(text.ok()) << text.status();
@@ -69,7 +83,7 @@ v1::DataSource ImageFolder(const std::string& path) {
   return source;
 }
 
-TEST_F(DataSpecForTest, TensorFilesResolveUnderTheRoots) {
+TEST_F(ResolvedDataSourceTest, TensorFilesResolveUnderTheRoots) {
   DataSpec npy = Parsed(TensorFile(v1::TensorFileSource::NPY, "x.npy"));
   EXPECT_EQ(npy.scheme, DataSpec::Scheme::kNpy);
   EXPECT_EQ(npy.path, root_ + "/x.npy");
@@ -92,7 +106,7 @@ TEST_F(DataSpecForTest, TensorFilesResolveUnderTheRoots) {
   EXPECT_THAT(two.keys, ElementsAre("images", "what?"));
 }
 
-TEST_F(DataSpecForTest, TensorFileNormalizationIsCarriedExactly) {
+TEST_F(ResolvedDataSourceTest, TensorFileNormalizationIsCarriedExactly) {
   v1::DataSource source = TensorFile(v1::TensorFileSource::SAFETENSORS, "x.safetensors");
   v1::TensorFileSource* file = source.mutable_tensor_file();
   file->add_keys("pixels");
@@ -124,7 +138,7 @@ TEST_F(DataSpecForTest, TensorFileNormalizationIsCarriedExactly) {
   EXPECT_THAT(one_channel.std, ElementsAre(2));
 }
 
-TEST_F(DataSpecForTest, PathsWithQuestionMarksAndColonsRoundTrip) {
+TEST_F(ResolvedDataSourceTest, PathsWithQuestionMarksAndColonsRoundTrip) {
   const std::string odd = root_ + "/odd?name:x.npy";
   testing::WriteBytes(odd, "not parsed here");
   for (auto format : {v1::TensorFileSource::NPY, v1::TensorFileSource::SAFETENSORS, v1::TensorFileSource::TORCH}) {
@@ -143,7 +157,7 @@ TEST_F(DataSpecForTest, PathsWithQuestionMarksAndColonsRoundTrip) {
   EXPECT_EQ(images.resize, 36);
 }
 
-TEST_F(DataSpecForTest, BadTensorFilesAreRefusedNamingTheField) {
+TEST_F(ResolvedDataSourceTest, BadTensorFilesAreRefusedNamingTheField) {
   struct Case {
     const char* what;
     std::function<void(v1::TensorFileSource&)> change;
@@ -193,7 +207,7 @@ TEST_F(DataSpecForTest, BadTensorFilesAreRefusedNamingTheField) {
   }
 }
 
-TEST_F(DataSpecForTest, ImageFoldersCarryTheTransformAndTheirOptions) {
+TEST_F(ResolvedDataSourceTest, ImageFoldersCarryTheTransformAndTheirOptions) {
   DataSpec plain = Parsed(ImageFolder("images"));
   EXPECT_EQ(plain.scheme, DataSpec::Scheme::kImages);
   EXPECT_EQ(plain.path, root_ + "/images");
@@ -227,7 +241,7 @@ TEST_F(DataSpecForTest, ImageFoldersCarryTheTransformAndTheirOptions) {
   EXPECT_EQ(Parsed(source).crop, 65536);
 }
 
-TEST_F(DataSpecForTest, BadImageFoldersAreRefusedNamingTheField) {
+TEST_F(ResolvedDataSourceTest, BadImageFoldersAreRefusedNamingTheField) {
   fs::create_symlink(tmp_.File("outside_images"), root_ + "/escape");
   struct Case {
     const char* what;
@@ -280,7 +294,7 @@ TEST_F(DataSpecForTest, BadImageFoldersAreRefusedNamingTheField) {
       << "no data roots: nothing is served";
 }
 
-TEST_F(DataSpecForTest, AnImageFolderLeavingTheTransformUnsetGetsImageNets) {
+TEST_F(ResolvedDataSourceTest, AnImageFolderLeavingTheTransformUnsetGetsImageNets) {
   v1::DataSource source = ImageFolder("images");
   v1::ImageFolderSource& folder = *source.mutable_image_folder();
   folder.clear_resize();
@@ -300,7 +314,7 @@ TEST_F(DataSpecForTest, AnImageFolderLeavingTheTransformUnsetGetsImageNets) {
   EXPECT_THAT(Error(source).message(), HasSubstr("image_folder.crop is 4611686018427387904"));
 }
 
-TEST_F(DataSpecForTest, SyntheticClientStreamAndNothing) {
+TEST_F(ResolvedDataSourceTest, SyntheticClientStreamAndNothing) {
   v1::DataSource source;
   for (int64_t d : {3, 8, 8}) source.mutable_synthetic()->add_sample_shape(d);
   source.mutable_synthetic()->set_seed(-1);
@@ -327,7 +341,7 @@ TEST_F(DataSpecForTest, SyntheticClientStreamAndNothing) {
 
 // A client stream's normalisation is refused at submit, as a tensor file's is: not after the
 // client has pushed its first batch into a job that can only divide by zero.
-TEST_F(DataSpecForTest, BadClientStreamNormalisationIsRefusedAtSubmit) {
+TEST_F(ResolvedDataSourceTest, BadClientStreamNormalisationIsRefusedAtSubmit) {
   struct Case {
     const char* what;
     std::function<void(v1::ClientStreamSource&)> change;

@@ -1,0 +1,70 @@
+#include "server/jobs/job_plan.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/enum_names.h"
+#include "common/status_macros.h"
+#include "server/jobs/resolved_data_source.h"
+
+namespace recal::jobs {
+namespace {
+
+// E's value named `name` ("" is E's unspecified value: the engine's default), or
+// INVALID_ARGUMENT listing the names.
+template <typename E>
+absl::StatusOr<E> NamedValue(absl::string_view field, const std::string& name) {
+  if (name.empty()) return static_cast<E>(0);
+  if (std::optional<E> value = EnumFromName<E>(name)) return *value;
+  return absl::InvalidArgumentError(absl::StrCat(field, " '", name, "': use ", EnumNameList<E>()));
+}
+
+// Proto3 enums are open: a number no value has arrives as it was sent.
+template <typename E>
+absl::Status CheckDeclared(absl::string_view field, E value) {
+  if (google::protobuf::GetEnumDescriptor<E>()->FindValueByNumber(static_cast<int>(value)) != nullptr) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " is ", static_cast<int>(value), ", which is none of ", EnumNameList<E>()));
+}
+
+absl::StatusOr<worker::v1::EnginePlan> PlanEngine(const v1::EngineOptions& options) {
+  if (options.max_batches() < 0) return absl::InvalidArgumentError("options.max_batches < 0");
+  if (options.target_rel_error() < 0) return absl::InvalidArgumentError("options.target_rel_error < 0");
+  RECAL_RETURN_IF_ERROR(CheckDeclared("options.estimator", options.estimator()));
+  RECAL_RETURN_IF_ERROR(CheckDeclared("options.modules", options.modules()));
+  worker::v1::EnginePlan plan;
+  plan.set_estimator(options.estimator());
+  plan.set_modules(options.modules());
+  plan.set_include(options.include());
+  plan.set_exclude(options.exclude());
+  plan.set_max_batches(options.max_batches());
+  plan.set_allow_short_data(options.allow_short_data());
+  plan.set_target_rel_error(options.target_rel_error());
+  RECAL_ASSIGN_OR_RETURN(const v1::ComputeDtype dtype,
+                         NamedValue<v1::ComputeDtype>("options.compute_dtype", options.compute_dtype()));
+  plan.set_compute_dtype(dtype);
+  RECAL_ASSIGN_OR_RETURN(const v1::MemoryFormat format,
+                         NamedValue<v1::MemoryFormat>("options.memory_format", options.memory_format()));
+  plan.set_memory_format(format);
+  return plan;
+}
+
+}  // namespace
+
+absl::StatusOr<worker::v1::JobPlan> PlanJob(const v1::JobSpec& spec, const std::vector<std::string>& data_roots) {
+  worker::v1::JobPlan plan;
+  plan.set_model_id(spec.model_id());
+  plan.set_batch_size(spec.batch_size());
+  RECAL_ASSIGN_OR_RETURN(*plan.mutable_engine(), PlanEngine(spec.options()));
+  RECAL_ASSIGN_OR_RETURN(*plan.mutable_data(), ResolveDataSource(spec.data(), data_roots));
+  return plan;
+}
+
+const std::string& DataPath(const v1::DataSource& source) {
+  static const std::string* const kNone = new std::string();
+  if (source.has_tensor_file()) return source.tensor_file().path();
+  if (source.has_image_folder()) return source.image_folder().path();
+  return *kNone;
+}
+
+}  // namespace recal::jobs
