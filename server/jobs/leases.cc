@@ -99,13 +99,21 @@ bool LeaseHeartbeat::Sleep(absl::Duration duration) {
   return !stopped_.wait_for(lock, absl::ToChronoMilliseconds(duration), [&] { return stop_; });
 }
 
+std::optional<absl::StatusOr<v1::JobState>> LeaseHeartbeat::RenewUnlessEnded() {
+  std::lock_guard<std::mutex> lock(renew_mu_);
+  if (ended_) return std::nullopt;
+  return leases_.Renew(id_);
+}
+
 void LeaseHeartbeat::Beat() {
   const SchedulerOptions& options = leases_.options();
   const absl::Duration every = std::min(options.lease / 3, absl::Seconds(1));
   absl::Time last_renewed = absl::Now();
   // Not stopped by a shutdown: the run ends on its own (cancelled) and the lease is kept till then.
   while (Sleep(every)) {
-    auto state = leases_.Renew(id_);
+    std::optional<absl::StatusOr<v1::JobState>> renewed = RenewUnlessEnded();
+    if (!renewed) return;  // released by the run's end, not lost
+    const absl::StatusOr<v1::JobState>& state = *renewed;
     if (state.ok()) {
       last_renewed = absl::Now();
       if (*state == v1::CANCELLING && !flags_.cancel) {

@@ -69,12 +69,25 @@ class Leases {
 class LeaseHeartbeat {
  public:
   LeaseHeartbeat(Leases& leases, std::string id, RunFlags& flags);
-  ~LeaseHeartbeat();  // stops renewing: the job's end in the store releases the lease
+  ~LeaseHeartbeat();  // stops renewing
+
+  // Runs `store_end` (one attempt at storing the job's end, which releases the lease) with no
+  // renewal in flight beside it. Once an attempt succeeds the heartbeat renews no more: a
+  // renewal that raced the write would find the lease gone and call it lost, falsely.
+  template <typename StoreEnd>
+  auto Ending(StoreEnd store_end) {
+    std::lock_guard<std::mutex> lock(renew_mu_);
+    auto ended = store_end();
+    if (ended.ok()) ended_ = true;
+    return ended;
+  }
 
  private:
   void Beat();
   // False once the heartbeat is stopped.
   bool Sleep(absl::Duration duration);
+  // Renews the lease, unless the job's end is stored (nullopt then).
+  std::optional<absl::StatusOr<v1::JobState>> RenewUnlessEnded();
 
   Leases& leases_;
   const std::string id_;
@@ -82,7 +95,9 @@ class LeaseHeartbeat {
   std::mutex mu_;
   std::condition_variable stopped_;
   bool stop_ = false;
-  std::thread thread_;  // last: started once the rest is made
+  std::mutex renew_mu_;  // a renewal and an attempt at storing the end, one at a time
+  bool ended_ = false;   // guarded by renew_mu_
+  std::thread thread_;   // last: started once the rest is made
 };
 
 }  // namespace recal::jobs

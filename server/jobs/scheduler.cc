@@ -195,7 +195,7 @@ void Scheduler::RunJob(const v1::Job& job, const std::string& device, RunFlags& 
     log::Warning("job run abandoned: its lease went to another worker", {{"job_id", id}});
     return;
   }
-  absl::StatusOr<v1::Job> ended = StoreEnd(job, outputs, flags);
+  absl::StatusOr<v1::Job> ended = StoreEnd(job, outputs, flags, heartbeat);
   if (!ended.ok()) {
     // The store keeps the job RUNNING: its lease runs out and it is taken up again (--max_attempts).
     log::Error("job end not stored", {{"job_id", id}, {"error", std::string(ended.status().message())}});
@@ -212,10 +212,15 @@ void Scheduler::RunJob(const v1::Job& job, const std::string& device, RunFlags& 
 }
 
 absl::StatusOr<v1::Job> Scheduler::StoreEnd(const v1::Job& job, const absl::StatusOr<JobOutputs>& outputs,
-                                            const RunFlags& flags) {
+                                            const RunFlags& flags, LeaseHeartbeat& heartbeat) {
+  if (outputs.ok()) return SucceedWhileLeased(job.id(), *outputs, flags, heartbeat);
+  return heartbeat.Ending([&] { return StoreEndWithout(job, outputs.status(), flags); });
+}
+
+absl::StatusOr<v1::Job> Scheduler::StoreEndWithout(const v1::Job& job, const absl::Status& why,
+                                                   const RunFlags& flags) {
   const std::string& id = job.id();
   const std::string& owner = options_.owner;
-  if (outputs.ok()) return SucceedWhileLeased(id, *outputs, flags);
   if (flags.cancel && !flags.by_user) {
     if (options_.pushes == SchedulerOptions::Pushes::kRelayed && job.spec().data().has_client_stream()) {
       // Shutdown of a worker process: the batches relayed to it are gone with it, so the job
@@ -230,11 +235,11 @@ absl::StatusOr<v1::Job> Scheduler::StoreEnd(const v1::Job& job, const absl::Stat
     return jobs_->Requeue(id, owner);
   }
   if (flags.by_user) return jobs_->Cancelled(id, "cancelled by request", owner);
-  return jobs_->Fail(id, outputs.status(), owner);
+  return jobs_->Fail(id, why, owner);
 }
 
 absl::StatusOr<v1::Job> Scheduler::SucceedWhileLeased(const std::string& id, const JobOutputs& outputs,
-                                                      const RunFlags& flags) {
+                                                      const RunFlags& flags, LeaseHeartbeat& heartbeat) {
   // The store is away (restarting, say): the results are whole and the lease is still this
   // worker's (its heartbeat renews it once the store answers), so keep trying rather than leave
   // the job to run again once the lease runs out. Given up once the heartbeat lost the lease.
@@ -248,8 +253,11 @@ absl::StatusOr<v1::Job> Scheduler::SucceedWhileLeased(const std::string& id, con
     }
     return leased;
   };
-  return RetryWhileUnavailable([&] { return jobs_->Succeed(id, outputs.results, outputs.report, options_.owner); },
-                               still_leased);
+  return RetryWhileUnavailable(
+      [&] {
+        return heartbeat.Ending([&] { return jobs_->Succeed(id, outputs.results, outputs.report, options_.owner); });
+      },
+      still_leased);
 }
 
 absl::StatusOr<JobOutputs> Scheduler::Execute(const v1::Job& job, const std::string& device, RunFlags& flags) {

@@ -87,11 +87,15 @@ class Scheduler {
   // A claimed client-stream job's feed in a worker process (Pushes::kRelayed), after
   // recording where api replicas relay to.
   absl::StatusOr<std::shared_ptr<StreamFeed>> OpenRelayedFeed(const v1::Job& job, RunFlags& flags);
-  // The run's end (`outputs`, or why there are none) into the store: the job as stored then
-  // (QUEUED: handed back at shutdown, to run again).
+  // The run's end (`outputs`, or why there are none) into the store, each write between two
+  // of `heartbeat`'s renewals: the job as stored then (QUEUED: handed back at shutdown, to
+  // run again).
   absl::StatusOr<v1::Job> StoreEnd(const v1::Job& job, const absl::StatusOr<JobOutputs>& outputs,
-                                   const RunFlags& flags);
-  absl::StatusOr<v1::Job> SucceedWhileLeased(const std::string& id, const JobOutputs& outputs, const RunFlags& flags);
+                                   const RunFlags& flags, LeaseHeartbeat& heartbeat);
+  // A run without outputs: failed, cancelled, or handed back at shutdown.
+  absl::StatusOr<v1::Job> StoreEndWithout(const v1::Job& job, const absl::Status& why, const RunFlags& flags);
+  absl::StatusOr<v1::Job> SucceedWhileLeased(const std::string& id, const JobOutputs& outputs, const RunFlags& flags,
+                                             LeaseHeartbeat& heartbeat);
 
   JobRepository* jobs_;
   store::BlobStore* blobs_;
