@@ -52,11 +52,11 @@ absl::Status Server::OpenStorage() {
   return absl::OkStatus();
 }
 
-// Counted with recal-worker, which runs on the devices (this process loads no LibTorch), and
-// only for a devices option that names CUDA.
+// Counted with recal-worker, which runs on the devices (this process loads no LibTorch), as
+// the user its workers run as, and only for a devices option that names CUDA.
 absl::Status Server::ResolveDevices() {
   RECAL_ASSIGN_OR_RETURN(devices_, jobs::ResolveDevices(options_.devices, options_.cpu_workers, [this] {
-                           return jobs::CountCudaDevices(worker_binary_);
+                           return jobs::CountCudaDevices(worker_binary_, options_.worker_user);
                          }));
   return absl::OkStatus();
 }

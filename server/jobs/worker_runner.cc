@@ -125,21 +125,30 @@ wire::RemoteObjects RemoteObjectsOf(const data::LocatedObjects& located) {
 
 }  // namespace
 
-// Counted as LibTorch sees them, then inside the GPU sandbox a job gets: a sandbox that keeps
-// the driver from something it needs (as the H200's first run found) is said at start, with
-// the driver's answer, not at every job, and never taken for a machine without GPUs.
-absl::StatusOr<int> CountCudaDevices(const std::string& binary, absl::Duration timeout) {
+// Counted as LibTorch sees them, then inside the GPU sandbox a job gets, as the user its
+// workers run as: a sandbox (or a user) that keeps the driver from something it needs (as the
+// H200's first run found) is said at start, with the driver's answer, not at every job, and
+// never taken for a machine without GPUs.
+absl::StatusOr<int> CountCudaDevices(const std::string& binary, const std::string& worker_user,
+                                     absl::Duration timeout) {
   RECAL_ASSIGN_OR_RETURN(const CudaCount plain, AskCudaDevices(binary, {}, timeout));
   if (plain.count == 0) return 0;
-  RECAL_ASSIGN_OR_RETURN(const CudaCount sandboxed, AskCudaDevices(binary, {"--gpu"}, timeout));
-  if (sandboxed.count < plain.count) {
+  std::vector<std::string> sandboxed_args = {"--gpu"};
+  if (!worker_user.empty()) sandboxed_args.push_back("--user=" + worker_user);
+  RECAL_ASSIGN_OR_RETURN(const CudaCount sandboxed, AskCudaDevices(binary, sandboxed_args, timeout));
+  if (sandboxed.count >= plain.count) return plain.count;
+  if (!worker_user.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         binary, " sees ", plain.count, " CUDA device(s), but ", sandboxed.count,
-        " inside the GPU sandbox its jobs run in (", LastLine(sandboxed.err),
-        "): the sandbox refuses the NVIDIA driver something it needs, so no GPU job could run. Report it "
-        "with this message (docs/gpu.md), or run on --devices=cpu meanwhile"));
+        " inside the GPU sandbox as --worker_user=", worker_user, " (", LastLine(sandboxed.err),
+        "): that user may not open the NVIDIA device files. Give it their group (ls -l /dev/nvidia*; "
+        "often `usermod -aG video ", worker_user, "`), or run on --devices=cpu meanwhile"));
   }
-  return plain.count;
+  return absl::FailedPreconditionError(absl::StrCat(
+      binary, " sees ", plain.count, " CUDA device(s), but ", sandboxed.count, " inside the GPU sandbox its jobs run in (",
+      LastLine(sandboxed.err),
+      "): the sandbox refuses the NVIDIA driver something it needs, so no GPU job could run. Report it "
+      "with this message (docs/gpu.md), or run on --devices=cpu meanwhile"));
 }
 
 int64_t InspectionMemoryBytes(const WorkerRunnerOptions& options) {

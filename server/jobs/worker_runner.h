@@ -48,10 +48,13 @@ struct WorkerRunnerOptions {
 
 // The number of CUDA devices recal-worker's LibTorch sees, for --devices (devices.h):
 // `binary --print_cuda_devices`, in a worker's environment but outside the sandbox (it loads
-// no model), within `timeout`. INTERNAL naming the binary if it cannot start, dies, fails or
-// prints no count (with its last words); DEADLINE_EXCEEDED if it does not answer in time
-// (it is killed).
-absl::StatusOr<int> CountCudaDevices(const std::string& binary, absl::Duration timeout = absl::Minutes(1));
+// no model), within `timeout`; then, if it sees any, the same inside the GPU sandbox as
+// `worker_user` (--worker_user; empty: the server's user), which must see them all
+// (FAILED_PRECONDITION naming what keeps them). INTERNAL naming the binary if it cannot
+// start, dies, fails or prints no count (with its last words); DEADLINE_EXCEEDED if it does
+// not answer in time (it is killed).
+absl::StatusOr<int> CountCudaDevices(const std::string& binary, const std::string& worker_user,
+                                     absl::Duration timeout = absl::Minutes(1));
 
 // recal-worker's command line for `task` in `scratch` (argv[0] is options.binary). A task on
 // a CUDA device gets --gpu and no --memory_bytes: CUDA reserves terabytes of address space,

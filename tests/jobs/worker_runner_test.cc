@@ -325,9 +325,9 @@ TEST(WorkerRunnerProtocol, AWorkerThatBreaksTheProtocolIsSaidToHaveBrokenIt) {
 // GPU, auto is CPU workers and cuda:0 is refused naming 0 devices; with GPUs, the same
 // rules over their count.
 TEST(CountCudaDevices, TheWorkersCountDecidesTheDevices) {
-  auto count = CountCudaDevices(RECAL_WORKER_BINARY);
+  auto count = CountCudaDevices(RECAL_WORKER_BINARY, "");
   ASSERT_TRUE(count.ok()) << count.status();
-  const CudaDeviceCounter counter = [] { return CountCudaDevices(RECAL_WORKER_BINARY); };
+  const CudaDeviceCounter counter = [] { return CountCudaDevices(RECAL_WORKER_BINARY, ""); };
   auto automatic = ResolveDevices("auto", 2, counter);
   ASSERT_TRUE(automatic.ok()) << automatic.status();
   if (*count == 0) {
@@ -346,20 +346,20 @@ TEST(CountCudaDevices, TheWorkersCountDecidesTheDevices) {
 
 TEST(CountCudaDevices, AWorkerThatCannotTellIsAnErrorNamingIt) {
   testing::TempDir tmp;
-  auto missing = CountCudaDevices(tmp.File("no-such-worker"));
+  auto missing = CountCudaDevices(tmp.File("no-such-worker"), "");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kInternal);
   EXPECT_THAT(missing.status().message(), HasSubstr("cannot start " + tmp.File("no-such-worker")));
 
-  auto failing = CountCudaDevices(FakeWorker(tmp, "echo 'recal-worker: no driver' >&2; exit 2"));
+  auto failing = CountCudaDevices(FakeWorker(tmp, "echo 'recal-worker: no driver' >&2; exit 2"), "");
   EXPECT_EQ(failing.status().code(), absl::StatusCode::kInternal);
   EXPECT_THAT(failing.status().message(),
               HasSubstr("--print_cuda_devices exited with code 2: recal-worker: no driver"));
 
-  auto garbage = CountCudaDevices(FakeWorker(tmp, "echo two"));
+  auto garbage = CountCudaDevices(FakeWorker(tmp, "echo two"), "");
   EXPECT_EQ(garbage.status().code(), absl::StatusCode::kInternal);
   EXPECT_THAT(garbage.status().message(), HasSubstr("printed 'two', not a number of devices"));
 
-  auto two = CountCudaDevices(FakeWorker(tmp, "echo 'a warning' >&2; echo 2"));
+  auto two = CountCudaDevices(FakeWorker(tmp, "echo 'a warning' >&2; echo 2"), "");
   ASSERT_TRUE(two.ok()) << two.status();
   EXPECT_EQ(*two, 2);
 
@@ -367,16 +367,29 @@ TEST(CountCudaDevices, AWorkerThatCannotTellIsAnErrorNamingIt) {
   // never taken for a machine without GPUs (auto would then run every job on the CPU).
   auto blocked = CountCudaDevices(FakeWorker(
       tmp, "case \"$*\" in *--gpu*) echo 'recal-worker: no CUDA device: cuInit says CUDA_ERROR_OPERATING_SYSTEM' >&2;"
-           " echo 0 ;; *) echo 2 ;; esac"));
+           " echo 0 ;; *) echo 2 ;; esac"),
+      "");
   EXPECT_EQ(blocked.status().code(), absl::StatusCode::kFailedPrecondition) << blocked.status();
   EXPECT_THAT(blocked.status().message(), HasSubstr("sees 2 CUDA device(s), but 0 inside the GPU sandbox"));
   EXPECT_THAT(blocked.status().message(), HasSubstr("CUDA_ERROR_OPERATING_SYSTEM"));
   EXPECT_THAT(blocked.status().message(), HasSubstr("--devices=cpu"));
 
+  // Counted in the sandbox as the user the workers run as: one that may not open the device
+  // files is said at start, naming the user and the fix, not found at the first GPU job.
+  const std::string as_user_only_root_sees =
+      FakeWorker(tmp, "case \"$*\" in *--gpu*--user=recal*) echo 'recal-worker: no CUDA device: cuInit says "
+                      "CUDA_ERROR_NO_DEVICE' >&2; echo 0 ;; *) echo 2 ;; esac");
+  EXPECT_EQ(*CountCudaDevices(as_user_only_root_sees, ""), 2) << "as the server's user";
+  auto as_user = CountCudaDevices(as_user_only_root_sees, "recal");
+  EXPECT_EQ(as_user.status().code(), absl::StatusCode::kFailedPrecondition) << as_user.status();
+  EXPECT_THAT(as_user.status().message(), HasSubstr("but 0 inside the GPU sandbox as --worker_user=recal"));
+  EXPECT_THAT(as_user.status().message(), HasSubstr("CUDA_ERROR_NO_DEVICE"));
+  EXPECT_THAT(as_user.status().message(), HasSubstr("usermod -aG video recal"));
+
   // Killed at the deadline, whether it keeps its output open or closes it and hangs.
   for (const std::string body : {"exec sleep 30", "exec >&- 2>&-; exec sleep 30"}) {
     const auto start = std::chrono::steady_clock::now();
-    auto hung = CountCudaDevices(FakeWorker(tmp, body), absl::Milliseconds(300));
+    auto hung = CountCudaDevices(FakeWorker(tmp, body), "", absl::Milliseconds(300));
     EXPECT_EQ(hung.status().code(), absl::StatusCode::kDeadlineExceeded) << body << ": " << hung.status();
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10)) << body;
   }
