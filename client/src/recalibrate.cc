@@ -15,6 +15,107 @@ void Report(const ProgressCallback& on_progress, Progress progress) {
   if (on_progress) on_progress(progress);
 }
 
+// The model, uploaded or found on the server, its bytes reported as they go.
+absl::StatusOr<UploadResult> UploadReporting(Client& client, const std::string& model_path,
+                                             const RecalibrateOptions& options, const ProgressCallback& on_progress) {
+  const TransferCallback upload_progress = [&](int64_t done, int64_t total) {
+    Progress p;
+    p.phase = Progress::Phase::kUpload;
+    p.done = done;
+    p.total = total;
+    Report(on_progress, p);
+  };
+  RECAL_ASSIGN_OR_RETURN(UploadResult upload,
+                         client.UploadModel(model_path, options.model_name, options.model_labels, upload_progress));
+  if (upload.already_present) {
+    Progress p;
+    p.phase = Progress::Phase::kUpload;
+    p.model_already_present = true;
+    Report(on_progress, p);
+  }
+  return upload;
+}
+
+// `batches` into the submitted job: one stream per shard, each its contiguous run of the
+// batches, one after the other (a shard's worker waits for its stream meanwhile). The job
+// takes at most max_batches: pushing more would only be refused. A push that fails for
+// another reason than the job taking no more data cancels the job, which would otherwise
+// wait for data in vain.
+absl::Status PushLocalBatches(Client& client, const std::string& job_id, const v1::JobSpec& spec,
+                              LocalBatches& batches, const ProgressCallback& on_progress) {
+  const int64_t max_batches = spec.options().max_batches();
+  const int64_t total = max_batches > 0 ? std::min(max_batches, batches.num_batches()) : batches.num_batches();
+  int64_t pushed = 0;
+  const int shards = std::max(1, spec.shards());
+  for (int k = 0; k < shards; ++k) {
+    const int64_t end = total * (k + 1) / shards;
+    const BatchProducer next = [&](std::vector<v1::Tensor>* inputs) -> absl::StatusOr<bool> {
+      if (pushed >= end) return false;
+      RECAL_ASSIGN_OR_RETURN(bool more, batches.Next(inputs));
+      if (!more) return false;
+      ++pushed;
+      Progress p;
+      p.phase = Progress::Phase::kPush;
+      p.done = pushed;
+      p.total = total;
+      Report(on_progress, p);
+      return true;
+    };
+    absl::StatusOr<int64_t> pushed_or = client.PushBatches(job_id, next, k);
+    // FAILED_PRECONDITION: the job takes no more data (it has what it needs, or it ended);
+    // the watch after the pushes tells which.
+    if (!pushed_or.ok() && !absl::IsFailedPrecondition(pushed_or.status())) {
+      client.Cancel(job_id).IgnoreError();
+      return pushed_or.status();
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The job watched to its end, each event reported with the batches it says are done.
+absl::StatusOr<v1::Job> WatchReporting(Client& client, const std::string& job_id,
+                                       const ProgressCallback& on_progress) {
+  const EventCallback job_progress = [&](const v1::JobEvent& event) {
+    Progress p;
+    p.phase = Progress::Phase::kJob;
+    p.event = &event;
+    const v1::JobProgress* progress = event.has_progress()   ? &event.progress()
+                                      : event.has_snapshot() ? &event.snapshot().progress()
+                                                             : nullptr;
+    if (progress != nullptr) {
+      p.done = progress->batches_done();
+      p.total = progress->batches_total();
+    }
+    Report(on_progress, p);
+  };
+  return client.Watch(job_id, job_progress);
+}
+
+// The recalibrated model to `out_path`, then the BatchNorm buffers and the report where asked.
+absl::StatusOr<std::vector<DownloadResult>> DownloadResults(Client& client, const std::string& job_id,
+                                                            const RecalibrateOptions& options,
+                                                            const std::string& out_path,
+                                                            const ProgressCallback& on_progress) {
+  std::vector<std::pair<v1::Artifact, std::string>> wanted = {{v1::MODEL, out_path}};
+  if (!options.bn_out.empty()) wanted.emplace_back(v1::BN_BUFFERS, options.bn_out);
+  if (!options.report_out.empty()) wanted.emplace_back(v1::REPORT, options.report_out);
+  std::vector<DownloadResult> downloads;
+  for (const auto& [artifact, path] : wanted) {
+    const v1::Artifact which = artifact;
+    const TransferCallback download_progress = [&](int64_t done, int64_t total) {
+      Progress p;
+      p.phase = Progress::Phase::kDownload;
+      p.artifact = which;
+      p.done = done;
+      p.total = total;
+      Report(on_progress, p);
+    };
+    RECAL_ASSIGN_OR_RETURN(DownloadResult downloaded, client.Download(job_id, which, path, download_progress));
+    downloads.push_back(std::move(downloaded));
+  }
+  return downloads;
+}
+
 }  // namespace
 
 absl::StatusOr<RecalibrateResult> Client::Recalibrate(const std::string& model_path, absl::string_view data,
@@ -57,92 +158,13 @@ absl::StatusOr<RecalibrateResult> Client::Run(const std::string& model_path, con
   }
 
   RecalibrateResult result;
-  const TransferCallback upload_progress = [&](int64_t done, int64_t total) {
-    Progress p;
-    p.phase = Progress::Phase::kUpload;
-    p.done = done;
-    p.total = total;
-    Report(on_progress, p);
-  };
-  RECAL_ASSIGN_OR_RETURN(result.upload,
-                         UploadModel(model_path, options.model_name, options.model_labels, upload_progress));
-  if (result.upload.already_present) {
-    Progress p;
-    p.phase = Progress::Phase::kUpload;
-    p.model_already_present = true;
-    Report(on_progress, p);
-  }
+  RECAL_ASSIGN_OR_RETURN(result.upload, UploadReporting(*this, model_path, options, on_progress));
   spec.set_model_id(result.upload.model.id());
   RECAL_ASSIGN_OR_RETURN(const v1::Job submitted, Submit(spec));
-
-  if (batches) {
-    // The job takes at most max_batches; pushing more would only be refused.
-    const int64_t max_batches = spec.options().max_batches();
-    const int64_t total =
-        max_batches > 0 ? std::min(max_batches, batches->num_batches()) : batches->num_batches();
-    int64_t pushed = 0;
-    // A sharded job takes one stream per shard, each its contiguous run of the batches;
-    // they go one after the other (a shard's worker waits for its stream meanwhile).
-    const int shards = std::max(1, spec.shards());
-    for (int k = 0; k < shards; ++k) {
-      const int64_t end = total * (k + 1) / shards;
-      auto pushed_or = PushBatches(
-          submitted.id(),
-          [&](std::vector<v1::Tensor>* inputs) -> absl::StatusOr<bool> {
-            if (pushed >= end) return false;
-            RECAL_ASSIGN_OR_RETURN(bool more, batches->Next(inputs));
-            if (!more) return false;
-            ++pushed;
-            Progress p;
-            p.phase = Progress::Phase::kPush;
-            p.done = pushed;
-            p.total = total;
-            Report(on_progress, p);
-            return true;
-          },
-          k);
-      // FAILED_PRECONDITION: the job takes no more data (it has what it needs, or it ended);
-      // the watch below tells which. Anything else leaves a job waiting for data in vain.
-      if (!pushed_or.ok() && pushed_or.status().code() != absl::StatusCode::kFailedPrecondition) {
-        Cancel(submitted.id()).IgnoreError();
-        return pushed_or.status();
-      }
-    }
-  }
-
-  const EventCallback job_progress = [&](const v1::JobEvent& event) {
-    Progress p;
-    p.phase = Progress::Phase::kJob;
-    p.event = &event;
-    const v1::JobProgress* progress = event.has_progress()   ? &event.progress()
-                                      : event.has_snapshot() ? &event.snapshot().progress()
-                                                             : nullptr;
-    if (progress != nullptr) {
-      p.done = progress->batches_done();
-      p.total = progress->batches_total();
-    }
-    Report(on_progress, p);
-  };
-  RECAL_ASSIGN_OR_RETURN(result.job, Watch(submitted.id(), job_progress));
+  if (batches) RECAL_RETURN_IF_ERROR(PushLocalBatches(*this, submitted.id(), spec, *batches, on_progress));
+  RECAL_ASSIGN_OR_RETURN(result.job, WatchReporting(*this, submitted.id(), on_progress));
   if (result.job.state() != v1::SUCCEEDED) return client_internal::JobError(result.job);
-
-  std::vector<std::pair<v1::Artifact, std::string>> wanted = {{v1::MODEL, out_path}};
-  if (!options.bn_out.empty()) wanted.emplace_back(v1::BN_BUFFERS, options.bn_out);
-  if (!options.report_out.empty()) wanted.emplace_back(v1::REPORT, options.report_out);
-  for (const auto& [artifact, path] : wanted) {
-    const v1::Artifact which = artifact;
-    const TransferCallback download_progress = [&](int64_t done, int64_t total) {
-      Progress p;
-      p.phase = Progress::Phase::kDownload;
-      p.artifact = which;
-      p.done = done;
-      p.total = total;
-      Report(on_progress, p);
-    };
-    RECAL_ASSIGN_OR_RETURN(DownloadResult downloaded,
-                           Download(result.job.id(), which, path, download_progress));
-    result.downloads.push_back(std::move(downloaded));
-  }
+  RECAL_ASSIGN_OR_RETURN(result.downloads, DownloadResults(*this, result.job.id(), options, out_path, on_progress));
   return result;
 }
 
