@@ -7,7 +7,7 @@
 // if any watcher missed the end.
 //
 //   build/bin/watch_streams_bench [--watchers 10000] [--channels 16] [--hold_seconds 5]
-//       [--fixtures build/fixtures]
+//       [--fixtures build/fixtures] [--store sqlite|postgresql]
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -27,6 +27,7 @@
 #include "tests/server/calls.h"
 #include "tests/server/process_stats.h"
 #include "tests/server/server_process.h"
+#include "tests/store/postgres_server.h"
 #include "tests/test_util.h"
 
 ABSL_FLAG(int, watchers, 10000, "WatchJob streams open at once on the job");
@@ -35,6 +36,9 @@ ABSL_FLAG(double, hold_seconds, 5, "how long every watcher waits, sampled, befor
 ABSL_FLAG(int, max_threads, 200, "the server's thread bound (issue 35): at or above it the bench fails");
 ABSL_FLAG(double, open_timeout_seconds, 300, "give up when not every watcher has its first event by then");
 ABSL_FLAG(std::string, fixtures, "build/fixtures", "the fixtures directory (bn1d_2d model)");
+ABSL_FLAG(std::string, store, "sqlite",
+          "the server's metadata store: sqlite (in its data directory) or postgresql (a throwaway "
+          "PostgreSQL on loopback, as the tests start one)");
 
 namespace {
 
@@ -163,6 +167,13 @@ void Print(const Measured& m) {
               (m.rss_waiting - m.rss_before) / 1024.0 / std::max(1, m.watchers));
 }
 
+// A database on the binary's throwaway PostgreSQL.
+absl::StatusOr<std::string> NewPostgresDatabase() {
+  absl::StatusOr<recal::testing::PostgresServer*> postgres = recal::testing::PostgresServer::Shared();
+  if (!postgres.ok()) return postgres.status();
+  return (*postgres)->NewDatabase();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -172,7 +183,16 @@ int main(int argc, char** argv) {
   m.channels = std::max(1, absl::GetFlag(FLAGS_channels));
   const std::string fixtures = absl::GetFlag(FLAGS_fixtures);
   recal::testing::TempDir tmp;
-  recal::testing::ServerProcess server(tmp.File("data"), {"--data_root=" + fixtures, "--threads_per_worker=1"});
+  std::vector<std::string> flags = {"--data_root=" + fixtures, "--threads_per_worker=1"};
+  const std::string store = absl::GetFlag(FLAGS_store);
+  if (store == "postgresql") {
+    absl::StatusOr<std::string> uri = NewPostgresDatabase();
+    if (!uri.ok()) return Fail(std::string(uri.status().message()));
+    flags.push_back("--store=" + *uri);
+  } else if (store != "sqlite") {
+    return Fail("--store must be sqlite or postgresql, not " + store);
+  }
+  recal::testing::ServerProcess server(tmp.File("data"), flags);
   if (!server.ok()) return Fail("the server did not start:\n" + server.log());
   auto stub = server.Stub();
   const absl::StatusOr<recal::v1::Job> job = StartWaitingJob(*stub, fixtures);

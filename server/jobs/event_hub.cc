@@ -10,6 +10,11 @@ int64_t EventHub::version() const {
   return version_;
 }
 
+int64_t EventHub::JobVersion(const std::string& job_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return all_published_ + job_published_[std::hash<std::string>()(job_id) % kJobCounters];
+}
+
 void EventHub::Notify(std::multimap<std::string, int64_t>::iterator first,
                       std::multimap<std::string, int64_t>::iterator last, std::unique_lock<std::mutex>& lock) {
   std::vector<Wake> wakes;
@@ -28,6 +33,7 @@ void EventHub::Notify(std::multimap<std::string, int64_t>::iterator first,
 void EventHub::Publish(const std::string& job_id) {
   std::unique_lock<std::mutex> lock(mu_);
   ++version_;
+  ++job_published_[std::hash<std::string>()(job_id) % kJobCounters];
   auto [first, last] = by_job_.equal_range(job_id);
   Notify(first, last, lock);
 }
@@ -35,6 +41,7 @@ void EventHub::Publish(const std::string& job_id) {
 void EventHub::PublishAll() {
   std::unique_lock<std::mutex> lock(mu_);
   ++version_;
+  ++all_published_;
   Notify(by_job_.begin(), by_job_.end(), lock);
 }
 

@@ -6,6 +6,7 @@
 // arrives as a publish for all, since it does not say which job changed.
 #pragma once
 
+#include <array>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -23,6 +24,10 @@ class EventHub {
 
   // Changes whenever something was published: read it before reading the store.
   int64_t version() const;
+  // Changes whenever something was published for `job_id` (or for all), and seldom else (jobs
+  // share a few counters): what was read of the job after reading it is still the store's
+  // answer while it stands.
+  int64_t JobVersion(const std::string& job_id) const;
   // After an event of job `job_id` is durable: wakes the blocked waiters and the
   // subscribers of that job only.
   void Publish(const std::string& job_id);
@@ -53,6 +58,10 @@ class EventHub {
   mutable std::mutex mu_;
   mutable std::condition_variable changed_;
   int64_t version_ = 0;
+  // JobVersion: publishes for all, plus those for the jobs that share the job's counter.
+  static constexpr size_t kJobCounters = 1024;
+  int64_t all_published_ = 0;
+  std::array<int64_t, kJobCounters> job_published_{};
   int64_t next_token_ = 1;
   std::map<int64_t, Subscriber> subscribers_;        // by token
   std::multimap<std::string, int64_t> by_job_;       // job id -> token

@@ -311,7 +311,7 @@ absl::StatusOr<std::unique_ptr<WatchCursor>> JobManager::OpenWatch(const Caller&
                                                                     int64_t after_seq) {
   auto job = Visible(caller, id);
   if (!job.ok()) return job.status();
-  return std::make_unique<WatchCursor>(&repository_, *std::move(job), after_seq);
+  return std::make_unique<WatchCursor>(&watch_reads_, *std::move(job), after_seq);
 }
 
 absl::StatusOr<store::ResultRef> JobManager::Result(const Caller& caller, const std::string& id,

@@ -24,6 +24,7 @@
 #include "server/jobs/scheduler.h"
 #include "server/jobs/stream_feed.h"
 #include "server/jobs/watch_cursor.h"
+#include "server/jobs/watch_reads.h"
 #include "server/store/blob_store.h"
 #include "server/store/metadata_store.h"
 
@@ -151,12 +152,14 @@ class JobManager {
   const JobManagerOptions options_;
   EventHub events_;
   JobRepository repository_;
+  WatchReads watch_reads_{&repository_, &events_};
   StreamFeeds feeds_;
   Scheduler scheduler_;
   std::atomic<bool> stopping_{false};
   std::mutex submit_mu_;
-  // The watchers' safety net: every JobManagerOptions::watch_recheck all of them read the
-  // store once, in case a change was never announced.
+  // The watchers' safety net: every JobManagerOptions::watch_recheck each watched job is read
+  // from the store once more (WatchReads shares it between its watchers), in case a change
+  // was never announced.
   std::mutex recheck_mu_;
   std::condition_variable recheck_stop_;
   std::thread recheck_;

@@ -6,8 +6,8 @@
 
 namespace recal::jobs {
 
-WatchCursor::WatchCursor(JobRepository* repository, v1::Job snapshot, int64_t after_seq)
-    : repository_(repository), job_id_(snapshot.id()), last_(after_seq) {
+WatchCursor::WatchCursor(WatchReads* reads, v1::Job snapshot, int64_t after_seq)
+    : reads_(reads), job_id_(snapshot.id()), last_(after_seq) {
   snapshot_.set_seq(after_seq);
   *snapshot_.mutable_time() = NowTimestamp();
   *snapshot_.mutable_snapshot() = std::move(snapshot);
@@ -25,7 +25,7 @@ absl::StatusOr<WatchCursor::Step> WatchCursor::Next() {
     return step;
   }
   while (true) {
-    auto events = repository_->EventsAfter(job_id_, last_, kPage);
+    auto events = reads_->EventsAfter(job_id_, last_, kPage);
     if (!events.ok()) return events.status();
     for (v1::JobEvent& event : *events) {
       last_ = event.seq();
@@ -42,7 +42,7 @@ absl::StatusOr<WatchCursor::Step> WatchCursor::Next() {
       done_ = step.done = true;
       return step;
     }
-    auto now = repository_->Get(job_id_);
+    auto now = reads_->Get(job_id_);
     if (!now.ok()) return now.status();
     if (!IsTerminal(now->state())) return step;  // wait for a change
     // It may have ended after the read above: its last events are read once more first.

@@ -11,20 +11,21 @@
 
 #include "absl/status/statusor.h"
 #include "recal/v1/recal.pb.h"
-#include "server/jobs/job_repository.h"
+#include "server/jobs/watch_reads.h"
 
 namespace recal::jobs {
 
 class WatchCursor {
  public:
   // `snapshot` is the job as its caller may see it (checked by who opens the cursor).
-  WatchCursor(JobRepository* repository, v1::Job snapshot, int64_t after_seq);
+  WatchCursor(WatchReads* reads, v1::Job snapshot, int64_t after_seq);
 
   struct Step {
     std::vector<v1::JobEvent> events;  // to deliver, in order
     bool done = false;                 // the last of them ends the watch (or nothing is left)
   };
-  // What there is now. Reads the store (may block on it, never waits for events). An empty,
+  // What there is now. Reads the store, or what another watcher of the job read of it since
+  // its last change (may block on it, never waits for events). An empty,
   // not done step: wait for the job to change (hub version read before this call), then
   // call again.
   absl::StatusOr<Step> Next();
@@ -35,7 +36,7 @@ class WatchCursor {
  private:
   static constexpr int kPage = 256;
 
-  JobRepository* repository_;
+  WatchReads* reads_;
   std::string job_id_;
   v1::JobEvent snapshot_;
   bool snapshot_sent_ = false;

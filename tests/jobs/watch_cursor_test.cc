@@ -20,6 +20,7 @@ class WatchCursorTest : public ::testing::Test {
   void SetUp() override {
     metadata_ = *store::OpenMetadataStore(tmp_.File("recal.db"));
     jobs_ = std::make_unique<JobRepository>(metadata_.get(), &events_);
+    reads_ = std::make_unique<WatchReads>(jobs_.get(), &events_);
     v1::Job job;
     job.set_id("a");
     job.set_tenant("t");
@@ -27,7 +28,7 @@ class WatchCursorTest : public ::testing::Test {
     bool created = false;
     ASSERT_TRUE(jobs_->Create(job, worker::v1::JobPlan(), &created).ok());
   }
-  WatchCursor Open(int64_t after_seq) { return WatchCursor(jobs_.get(), *jobs_->Get("a"), after_seq); }
+  WatchCursor Open(int64_t after_seq) { return WatchCursor(reads_.get(), *jobs_->Get("a"), after_seq); }
   void Progress(int64_t batches) {
     v1::JobProgress progress;
     progress.set_batches_done(batches);
@@ -64,6 +65,7 @@ class WatchCursorTest : public ::testing::Test {
   EventHub events_;
   std::unique_ptr<store::MetadataStore> metadata_;
   std::unique_ptr<JobRepository> jobs_;
+  std::unique_ptr<WatchReads> reads_;
 };
 
 TEST_F(WatchCursorTest, TheSnapshotComesFirstThenEachNewEventOnceAndTheTerminalStateEndsIt) {
@@ -165,7 +167,7 @@ TEST_F(WatchCursorTest, ASeqBeyondAnyEventEndsWhenTheJobEnds) {
 TEST_F(WatchCursorTest, AJobMissingFromTheStoreEndsTheWatchWithTheStoresError) {
   v1::Job missing = *jobs_->Get("a");
   missing.set_id("never-stored");
-  WatchCursor lost(jobs_.get(), missing, 0);
+  WatchCursor lost(reads_.get(), missing, 0);
   ASSERT_TRUE(lost.Next().ok());  // the snapshot it was given
   auto next = lost.Next();
   EXPECT_TRUE(absl::IsNotFound(next.status())) << next.status();
