@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/time/clock.h"
-#include "tests/test_util.h"
+#include "tests/jobs/job_store_fixture.h"
 
 namespace recal::jobs {
 namespace {
@@ -15,24 +15,8 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-class JobRepositoryTest : public ::testing::Test {
+class JobRepositoryTest : public JobStoreTest {
  protected:
-  void SetUp() override {
-    metadata_ = *store::OpenMetadataStore(tmp_.File("recal.db"));
-    jobs_ = std::make_unique<JobRepository>(metadata_.get(), &events_);
-  }
-
-  v1::Job Create(const std::string& id, const std::string& request_id = "") {
-    v1::Job job;
-    job.set_id(id);
-    job.set_request_id(request_id);
-    job.set_tenant("t");
-    job.mutable_spec()->set_model_id("sha256:00");
-    bool created = false;
-    auto stored = jobs_->Create(job, worker::v1::JobPlan(), &created);
-    EXPECT_TRUE(stored.ok()) << stored.status();
-    return *stored;
-  }
   v1::JobState StateOf(const std::string& id) { return jobs_->Get(id)->state(); }
   // "state:RUNNING", "progress:2", "summary", "failure:<message>" for each stored event.
   std::vector<std::string> Events(const std::string& id) {
@@ -50,10 +34,6 @@ class JobRepositoryTest : public ::testing::Test {
     return out;
   }
 
-  testing::TempDir tmp_;
-  EventHub events_;
-  std::unique_ptr<store::MetadataStore> metadata_;
-  std::unique_ptr<JobRepository> jobs_;
 };
 
 TEST_F(JobRepositoryTest, APlanIsStoredWithTheJobAndEachOfItsShards) {

@@ -7,25 +7,19 @@
 #include <thread>
 
 #include "absl/time/clock.h"
-#include "tests/test_util.h"
+#include "tests/jobs/job_store_fixture.h"
 
 namespace recal::jobs {
 namespace {
 
-class LeaseHeartbeatTest : public ::testing::Test {
+class LeaseHeartbeatTest : public JobStoreTest {
  protected:
   void SetUp() override {
-    metadata_ = *store::OpenMetadataStore(tmp_.File("recal.db"));
-    jobs_ = std::make_unique<JobRepository>(metadata_.get(), &events_);
+    JobStoreTest::SetUp();
     options_.owner = "this-process";
     options_.lease = absl::Milliseconds(60);  // renewed every 20 ms
     leases_ = std::make_unique<Leases>(jobs_.get(), options_, &wake_, stopping_);
-    v1::Job job;
-    job.set_id("job");
-    job.set_tenant("t");
-    job.mutable_spec()->set_model_id("sha256:00");
-    bool created = false;
-    ASSERT_TRUE(jobs_->Create(job, worker::v1::JobPlan(), &created).ok());
+    Create("job");
     absl::StatusOr<std::optional<v1::Job>> claimed = leases_->Claim("cpu", store::ClaimKind::kRun);
     ASSERT_TRUE(claimed.ok() && claimed->has_value()) << claimed.status();
   }
@@ -33,10 +27,6 @@ class LeaseHeartbeatTest : public ::testing::Test {
   // Long enough for several renewals.
   static void SeveralBeats() { std::this_thread::sleep_for(std::chrono::milliseconds(150)); }
 
-  testing::TempDir tmp_;
-  EventHub events_;
-  std::unique_ptr<store::MetadataStore> metadata_;
-  std::unique_ptr<JobRepository> jobs_;
   SchedulerOptions options_;
   WakeSignal wake_;
   std::atomic<bool> stopping_{false};

@@ -7,7 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "tests/test_util.h"
+#include "tests/jobs/job_store_fixture.h"
 
 namespace recal::jobs {
 namespace {
@@ -15,25 +15,14 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::IsEmpty;
 
-class WatchCursorTest : public ::testing::Test {
+class WatchCursorTest : public JobStoreTest {
  protected:
   void SetUp() override {
-    metadata_ = *store::OpenMetadataStore(tmp_.File("recal.db"));
-    jobs_ = std::make_unique<JobRepository>(metadata_.get(), &events_);
+    JobStoreTest::SetUp();
     reads_ = std::make_unique<WatchReads>(jobs_.get(), &events_);
-    v1::Job job;
-    job.set_id("a");
-    job.set_tenant("t");
-    job.mutable_spec()->set_model_id("sha256:00");
-    bool created = false;
-    ASSERT_TRUE(jobs_->Create(job, worker::v1::JobPlan(), &created).ok());
+    Create("a");
   }
   WatchCursor Open(int64_t after_seq) { return WatchCursor(reads_.get(), *jobs_->Get("a"), after_seq); }
-  void Progress(int64_t batches) {
-    v1::JobProgress progress;
-    progress.set_batches_done(batches);
-    ASSERT_TRUE(jobs_->Progress("a", progress).ok());
-  }
   void Succeed() { ASSERT_TRUE(jobs_->Succeed("a", {}, v1::RunReport()).ok()); }
   // "snapshot@seq", "state:RUNNING@seq", "progress:2@seq", "summary@seq" for each event.
   static std::vector<std::string> Describe(const std::vector<v1::JobEvent>& events) {
@@ -61,10 +50,6 @@ class WatchCursorTest : public ::testing::Test {
     }
   }
 
-  testing::TempDir tmp_;
-  EventHub events_;
-  std::unique_ptr<store::MetadataStore> metadata_;
-  std::unique_ptr<JobRepository> jobs_;
   std::unique_ptr<WatchReads> reads_;
 };
 
@@ -88,10 +73,10 @@ TEST_F(WatchCursorTest, TheSnapshotComesFirstThenEachNewEventOnceAndTheTerminalS
   EXPECT_FALSE(idle->done);
 
   ASSERT_TRUE(jobs_->Start("a", "cpu").ok());
-  Progress(1);
+  Progress("a", 1);
   EXPECT_THAT(Describe(Drain(cursor, &done)), ElementsAre("state:RUNNING@2", "progress:1@3"));
   EXPECT_FALSE(done);
-  Progress(2);
+  Progress("a", 2);
   Succeed();
   EXPECT_THAT(Describe(Drain(cursor, &done)),
               ElementsAre("progress:2@4", "summary@5", "state:SUCCEEDED@6"));
@@ -106,8 +91,8 @@ TEST_F(WatchCursorTest, TheSnapshotComesFirstThenEachNewEventOnceAndTheTerminalS
 
 TEST_F(WatchCursorTest, AResumedWatchStartsAfterItsSeqWithTheSnapshot) {
   ASSERT_TRUE(jobs_->Start("a", "cpu").ok());
-  Progress(1);
-  Progress(2);
+  Progress("a", 1);
+  Progress("a", 2);
   WatchCursor cursor = Open(2);
   bool done = true;
   EXPECT_THAT(Describe(Drain(cursor, &done)), ElementsAre("snapshot@2", "progress:1@3", "progress:2@4"));
@@ -117,7 +102,7 @@ TEST_F(WatchCursorTest, AResumedWatchStartsAfterItsSeqWithTheSnapshot) {
 TEST_F(WatchCursorTest, EventsBeyondAStorePageAllArriveInOrderWithoutAGap) {
   ASSERT_TRUE(jobs_->Start("a", "cpu").ok());
   constexpr int kProgress = 300;  // more than a page of the cursor's reads (256)
-  for (int i = 1; i <= kProgress; ++i) Progress(i);
+  for (int i = 1; i <= kProgress; ++i) Progress("a", i);
   Succeed();
   WatchCursor cursor = Open(0);
   std::vector<v1::JobEvent> all;
@@ -155,7 +140,7 @@ TEST_F(WatchCursorTest, ASeqBeyondAnyEventEndsWhenTheJobEnds) {
   EXPECT_THAT(Describe(Drain(cursor, &done)), ElementsAre("snapshot@" + std::to_string(int64_t{1} << 40)));
   EXPECT_FALSE(done);
   ASSERT_TRUE(jobs_->Start("a", "cpu").ok());
-  Progress(1);
+  Progress("a", 1);
   EXPECT_THAT(Drain(cursor, &done), IsEmpty());
   EXPECT_FALSE(done);
   ASSERT_TRUE(jobs_->Cancel("a", "test").ok());

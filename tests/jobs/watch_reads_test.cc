@@ -7,34 +7,19 @@
 #include <gtest/gtest.h>
 
 #include "server/jobs/watch_cursor.h"
-#include "tests/test_util.h"
+#include "tests/jobs/job_store_fixture.h"
 
 namespace recal::jobs {
 namespace {
 
 using ::testing::SizeIs;
 
-class WatchReadsTest : public ::testing::Test {
+class WatchReadsTest : public JobStoreTest {
  protected:
   void SetUp() override {
-    metadata_ = *store::OpenMetadataStore(tmp_.File("recal.db"));
-    jobs_ = std::make_unique<JobRepository>(metadata_.get(), &hub_);
-    reads_ = std::make_unique<WatchReads>(jobs_.get(), &hub_, /*max_jobs=*/2);
-    for (const char* id : {"a", "b", "c"}) Create(id);
-  }
-  void Create(const std::string& id) {
-    v1::Job job;
-    job.set_id(id);
-    job.set_tenant("t");
-    job.mutable_spec()->set_model_id("sha256:00");
-    bool created = false;
-    ASSERT_TRUE(jobs_->Create(job, worker::v1::JobPlan(), &created).ok());
-    ASSERT_TRUE(jobs_->Start(id, "cpu").ok());
-  }
-  void Progress(const std::string& id, int64_t batches) {
-    v1::JobProgress progress;
-    progress.set_batches_done(batches);
-    ASSERT_TRUE(jobs_->Progress(id, progress).ok());
+    JobStoreTest::SetUp();
+    reads_ = std::make_unique<WatchReads>(jobs_.get(), &events_, /*max_jobs=*/2);
+    for (const char* id : {"a", "b", "c"}) CreateRunning(id);
   }
   // The seqs of the events after `after_seq`, as the watchers' reads give them.
   std::vector<int64_t> SeqsAfter(const std::string& id, int64_t after_seq) {
@@ -51,10 +36,6 @@ class WatchReadsTest : public ::testing::Test {
     return Seqs(jobs_->EventsAfter(id, after_seq, 256));
   }
 
-  testing::TempDir tmp_;
-  EventHub hub_;
-  std::unique_ptr<store::MetadataStore> metadata_;
-  std::unique_ptr<JobRepository> jobs_;
   std::unique_ptr<WatchReads> reads_;
 };
 
@@ -93,7 +74,7 @@ TEST_F(WatchReadsTest, AChangeIsReadFromTheStoreOnceTheHubAnnouncesIt) {
   unannounced.mutable_progress()->set_batches_done(7);
   ASSERT_TRUE(metadata_->AppendEvent("a", unannounced).ok());
   EXPECT_EQ(SeqsAfter("a", 0), first) << "kept until the hub says the job changed";
-  hub_.PublishAll();
+  events_.PublishAll();
   EXPECT_EQ(SeqsAfter("a", 0), StoredSeqsAfter("a", 0));
   EXPECT_THAT(SeqsAfter("a", 0), SizeIs(first.size() + 1));
 }
