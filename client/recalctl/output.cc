@@ -41,6 +41,7 @@ std::string ToJson(const google::protobuf::Message& message) {
 
 std::string JobText(const v1::Job& job) {
   std::string text = absl::StrCat("id: ", job.id(), "\nstate: ", v1::JobState_Name(job.state()), "\n");
+  if (job.has_wait()) absl::StrAppend(&text, "waiting: ", job.wait().reason(), "\n");
   absl::StrAppend(&text, "model: ", job.spec().model_id(), "\n");
   absl::StrAppend(&text, "data: ", DataSourceToSpec(job.spec().data()), "\n");
   absl::StrAppend(&text, "batch_size: ", job.spec().batch_size(), "\n");

@@ -79,6 +79,11 @@ void ProgressDisplay::Event(const v1::JobEvent& event) {
     // Only the job's id: a watch from seq 0 replays every state change after it, and a
     // resumed one continues where the display already is.
     job_id_ = event.snapshot().id();
+    // Why it waits, unless only for the moment an idle worker takes to claim it.
+    const v1::JobWait& wait = event.snapshot().wait();
+    if (event.snapshot().has_wait() && wait.cause() != v1::JobWait::STARTING) {
+      Line(absl::StrCat("job ", job_id_, " waits: ", wait.reason()));
+    }
     return;
   }
   switch (event.kind_case()) {

@@ -9,6 +9,7 @@
 #include "common/status_macros.h"
 #include "server/jobs/batch_assembler.h"
 #include "server/jobs/job_plan.h"
+#include "server/jobs/job_wait.h"
 #include "server/jobs/storage.h"
 #include "server/log/log.h"
 #include "server/metrics/metrics.h"
@@ -22,12 +23,15 @@ std::string NewJobId() {
   return absl::StrFormat("job-%016x", absl::Uniform<uint64_t>(gen));
 }
 
-// The scheduler's options with each tenant's bound on running jobs from `limits`, read at each
+// Each tenant's bound on running jobs: the scheduler's own, or else from `limits`, read at each
 // claim (a reloaded auth file applies at once).
-SchedulerOptions WithRunningBound(SchedulerOptions options, const TenantLimitsFn& limits) {
-  if (limits && !options.max_running_jobs) {
-    options.max_running_jobs = [limits](const std::string& tenant) { return limits(tenant).max_running_jobs; };
-  }
+store::MaxRunningJobs RunningBound(const JobManagerOptions& options) {
+  if (options.scheduler.max_running_jobs || !options.limits) return options.scheduler.max_running_jobs;
+  return [limits = options.limits](const std::string& tenant) { return limits(tenant).max_running_jobs; };
+}
+
+SchedulerOptions WithRunningBound(SchedulerOptions options, store::MaxRunningJobs bound) {
+  options.max_running_jobs = std::move(bound);
   return options;
 }
 
@@ -46,9 +50,10 @@ JobManager::JobManager(store::MetadataStore* metadata, store::BlobStore* blobs, 
       blobs_(blobs),
       models_(models),
       options_(std::move(options)),
+      max_running_(RunningBound(options_)),
       repository_(metadata, &events_),
       feeds_(options_.max_batch_bytes),
-      scheduler_(&repository_, blobs, models, runner, &feeds_, WithRunningBound(options_.scheduler, options_.limits)) {
+      scheduler_(&repository_, blobs, models, runner, &feeds_, WithRunningBound(options_.scheduler, max_running_)) {
   change_watch_ = metadata->WatchChanges([this] {
     events_.PublishAll();  // the notification does not say which job
     scheduler_.Wake();
@@ -158,7 +163,22 @@ absl::StatusOr<v1::Job> JobManager::Submit(const Caller& caller, const v1::Submi
   return stored;
 }
 
-absl::StatusOr<v1::Job> JobManager::Get(const Caller& caller, const std::string& id) { return Visible(caller, id); }
+absl::StatusOr<v1::Job> JobManager::Get(const Caller& caller, const std::string& id) {
+  RECAL_ASSIGN_OR_RETURN(v1::Job job, Visible(caller, id));
+  if (job.state() == v1::QUEUED) RECAL_RETURN_IF_ERROR(FillWait(job));
+  return job;
+}
+
+absl::Status JobManager::FillWait(v1::Job& job) {
+  const absl::Time now = absl::Now();
+  RECAL_ASSIGN_OR_RETURN(const store::QueueCounts counts,
+                         metadata_->CountQueue(job.id(), absl::ToUnixMillis(now - store::kWorkerEndpointLiveWithin),
+                                               absl::ToUnixMillis(now)));
+  const int64_t bound = max_running_ ? max_running_(job.tenant()) : 0;
+  // This process's own workers (role all) count whether or not the store heard of them.
+  *job.mutable_wait() = DescribeWait(job, counts, bound, !options_.scheduler.devices.empty());
+  return absl::OkStatus();
+}
 
 absl::StatusOr<store::JobPage> JobManager::List(const std::string& tenant, const std::vector<v1::JobState>& states,
                                                 int page_size, const std::string& page_token) {
@@ -309,9 +329,9 @@ absl::StatusOr<std::shared_ptr<StreamFeed>> JobManager::RelayedFeed(const std::s
 
 absl::StatusOr<std::unique_ptr<WatchCursor>> JobManager::OpenWatch(const Caller& caller, const std::string& id,
                                                                     int64_t after_seq) {
-  auto job = Visible(caller, id);
-  if (!job.ok()) return job.status();
-  return std::make_unique<WatchCursor>(&watch_reads_, *std::move(job), after_seq);
+  // The snapshot says why a queued job waits, as GetJob does.
+  RECAL_ASSIGN_OR_RETURN(v1::Job job, Get(caller, id));
+  return std::make_unique<WatchCursor>(&watch_reads_, std::move(job), after_seq);
 }
 
 absl::StatusOr<store::ResultRef> JobManager::Result(const Caller& caller, const std::string& id,

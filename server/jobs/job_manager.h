@@ -131,6 +131,8 @@ class JobManager {
   // The plan of `spec` (PlanJob), refused first where the spec passes this server's limits
   // (batch size, shards, timeout) or asks for what it does not offer (client streams).
   absl::StatusOr<worker::v1::JobPlan> PlanWithinLimits(const std::string& tenant, const v1::JobSpec& spec);
+  // Sets the job's wait (job_wait.h) from the queue as the store holds it now.
+  absl::Status FillWait(v1::Job& job);
   // The job if the caller may see it; NOT_FOUND (worded as for a missing job) otherwise.
   absl::StatusOr<v1::Job> Visible(const Caller& caller, const std::string& id);
   // The tenant's limits on active jobs and submissions per minute, for the store to check.
@@ -150,6 +152,8 @@ class JobManager {
   store::BlobStore* blobs_;
   ModelRegistry* models_;
   const JobManagerOptions options_;
+  // Each tenant's bound on running jobs: the scheduler's, or TenantLimits' (RunningBound).
+  const store::MaxRunningJobs max_running_;
   EventHub events_;
   JobRepository repository_;
   WatchReads watch_reads_{&repository_, &events_};

@@ -1,5 +1,5 @@
 // A worker process's presence in the cluster: it puts its internal endpoint in the store when
-// it starts and then every kEndpointHeartbeat, so that api replicas know which workers are up
+// it starts and then every store::kWorkerEndpointHeartbeat, so that api replicas know which workers are up
 // to inspect their uploads (remote_inspector.h); stopping, it says it is gone.
 #pragma once
 
@@ -13,17 +13,12 @@
 
 namespace recal::relay {
 
-inline constexpr absl::Duration kEndpointHeartbeat = absl::Seconds(10);
-// How recently a worker must have been heard from for an api replica to send it an
-// inspection: three heartbeats and some, so that one slow store write does not hide it.
-inline constexpr absl::Duration kEndpointLiveWithin = absl::Seconds(35);
-
 class EndpointHeartbeat {
  public:
   // `owner`: the name this process's leases carry (where the scheduler records the endpoint
   // too); `address`: the endpoint as advertised.
   EndpointHeartbeat(store::MetadataStore* metadata, std::string owner, std::string address,
-                    absl::Duration interval = kEndpointHeartbeat)
+                    absl::Duration interval = store::kWorkerEndpointHeartbeat)
       : metadata_(metadata), owner_(std::move(owner)), address_(std::move(address)), interval_(interval) {}
   ~EndpointHeartbeat() { Stop(); }
 

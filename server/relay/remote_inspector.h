@@ -19,7 +19,7 @@
 namespace recal::relay {
 
 struct RemoteInspectorOptions {
-  absl::Duration live_within = kEndpointLiveWithin;
+  absl::Duration live_within = store::kWorkerEndpointLiveWithin;
   // One worker's whole call: the transfer, its wait for an inspection slot, and the inspection
   // (whose own timeout, 10 minutes, ends first).
   absl::Duration deadline = absl::Minutes(20);

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "recal/v1/recal.pb.h"
 
 namespace recal::store {
@@ -66,6 +67,12 @@ inline constexpr char kDefaultModelName[] = "model";
 // How long a worker endpoint nobody refreshed, whose owner holds no lease, is kept.
 inline constexpr int64_t kForgetWorkerEndpointAfterMs = int64_t{7} * 24 * 3600 * 1000;
 
+// How often a worker process puts its endpoint (relay/endpoint_heartbeat.h), and how recently
+// it must have done so to count as up (for api replicas' inspections, and for a queued job's
+// JobWait): three heartbeats and some, so that one slow store write does not hide it.
+inline constexpr absl::Duration kWorkerEndpointHeartbeat = absl::Seconds(10);
+inline constexpr absl::Duration kWorkerEndpointLiveWithin = absl::Seconds(35);
+
 // A job as the store holds it: the message, the version every write bumps (for
 // compare-and-set across processes) and the lease of the worker running it, if any.
 struct StoredJob {
@@ -99,6 +106,20 @@ inline bool IsCoordinated(const v1::Job& job) { return job.parent_id().empty() &
 // job holds one from its claim until it ends: RUNNING or CANCELLING, plain jobs and shards
 // alike; a sharded job's parent holds none (a coordinator thread runs it, not a worker).
 using MaxRunningJobs = std::function<int64_t(const std::string& tenant)>;
+
+// What a QUEUED job waits behind (v1::JobWait), counted in one read.
+struct QueueCounts {
+  // QUEUED jobs of every tenant, of the job's ClaimKind, with a higher priority or the same
+  // and an earlier creation (the claim order without its turns between tenants).
+  int64_t jobs_ahead = 0;
+  // Jobs of the job's tenant, and of every tenant, that hold a worker (MaxRunningJobs).
+  int64_t tenant_running = 0;
+  int64_t jobs_running = 0;
+  // Worker processes heard from: owners of an endpoint put at or after `heard_since_ms`, or of
+  // a lease on a running job that lasts until `now_ms` or later (a worker without an internal
+  // endpoint puts none, but renews its leases).
+  int64_t workers_heard = 0;
+};
 
 struct ModelPage {
   std::vector<v1::Model> models;
@@ -216,6 +237,9 @@ class MetadataStore {
                                                           const ClaimChange& change,
                                                           ClaimKind kind = ClaimKind::kRun,
                                                           const MaxRunningJobs& max_running = nullptr) = 0;
+  // What the job `id` waits behind, were it QUEUED, all from one statement (QueueCounts);
+  // NOT_FOUND when there is no such job.
+  virtual absl::StatusOr<QueueCounts> CountQueue(const std::string& id, int64_t heard_since_ms, int64_t now_ms) = 0;
   // Extends `owner`'s lease on a running job and returns the job's state (CANCELLING tells
   // the worker to stop). FAILED_PRECONDITION once the lease is not `owner`'s any more.
   virtual absl::StatusOr<v1::JobState> RenewLease(const std::string& job_id, const std::string& owner,

@@ -1033,6 +1033,31 @@ absl::StatusOr<std::optional<v1::Job>> PostgresMetadataStore::ClaimJob(const std
   });
 }
 
+absl::StatusOr<QueueCounts> PostgresMetadataStore::CountQueue(const std::string& id, int64_t heard_since_ms,
+                                                              int64_t now_ms) {
+  return impl_->Run([&]() -> absl::StatusOr<QueueCounts> {
+    RECAL_ASSIGN_OR_RETURN(
+        Result r,
+        impl_->Exec("SELECT (SELECT COUNT(*) FROM jobs a WHERE a.state = $2 AND a.coordinated = j.coordinated AND "
+                    "(a.priority > j.priority OR (a.priority = j.priority AND a.create_seq < j.create_seq))), "
+                    "(SELECT COUNT(*) FROM jobs r WHERE r.tenant = j.tenant AND r.state IN ($3, $4) "
+                    "AND NOT r.coordinated), "
+                    "(SELECT COUNT(*) FROM jobs r WHERE r.state IN ($3, $4) AND NOT r.coordinated), "
+                    "(SELECT COUNT(*) FROM (SELECT owner FROM worker_endpoints WHERE updated_ms >= $5 UNION "
+                    "SELECT lease_owner FROM jobs WHERE state IN ($3, $4) AND lease_until_ms >= $6) AS heard) "
+                    "FROM jobs j WHERE j.id = $1",
+                    Params()
+                        .Text(id)
+                        .Int64(v1::QUEUED)
+                        .Int64(kHoldingWorker[0])
+                        .Int64(kHoldingWorker[1])
+                        .Int64(heard_since_ms)
+                        .Int64(now_ms)));
+    if (r.rows() == 0) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+    return QueueCounts{r.Int64(0, 0), r.Int64(0, 1), r.Int64(0, 2), r.Int64(0, 3)};
+  });
+}
+
 absl::StatusOr<v1::JobState> PostgresMetadataStore::RenewLease(const std::string& job_id, const std::string& owner,
                                                                int64_t lease_until_ms) {
   return impl_->Run([&]() -> absl::StatusOr<v1::JobState> {

@@ -1010,6 +1010,30 @@ absl::StatusOr<std::optional<v1::Job>> SqliteMetadataStore::ClaimJob(const std::
   return std::optional<v1::Job>(std::move(job));
 }
 
+absl::StatusOr<QueueCounts> SqliteMetadataStore::CountQueue(const std::string& id, int64_t heard_since_ms,
+                                                            int64_t now_ms) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  RECAL_ASSIGN_OR_RETURN(
+      Query q, impl_->db.Prepare(
+                   "SELECT (SELECT COUNT(*) FROM jobs a WHERE a.state = ?2 AND a.coordinated = j.coordinated AND "
+                   "(a.priority > j.priority OR (a.priority = j.priority AND a.create_seq < j.create_seq))), "
+                   "(SELECT COUNT(*) FROM jobs r WHERE r.tenant = j.tenant AND r.state IN (?3, ?4) "
+                   "AND r.coordinated = 0), "
+                   "(SELECT COUNT(*) FROM jobs r WHERE r.state IN (?3, ?4) AND r.coordinated = 0), "
+                   "(SELECT COUNT(*) FROM (SELECT owner FROM worker_endpoints WHERE updated_ms >= ?5 UNION "
+                   "SELECT lease_owner FROM jobs WHERE state IN (?3, ?4) AND lease_until_ms >= ?6)) "
+                   "FROM jobs j WHERE j.id = ?1"));
+  RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, id)
+                                             .Bind(2, int64_t{v1::QUEUED})
+                                             .Bind(3, int64_t{kHoldingWorker[0]})
+                                             .Bind(4, int64_t{kHoldingWorker[1]})
+                                             .Bind(5, heard_since_ms)
+                                             .Bind(6, now_ms)
+                                             .Step());
+  if (!row) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  return QueueCounts{q.Int64(0), q.Int64(1), q.Int64(2), q.Int64(3)};
+}
+
 absl::StatusOr<v1::JobState> SqliteMetadataStore::RenewLease(const std::string& job_id, const std::string& owner,
                                                              int64_t lease_until_ms) {
   std::lock_guard<std::mutex> lock(impl_->mu);

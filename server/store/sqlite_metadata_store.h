@@ -47,6 +47,7 @@ class SqliteMetadataStore final : public MetadataStore {
   absl::StatusOr<std::optional<v1::Job>> ClaimJob(const std::string& owner, int64_t lease_until_ms,
                                                   const ClaimChange& change, ClaimKind kind,
                                                   const MaxRunningJobs& max_running) override;
+  absl::StatusOr<QueueCounts> CountQueue(const std::string& id, int64_t heard_since_ms, int64_t now_ms) override;
   absl::StatusOr<v1::JobState> RenewLease(const std::string& job_id, const std::string& owner,
                                           int64_t lease_until_ms) override;
   absl::StatusOr<std::vector<StoredJob>> JobsWithExpiredLeases(int64_t now_ms) override;

@@ -287,5 +287,117 @@ TEST_F(JobManagerTest, ATenantsRunningJobsBoundLeavesTheSecondWorkerToAnotherTen
   manager.Shutdown(absl::Seconds(10));
 }
 
+// A runner whose every run lasts until it is cancelled: it holds its worker.
+absl::StatusOr<v1::RunReport> RunUntilCancelled(const RecalibrationTask&, const RunHooks& hooks) {
+  while (!(hooks.cancel && hooks.cancel->load())) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  return absl::CancelledError("cancelled");
+}
+
+v1::JobState WaitForState(JobManager& manager, const Caller& caller, const std::string& id, v1::JobState state) {
+  for (int i = 0; i < 1000 && manager.Get(caller, id)->state() != state; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return manager.Get(caller, id)->state();
+}
+
+TEST_F(JobManagerTest, AQueuedJobSaysHowManyJobsAreAheadOfItAndHowManyRun) {
+  runner_.recalibrate = RunUntilCancelled;
+  const v1::Job running = Submit();
+  ASSERT_EQ(WaitForState(*jobs_, caller_, running.id(), v1::RUNNING), v1::RUNNING);
+  const v1::Job next = Submit();
+  const v1::Job last = Submit();
+  const v1::JobWait next_wait = jobs_->Get(caller_, next.id())->wait();
+  EXPECT_EQ(next_wait.cause(), v1::JobWait::NEXT_IN_LINE);
+  EXPECT_EQ(next_wait.jobs_ahead(), 0);
+  EXPECT_EQ(next_wait.jobs_running(), 1);
+  EXPECT_EQ(next_wait.reason(), "it is next in line (1 job runs now): the next worker that is free takes it");
+  const v1::JobWait last_wait = jobs_->Get(caller_, last.id())->wait();
+  EXPECT_EQ(last_wait.cause(), v1::JobWait::JOBS_AHEAD);
+  EXPECT_EQ(last_wait.jobs_ahead(), 1);
+  EXPECT_EQ(last_wait.tenant_running(), 1);
+  EXPECT_EQ(last_wait.tenant_max_running(), 0);
+  EXPECT_EQ(last_wait.reason(), "1 job is ahead of it (by priority, then age); 1 job runs now");
+  // Only a queued job waits; another tenant's stays unseen; list rows leave it out.
+  EXPECT_FALSE(jobs_->Get(caller_, running.id())->has_wait());
+  EXPECT_TRUE(absl::IsNotFound(jobs_->Get(Caller{"u"}, last.id()).status()));
+  const absl::StatusOr<store::JobPage> listed = jobs_->List("t", {v1::QUEUED}, 0, "");
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(listed->jobs.size(), 2u);
+  for (const v1::Job& job : listed->jobs) EXPECT_FALSE(job.has_wait());
+  for (const v1::Job& job : {running, next, last}) ASSERT_TRUE(jobs_->Cancel(caller_, job.id()).ok());
+  EXPECT_FALSE(WaitForEnd(last.id()).has_wait());
+}
+
+TEST_F(JobManagerTest, AQueuedJobOfATenantAtItsRunningBoundSaysSo) {
+  jobs_->Shutdown(absl::Seconds(10));  // runs nothing here
+  runner_.recalibrate = RunUntilCancelled;
+  JobManagerOptions options;
+  options.scheduler.devices = {"cpu", "cpu"};
+  options.limits = [](const std::string&) {
+    TenantLimits limits;
+    limits.max_running_jobs = 1;
+    return limits;
+  };
+  JobManager manager(metadata_.get(), blobs_.get(), models_.get(), &runner_, options);
+  ASSERT_TRUE(manager.Start().ok());
+  const auto submit = [&] {
+    v1::SubmitJobRequest request;
+    request.mutable_spec()->set_model_id(model_id_);
+    request.mutable_spec()->set_batch_size(4);
+    request.mutable_spec()->mutable_data()->mutable_synthetic()->add_sample_shape(3);
+    return manager.Submit(caller_, request)->id();
+  };
+  const std::string first = submit();
+  ASSERT_EQ(WaitForState(manager, caller_, first, v1::RUNNING), v1::RUNNING);
+  const std::string second = submit();
+  const v1::JobWait wait = manager.Get(caller_, second)->wait();
+  EXPECT_EQ(wait.cause(), v1::JobWait::TENANT_AT_BOUND);
+  EXPECT_EQ(wait.tenant_running(), 1);
+  EXPECT_EQ(wait.tenant_max_running(), 1);
+  EXPECT_EQ(wait.reason(),
+            "its tenant already runs 1 job, its bound (max_running_jobs in the auth file, or the server's "
+            "--tenant_max_running_jobs): it starts when one of them ends");
+  for (const std::string& id : {first, second}) ASSERT_TRUE(manager.Cancel(caller_, id).ok());
+  manager.Shutdown(absl::Seconds(10));
+}
+
+// An api replica runs no worker: until a worker process is heard from, its queued jobs say
+// that none is; a sharded job waits for a coordinator, its shards in the queue.
+TEST_F(JobManagerTest, AnApiReplicasQueuedJobSaysThatNoWorkerIsHeardFromUntilOneIs) {
+  jobs_->Shutdown(absl::Seconds(10));  // runs nothing here
+  JobManagerOptions options;
+  options.scheduler.devices = {};
+  JobManager api(metadata_.get(), blobs_.get(), models_.get(), &runner_, options);
+  ASSERT_TRUE(api.Start().ok());
+  v1::SubmitJobRequest request;
+  request.mutable_spec()->set_model_id(model_id_);
+  request.mutable_spec()->set_batch_size(4);
+  request.mutable_spec()->mutable_data()->mutable_synthetic()->add_sample_shape(3);
+  const std::string plain = api.Submit(caller_, request)->id();
+  request.mutable_spec()->set_shards(2);
+  const std::string sharded = api.Submit(caller_, request)->id();
+  const auto wait_of = [&](const std::string& id) { return api.Get(caller_, id)->wait(); };
+
+  EXPECT_EQ(wait_of(plain).cause(), v1::JobWait::NO_WORKER);
+  EXPECT_EQ(wait_of(plain).reason(),
+            "no worker has been heard from in the last 35 s: start a worker (recal-server --role worker) or "
+            "check its logs");
+  EXPECT_EQ(wait_of(sharded).cause(), v1::JobWait::NO_WORKER);
+  const int64_t now = absl::ToUnixMillis(absl::Now());
+  ASSERT_TRUE(metadata_->PutWorkerEndpoint("worker-1", "10.0.0.1:50052", now).ok());
+  EXPECT_EQ(wait_of(plain).cause(), v1::JobWait::STARTING);
+  EXPECT_EQ(wait_of(plain).reason(), "it is next in line: an idle worker takes it up within moments");
+  EXPECT_EQ(wait_of(sharded).cause(), v1::JobWait::COORDINATOR);
+  EXPECT_THAT(wait_of(sharded).reason(), HasSubstr("waits for a worker's coordinator to take it up; its shards queue"));
+  const std::vector<v1::Job> shards = *metadata_->ChildJobs(sharded);
+  ASSERT_EQ(shards.size(), 2u);
+  EXPECT_EQ(wait_of(shards[1].id()).cause(), v1::JobWait::JOBS_AHEAD);
+  EXPECT_EQ(wait_of(shards[1].id()).jobs_ahead(), 2);  // the plain job and shard 0
+  // A worker that stopped says so (its endpoint as heard from at the epoch).
+  ASSERT_TRUE(metadata_->PutWorkerEndpoint("worker-1", "10.0.0.1:50052", 0).ok());
+  EXPECT_EQ(wait_of(plain).cause(), v1::JobWait::NO_WORKER);
+  api.Shutdown(absl::Seconds(10));
+}
+
 }  // namespace
 }  // namespace recal::jobs

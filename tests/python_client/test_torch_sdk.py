@@ -21,6 +21,8 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
+import time
 import types
 import unittest
 import warnings
@@ -545,6 +547,36 @@ class TorchSdkTest(unittest.TestCase):
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertEqual(result.stderr, "recal: batch 2/2, 8 samples, 4.0 samples/s\n")
+
+    def test_a_job_queued_behind_a_busy_worker_logs_why_it_waits_once(self):
+        """The class's one worker held by a client_stream job nobody feeds: the SDK's job
+        waits, and says why once (Job.wait.reason), then runs once the worker is free."""
+        client = recal.Client(self.server.address, token=self.server.token)
+        self.addCleanup(client.close)
+        path = os.path.join(self.tmp, "busy.pt")
+        torch.jit.script(SmallNet().eval()).save(path)
+        busy = client.submit(client.upload_model(path), recal_pb2.ClientStreamSource(), batch_size=4)
+        deadline = time.monotonic() + 60
+        while client.get(busy).state != recal.RUNNING and time.monotonic() < deadline:
+            time.sleep(0.05)
+        freed = threading.Timer(3.0, client.cancel, (busy,))
+        freed.start()
+        self.addCleanup(freed.cancel)
+        with mock.patch.dict(sys.modules, {"tqdm": None}), self.assertLogs("recal.torch", "INFO") as logs:
+            result = recal.torch.recalibrate(_seeded(SmallNet), _small_batches(3, (4, 4)), num_batches=2,
+                                             **self.options)
+        self.assertEqual(result.job.state, recal.SUCCEEDED)
+        waits = [r.getMessage() for r in logs.records if "waits" in r.getMessage()]
+        self.assertEqual(waits, ["recal: the job waits: it is next in line (1 job runs now): the next worker "
+                                 "that is free takes it"])
+
+    def test_the_wait_is_logged_once_and_not_for_the_moment_before_a_claim(self):
+        log_wait = recal.torch._wait_logger()
+        with self.assertLogs("recal.torch", "INFO") as logs:
+            log_wait(recal_pb2.JobWait(cause=recal_pb2.JobWait.STARTING, reason="starting"))
+            log_wait(recal_pb2.JobWait(cause=recal_pb2.JobWait.NO_WORKER, reason="no worker"))
+            log_wait(recal_pb2.JobWait(cause=recal_pb2.JobWait.JOBS_AHEAD, reason="2 ahead"))
+        self.assertEqual([r.getMessage() for r in logs.records], ["recal: the job waits: no worker"])
 
     def test_failures_leave_the_model_untouched(self):
         class FailsOnSmallBatches(torch.nn.Module):

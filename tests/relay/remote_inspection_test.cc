@@ -218,7 +218,7 @@ TEST_F(RemoteInspectionTest, WithNoLiveWorkerTheUploadIsUnavailableNamingWhatToS
   auto layers = remote.Inspect(Staged("a model"));
   EXPECT_EQ(layers.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(layers.status().message(), HasSubstr(hint));
-  Heard("w-old", worker_.advertised, kEndpointLiveWithin + absl::Seconds(10));
+  Heard("w-old", worker_.advertised, store::kWorkerEndpointLiveWithin + absl::Seconds(10));
   layers = remote.Inspect(Staged("a model"));
   EXPECT_EQ(layers.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(layers.status().message(), HasSubstr(hint));
@@ -253,7 +253,7 @@ TEST_F(RemoteInspectionTest, AnApiReplicaShuttingDownMidInspectionAnswersUnavail
 
 TEST_F(RemoteInspectionTest, AHeartbeatMakesAWorkerLiveUntilItStops) {
   const auto live = [&] {
-    return *metadata_->LiveWorkerEndpoints(absl::ToUnixMillis(absl::Now() - kEndpointLiveWithin));
+    return *metadata_->LiveWorkerEndpoints(absl::ToUnixMillis(absl::Now() - store::kWorkerEndpointLiveWithin));
   };
   EXPECT_THAT(live(), IsEmpty());
   EndpointHeartbeat heartbeat(metadata_.get(), "w1", worker_.advertised, absl::Milliseconds(50));

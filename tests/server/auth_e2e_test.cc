@@ -588,6 +588,29 @@ TEST_F(AuthTest, ATenantAtItsRunningBoundLeavesTheOtherWorkerToAnotherTenant) {
   CancelAs(*As("a_submit"), a_jobs[1].id());
 }
 
+// The tenant's second job, with a worker free, says that the tenant's bound holds it.
+TEST_F(AuthTest, AJobOfATenantAtItsRunningBoundSaysSoWhenRead) {
+  StartServer("tenant team-a max_running_jobs=1\n");
+  const std::string a_model = UploadAs("a_submit", kSmallModel);
+  const v1::Job first = SubmitAs("a_submit", StreamJob(a_model, 0));
+  ASSERT_EQ(WaitForState(*As("a_submit"), first.id(), v1::RUNNING, 60).state(), v1::RUNNING);
+  const v1::Job second = SubmitAs("a_submit", StreamJob(a_model, 0));
+  const v1::Job waiting = GetJobAs(*As("a_read"), second.id());
+  ASSERT_EQ(waiting.state(), v1::QUEUED);
+  EXPECT_EQ(waiting.wait().cause(), v1::JobWait::TENANT_AT_BOUND);
+  EXPECT_EQ(waiting.wait().tenant_running(), 1);
+  EXPECT_EQ(waiting.wait().tenant_max_running(), 1);
+  EXPECT_THAT(waiting.wait().reason(), HasSubstr("its tenant already runs 1 job, its bound (max_running_jobs"));
+  // Another tenant sees no more of it than of a job that does not exist.
+  grpc::ClientContext context;
+  v1::GetJobRequest get;
+  get.set_id(second.id());
+  v1::Job seen;
+  EXPECT_EQ(As("b_submit")->GetJob(&context, get, &seen).error_code(), grpc::StatusCode::NOT_FOUND);
+  CancelAs(*As("a_submit"), second.id());
+  CancelAs(*As("a_submit"), first.id());
+}
+
 TEST_F(AuthTest, ListingsOfTheLargestAllowedFieldsStayBelowTheMessageLimitAndReturnEverything) {
   StartServer("", {"--cpu_workers=1"});
   const std::string a_model = UploadAs("a_submit", kSmallModel);

@@ -742,6 +742,47 @@ TEST_F(IdleStreamServerTest, AStreamThatIsNeverFedGivesItsWorkerBack) {
   EXPECT_EQ(WaitForState(*stub_, next.id(), v1::SUCCEEDED, 60).state(), v1::SUCCEEDED);
 }
 
+class BusyWorkerServerTest : public ServerTest {
+ protected:
+  std::vector<std::string> Flags() override {
+    return {"--data_root=" + kFixtures, "--cpu_workers=1", "--threads_per_worker=1"};
+  }
+};
+
+// A job queued behind the only worker says why it waits (GetJob, and a watch's snapshot):
+// how many jobs are ahead of it and how many run.
+TEST_F(BusyWorkerServerTest, AJobQueuedBehindABusyWorkerSaysHowManyAreAheadOfIt) {
+  const std::string model_id = UploadModel();
+  v1::SubmitJobRequest never_fed;
+  never_fed.mutable_spec()->set_model_id(model_id);
+  never_fed.mutable_spec()->set_batch_size(8);
+  never_fed.mutable_spec()->mutable_data()->mutable_client_stream();
+  const v1::Job busy = Submit(never_fed);  // holds the worker until cancelled
+  ASSERT_EQ(WaitForState(*stub_, busy.id(), v1::RUNNING, 60).state(), v1::RUNNING);
+  const v1::Job next = Submit(NpyJob(model_id, "data/resnet18.npy", 8));
+  const v1::Job last = Submit(NpyJob(model_id, "data/resnet18.npy", 8));
+  const auto get = [&](const std::string& id) {
+    grpc::ClientContext context;
+    v1::GetJobRequest request;
+    request.set_id(id);
+    v1::Job job;
+    EXPECT_TRUE(stub_->GetJob(&context, request, &job).ok());
+    return job;
+  };
+  const v1::Job next_now = get(next.id());
+  ASSERT_EQ(next_now.state(), v1::QUEUED);
+  EXPECT_EQ(next_now.wait().cause(), v1::JobWait::NEXT_IN_LINE);
+  EXPECT_EQ(next_now.wait().jobs_running(), 1);
+  const v1::Job last_now = get(last.id());
+  EXPECT_EQ(last_now.wait().jobs_ahead(), 1);
+  EXPECT_EQ(last_now.wait().reason(), "1 job is ahead of it (by priority, then age); 1 job runs now");
+  const std::vector<v1::JobEvent> head = Watch(*stub_, last.id(), 0, 1);
+  ASSERT_EQ(head.size(), 1u);
+  EXPECT_EQ(head[0].snapshot().wait().jobs_ahead(), 1);
+  EXPECT_FALSE(get(busy.id()).has_wait());
+  for (const v1::Job& job : {last, next, busy}) Cancel(job.id());
+}
+
 TEST_F(OneWorkerServerTest, WatchersResumeBySeqAndSeveralWatchAtOnce) {
   const std::string model_id = UploadModel();
   v1::SubmitJobRequest request = LongJob(model_id);

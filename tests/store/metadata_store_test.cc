@@ -1577,6 +1577,96 @@ TEST_P(MetadataStoreTest, DeletingAJobDeletesItsPlanAndItsShardsPlans) {
   EXPECT_EQ(*db_->JobPlan("p"), "");
 }
 
+// CountQueue with every worker heard from since the epoch and no lease counted as live.
+QueueCounts CountQueue(MetadataStore& db, const std::string& id) {
+  absl::StatusOr<QueueCounts> counts = db.CountQueue(id, 0, absl::ToUnixMillis(absl::Now()));
+  EXPECT_TRUE(counts.ok()) << id << ": " << counts.status();
+  return counts.ok() ? *counts : QueueCounts{-1, -1, -1, -1};
+}
+
+TEST_P(MetadataStoreTest, JobsAheadAreTheQueuedJobsOfEveryTenantWithAHigherPriorityOrOlder) {
+  bool created = false;
+  for (const v1::Job& job : {Prioritised("old", 0, "a"), Prioritised("theirs", 0, "b"), Prioritised("mine", 0, "a"),
+                             Prioritised("urgent", 5, "b"), Prioritised("later", 0, "b"),
+                             Prioritised("low", -1, "a")}) {
+    ASSERT_TRUE(db_->CreateJob(job, &created).ok());
+  }
+  EXPECT_EQ(CountQueue(*db_, "urgent").jobs_ahead, 0);
+  EXPECT_EQ(CountQueue(*db_, "old").jobs_ahead, 1);     // urgent
+  EXPECT_EQ(CountQueue(*db_, "mine").jobs_ahead, 3);    // urgent, old, theirs
+  EXPECT_EQ(CountQueue(*db_, "later").jobs_ahead, 4);
+  EXPECT_EQ(CountQueue(*db_, "low").jobs_ahead, 5);
+  // A claimed job is not ahead any more: it runs.
+  EXPECT_EQ(NextRun(*db_, nullptr), "urgent");
+  EXPECT_EQ(CountQueue(*db_, "mine").jobs_ahead, 2);
+  EXPECT_TRUE(absl::IsNotFound(db_->CountQueue("nothing", 0, 0).status()));
+}
+
+TEST_P(MetadataStoreTest, RunningCountsAreTheJobsHoldingAWorkerOfTheTenantAndOfAll) {
+  bool created = false;
+  for (const v1::Job& job : {Prioritised("a0", 0, "a"), Prioritised("a1", 0, "a"), Prioritised("b0", 0, "b"),
+                             Prioritised("a-waits", 0, "a"), Prioritised("b-waits", 0, "b")}) {
+    ASSERT_TRUE(db_->CreateJob(job, &created).ok());
+  }
+  EXPECT_EQ(CountQueue(*db_, "a-waits").tenant_running, 0);
+  EXPECT_EQ(CountQueue(*db_, "a-waits").jobs_running, 0);
+  for (const char* id : {"a0", "b0", "a1"}) EXPECT_EQ(NextRun(*db_, nullptr), id);  // turns between tenants
+  MoveTo(*db_, "a1", v1::CANCELLING);  // still holds its worker until its run stops
+  QueueCounts a = CountQueue(*db_, "a-waits");
+  EXPECT_EQ(a.tenant_running, 2);
+  EXPECT_EQ(a.jobs_running, 3);
+  EXPECT_EQ(CountQueue(*db_, "b-waits").tenant_running, 1);
+  MoveTo(*db_, "a0", v1::SUCCEEDED);
+  MoveTo(*db_, "a1", v1::CANCELLED);
+  a = CountQueue(*db_, "a-waits");
+  EXPECT_EQ(a.tenant_running, 0);
+  EXPECT_EQ(a.jobs_running, 1);
+}
+
+TEST_P(MetadataStoreTest, ShardsQueueAmongRunJobsAndAShardedJobAmongShardedJobs) {
+  bool created = false;
+  ASSERT_TRUE(Create(*db_, MakeSharded("p", 3), &created).ok());
+  ASSERT_TRUE(db_->CreateJob(Prioritised("plain", 0, "t"), &created).ok());
+  ASSERT_TRUE(Create(*db_, MakeSharded("q", 2), &created).ok());
+  EXPECT_EQ(CountQueue(*db_, "plain").jobs_ahead, 3);  // p's shards, not p
+  EXPECT_EQ(CountQueue(*db_, "p-2").jobs_ahead, 2);
+  EXPECT_EQ(CountQueue(*db_, "q-0").jobs_ahead, 4);
+  EXPECT_EQ(CountQueue(*db_, "p").jobs_ahead, 0);
+  EXPECT_EQ(CountQueue(*db_, "q").jobs_ahead, 1);  // p, waiting for a coordinator too
+  // A coordinated parent holds no worker; its shards do.
+  ASSERT_TRUE(db_->ClaimJob("c", absl::ToUnixMillis(absl::Now()) + 60000, ToRunning("coordinator"),
+                            ClaimKind::kCoordinate)
+                  ->has_value());
+  EXPECT_EQ(CountQueue(*db_, "q").jobs_ahead, 0);
+  EXPECT_EQ(CountQueue(*db_, "plain").tenant_running, 0);
+  EXPECT_EQ(NextRun(*db_, nullptr), "p-0");
+  EXPECT_EQ(CountQueue(*db_, "plain").tenant_running, 1);
+  EXPECT_EQ(CountQueue(*db_, "plain").jobs_running, 1);
+}
+
+TEST_P(MetadataStoreTest, WorkersHeardAreOwnersOfLiveEndpointsOrLiveLeasesEachOnce) {
+  bool created = false;
+  for (const char* id : {"j0", "j1", "j2", "waits"}) {
+    ASSERT_TRUE(db_->CreateJob(MakeJob(id, v1::QUEUED), &created).ok());
+  }
+  const int64_t now = absl::ToUnixMillis(absl::Now());
+  const int64_t heard_since = now - 35000;
+  const auto heard = [&] { return db_->CountQueue("waits", heard_since, now)->workers_heard; };
+  EXPECT_EQ(heard(), 0);
+  ASSERT_TRUE(db_->PutWorkerEndpoint("w-gone", "10.0.0.1:1", now - 60000).ok());
+  EXPECT_EQ(heard(), 0);
+  ASSERT_TRUE(db_->PutWorkerEndpoint("w-up", "10.0.0.2:1", now - 1000).ok());
+  EXPECT_EQ(heard(), 1);
+  // Its own lease does not make it two; another process's live lease is one more, an
+  // expired one none.
+  ASSERT_TRUE(db_->ClaimJob("w-up", now + 60000, ToRunning("cpu"))->has_value());
+  EXPECT_EQ(heard(), 1);
+  ASSERT_TRUE(db_->ClaimJob("w-no-endpoint", now + 60000, ToRunning("cpu"))->has_value());
+  EXPECT_EQ(heard(), 2);
+  ASSERT_TRUE(db_->ClaimJob("w-dead", now - 1, ToRunning("cpu"))->has_value());
+  EXPECT_EQ(heard(), 2);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, MetadataStoreTest, ::testing::Values("sqlite", "postgresql"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 

@@ -445,12 +445,12 @@ class Client:
             finally:
                 call.cancel()
 
-    def wait(self, job_id, on_progress=None):
+    def wait(self, job_id, on_progress=None, on_queued=None):
         """Follows the job until it ends and returns the final Job (whatever its state).
-        on_progress(JobProgress) is called for every progress event."""
+        on_progress(JobProgress) is called for every progress event; on_queued(JobWait),
+        when the watch finds the job QUEUED, with why it waits (Job.wait)."""
         for event in self.watch(job_id):
-            if on_progress is not None and event.WhichOneof("kind") == "progress":
-                on_progress(event.progress)
+            streams.deliver_event(event, on_progress, on_queued)
         return self.get(job_id)
 
     # ------------------------------------------------------------------------- results
@@ -553,7 +553,7 @@ class Client:
 
     def recalibrate_stream(self, model_path, batches, out=None, batch_size=None, max_batches=None,
                            bn_out=None, report=None, on_progress=None, scale=None, mean=None,
-                           std=None, **options):
+                           std=None, on_queued=None, **options):
         """recalibrate() on batches pushed from here: uploads `model_path` (unless the server
         has it; or give a Model), submits a client_stream job, pushes `batches` (as in
         push(), at most `max_batches` of them, read in this thread only as fast as the job
@@ -563,7 +563,7 @@ class Client:
         scale, mean, std: the server turns every input into float32 (x / scale - mean) / std
         per channel (dim 1) before the forward (none given: converted only). batch_size is
         what the report says (default: the first batch's size). on_progress(JobProgress)
-        is called in this thread. The job may end before the data does (max_batches
+        is called in this thread, and so is on_queued(JobWait) as in wait(). The job may end before the data does (max_batches
         reached, target_rel_error met): pushing stops there. Returns the final Job; raises
         RecalError if the job FAILED or was CANCELLED (or a push failed: then the job is
         cancelled), ValueError for no batches. Any other exception while pushing (from the
@@ -580,7 +580,7 @@ class Client:
         model = model_path if isinstance(model_path, recal_pb2.Model) else self.upload_model(model_path)
         source = recal_pb2.ClientStreamSource(scale=scale or 0, mean=mean or [], std=std or [])
         job = self.submit(model, source, batch_size=batch_size, max_batches=max_batches, **options)
-        relay = streams.EventRelay(self, job.id, on_progress)
+        relay = streams.EventRelay(self, job.id, on_progress, on_queued)
         stream = self.open_push(job, on_wait=relay.deliver)
         pushed = 0
         try:
@@ -608,7 +608,7 @@ class Client:
     # ----------------------------------------------------------------------- all in one
 
     def recalibrate(self, model_path, data, out=None, batch_size=32, max_batches=None, bn_out=None,
-                    report=None, on_progress=None, **options):
+                    report=None, on_progress=None, on_queued=None, **options):
         """Uploads `model_path` (unless the server has it), runs a job on `data` (a spec as in
         submit(), server-side paths), waits for it and downloads the recalibrated model to
         `out`, the BatchNorm buffers to `bn_out` and the JSON report to `report` (each when
@@ -619,7 +619,7 @@ class Client:
         .code and .job) if the job FAILED or was CANCELLED."""
         model = self.upload_model(model_path)
         job = self.submit(model, data, batch_size=batch_size, max_batches=max_batches, **options)
-        return self._results(self.wait(job, on_progress), out, bn_out, report)
+        return self._results(self.wait(job, on_progress, on_queued), out, bn_out, report)
 
     def _results(self, job, out, bn_out, report):
         """The ended `job` once it SUCCEEDED (RecalError otherwise), its artifacts downloaded

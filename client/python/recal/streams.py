@@ -202,14 +202,26 @@ class PushStream:
         self._call.cancel()
 
 
+def deliver_event(event, on_progress=None, on_queued=None):
+    """A watched JobEvent to its callback: on_progress(JobProgress) for progress,
+    on_queued(JobWait) for a snapshot of the job while it is QUEUED (why it waits)."""
+    kind = event.WhichOneof("kind")
+    if on_progress is not None and kind == "progress":
+        on_progress(event.progress)
+    if on_queued is not None and kind == "snapshot" and event.snapshot.HasField("wait"):
+        on_queued(event.snapshot.wait)
+
+
 class EventRelay:
     """Watches a job on a background thread; deliver() and wait() hand its progress events
-    to on_progress in the caller's thread."""
+    to on_progress, and the JobWait of a snapshot that finds it QUEUED to on_queued, in the
+    caller's thread."""
 
-    def __init__(self, client, job_id, on_progress=None):
+    def __init__(self, client, job_id, on_progress=None, on_queued=None):
         self.job_id = job_id
         self._client = client
         self._on_progress = on_progress
+        self._on_queued = on_queued
         self._events = queue.Queue()
         self._thread = threading.Thread(target=self._watch, name="recal-watch-" + job_id, daemon=True)
         self._thread.start()
@@ -228,8 +240,7 @@ class EventRelay:
             return False
         if isinstance(item, BaseException):
             raise item
-        if self._on_progress is not None and item.WhichOneof("kind") == "progress":
-            self._on_progress(item.progress)
+        deliver_event(item, self._on_progress, self._on_queued)
         return True
 
     def deliver(self):

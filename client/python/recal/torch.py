@@ -637,6 +637,21 @@ class _ProgressLog:
                   p.samples_per_second)
 
 
+def _wait_logger(job_word="job"):
+    """on_queued for the client: logs why the job waits (Job.wait), once, on "recal.torch" at
+    INFO, unless it is only the moment before an idle worker takes it (STARTING)."""
+    logged = [False]
+
+    def log_wait(wait):
+        if logged[0] or wait.cause == recal_pb2.JobWait.STARTING:
+            return
+        logged[0] = True
+        _show_info_when_logging_is_unconfigured()
+        _log.info("recal: the %s waits: %s", job_word, wait.reason)
+
+    return log_wait
+
+
 def _show_info_when_logging_is_unconfigured():
     """Without any logging configuration Python shows WARNING and above only, so progress
     lines would be lost: then (and only then) the "recal" logger gets a stderr handler at
@@ -685,7 +700,8 @@ def recalibrate(model, data, *, server=None, num_batches=200, input_fn=None, tok
     progress(JobProgress): called as the job goes (batches_done, samples_done, ...); a tqdm
         bar is shown when tqdm is installed (bar=None), else progress lines are logged
         (logger "recal.torch", INFO: batches, samples, samples/s; shown on stderr when the
-        program configured no logging); bar=False: neither.
+        program configured no logging); bar=False: neither. A job that waits in the queue
+        logs why, once, on the same logger (Job.wait.reason).
     export: "auto": torch.export.export of a CPU copy in the model's own train/eval modes,
         dim 0 of every input dynamic (one size, >= 1), saved with torch.export.save; when
         export fails (data-dependent control flow, ...) torch.jit.script, and when that
@@ -868,7 +884,7 @@ def _run_sharded(target, local, connect, rank, world, group, num_batches, progre
                     _raise_remote(outcome)
                 return outcome
             try:
-                ended_job = client.wait(job_id, on_progress=handle)
+                ended_job = client.wait(job_id, on_progress=handle, on_queued=_wait_logger("sharded job"))
                 if ended_job.state != recal_pb2.SUCCEEDED:
                     raise RecalError.from_job(ended_job)
                 bn_path, report_path = os.path.join(tmp, "bn.safetensors"), os.path.join(tmp, "report.json")
@@ -917,8 +933,8 @@ def _run(target, batches, connect, num_batches, progress, bar, export, scale, me
             bn_path, report_path = os.path.join(tmp, "bn.safetensors"), os.path.join(tmp, "report.json")
             job = client.recalibrate_stream(model, _arrays(counted()), max_batches=num_batches,
                                             allow_short_data=True, bn_out=bn_path, report=report_path,
-                                            on_progress=handle, scale=scale, mean=mean, std=std,
-                                            **options)
+                                            on_progress=handle, on_queued=_wait_logger(), scale=scale,
+                                            mean=mean, std=std, **options)
             buffers = read_safetensors(bn_path, to="torch")
             with open(report_path) as f:
                 report = f.read()
