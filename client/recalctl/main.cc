@@ -36,7 +36,8 @@ Commands:
                                                 are its next version
   submit --model REF --data SPEC [JOB FLAGS]    submit a job; prints it. REF: name, name:version,
                                                 sha256:<hex> or a digest prefix (6+ hex digits)
-  get JOB                                       a job's state, progress and error
+  get JOB                                       a job's state (why it waits, if queued),
+                                                progress and error
   list [--state S]... [--models [--name N]] [--page_size N] [--page_token T]
                                                 jobs (or models, newest version first)
   delete JOB | REF [--model]                    delete an ended job and its results (refused

@@ -136,6 +136,19 @@ TEST(ToJsonTest, EveryTruncationOfADocumentComesBackUnchanged) {
 
 // ------------------------------------------------------------------------------ table
 
+TEST(JobTextTest, AQueuedJobSaysWhyItWaitsUnderItsStateAndOthersSayNothing) {
+  v1::Job job;
+  job.set_id("job-1");
+  job.set_state(v1::QUEUED);
+  job.mutable_wait()->set_reason("1 job is ahead of it (by priority, then age); 1 job runs now");
+  EXPECT_THAT(ctl::JobText(job),
+              HasSubstr("id: job-1\nstate: QUEUED\nwaiting: 1 job is ahead of it (by priority, then age); "
+                        "1 job runs now\nmodel: "));
+  job.set_state(v1::RUNNING);
+  job.clear_wait();
+  EXPECT_THAT(ctl::JobText(job), Not(HasSubstr("waiting:")));
+}
+
 TEST(ReportTableTest, LayersAreSortedByLargestMeanShiftThenThoseWithoutStatistics) {
   const v1::RunReport report = SampleReport();  // the rows point into it
   const std::vector<LayerRow> rows = ctl::LayersByShift(report, {});

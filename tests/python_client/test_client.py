@@ -297,7 +297,11 @@ class ClientTest(unittest.TestCase):
         both = [j.id for j in self.client.list(["QUEUED", recal.RUNNING])]
         self.assertIn(queued.id, both)
         self.assertIn(running.id, both)
-        self.assertEqual(self.client.get(queued).state, recal.QUEUED)
+        waiting = self.client.get(queued)
+        self.assertEqual(waiting.state, recal.QUEUED)
+        # Why it waits: behind the running job (or, were it not claimed yet, the job ahead).
+        self.assertIn(waiting.wait.cause, (recal_pb2.JobWait.NEXT_IN_LINE, recal_pb2.JobWait.JOBS_AHEAD))
+        self.assertRegex(waiting.wait.reason, r"^(it is next in line|1 job is ahead of it)")
 
         self.assertEqual(self.client.cancel(queued.id).state, recal.CANCELLED)
         self.client.cancel(running)

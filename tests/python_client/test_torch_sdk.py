@@ -554,7 +554,9 @@ class TorchSdkTest(unittest.TestCase):
         client = recal.Client(self.server.address, token=self.server.token)
         self.addCleanup(client.close)
         path = os.path.join(self.tmp, "busy.pt")
-        torch.jit.script(SmallNet().eval()).save(path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch.jit.script is deprecated
+            torch.jit.script(SmallNet().eval()).save(path)
         busy = client.submit(client.upload_model(path), recal_pb2.ClientStreamSource(), batch_size=4)
         deadline = time.monotonic() + 60
         while client.get(busy).state != recal.RUNNING and time.monotonic() < deadline:
