@@ -543,15 +543,6 @@ void CancelAs(v1::Recal::Stub& stub, const std::string& id) {
   EXPECT_EQ(WaitForState(stub, id, v1::CANCELLED, 60).state(), v1::CANCELLED) << id;
 }
 
-v1::Job GetJobAs(v1::Recal::Stub& stub, const std::string& id) {
-  grpc::ClientContext context;
-  v1::GetJobRequest get;
-  get.set_id(id);
-  v1::Job job;
-  EXPECT_TRUE(stub.GetJob(&context, get, &job).ok()) << id;
-  return job;
-}
-
 int64_t Nanos(const google::protobuf::Timestamp& t) { return t.seconds() * 1000000000 + t.nanos(); }
 
 TEST_F(AuthTest, ATenantAtItsRunningBoundLeavesTheOtherWorkerToAnotherTenant) {
@@ -571,19 +562,19 @@ TEST_F(AuthTest, ATenantAtItsRunningBoundLeavesTheOtherWorkerToAnotherTenant) {
   const v1::Job b_late = SubmitAs("b_submit", StreamJob(b_model, 0));
   ASSERT_EQ(WaitForState(*As("b_submit"), b_late.id(), v1::RUNNING, 60).state(), v1::RUNNING) << server_->log();
   for (int i : {1, 2}) {
-    const v1::Job waiting = GetJobAs(*As("a_read"), a_jobs[i].id());
+    const v1::Job waiting = GetJob(*As("a_read"), a_jobs[i].id());
     EXPECT_EQ(waiting.state(), v1::QUEUED) << "team-a's job " << i << " went past its bound";
     EXPECT_FALSE(waiting.has_start_time());
   }
   // A free worker is not enough: team-a's next job starts only once its running one has ended.
   CancelAs(*As("b_submit"), b_late.id());
   CancelAs(*As("a_submit"), a_jobs[0].id());
-  const v1::Job a_first = GetJobAs(*As("a_read"), a_jobs[0].id());
+  const v1::Job a_first = GetJob(*As("a_read"), a_jobs[0].id());
   // The priority-100 job of team-a goes first among its own, never beyond its bound.
   const v1::Job a_next = WaitForState(*As("a_read"), a_jobs[2].id(), v1::RUNNING, 60);
   ASSERT_EQ(a_next.state(), v1::RUNNING);
   EXPECT_GE(Nanos(a_next.start_time()), Nanos(a_first.end_time())) << "team-a ran two jobs at once";
-  EXPECT_EQ(GetJobAs(*As("a_read"), a_jobs[1].id()).state(), v1::QUEUED);
+  EXPECT_EQ(GetJob(*As("a_read"), a_jobs[1].id()).state(), v1::QUEUED);
   CancelAs(*As("a_submit"), a_jobs[2].id());
   CancelAs(*As("a_submit"), a_jobs[1].id());
 }
@@ -595,7 +586,7 @@ TEST_F(AuthTest, AJobOfATenantAtItsRunningBoundSaysSoWhenRead) {
   const v1::Job first = SubmitAs("a_submit", StreamJob(a_model, 0));
   ASSERT_EQ(WaitForState(*As("a_submit"), first.id(), v1::RUNNING, 60).state(), v1::RUNNING);
   const v1::Job second = SubmitAs("a_submit", StreamJob(a_model, 0));
-  const v1::Job waiting = GetJobAs(*As("a_read"), second.id());
+  const v1::Job waiting = GetJob(*As("a_read"), second.id());
   ASSERT_EQ(waiting.state(), v1::QUEUED);
   EXPECT_EQ(waiting.wait().cause(), v1::JobWait::TENANT_AT_BOUND);
   EXPECT_EQ(waiting.wait().tenant_running(), 1);

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <thread>
 
+#include <gtest/gtest.h>
+
 #include "common/sha256.h"
 #include "recal/batch_parts.h"
 #include "tests/server/server_process.h"
@@ -131,6 +133,16 @@ std::vector<v1::JobEvent> Watch(v1::Recal::Stub& stub, const std::string& id, in
   grpc::Status finished = reader->Finish();
   if (status) *status = finished;
   return events;
+}
+
+v1::Job GetJob(v1::Recal::Stub& stub, const std::string& id) {
+  grpc::ClientContext context;
+  v1::GetJobRequest request;
+  request.set_id(id);
+  v1::Job job;
+  const grpc::Status status = stub.GetJob(&context, request, &job);
+  EXPECT_TRUE(status.ok()) << id << ": " << status.error_message();
+  return job;
 }
 
 v1::Job WaitForState(v1::Recal::Stub& stub, const std::string& id, v1::JobState state, double seconds) {

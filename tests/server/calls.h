@@ -42,6 +42,9 @@ v1::SubmitJobRequest LongJob(const std::string& model_id);
 std::vector<v1::JobEvent> Watch(v1::Recal::Stub& stub, const std::string& id, int64_t after_seq = 0,
                                 size_t limit = 100000, grpc::Status* status = nullptr);
 
+// The job as GetJob answers now (a test failure unless it answers OK).
+v1::Job GetJob(v1::Recal::Stub& stub, const std::string& id);
+
 v1::Job WaitForState(v1::Recal::Stub& stub, const std::string& id, v1::JobState state, double seconds = 120);
 
 std::string Download(v1::Recal::Stub& stub, const std::string& id, v1::Artifact artifact,

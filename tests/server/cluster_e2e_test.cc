@@ -533,6 +533,27 @@ TEST_F(ClusterInspectionTest, WithNoWorkerUpAnUploadIsUnavailableNamingWhatToSta
   EXPECT_GT(model.layers_size(), 0);
 }
 
+// Workers stopped (SIGTERM: each says it is gone): a job submitted to an api replica says
+// that no worker is up and what to start, until one is; then it runs.
+TEST_F(ClusterInspectionTest, AJobQueuedWhileNoWorkerIsUpSaysToStartOneAndRunsOnTheNext) {
+  v1::Model model;
+  ASSERT_TRUE(Upload(*Api(0), ReadBytes(kFixtures + "/models/bn1d_2d.traced_train.pt"), &model).ok());
+  for (auto& worker : workers_) EXPECT_EQ(worker->Terminate(30), 0) << worker->log();
+  grpc::ClientContext context;
+  v1::Job job;
+  ASSERT_TRUE(Api(1)->SubmitJob(&context, NpyJob(model.id(), "data/bn1d_2d.npy", 8), &job).ok());
+  const v1::Job waiting = GetJob(*Api(0), job.id());
+  ASSERT_EQ(waiting.state(), v1::QUEUED);
+  EXPECT_EQ(waiting.wait().cause(), v1::JobWait::NO_WORKER);
+  EXPECT_THAT(waiting.wait().reason(),
+              ::testing::HasSubstr("no worker has been heard from in the last 35 s: start a worker "
+                                   "(recal-server --role worker)"));
+  workers_.push_back(Start("worker-3", "worker"));
+  const v1::Job done = WaitForState(*Api(0), job.id(), v1::SUCCEEDED, 120);
+  EXPECT_EQ(done.state(), v1::SUCCEEDED) << done.error().message();
+  EXPECT_FALSE(done.has_wait());
+}
+
 TEST(ClusterApiRoleTest, AnApiReplicaWithoutTheClusterSecretDoesNotStartSayingWhy) {
   TempDir tmp;
   ServerProcess api(tmp.File("api"), {"--role=api"});

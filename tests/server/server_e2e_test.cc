@@ -761,14 +761,7 @@ TEST_F(BusyWorkerServerTest, AJobQueuedBehindABusyWorkerSaysHowManyAreAheadOfIt)
   ASSERT_EQ(WaitForState(*stub_, busy.id(), v1::RUNNING, 60).state(), v1::RUNNING);
   const v1::Job next = Submit(NpyJob(model_id, "data/resnet18.npy", 8));
   const v1::Job last = Submit(NpyJob(model_id, "data/resnet18.npy", 8));
-  const auto get = [&](const std::string& id) {
-    grpc::ClientContext context;
-    v1::GetJobRequest request;
-    request.set_id(id);
-    v1::Job job;
-    EXPECT_TRUE(stub_->GetJob(&context, request, &job).ok());
-    return job;
-  };
+  const auto get = [&](const std::string& id) { return GetJob(*stub_, id); };
   const v1::Job next_now = get(next.id());
   ASSERT_EQ(next_now.state(), v1::QUEUED);
   EXPECT_EQ(next_now.wait().cause(), v1::JobWait::NEXT_IN_LINE);

@@ -48,14 +48,7 @@ class ShardedJobsTest : public ::testing::Test {
     }
     return job;
   }
-  v1::Job Get(const std::string& id) {
-    grpc::ClientContext context;
-    v1::GetJobRequest request;
-    request.set_id(id);
-    v1::Job job;
-    EXPECT_TRUE(stub_->GetJob(&context, request, &job).ok());
-    return job;
-  }
+  v1::Job Get(const std::string& id) { return GetJob(*stub_, id); }
   std::map<std::string, at::Tensor> Buffers(const std::string& id) {
     const std::string path = tmp_.File(id + ".safetensors");
     std::ofstream(path, std::ios::binary) << Download(*stub_, id, v1::BN_BUFFERS);
