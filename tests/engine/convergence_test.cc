@@ -123,7 +123,9 @@ TEST(Recalibration, ReportRecordsABoundedHistoryEndingAtTheFinalError) {
     EXPECT_EQ(history[i].samples(), 8 * history[i].batches()) << i;
     EXPECT_EQ(history[i].layers(), 2) << i;
     EXPECT_LE(history[i].median_rel_std_error(), history[i].max_rel_std_error()) << i;
-    if (i > 0) EXPECT_GT(history[i].batches(), history[i - 1].batches()) << i;
+    if (i > 0) {
+      EXPECT_GT(history[i].batches(), history[i - 1].batches()) << i;
+    }
   }
   // The last point is the final error of the layers, as the report states it.
   std::vector<double> errors;
