@@ -11,6 +11,7 @@ Run by ctest (tests/python_client/CMakeLists.txt, test python_client_torch) as
 with RECAL_SERVER_BIN set (by hand it defaults to build/bin/recal-server).
 """
 
+import contextlib
 import copy
 import datetime
 import logging
@@ -40,6 +41,27 @@ import reference  # noqa: E402 (tests/fixtures/reference.py: the float64 referen
 
 RTOL = 1e-5
 RECALCTL_BIN = os.environ.get("RECALCTL_BIN", os.path.join(ROOT, "build", "bin", "recalctl"))
+
+
+@contextlib.contextmanager
+def _tqdm_as(module):
+    """sys.modules["tqdm"] replaced by `module` (None: "not installed") for the block, and
+    nothing else touched. mock.patch.dict(sys.modules, ...) would restore the whole dict on
+    exit, dropping every module imported in the block: a first torch.export in it imports
+    torch._inductor, whose second import then fails ("Artifact of type=autotune already
+    registered"), so every later export in the process falls back to script."""
+    saved = sys.modules.get("tqdm", _NOT_IMPORTED)
+    sys.modules["tqdm"] = module
+    try:
+        yield
+    finally:
+        if saved is _NOT_IMPORTED:
+            del sys.modules["tqdm"]
+        else:
+            sys.modules["tqdm"] = saved
+
+
+_NOT_IMPORTED = object()
 
 
 def _bn_state(model):
@@ -267,7 +289,7 @@ class TorchSdkTest(unittest.TestCase):
                 self.closed = True
 
         seen = []
-        with mock.patch.dict(sys.modules, {"tqdm": types.SimpleNamespace(tqdm=FakeTqdm)}), \
+        with _tqdm_as(types.SimpleNamespace(tqdm=FakeTqdm)), \
                 self.assertWarns(recal.torch.ShortDataWarning):
             result = recal.torch.recalibrate(model, loader, progress=seen.append, **self.options)
 
@@ -501,7 +523,7 @@ class TorchSdkTest(unittest.TestCase):
         sent). No tqdm: the progress goes to the "recal" loggers (batches, samples/s)."""
         model = _seeded(SmallNet)
         env = {"RECAL_SERVER": self.server.address, "RECAL_TOKEN": self.server.token}
-        with mock.patch.dict(os.environ, env), mock.patch.dict(sys.modules, {"tqdm": None}), \
+        with mock.patch.dict(os.environ, env), _tqdm_as(None), \
                 self.assertLogs("recal", "INFO") as logs:
             result = recal.torch.recalibrate(model, _small_batches(3, (4, 4, 4)), num_batches=3)
         self.assertEqual(result.job.state, recal.SUCCEEDED)
@@ -523,7 +545,7 @@ class TorchSdkTest(unittest.TestCase):
         self.addCleanup(package.removeHandler, collect)
         self.addCleanup(package.setLevel, package.level)
         got = {}
-        with mock.patch.dict(sys.modules, {"tqdm": None}):
+        with _tqdm_as(None):
             for level, bar in ((logging.INFO, None), (logging.WARNING, None), (logging.INFO, False)):
                 package.setLevel(level)
                 del lines[:]
@@ -564,7 +586,7 @@ class TorchSdkTest(unittest.TestCase):
         freed = threading.Timer(3.0, client.cancel, (busy,))
         freed.start()
         self.addCleanup(freed.cancel)
-        with mock.patch.dict(sys.modules, {"tqdm": None}), self.assertLogs("recal.torch", "INFO") as logs:
+        with _tqdm_as(None), self.assertLogs("recal.torch", "INFO") as logs:
             result = recal.torch.recalibrate(_seeded(SmallNet), _small_batches(3, (4, 4)), num_batches=2,
                                              **self.options)
         self.assertEqual(result.job.state, recal.SUCCEEDED)
