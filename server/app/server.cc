@@ -99,7 +99,7 @@ absl::Status Server::BuildWorker() {
 absl::Status Server::StartLocalWorkers() {
   RECAL_RETURN_IF_ERROR(ResolveDevices());
   RECAL_RETURN_IF_ERROR(MakeRunner());
-  RECAL_RETURN_IF_ERROR(DescribeSandbox());
+  RECAL_RETURN_IF_ERROR(CheckWorker());
   MakeModels(runner_.get());
   return absl::OkStatus();
 }

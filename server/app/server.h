@@ -84,7 +84,7 @@ class Server {
   absl::Status StartLocalWorkers();  // roles all and worker: devices, runner, sandbox, models
   absl::Status ResolveDevices();
   absl::Status MakeRunner();
-  absl::Status DescribeSandbox();
+  absl::Status CheckWorker();
   absl::Status ConnectRelay();  // role api: to the workers' internal endpoints
   void MakeModels(jobs::ModelInspector* inspector);
   absl::Status ServeInternalEndpoint();  // role worker, with the cluster secret

@@ -67,9 +67,10 @@ absl::Status Server::MakeRunner() {
   return absl::OkStatus();
 }
 
-// Said once at start: what the sandbox holds on this machine, and by name what it cannot.
-absl::Status Server::DescribeSandbox() {
-  auto sandbox = runner_->DescribeSandbox();
+// Said once at start: that a worker runs LibTorch under the limits its tasks get, what the
+// sandbox holds on this machine, and by name what it cannot.
+absl::Status Server::CheckWorker() {
+  auto sandbox = runner_->CheckWorker();
   if (!sandbox.ok()) {
     return absl::Status(sandbox.status().code(),
                         absl::StrCat("the worker does not start: ", sandbox.status().message()));

@@ -158,15 +158,21 @@ int64_t InspectionMemoryBytes(const WorkerRunnerOptions& options) {
 namespace {
 
 // The limits the worker of `task` gets: a GPU worker no address-space limit (CUDA reserves
-// terabytes of it), an inspecting one its own, lower one.
+// terabytes of it), an inspecting one its own, lower one, the start's self check the
+// tightest a CPU worker gets.
 WorkerLimits LimitsOf(const WorkerRunnerOptions& options, const wire::Task& task) {
-  WorkerLimits limits;
-  limits.file_bytes = options.file_bytes;
-  if (OnGpu(task)) return limits;
-  limits.address_space_bytes = task.has_inspect() ? InspectionMemoryBytes(options) : options.memory_bytes;
-  limits.address_space_flag =
-      task.has_inspect() && options.inspection_memory_bytes > 0 ? "--inspection_memory_bytes" : "--job_memory_bytes";
-  return limits;
+  const WorkerLimits job{options.file_bytes, options.memory_bytes, "--job_memory_bytes"};
+  if (OnGpu(task)) return {options.file_bytes, 0, ""};
+  const WorkerLimits inspection =
+      options.inspection_memory_bytes > 0
+          ? WorkerLimits{options.file_bytes, options.inspection_memory_bytes, "--inspection_memory_bytes"}
+          : job;
+  if (task.has_inspect()) return inspection;
+  if (task.has_self_check() && inspection.address_space_bytes > 0 &&
+      (job.address_space_bytes == 0 || inspection.address_space_bytes < job.address_space_bytes)) {
+    return inspection;
+  }
+  return job;
 }
 
 }  // namespace
@@ -331,15 +337,33 @@ absl::StatusOr<std::vector<v1::BatchNormLayer>> WorkerRunner::Inspect(const std:
   return std::vector<v1::BatchNormLayer>(event->layers().layers().begin(), event->layers().layers().end());
 }
 
-absl::StatusOr<wire::Sandboxed> WorkerRunner::DescribeSandbox() {
-  RunHooks hooks;
-  hooks.deadline = absl::Now() + absl::Minutes(1);
+absl::StatusOr<wire::Sandboxed> WorkerRunner::CheckWorker() {
+  wire::Task task = NewTask();
+  task.mutable_self_check();
   wire::Sandboxed sandboxed;
-  // An empty task: the worker enters the sandbox, says what holds, and refuses the task.
-  auto event = RunInScratch(NewTask(), "", hooks, &sandboxed);
-  if (!event.ok()) return event.status();
+  const absl::Status checked = SelfCheck(task, &sandboxed);
+  const WorkerLimits limits = LimitsOf(options_, task);
+  if (!checked.ok() && limits.address_space_bytes > 0) {
+    // Whether the limit is the cause: a worker without it, asked the same.
+    WorkerRunnerOptions unlimited = options_;
+    unlimited.memory_bytes = unlimited.inspection_memory_bytes = 0;
+    if (WorkerRunner(unlimited).SelfCheck(task, nullptr).ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "a worker cannot run LibTorch under an address-space limit of ", limits.address_space_bytes, " bytes (",
+          limits.address_space_flag, "), though it can without that limit: raise ", limits.address_space_flag,
+          " (LibTorch alone takes about 3 GiB of address space, more with more threads). Under the limit: ",
+          checked.message()));
+    }
+  }
+  RECAL_RETURN_IF_ERROR(checked);
   if (sandboxed.enforced().empty()) return absl::InternalError("the worker did not describe its sandbox");
   return sandboxed;
+}
+
+absl::Status WorkerRunner::SelfCheck(const wire::Task& task, wire::Sandboxed* sandboxed) {
+  RunHooks hooks;
+  hooks.deadline = absl::Now() + absl::Minutes(1);
+  return Expect(RunInScratch(task, "", hooks, sandboxed), wire::Event::kSelfChecked).status();
 }
 
 absl::StatusOr<wire::ProbeResult> WorkerRunner::Probe(const wire::SandboxProbe& probe) {

@@ -72,8 +72,11 @@ class WorkerRunner : public JobRunner, public ModelInspector {
   absl::StatusOr<v1::RunReport> Recalibrate(const RecalibrationTask& task, const RunHooks& hooks) override;
   absl::StatusOr<std::vector<v1::BatchNormLayer>> Inspect(const std::string& model_path) override;
 
-  // What the sandbox enforces on this machine (a worker started for nothing else).
-  absl::StatusOr<worker::v1::Sandboxed> DescribeSandbox();
+  // Asked once at start: what the sandbox enforces on this machine, from a worker that runs
+  // LibTorch inside it (worker.proto's SelfCheck) under the tightest address-space limit a
+  // CPU worker gets (an inspection's or a job's). FAILED_PRECONDITION naming the limit and
+  // its flag when the worker fails under it but works without it; otherwise how it failed.
+  absl::StatusOr<worker::v1::Sandboxed> CheckWorker();
   // Tests: a worker tries what the sandbox must refuse.
   absl::StatusOr<worker::v1::ProbeResult> Probe(const worker::v1::SandboxProbe& probe);
 
@@ -88,6 +91,8 @@ class WorkerRunner : public JobRunner, public ModelInspector {
   absl::StatusOr<worker::v1::Event> RunInScratch(const worker::v1::Task& task, const std::string& model_path,
                                                  const RunHooks& hooks, worker::v1::Sandboxed* sandboxed = nullptr);
   worker::v1::Task NewTask() const;
+  // One worker given the self-check `task`: OK once it answered SelfChecked.
+  absl::Status SelfCheck(const worker::v1::Task& task, worker::v1::Sandboxed* sandboxed);
   // The objects of the task's data when it is in a bucket (std::nullopt otherwise), found
   // here, where the network and the credentials are, before the worker starts.
   absl::StatusOr<std::optional<data::LocatedObjects>> LocateRemoteData(const RecalibrationTask& task) const;

@@ -8,10 +8,13 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
 #include <optional>
+
+#include <ATen/ATen.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -19,6 +22,7 @@
 #include "common/status_macros.h"
 #include "server/data/batch_source.h"
 #include "server/data/normalization.h"
+#include "server/data/torch_error.h"
 #include "server/engine/recalibration.h"
 #include "server/engine/report.h"
 #include "server/worker/pushed_batches.h"
@@ -293,6 +297,26 @@ absl::Status Probe(const v1::SandboxProbe& probe, const TaskContext& context, co
   return send(event);
 }
 
+// A convolution and a batch norm in training mode on a small batch: LibTorch's allocator and
+// its intra-op threads come up as for a job. Under too low an address-space limit this is
+// where a worker fails (std::bad_alloc, or a crash), though loading LibTorch succeeded.
+absl::Status SelfCheck(const EventSink& send) {
+  try {
+    const at::Tensor input = at::randn({8, 3, 32, 32});
+    const at::Tensor features = at::conv2d(input, at::randn({16, 3, 3, 3}));
+    const at::Tensor normalised = at::batch_norm(features, {}, {}, at::zeros({16}), at::ones({16}),
+                                                 /*training=*/true, 0.1, 1e-5, /*cudnn_enabled=*/false);
+    if (!std::isfinite(normalised.sum().item<double>())) {
+      return absl::InternalError("LibTorch computed a non-finite batch norm of finite data");
+    }
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("LibTorch failed: ", data::ExceptionMessage(e)));
+  }
+  v1::Event event;
+  event.mutable_self_checked();
+  return send(event);
+}
+
 }  // namespace
 
 absl::Status RunTask(const v1::Task& task, const TaskContext& context, const EventSink& send) {
@@ -311,6 +335,7 @@ absl::Status RunTask(const v1::Task& task, const TaskContext& context, const Eve
     case v1::Task::kRecalibrate: outcome = Recalibrate(task, context, tracked); break;
     case v1::Task::kInspect: outcome = Inspect(task, context, tracked); break;
     case v1::Task::kSandboxProbe: outcome = Probe(task.sandbox_probe(), context, tracked); break;
+    case v1::Task::kSelfCheck: outcome = SelfCheck(tracked); break;
     default: outcome = absl::InvalidArgumentError("an empty task");
   }
   if (!send_failed.ok()) return send_failed;

@@ -1,7 +1,8 @@
 // The role matrix {all, api, worker} x {SQLite, PostgreSQL}, each server built from options in
 // this process on port 0: it serves health SERVING, the API where its role has one (a worker
 // answers health only), runs a job end to end (all), and stops within its shutdown timeout.
-// An api replica and a worker on one PostgreSQL store run a job between them.
+// An api replica and a worker on one PostgreSQL store run a job between them. A server whose
+// workers cannot run LibTorch under their memory limit does not start.
 #include <chrono>
 #include <filesystem>
 #include <memory>
@@ -16,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/data_spec.h"
+#include "common/sanitizers.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "server/app/server.h"
 #include "server/app/server_options.h"
@@ -183,6 +185,19 @@ TEST(ServerDataTest, AJobsDataIsNeverParsedFromTextBetweenTheRpcAndTheWorker) {
   RunsAJob(**server);
   RunsAJob(**server, /*shards=*/2);
   EXPECT_EQ(data::ParseDataSpecCount() - parsed_before, 0);
+}
+
+// Every upload would crash in its worker under an inspection limit that does not hold
+// LibTorch: the server refuses to start instead, naming the flag.
+TEST(ServerStartTest, AnInspectionLimitNoWorkerCanWorkUnderIsRefusedAtStartNamingItsFlag) {
+  if (kSanitizer != nullptr) GTEST_SKIP() << "a sanitizer build sets no RLIMIT_AS";
+  testing::TempDir tmp;
+  ServerOptions options = OptionsFor(Role::kAll, "sqlite:" + tmp.File("recal.db"), tmp, "data");
+  options.inspection_memory_bytes = int64_t{1} << 30;
+  auto server = Server::BuildAndStart(options);
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kFailedPrecondition) << server.status();
+  EXPECT_THAT(server.status().message(), ::testing::HasSubstr("1073741824 bytes (--inspection_memory_bytes)"));
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/sanitizers.h"
@@ -161,13 +162,52 @@ TEST_F(WorkerRunnerTest, GpuJobEntersTheSandboxAndMeetsTheDevicesThere) {
   EXPECT_THAT(report.status().message(), HasSubstr("LibTorch sees 0 CUDA device(s)"));
 }
 
-TEST_F(WorkerRunnerTest, SandboxStateIsDescribed) {
+TEST_F(WorkerRunnerTest, TheStartCheckRunsLibTorchInTheSandboxAndDescribesIt) {
+  options_.memory_bytes = int64_t{16} << 30;
+  options_.inspection_memory_bytes = int64_t{4} << 30;
   WorkerRunner runner(options_);
-  auto sandboxed = runner.DescribeSandbox();
+  auto sandboxed = runner.CheckWorker();
   ASSERT_TRUE(sandboxed.ok()) << sandboxed.status();
   EXPECT_THAT(sandboxed->enforced(), ::testing::Contains("seccomp"));
   EXPECT_THAT(sandboxed->enforced(), ::testing::Contains("no-new-privs"));
   for (const std::string& missing : sandboxed->missing()) std::cerr << "not enforced here: " << missing << "\n";
+}
+
+// The start's check runs under the tightest address-space limit a CPU worker gets.
+TEST(WorkerArgumentsTest, TheStartCheckGetsTheTighterOfTheInspectionAndJobLimits) {
+  WorkerRunnerOptions options;
+  options.binary = "recal-worker";
+  worker::v1::Task check;
+  check.mutable_self_check();
+  options.memory_bytes = int64_t{16} << 30;
+  options.inspection_memory_bytes = int64_t{4} << 30;
+  EXPECT_THAT(WorkerArguments(options, check, "/s"), ::testing::Contains("--memory_bytes=4294967296"));
+  options.memory_bytes = int64_t{2} << 30;
+  EXPECT_THAT(WorkerArguments(options, check, "/s"), ::testing::Contains("--memory_bytes=2147483648"));
+  options.memory_bytes = 0;
+  EXPECT_THAT(WorkerArguments(options, check, "/s"), ::testing::Contains("--memory_bytes=4294967296"));
+  options.inspection_memory_bytes = 0;
+  for (const std::string& arg : WorkerArguments(options, check, "/s")) {
+    EXPECT_FALSE(absl::StartsWith(arg, "--memory_bytes")) << arg;
+  }
+}
+
+// 1 GiB of address space does not even hold LibTorch's libraries: every upload (or job) would
+// fail in its worker. Said at start, naming the limit and its flag.
+TEST_F(WorkerRunnerTest, ALimitNoWorkerCanRunLibTorchUnderIsRefusedAtTheStartCheckNamingItsFlag) {
+  if (kSanitizer != nullptr) GTEST_SKIP() << "a sanitizer build sets no RLIMIT_AS";
+  options_.memory_bytes = int64_t{16} << 30;
+  options_.inspection_memory_bytes = int64_t{1} << 30;
+  auto checked = WorkerRunner(options_).CheckWorker();
+  EXPECT_EQ(checked.status().code(), absl::StatusCode::kFailedPrecondition) << checked.status();
+  EXPECT_THAT(checked.status().message(), HasSubstr("limit of 1073741824 bytes (--inspection_memory_bytes)"));
+  EXPECT_THAT(checked.status().message(), HasSubstr("though it can without that limit: raise --inspection_memory_bytes"));
+
+  options_.memory_bytes = int64_t{1} << 30;
+  options_.inspection_memory_bytes = 0;
+  checked = WorkerRunner(options_).CheckWorker();
+  EXPECT_EQ(checked.status().code(), absl::StatusCode::kFailedPrecondition) << checked.status();
+  EXPECT_THAT(checked.status().message(), HasSubstr("limit of 1073741824 bytes (--job_memory_bytes)"));
 }
 
 TEST_F(WorkerRunnerTest, UploadsOutsideTheAllowlistAreRefusedInTheWorker) {
