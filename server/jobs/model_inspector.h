@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "recal/v1/recal.pb.h"
+#include "server/jobs/inspection_slots.h"
 
 namespace recal::jobs {
 
@@ -20,6 +21,17 @@ class ModelInspector {
   // (or the code the inspection ended with): refused, saying why. UNAVAILABLE or
   // RESOURCE_EXHAUSTED: nothing could inspect it now, which is no verdict on the model.
   virtual absl::StatusOr<std::vector<v1::BatchNormLayer>> Inspect(const std::string& model_path) = 0;
+
+  // Room on this host for one inspection, waited for before an upload is committed: refused
+  // there (RESOURCE_EXHAUSTED / UNAVAILABLE, as Inspect), the upload stays staged, counted in
+  // its tenant's quota and expiring when idle, instead of becoming a blob no model refers
+  // to. An inspector whose bound lies elsewhere (a remote worker's) has none to give.
+  virtual absl::StatusOr<InspectionSlots::Slot> Reserve() { return InspectionSlots::Slot(); }
+  // Inspect, in the room Reserve gave (held until it returns).
+  virtual absl::StatusOr<std::vector<v1::BatchNormLayer>> InspectReserved(const std::string& model_path,
+                                                                          InspectionSlots::Slot room) {
+    return Inspect(model_path);
+  }
 };
 
 }  // namespace recal::jobs

@@ -129,10 +129,11 @@ absl::StatusOr<v1::Model> ModelRegistry::CommitAndInspect(const std::string& ten
   const int64_t tenant_limit = limits_ ? limits_(tenant).max_concurrent_inspections : 0;
   RECAL_ASSIGN_OR_RETURN(InspectionSlots::Slot slot,
                          tenant_inspections_->Acquire(tenant, 0, static_cast<int>(tenant_limit)));
+  RECAL_ASSIGN_OR_RETURN(InspectionSlots::Slot room, runner_->Reserve());
   auto path = blobs_->CommitUpload(tenant, header.sha256(), header.size());
   if (!path.ok()) return path.status();
-  auto layers = runner_->Inspect(*path);
-  // The host had no room for an inspection: the model is not refused, the committed blob
+  auto layers = runner_->InspectReserved(*path, std::move(room));
+  // A remote inspector's host had no room: the model is not refused, the committed blob
   // stays for the retried upload (whose commit finds it).
   if (absl::IsResourceExhausted(layers.status()) || absl::IsUnavailable(layers.status())) return layers.status();
   if (!layers.ok()) {

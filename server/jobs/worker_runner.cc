@@ -322,12 +322,19 @@ absl::StatusOr<v1::RunReport> WorkerRunner::Recalibrate(const RecalibrationTask&
 }
 
 absl::StatusOr<std::vector<v1::BatchNormLayer>> WorkerRunner::Inspect(const std::string& model_path) {
-  // Held until the worker is gone: what bounds inspections on this host is the workers
-  // that exist, whoever asked for them.
-  InspectionSlots::Slot slot;
-  if (options_.inspections != nullptr) {
-    RECAL_ASSIGN_OR_RETURN(slot, options_.inspections->Acquire("", InspectionMemoryBytes(options_)));
-  }
+  RECAL_ASSIGN_OR_RETURN(InspectionSlots::Slot room, Reserve());
+  return InspectReserved(model_path, std::move(room));
+}
+
+absl::StatusOr<InspectionSlots::Slot> WorkerRunner::Reserve() {
+  if (options_.inspections == nullptr) return InspectionSlots::Slot();
+  return options_.inspections->Acquire("", InspectionMemoryBytes(options_));
+}
+
+absl::StatusOr<std::vector<v1::BatchNormLayer>> WorkerRunner::InspectReserved(const std::string& model_path,
+                                                                              InspectionSlots::Slot room) {
+  // `room` is held until the worker is gone: what bounds inspections on this host is the
+  // workers that exist, whoever asked for them.
   wire::Task request = NewTask();
   request.mutable_inspect();
   RunHooks hooks;

@@ -26,6 +26,16 @@ class FakeRunner : public JobRunner, public ModelInspector {
   // Runs first in every Inspect (e.g. blocks, or answers as a full host would); null: none.
   std::function<absl::Status()> before_inspect;
 
+  // Runs in Reserve (answers as a full host would); null: room is given.
+  std::function<absl::Status()> reserve;
+
+  absl::StatusOr<InspectionSlots::Slot> Reserve() override {
+    if (reserve) {
+      if (absl::Status status = reserve(); !status.ok()) return status;
+    }
+    return InspectionSlots::Slot();
+  }
+
   absl::StatusOr<std::vector<v1::BatchNormLayer>> Inspect(const std::string&) override {
     if (before_inspect) {
       if (absl::Status status = before_inspect(); !status.ok()) return status;

@@ -151,7 +151,29 @@ TEST_F(ModelRegistryTest, ClientsFinishingTheSameBytesAtOnceGetOneModelInspected
   EXPECT_EQ(inspections.load(), 1);
 }
 
-// The host had no room (the runner's bound): not a refused model; the same upload finishes later.
+// This host had no room (the runner's bound, asked before the commit): not a refused model,
+// and nothing committed: the bytes stay staged, counted as the tenant's, and finishing again
+// is enough.
+TEST_F(ModelRegistryTest, AFullHostLeavesTheUploadStagedNotABlobNoModelRefersTo) {
+  bool host_full = true;
+  runner_.reserve = [&]() -> absl::Status {
+    if (host_full) return absl::ResourceExhaustedError("4 inspections are running on this host");
+    return absl::OkStatus();
+  };
+  const v1::UploadHeader header = StageUpload(*models_, "t", "a model");
+  absl::StatusOr<v1::Model> refused = models_->FinishUpload("t", header);
+  EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
+  EXPECT_THAT(refused.status().message(), Not(HasSubstr("model refused")));
+  EXPECT_FALSE(blobs_->Has(header.sha256()));
+  EXPECT_EQ(*blobs_->UploadedSize("t", header.sha256()), header.size());
+  EXPECT_EQ(blobs_->UploadUsageOf("t")->bytes, header.size());
+  host_full = false;
+  EXPECT_TRUE(models_->FinishUpload("t", header).ok());
+  EXPECT_TRUE(blobs_->Has(header.sha256()));
+}
+
+// A remote inspector's host had no room (its bound is the worker's, met after the commit):
+// not a refused model; the same upload finishes later.
 TEST_F(ModelRegistryTest, AFullHostIsNotARefusedModel) {
   bool host_full = true;
   runner_.before_inspect = [&]() -> absl::Status {
