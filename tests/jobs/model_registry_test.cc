@@ -151,19 +151,28 @@ TEST_F(ModelRegistryTest, ClientsFinishingTheSameBytesAtOnceGetOneModelInspected
   EXPECT_EQ(inspections.load(), 1);
 }
 
+// An answer of a host with no room for an inspection while `*full`.
+std::function<absl::Status()> FullWhile(const bool* full) {
+  return [full]() -> absl::Status {
+    if (*full) return absl::ResourceExhaustedError("4 inspections are running on this host");
+    return absl::OkStatus();
+  };
+}
+
+// No room is not a verdict on the model.
+void ExpectNoRoomNotRefused(const absl::StatusOr<v1::Model>& finished) {
+  EXPECT_TRUE(absl::IsResourceExhausted(finished.status())) << finished.status();
+  EXPECT_THAT(finished.status().message(), Not(HasSubstr("model refused")));
+}
+
 // This host had no room (the runner's bound, asked before the commit): not a refused model,
 // and nothing committed: the bytes stay staged, counted as the tenant's, and finishing again
 // is enough.
 TEST_F(ModelRegistryTest, AFullHostLeavesTheUploadStagedNotABlobNoModelRefersTo) {
   bool host_full = true;
-  runner_.reserve = [&]() -> absl::Status {
-    if (host_full) return absl::ResourceExhaustedError("4 inspections are running on this host");
-    return absl::OkStatus();
-  };
+  runner_.reserve = FullWhile(&host_full);
   const v1::UploadHeader header = StageUpload(*models_, "t", "a model");
-  absl::StatusOr<v1::Model> refused = models_->FinishUpload("t", header);
-  EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
-  EXPECT_THAT(refused.status().message(), Not(HasSubstr("model refused")));
+  ExpectNoRoomNotRefused(models_->FinishUpload("t", header));
   EXPECT_FALSE(blobs_->Has(header.sha256()));
   EXPECT_EQ(*blobs_->UploadedSize("t", header.sha256()), header.size());
   EXPECT_EQ(blobs_->UploadUsageOf("t")->bytes, header.size());
@@ -176,14 +185,9 @@ TEST_F(ModelRegistryTest, AFullHostLeavesTheUploadStagedNotABlobNoModelRefersTo)
 // not a refused model; the same upload finishes later.
 TEST_F(ModelRegistryTest, AFullHostIsNotARefusedModel) {
   bool host_full = true;
-  runner_.before_inspect = [&]() -> absl::Status {
-    if (host_full) return absl::ResourceExhaustedError("4 inspections are running on this host");
-    return absl::OkStatus();
-  };
+  runner_.before_inspect = FullWhile(&host_full);
   const v1::UploadHeader header = StageUpload(*models_, "t", "a model");
-  absl::StatusOr<v1::Model> refused = models_->FinishUpload("t", header);
-  EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
-  EXPECT_THAT(refused.status().message(), Not(HasSubstr("model refused")));
+  ExpectNoRoomNotRefused(models_->FinishUpload("t", header));
   host_full = false;
   // The client resumes: nothing staged is left, it sends the bytes again, and the commit finds the blob.
   const v1::UploadHeader again = StageUpload(*models_, "t", "a model");
