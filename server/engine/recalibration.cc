@@ -9,13 +9,13 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <ATen/autocast_mode.h>
 #include <c10/core/InferenceMode.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
 #include "common/data_spec.h"
 #include "common/formats/safetensors.h"
+#include "server/engine/autocast_scope.h"
 #include "server/engine/collector.h"
 #include "server/engine/devices.h"
 #include "server/engine/report.h"
@@ -101,35 +101,6 @@ MemoryFormat AutoMemoryFormat(const c10::Device& device, const std::vector<at::T
                       (convolutions.any && image->size(2) * image->size(3) >= kDenseMinPixels);
   return faster ? MemoryFormat::kChannelsLast : MemoryFormat::kContiguous;
 }
-
-// Autocast to `dtype` on `device` for one forward: thread-local state, restored after, and
-// the casts of weights it caches dropped with it (LibTorch's own scope does the same).
-class AutocastScope {
- public:
-  AutocastScope(const c10::Device& device, ComputeDtype dtype) : device_type_(device.type()) {
-    if (dtype == ComputeDtype::kFloat32) return;
-    active_ = true;
-    was_enabled_ = at::autocast::is_autocast_enabled(device_type_);
-    was_type_ = at::autocast::get_autocast_dtype(device_type_);
-    at::autocast::set_autocast_dtype(device_type_, dtype == ComputeDtype::kBFloat16 ? at::kBFloat16 : at::kHalf);
-    at::autocast::set_autocast_enabled(device_type_, true);
-    at::autocast::increment_nesting();
-  }
-  ~AutocastScope() {
-    if (!active_) return;
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_autocast_enabled(device_type_, was_enabled_);
-    at::autocast::set_autocast_dtype(device_type_, was_type_);
-  }
-  AutocastScope(const AutocastScope&) = delete;
-  AutocastScope& operator=(const AutocastScope&) = delete;
-
- private:
-  const c10::DeviceType device_type_;
-  bool active_ = false;
-  bool was_enabled_ = false;
-  at::ScalarType was_type_ = at::kFloat;
-};
 
 double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
@@ -271,7 +242,11 @@ absl::Status Recalibration::Forward(const std::vector<at::Tensor>& args) {
     // for every tensor the forward makes; the accumulators stay ordinary tensors (Moments).
     c10::InferenceMode inference(options_.inference_mode);
     at::NoGradGuard no_grad;
-    AutocastScope autocast(device_, options_.compute_dtype);
+    std::optional<AutocastScope> autocast;
+    if (options_.compute_dtype != ComputeDtype::kFloat32) {
+      autocast.emplace(device_.type(), /*enabled=*/true,
+                       options_.compute_dtype == ComputeDtype::kBFloat16 ? at::kBFloat16 : at::kHalf);
+    }
     model_->Forward(args);
   } catch (const std::exception& e) {
     const std::string mismatch = DtypeMismatch(args, *model_);

@@ -69,7 +69,7 @@ class Line:
         if calls != "-":
             for item in calls.split(","):
                 k, v = item.rsplit("=", 1)
-                self.calls[k] = int(v)
+                self.calls[k] = float(v)
 
 
 def read_manifest(fixtures):
@@ -257,7 +257,7 @@ def check_report(path, line, layers, errors):
                 except (TypeError, ValueError):
                     cpf = None
             if cpf != want_cpf:
-                errors.append("report: %s calls_per_forward %r, want %d" % (name, layer.get("calls_per_forward"), want_cpf))
+                errors.append("report: %s calls_per_forward %r, want %g" % (name, layer.get("calls_per_forward"), want_cpf))
     unused = rep.get("unused_layers", [])
     if not isinstance(unused, list):
         errors.append("report: unused_layers is not a list")

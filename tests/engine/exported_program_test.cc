@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 
 #include <caffe2/serialize/inline_container.h>
@@ -18,6 +19,7 @@
 
 #include "server/engine/exported/pt2_archive.h"
 #include "server/engine/recalibration.h"
+#include "tests/engine/program_edits.h"
 #include "tests/engine/test_util.h"
 
 namespace recal::engine {
@@ -26,61 +28,22 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using nlohmann::json;
+using testing::CreateStatus;
+using testing::ExpectRefused;
+using testing::TempPath;
 
 // A small fixture program: a convolution, a BatchNorm called twice, a head.
 const std::string kBase = std::string(RECAL_FIXTURES_DIR) + "/models/twice.exported_eval.pt2";
 
-std::string TempPath(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("recal_exported_" + name)).string();
-}
-
-// `base` (kBase by default) with its program JSON passed through `edit_program`, its records passed through
-// `edit_record` (return nullopt to drop one), and `extra` records added.
+// `edit_program` on the program's JSON of kBase, and the rest as testing::Edited.
 std::string Edited(const std::string& name, const std::function<void(json&)>& edit_program,
                    const std::function<std::optional<std::string>(const std::string&, std::string)>& edit_record = nullptr,
                    const std::map<std::string, std::string>& extra = {}, bool compress_extra = false,
                    const std::string& base = kBase) {
-  caffe2::serialize::PyTorchStreamReader reader(base);
-  const std::string path = TempPath(name + ".pt2");
-  caffe2::serialize::PyTorchStreamWriter writer(path);
-  for (const std::string& record : reader.getAllRecords()) {
-    if (record == ".data/serialization_id") continue;
-    auto [data, size] = reader.getRecord(record);
-    std::string bytes(static_cast<const char*>(data.get()), size);
-    if (record.rfind("models/", 0) == 0 && edit_program) {
-      json program = json::parse(bytes);
-      edit_program(program);
-      bytes = program.dump();
-    }
-    std::optional<std::string> kept = edit_record ? edit_record(record, bytes) : std::optional<std::string>(bytes);
-    if (kept) writer.writeRecord(record, kept->data(), kept->size());
-  }
-  for (const auto& [record, bytes] : extra) writer.writeRecord(record, bytes.data(), bytes.size(), compress_extra);
-  writer.writeEndOfFile();
-  return path;
+  return testing::Edited(name, base, edit_program, edit_record, extra, compress_extra);
 }
 
-json& Nodes(json& program) { return program["graph_module"]["graph"]["nodes"]; }
-
-// The first node whose target contains `part`.
-json& NodeWith(json& program, const std::string& part) {
-  for (json& node : Nodes(program)) {
-    if (node["target"].get<std::string>().find(part) != std::string::npos) return node;
-  }
-  throw std::runtime_error("no node with " + part);
-}
-
-absl::Status CreateStatus(const std::string& path) {
-  Options options;
-  options.preload_output_copy = false;
-  return Recalibration::Create(path, options).status();
-}
-
-void ExpectRefused(const std::string& path, const std::string& says) {
-  const absl::Status status = CreateStatus(path);
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-  EXPECT_THAT(status.message(), HasSubstr(says));
-}
+json& NodeWith(json& program, const std::string& part) { return testing::NodeWith(testing::Nodes(program), part); }
 
 TEST(ExportedProgramTest, TheFixtureLoads) { EXPECT_TRUE(CreateStatus(kBase).ok()) << CreateStatus(kBase); }
 
@@ -99,9 +62,14 @@ TEST(ExportedProgramTest, RefusesOperatorsOfOtherNamespacesRecalsOwnIncluded) {
   }
 }
 
-TEST(ExportedProgramTest, RefusesHigherOrderOperators) {
-  const std::string path = Edited("cond", [](json& p) { NodeWith(p, "conv")["target"] = "torch.ops.higher_order.cond"; });
-  ExpectRefused(path, "higher-order operator");
+TEST(ExportedProgramTest, RefusesHigherOrderOperatorsItDoesNotRunOrThatAreMalformed) {
+  const std::string loop = Edited("while_loop", [](json& p) {
+    NodeWith(p, "conv")["target"] = "torch.ops.higher_order.while_loop";
+  });
+  ExpectRefused(loop, "a higher-order operator Recal does not run");
+  // torch.cond with a convolution's arguments (lists of ints, no graphs): refused naming it.
+  const std::string cond = Edited("cond", [](json& p) { NodeWith(p, "conv")["target"] = "torch.ops.higher_order.cond"; });
+  ExpectRefused(cond, "(torch.ops.higher_order.cond): ");
 }
 
 TEST(ExportedProgramTest, RefusesPythonFunctionsThatAreNotShapeArithmetic) {
@@ -144,13 +112,17 @@ TEST(ExportedProgramTest, RefusesAGraphPastTheNodeLimit) {
 }
 
 // Edits the weights config: `edit(config)` on {"config": {fqn: PayloadMeta}}.
-std::string EditedWeights(const std::string& name, const std::function<void(json&)>& edit) {
-  return Edited(name, nullptr, [&](const std::string& record, std::string bytes) -> std::optional<std::string> {
-    if (record.find("_weights_config.json") == std::string::npos) return bytes;
-    json config = json::parse(bytes);
-    edit(config["config"]);
-    return config.dump();
-  });
+std::string EditedWeights(const std::string& name, const std::function<void(json&)>& edit,
+                          const std::string& base = kBase) {
+  return Edited(
+      name, nullptr,
+      [&](const std::string& record, std::string bytes) -> std::optional<std::string> {
+        if (record.find("_weights_config.json") == std::string::npos) return bytes;
+        json config = json::parse(bytes);
+        edit(config["config"]);
+        return config.dump();
+      },
+      {}, false, base);
 }
 
 TEST(ExportedProgramTest, RefusesAShapeTheStoredBytesCannotHold) {
@@ -205,6 +177,36 @@ TEST(ExportedProgramTest, RefusesWeightsOfAnotherShapeThanTheGraphWasExportedWit
     }
   });
   ExpectRefused(path, "is not the tensor the program was exported with");
+}
+
+TEST(ExportedProgramTest, TensorsThatShareARecordReadItOnce) {
+  // The four running_var of `regions` point into the record of the first: N tensors of one
+  // record (as torch stores tied weights) are N views of one copy of its bytes, not N copies.
+  std::string shared_record;
+  const std::string path = EditedWeights("shared_record", [&](json& config) {
+    for (auto& [fqn, meta] : config.items()) {
+      if (fqn.find("running_var") == std::string::npos) continue;
+      if (shared_record.empty()) shared_record = meta["path_name"];
+      meta["path_name"] = shared_record;
+    }
+  }, testing::FixtureModel("regions.exported_eval.pt2"));
+  auto file = OpenModelFile(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto archive = exported::Pt2Archive::Read(*file, exported::ArchiveLimits{});
+  ASSERT_TRUE(archive.ok()) << archive.status();
+  exported::Pt2Archive::RecordCache records;
+  std::set<const void*> storages;
+  int tensors = 0;
+  for (const auto& [name, stored] : archive->weights()) {
+    if (name.find("running_var") == std::string::npos) continue;
+    auto tensor = archive->Load(stored, &records);
+    ASSERT_TRUE(tensor.ok()) << tensor.status();
+    storages.insert(tensor->storage().data());
+    ++tensors;
+  }
+  EXPECT_EQ(tensors, 4);
+  EXPECT_EQ(storages.size(), 1u);
+  EXPECT_EQ(records.size(), 1u);
 }
 
 TEST(ExportedProgramTest, RefusesACompressedBombInPlaceOfAWeight) {

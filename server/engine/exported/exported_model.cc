@@ -1,6 +1,7 @@
 #include "server/engine/exported/exported_model.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <set>
 #include <utility>
@@ -10,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "server/engine/exported/eval_mode.h"
 #include "server/engine/exported/interpreter.h"
 #include "server/engine/exported/program_plan.h"
 #include "server/engine/exported/pt2_archive.h"
@@ -57,8 +59,9 @@ class ExportedModel final : public ObservedModel {
  private:
   // The steps a forward runs, and after each the slots nothing later reads.
   void Schedule(bool end_at_last_batch_norm);
-  // BatchNorm steps whose statistics are buffers of the program.
-  std::vector<size_t> ObservedBatchNorms() const;
+  // Calls `found` with the slots of the running mean and variance of every BatchNorm step,
+  // nested ones included, whose statistics are buffers of the program.
+  void ForEachObservedBatchNorm(const std::function<void(Slot, Slot)>& found) const;
   // INVALID_ARGUMENT naming a random operator other than dropout that the forward runs.
   absl::Status CheckNoRandomness() const;
 
@@ -74,6 +77,7 @@ class ExportedModel final : public ObservedModel {
 };
 
 absl::Status ExportedModel::LoadState() {
+  Pt2Archive::RecordCache records;
   for (const GraphInput& input : plan_.inputs) {
     if (input.kind == GraphInput::Kind::kUser) continue;
     if (input.kind == GraphInput::Kind::kConstantValue) {
@@ -85,7 +89,7 @@ absl::Status ExportedModel::LoadState() {
       return absl::InvalidArgumentError(absl::StrCat("PT2 archive: the program reads '", input.name,
                                                      "', which the archive does not hold"));
     }
-    RECAL_ASSIGN_OR_RETURN(at::Tensor tensor, archive_.Load(*stored));
+    RECAL_ASSIGN_OR_RETURN(at::Tensor tensor, archive_.Load(*stored, &records));
     RECAL_RETURN_IF_ERROR(MatchesGraph(archive_.program(), input, tensor));
     tensor = tensor.to(device_);
     state_[input.slot] = tensor;
@@ -97,30 +101,68 @@ absl::Status ExportedModel::LoadState() {
   return absl::OkStatus();
 }
 
-std::vector<size_t> ExportedModel::ObservedBatchNorms() const {
-  std::vector<size_t> found;
-  for (size_t i = 0; i < plan_.steps.size(); ++i) {
-    const Step& step = plan_.steps[i];
-    if (step.batch_norm == BatchNormForm::kNone) continue;
-    const ArgumentSource& mean = step.arguments[step.batch_norm_arguments.running_mean];
-    const ArgumentSource& var = step.arguments[step.batch_norm_arguments.running_var];
-    if (mean.kind == ArgumentSource::Kind::kSlot && var.kind == ArgumentSource::Kind::kSlot &&
-        buffer_slots_.count(mean.slot) && buffer_slots_.count(var.slot)) {
-      found.push_back(i);
+// The BatchNorm steps of `graph` whose statistics are state slots: `origin` gives, by slot
+// of `graph`, the buffer slot of the program's state the value is (kNoSlot: none). A nested
+// graph's placeholders are what its operands are.
+void VisitBatchNorms(const Graph& graph, const std::vector<Slot>& origin,
+                     const std::function<void(Slot, Slot)>& found) {
+  for (const Step& step : graph.steps) {
+    if (step.eliminated) continue;
+    if (step.batch_norm != BatchNormForm::kNone) {
+      const ArgumentSource& mean = step.arguments[step.batch_norm_arguments.running_mean];
+      const ArgumentSource& var = step.arguments[step.batch_norm_arguments.running_var];
+      if (mean.kind == ArgumentSource::Kind::kSlot && var.kind == ArgumentSource::Kind::kSlot &&
+          origin[mean.slot] != kNoSlot && origin[var.slot] != kNoSlot) {
+        found(origin[mean.slot], origin[var.slot]);
+      }
+    }
+    for (const Graph& nested : step.subgraphs) {
+      std::vector<Slot> inner(nested.slots, kNoSlot);
+      for (size_t i = 0; i < nested.placeholders.size(); ++i) {
+        const ArgumentSource& operand = step.arguments[step.operands_begin + i];
+        if (operand.kind == ArgumentSource::Kind::kSlot) inner[nested.placeholders[i]] = origin[operand.slot];
+      }
+      VisitBatchNorms(nested, inner, found);
     }
   }
-  return found;
+}
+
+// A BatchNorm step, or a higher-order one whose graphs hold one.
+bool HasBatchNorm(const Step& step) {
+  if (step.batch_norm != BatchNormForm::kNone) return true;
+  for (const Graph& nested : step.subgraphs) {
+    for (const Step& inner : nested.steps) {
+      if (HasBatchNorm(inner)) return true;
+    }
+  }
+  return false;
+}
+
+// `step`, or the first step nested in it, that draws random numbers and is neither dropout
+// nor part of a proved mask; nullptr if none.
+const Step* UnprovedRandomness(const Step& step) {
+  if (step.eliminated) return nullptr;
+  if (step.random && !step.dropout && !step.returns_argument) return &step;
+  for (const Graph& nested : step.subgraphs) {
+    for (const Step& inner : nested.steps) {
+      if (const Step* found = UnprovedRandomness(inner)) return found;
+    }
+  }
+  return nullptr;
+}
+
+void ExportedModel::ForEachObservedBatchNorm(const std::function<void(Slot, Slot)>& found) const {
+  std::vector<Slot> origin(plan_.slots, kNoSlot);
+  for (Slot s : buffer_slots_) origin[s] = s;
+  VisitBatchNorms(plan_, origin, found);
 }
 
 std::vector<std::pair<at::Tensor, at::Tensor>> ExportedModel::BatchNormBuffers() const {
   std::vector<std::pair<at::Tensor, at::Tensor>> pairs;
   std::set<Slot> seen;
-  for (size_t i : ObservedBatchNorms()) {
-    const Step& step = plan_.steps[i];
-    const Slot mean = step.arguments[step.batch_norm_arguments.running_mean].slot;
-    const Slot var = step.arguments[step.batch_norm_arguments.running_var].slot;
+  ForEachObservedBatchNorm([&](Slot mean, Slot var) {
     if (seen.insert(mean).second) pairs.emplace_back(state_[mean].toTensor(), state_[var].toTensor());
-  }
+  });
   // A BatchNorm module the forward never calls has no node, but export keeps its buffers:
   // declared by their names, as a TorchScript module's running_mean / running_var are, so
   // that the report lists it as unused.
@@ -140,27 +182,25 @@ std::vector<std::pair<at::Tensor, at::Tensor>> ExportedModel::BatchNormBuffers()
 }
 
 absl::StatusOr<int> ExportedModel::Observe(Collector* collector, v1::ModuleMode modules, bool end_at_last_batch_norm) {
-  if (ObservedBatchNorms().empty()) {
+  bool observed = false;
+  ForEachObservedBatchNorm([&](Slot, Slot) { observed = true; });
+  if (!observed) {
     return absl::InvalidArgumentError(
         "the exported program has no BatchNorm with running statistics (no batch_norm node reads "
         "running_mean / running_var buffers): there is nothing to recalibrate");
   }
   collector_ = collector;
-  if (modules == v1::EVAL) {
-    // Stochastic depth (torchvision's, timm's drop_path) exported in train mode is a
-    // Bernoulli mask divided by its keep probability: its expected value is eval mode.
-    for (Step& step : plan_.steps) {
-      step.expected_value = step.target == "aten::bernoulli" || step.target == "aten::bernoulli_";
-    }
-  }
+  // A train-mode export bakes in stochastic depth and masks like it: replaced by what eval
+  // mode computes where the graph proves what they are (eval_mode.h).
+  if (modules == v1::EVAL) ReplaceRandomMasks(plan_);
   if (modules == v1::EVAL || modules == v1::TRAIN) {
-    for (Step& step : plan_.steps) {
-      if (!step.dropout) continue;
+    ForEachStep(plan_, [&](Step& step) {
+      if (!step.dropout) return;
       if (auto train = step.op->schema().argumentIndexWithName("train")) {
         step.arguments[*train].kind = ArgumentSource::Kind::kConstant;
         step.arguments[*train].constant = modules == v1::TRAIN;
       }
-    }
+    });
   }
   Schedule(end_at_last_batch_norm);
   if (modules == v1::EVAL) RECAL_RETURN_IF_ERROR(CheckNoRandomness());
@@ -169,14 +209,15 @@ absl::StatusOr<int> ExportedModel::Observe(Collector* collector, v1::ModuleMode 
 
 absl::Status ExportedModel::CheckNoRandomness() const {
   for (size_t i : run_) {
-    const Step& step = plan_.steps[i];
-    if (!step.random || step.dropout || step.expected_value) continue;
+    const Step* step = UnprovedRandomness(plan_.steps[i]);
+    if (step == nullptr) continue;
     return absl::InvalidArgumentError(absl::StrCat(
-        "the exported program draws random numbers before its last BatchNorm (node '", step.name, "', ",
-        step.target, ", baked in when it was exported in train mode) that are neither dropout nor a "
-        "Bernoulli mask, so modules=eval cannot be honoured: export the model in eval mode (model.eval() "
-        "before torch.export.export; BatchNorm is recalibrated either way), or ask for modules=train or "
-        "as_saved to keep the randomness"));
+        "the exported program draws random numbers before its last BatchNorm (node '", step->name, "', ",
+        step->target, ", baked in when it was exported in train mode) that are neither dropout nor a "
+        "mask Recal can prove eval mode drops (a Bernoulli draw of a constant keep probability, optionally "
+        "divided by it, multiplied into an activation: stochastic depth), so modules=eval cannot be "
+        "honoured: export the model in eval mode (model.eval() before torch.export.export; BatchNorm is "
+        "recalibrated either way), or ask for modules=train or as_saved to keep the randomness"));
   }
   return absl::OkStatus();
 }
@@ -186,7 +227,7 @@ void ExportedModel::Schedule(bool end_at_last_batch_norm) {
   // earlier one returned (the functional form), not the buffer itself.
   size_t end = plan_.steps.size();
   if (end_at_last_batch_norm) {
-    while (end > 0 && plan_.steps[end - 1].batch_norm == BatchNormForm::kNone) --end;
+    while (end > 0 && !HasBatchNorm(plan_.steps[end - 1])) --end;
   }
   // Backwards from the end: a step runs if it observes a BatchNorm, writes in place (its
   // effect may be read through another name), or makes something a running step reads.
@@ -194,7 +235,8 @@ void ExportedModel::Schedule(bool end_at_last_batch_norm) {
   std::vector<size_t> run;
   for (size_t i = end; i-- > 0;) {
     const Step& step = plan_.steps[i];
-    bool keep = !end_at_last_batch_norm || step.batch_norm != BatchNormForm::kNone || step.writes_argument;
+    if (step.eliminated) continue;
+    bool keep = !end_at_last_batch_norm || HasBatchNorm(step) || step.writes_argument;
     for (const auto& slots : step.outputs) {
       for (Slot s : slots) keep |= s != kNoSlot && needed[s];
     }

@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include "server/engine/autocast_scope.h"
 #include "server/engine/collector.h"
 
 namespace recal::engine::exported {
@@ -172,22 +173,46 @@ bool ObserveBatchNorm(const Step& step, Stack& stack, Collector* collector) {
   return true;
 }
 
-// The mask's expected value in place of a Bernoulli draw: what eval mode computes for the
-// inverted dropout and stochastic depth a train-mode export bakes in (x * mask / keep
-// becomes x * keep / keep, which is x exactly).
-void ExpectedBernoulli(const Step& step, Stack& stack) {
-  const at::Tensor self = stack.at(0).toTensor();
-  const auto p_index = step.op->schema().argumentIndexWithName("p");
-  const bool in_place = step.target.back() == '_';
-  at::Tensor out = in_place ? self : at::empty_like(self);
-  if (!p_index) {
-    if (!in_place) out.copy_(self);  // bernoulli(self): self holds the probabilities
-  } else if (stack[*p_index].isTensor()) {
-    out.copy_(stack[*p_index].toTensor());
-  } else {
-    out.fill_(stack[*p_index].toScalar());
+// `graph` called with `operands` in its placeholders: what it returns.
+Stack CallGraph(const Graph& graph, Stack operands, Collector* collector) {
+  std::vector<c10::IValue> values(graph.slots);
+  for (size_t i = 0; i < graph.placeholders.size(); ++i) values[graph.placeholders[i]] = std::move(operands[i]);
+  for (const Step& step : graph.steps) {
+    if (!step.eliminated) RunStep(step, values, collector);
   }
-  stack = {out};
+  Stack results;
+  for (Slot s : graph.results) results.push_back(s == kNoSlot ? c10::IValue() : values[s]);
+  return results;
+}
+
+// torch.cond's predicate: a boolean, or a tensor of one element.
+bool Predicate(const c10::IValue& pred) {
+  if (pred.isBool()) return pred.toBool();
+  const at::Tensor t = pred.toTensor();
+  TORCH_CHECK(t.numel() == 1, "torch.cond's predicate has ", t.numel(), " elements, not one");
+  return t.item<bool>();
+}
+
+// A region's graph run as the eager model runs it. Grad mode is left as it is: it changes
+// what a backward could do, never a forward's values, and the engine's forward keeps none.
+void RunHigherOrder(const Step& step, Stack& stack, Collector* collector) {
+  Stack operands(stack.begin() + static_cast<std::ptrdiff_t>(step.operands_begin), stack.end());
+  switch (step.higher_order) {
+    case HigherOrder::kAutocast: {
+      const c10::DeviceType device = stack[0].toStringRef() == "cuda" ? c10::kCUDA : c10::kCPU;
+      const std::optional<c10::ScalarType> dtype =
+          stack[1].isNone() ? std::nullopt : std::optional<c10::ScalarType>(static_cast<c10::ScalarType>(stack[1].toInt()));
+      const std::optional<bool> cache = stack[3].isNone() ? std::nullopt : std::optional<bool>(stack[3].toBool());
+      AutocastScope region(device, stack[2].toBool(), dtype, cache);
+      stack = CallGraph(step.subgraphs[0], std::move(operands), collector);
+      return;
+    }
+    case HigherOrder::kCond:
+      stack = CallGraph(step.subgraphs[Predicate(stack[0]) ? 0 : 1], std::move(operands), collector);
+      return;
+    default:
+      stack = CallGraph(step.subgraphs[0], std::move(operands), collector);
+  }
 }
 
 void StoreOutputs(const Step& step, Stack& stack, std::vector<c10::IValue>& values) {
@@ -212,14 +237,19 @@ void StoreOutputs(const Step& step, Stack& stack, std::vector<c10::IValue>& valu
 }  // namespace
 
 void RunStep(const Step& step, std::vector<c10::IValue>& values, Collector* collector) {
+  if (step.returns_argument) {
+    Stack returned{Gather(step.arguments[*step.returns_argument], values)};
+    StoreOutputs(step, returned, values);
+    return;
+  }
   Stack stack;
   stack.reserve(step.arguments.size());
   for (const ArgumentSource& source : step.arguments) stack.push_back(Gather(source, values));
   try {
     if (step.symbolic != SymbolicOp::kNone) {
       stack = {Symbolic(step.symbolic, stack)};
-    } else if (step.expected_value) {
-      ExpectedBernoulli(step, stack);
+    } else if (step.higher_order != HigherOrder::kNone) {
+      RunHigherOrder(step, stack, collector);
     } else if (step.batch_norm == BatchNormForm::kNone || collector == nullptr ||
                !ObserveBatchNorm(step, stack, collector)) {
       step.op->callBoxed(stack);
@@ -232,6 +262,11 @@ void RunStep(const Step& step, std::vector<c10::IValue>& values, Collector* coll
 
 std::vector<Slot> SlotsRead(const Step& step) {
   std::vector<Slot> read;
+  if (step.returns_argument) {
+    const ArgumentSource& returned = step.arguments[*step.returns_argument];
+    if (returned.kind == ArgumentSource::Kind::kSlot) read.push_back(returned.slot);
+    return read;
+  }
   for (const ArgumentSource& source : step.arguments) {
     if (source.kind == ArgumentSource::Kind::kSlot) read.push_back(source.slot);
     for (const auto& [slot, constant] : source.elements) {

@@ -1,5 +1,6 @@
 #include "server/engine/exported/program_plan.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -80,6 +81,7 @@ class Slots {
     return it->second;
   }
   int count() const { return count_; }
+  const std::unordered_map<std::string, Slot>& by_name() const { return slots_; }
 
  private:
   std::unordered_map<std::string, Slot> slots_;
@@ -260,12 +262,18 @@ absl::Status PlanOperator(const json& node, const std::string& ns, const std::st
     if (found == given.end()) {
       if (!expected.default_value()) return NodeError(node, absl::StrCat("argument '", expected.name(), "' is missing"));
       step.arguments.push_back(Constant(*expected.default_value()));
-      continue;
+    } else {
+      auto source = Convert(*found->second, expected, slots, device);
+      if (!source.ok()) return NodeError(node, source.status().message());
+      step.arguments.push_back(std::move(*source));
+      given.erase(found);
     }
-    auto source = Convert(*found->second, expected, slots, device);
-    if (!source.ok()) return NodeError(node, source.status().message());
-    step.arguments.push_back(std::move(*source));
-    given.erase(found);
+    // A factory operator that names no device (zeros, arange, empty_strided) allocates on
+    // the host by default: the whole program runs on the job's device.
+    ArgumentSource& made = step.arguments.back();
+    if (expected.name() == "device" && made.kind == ArgumentSource::Kind::kConstant && made.constant.isNone()) {
+      made.constant = device;
+    }
   }
   if (!given.empty()) return NodeError(node, absl::StrCat("argument '", given.begin()->first, "' is not in the schema"));
   const json& outputs = node.at("outputs");
@@ -323,7 +331,165 @@ class OperatorPolicy {
   std::set<std::string> allowed_;
 };
 
-absl::StatusOr<Step> PlanNode(const json& node, const OperatorPolicy& policy, Slots& slots, const c10::Device& device) {
+// What planning a program and the graphs nested in it share.
+struct PlanContext {
+  const OperatorPolicy& policy;
+  const c10::Device& device;
+  int64_t nodes_left;  // of GraphPolicy::max_graph_nodes, over every graph
+};
+
+absl::StatusOr<Step> PlanNode(const json& node, PlanContext& context, int depth, Slots& slots);
+
+// The graph a higher-order operator calls ({"name", "graph": {inputs, outputs, nodes, ...}}),
+// in slots of its own: its values' names are its own (each branch of a torch.cond has a "mul").
+absl::StatusOr<Graph> PlanSubgraph(const json& as_graph, PlanContext& context, int depth);
+
+// A higher-order operator's argument that is not a graph, typed by what it holds (these
+// operators have no schema): tensors and symbolic values are slots, the rest constants.
+absl::StatusOr<ArgumentSource> UntypedArgument(const std::string& key, const json& value, const Slots& slots) {
+  if (key == "as_tensor") {
+    ArgumentSource source;
+    source.kind = ArgumentSource::Kind::kSlot;
+    RECAL_ASSIGN_OR_RETURN(source.slot, slots.Use(value.at("name").get<std::string>()));
+    return source;
+  }
+  if (key == "as_none") return Constant(c10::IValue());
+  if (key == "as_string") return Constant(value.get<std::string>());
+  if (key == "as_scalar_type") {
+    RECAL_ASSIGN_OR_RETURN(c10::ScalarType t, ScalarTypeOf(value.get<int64_t>()));
+    return Constant(static_cast<int64_t>(t));
+  }
+  if (key == "as_int" || key == "as_float" || key == "as_bool" || absl::StartsWith(key, "as_sym_")) {
+    return Scalar(key, value, c10::NumberType::get(), slots);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("an argument that is ", key, ", which Recal does not run"));
+}
+
+// torch/_export/serde/schema.py ArgumentKind.
+constexpr int kKeywordArgument = 2;
+
+constexpr std::pair<const char*, HigherOrder> kHigherOrders[] = {
+    {"wrap_with_set_grad_enabled", HigherOrder::kSetGradEnabled},
+    {"wrap_with_autocast", HigherOrder::kAutocast},
+    {"tag_activation_checkpoint", HigherOrder::kActivationCheckpoint},
+    {"cond", HigherOrder::kCond}};
+
+bool IsConstant(const ArgumentSource& a, bool (c10::IValue::*is)() const) {
+  return a.kind == ArgumentSource::Kind::kConstant && (a.constant.*is)();
+}
+
+// The arguments before the operands are what each operator takes: set_grad_enabled(enabled),
+// autocast(device_type, dtype, enabled, cache_enabled), cond(pred); and as many graphs.
+absl::Status CheckHigherOrderLayout(const Step& step) {
+  const auto& a = step.arguments;
+  const size_t graphs = step.subgraphs.size();
+  const size_t leading = step.operands_begin;
+  bool fits = false;
+  switch (step.higher_order) {
+    case HigherOrder::kSetGradEnabled:
+      fits = graphs == 1 && leading == 1 && IsConstant(a[0], &c10::IValue::isBool);
+      break;
+    case HigherOrder::kAutocast:
+      fits = graphs == 1 && leading == 4 && IsConstant(a[0], &c10::IValue::isString) &&
+             (IsConstant(a[1], &c10::IValue::isInt) || IsConstant(a[1], &c10::IValue::isNone)) &&
+             IsConstant(a[2], &c10::IValue::isBool) &&
+             (IsConstant(a[3], &c10::IValue::isBool) || IsConstant(a[3], &c10::IValue::isNone));
+      if (fits && a[0].constant.toStringRef() != "cpu" && a[0].constant.toStringRef() != "cuda") {
+        return absl::InvalidArgumentError(absl::StrCat("an autocast region for device '", a[0].constant.toStringRef(),
+                                                       "'; Recal runs autocast for cpu and cuda"));
+      }
+      break;
+    case HigherOrder::kActivationCheckpoint:
+      fits = graphs == 1 && leading == 0;
+      break;
+    case HigherOrder::kCond:
+      fits = graphs == 2 && leading == 1 && (a[0].kind == ArgumentSource::Kind::kSlot || IsConstant(a[0], &c10::IValue::isBool)) &&
+             step.subgraphs[0].results.size() == step.subgraphs[1].results.size();
+      break;
+    case HigherOrder::kNone:
+      break;
+  }
+  if (!fits) return absl::InvalidArgumentError("arguments not laid out as torch exports this operator");
+  const size_t operands = a.size() - leading;
+  for (const Graph& graph : step.subgraphs) {
+    if (graph.placeholders.size() != operands) {
+      return absl::InvalidArgumentError(absl::StrCat("calls a graph of ", graph.placeholders.size(), " inputs with ",
+                                                     operands, " operands"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The slots a higher-order operator's outputs fill, one per result of its graph(s).
+absl::Status PlanHigherOrderOutputs(const json& node, Slots& slots, Step& step) {
+  std::vector<Slot> filled;
+  for (const json& output : node.at("outputs")) {
+    RECAL_ASSIGN_OR_RETURN(std::vector<Slot> some, OutputSlots(output, slots));
+    filled.insert(filled.end(), some.begin(), some.end());
+  }
+  const size_t results = step.subgraphs[0].results.size();
+  const bool none = std::all_of(filled.begin(), filled.end(), [](Slot s) { return s == kNoSlot; });
+  if (results == 0 && none) return absl::OkStatus();
+  if (filled.size() != results) {
+    return absl::InvalidArgumentError(absl::StrCat(filled.size(), " outputs for a graph of ", results, " results"));
+  }
+  for (Slot s : filled) step.outputs.push_back({s});
+  return absl::OkStatus();
+}
+
+absl::Status PlanHigherOrder(const json& node, const std::string& name, PlanContext& context, int depth, Slots& slots,
+                             Step& step) {
+  step.target = absl::StrCat("higher_order::", name);
+  for (const auto& [op_name, kind] : kHigherOrders) {
+    if (name == op_name) step.higher_order = kind;
+  }
+  if (step.higher_order == HigherOrder::kNone) {
+    return NodeError(node, "a higher-order operator Recal does not run (it runs torch.cond, torch.no_grad / "
+                           "enable_grad and torch.autocast regions and activation checkpointing; loops and maps "
+                           "are not among them): export without it");
+  }
+  bool graphs_done = false;
+  for (const json& input : node.at("inputs")) {
+    RECAL_ASSIGN_OR_RETURN(auto member, Member(input.at("arg")));
+    const auto& [key, value] = member;
+    // Checkpointing's options (use_reentrant, preserve_rng_state, ...) change how a backward
+    // recomputes, not what the forward computes.
+    if (step.higher_order == HigherOrder::kActivationCheckpoint && input.value("kind", 1) == kKeywordArgument) {
+      if (key == "as_graph" || key == "as_tensor" || key == "as_tensors") return NodeError(node, "a keyword operand");
+      continue;
+    }
+    if (key == "as_graph") {
+      if (graphs_done) return NodeError(node, "graphs after operands");
+      auto graph = PlanSubgraph(*value, context, depth + 1);
+      if (!graph.ok()) return graph.status();
+      step.subgraphs.push_back(std::move(*graph));
+      continue;
+    }
+    if (!step.subgraphs.empty()) graphs_done = true;
+    if (step.subgraphs.empty()) ++step.operands_begin;
+    if (key == "as_tensors") {
+      for (const json& tensor : *value) {
+        auto source = UntypedArgument("as_tensor", tensor, slots);
+        if (!source.ok()) return NodeError(node, source.status().message());
+        step.arguments.push_back(std::move(*source));
+      }
+      continue;
+    }
+    auto source = UntypedArgument(key, *value, slots);
+    if (!source.ok()) return NodeError(node, source.status().message());
+    step.arguments.push_back(std::move(*source));
+  }
+  if (absl::Status layout = CheckHigherOrderLayout(step); !layout.ok()) return NodeError(node, layout.message());
+  for (const Graph& graph : step.subgraphs) {
+    ForEachStep(graph, [&](const Step& inner) { step.writes_argument |= inner.writes_argument; });
+  }
+  if (absl::Status outputs = PlanHigherOrderOutputs(node, slots, step); !outputs.ok()) {
+    return NodeError(node, outputs.message());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Step> PlanNode(const json& node, PlanContext& context, int depth, Slots& slots) {
   Step step;
   step.name = node.value("name", std::string());
   const std::string target = node.at("target").get<std::string>();
@@ -332,21 +498,95 @@ absl::StatusOr<Step> PlanNode(const json& node, const OperatorPolicy& policy, Sl
     return step;
   }
   std::vector<std::string> parts = absl::StrSplit(target.substr(sizeof("torch.ops.") - 1), '.');
+  if (parts.size() == 2 && parts[0] == "higher_order") {
+    RECAL_RETURN_IF_ERROR(PlanHigherOrder(node, parts[1], context, depth, slots, step));
+    return step;
+  }
   if (parts.size() != 3 || parts[0] == "higher_order") {
-    return NodeError(node, "a higher-order operator (control flow or a wrapped region such as torch.cond or "
-                           "torch.no_grad inside forward), which Recal does not run; export without it");
+    return NodeError(node, "an operator name Recal cannot resolve");
   }
   const std::string op = absl::StrCat(parts[0], "::", parts[1]);
-  if (!policy.Allows(op)) {
+  if (!context.policy.Allows(op)) {
     return NodeError(node, absl::StrCat("operator ", op, " is not allowed on this server (only tensor math "
                                         "and shape operators run; an administrator can allow more with --extra_allowed_ops)"));
   }
-  RECAL_RETURN_IF_ERROR(PlanOperator(node, parts[0], parts[1], parts[2], slots, device, step));
+  RECAL_RETURN_IF_ERROR(PlanOperator(node, parts[0], parts[1], parts[2], slots, context.device, step));
   if (step.batch_norm == BatchNormForm::kNone && absl::StrContains(parts[1], "batch_norm") &&
       step.op->schema().argumentIndexWithName("running_mean")) {
     return NodeError(node, "a BatchNorm form Recal cannot observe");
   }
   return step;
+}
+
+// "7:[s0,3,224,224]": a tensor value's dtype and sizes as the program states them.
+std::string ValueType(const json& meta) {
+  std::string type = absl::StrCat(meta.value("dtype", int64_t{-1}), ":[");
+  for (const json& size : meta.value("sizes", json::array())) {
+    if (size.contains("as_int")) absl::StrAppend(&type, size.at("as_int").get<int64_t>(), ",");
+    else if (size.contains("as_expr")) absl::StrAppend(&type, size.at("as_expr").value("expr_str", std::string("?")), ",");
+    else absl::StrAppend(&type, "?,");
+  }
+  return type + "]";
+}
+
+// The nodes of `graph` (the program's or a nested one) into `out`.
+absl::Status PlanSteps(const json& graph, PlanContext& context, int depth, Slots& slots, Graph& out) {
+  const json& nodes = graph.at("nodes");
+  context.nodes_left -= static_cast<int64_t>(nodes.size());
+  if (context.nodes_left < 0) {
+    return absl::InvalidArgumentError("exported program: more nodes (nested graphs included) than the allowed "
+                                      "--max_graph_nodes");
+  }
+  for (const json& node : nodes) {
+    RECAL_ASSIGN_OR_RETURN(Step step, PlanNode(node, context, depth, slots));
+    out.steps.push_back(std::move(step));
+  }
+  out.slots = slots.count();
+  out.value_types.assign(out.slots, std::string());
+  const json& tensors = graph.value("tensor_values", json::object());
+  for (const auto& [name, slot] : slots.by_name()) {
+    auto meta = tensors.find(name);
+    if (meta != tensors.end()) out.value_types[slot] = ValueType(*meta);
+  }
+  return absl::OkStatus();
+}
+
+// The slot of a graph's input or output ({"as_tensor": {"name"}}, {"as_sym_int": {"as_name"}}),
+// kNoSlot for None; INVALID_ARGUMENT for a constant, which no graph torch exports returns.
+absl::StatusOr<Slot> GraphValue(const json& value, Slots& slots, bool define) {
+  RECAL_ASSIGN_OR_RETURN(auto member, Member(value));
+  const auto& [key, inner] = member;
+  std::string name;
+  if (key == "as_tensor") name = inner->at("name").get<std::string>();
+  else if (absl::StartsWith(key, "as_sym_") && inner->is_object() && inner->contains("as_name")) name = inner->at("as_name").get<std::string>();
+  else if (key == "as_none") return kNoSlot;
+  else return absl::InvalidArgumentError(absl::StrCat("a graph input or output that is ", key));
+  if (define) return slots.Define(name);
+  return slots.Use(name);
+}
+
+absl::StatusOr<Graph> PlanSubgraph(const json& as_graph, PlanContext& context, int depth) {
+  const std::string name = as_graph.value("name", std::string("?"));
+  if (depth > kMaxGraphNesting) {
+    return absl::InvalidArgumentError(absl::StrCat("exported program: graph '", name, "' is nested ", depth,
+                                                   " deep, more than the ", kMaxGraphNesting, " Recal runs"));
+  }
+  const json& graph = as_graph.at("graph");
+  Slots slots;
+  Graph out;
+  for (const json& input : graph.at("inputs")) {
+    RECAL_ASSIGN_OR_RETURN(Slot slot, GraphValue(input, slots, /*define=*/true));
+    out.placeholders.push_back(slot);
+  }
+  RECAL_RETURN_IF_ERROR(PlanSteps(graph, context, depth, slots, out));
+  for (const json& output : graph.at("outputs")) {
+    auto slot = GraphValue(output, slots, /*define=*/false);
+    if (!slot.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("exported program: graph '", name, "': ", slot.status().message()));
+    }
+    out.results.push_back(*slot);
+  }
+  return out;
 }
 
 absl::StatusOr<GraphInput> PlanInput(const json& spec, Slots& slots) {
@@ -392,10 +632,9 @@ absl::StatusOr<Plan> PlanGraph(const json& program, const GraphPolicy& policy, c
   const json& module = program.at("graph_module");
   const json& graph = module.at("graph");
   const json& specs = module.at("signature").at("input_specs");
-  const json& nodes = graph.at("nodes");
-  if (static_cast<int64_t>(nodes.size()) > policy.max_graph_nodes) {
-    return absl::InvalidArgumentError(absl::StrCat("exported program: ", nodes.size(), " nodes, more than the ",
-                                                   policy.max_graph_nodes, " allowed"));
+  if (static_cast<int64_t>(graph.at("nodes").size()) > policy.max_graph_nodes) {
+    return absl::InvalidArgumentError(absl::StrCat("exported program: ", graph.at("nodes").size(),
+                                                   " nodes, more than the ", policy.max_graph_nodes, " allowed"));
   }
   Slots slots;
   Plan plan;
@@ -409,15 +648,31 @@ absl::StatusOr<Plan> PlanGraph(const json& program, const GraphPolicy& policy, c
     plan.inputs.push_back(std::move(input));
   }
   const OperatorPolicy allowed(policy);
-  for (const json& node : nodes) {
-    RECAL_ASSIGN_OR_RETURN(Step step, PlanNode(node, allowed, slots, device));
-    plan.steps.push_back(std::move(step));
+  PlanContext context{allowed, device, policy.max_graph_nodes};
+  RECAL_RETURN_IF_ERROR(PlanSteps(graph, context, /*depth=*/0, slots, plan));
+  // What the program returns counts as read: a value it returns is not only one step's.
+  for (const json& output : graph.value("outputs", json::array())) {
+    auto slot = GraphValue(output, slots, /*define=*/false);
+    if (slot.ok() && *slot != kNoSlot) plan.results.push_back(*slot);
   }
-  plan.slots = slots.count();
   return plan;
 }
 
 }  // namespace
+
+void ForEachStep(Graph& graph, const std::function<void(Step&)>& visit) {
+  for (Step& step : graph.steps) {
+    visit(step);
+    for (Graph& nested : step.subgraphs) ForEachStep(nested, visit);
+  }
+}
+
+void ForEachStep(const Graph& graph, const std::function<void(const Step&)>& visit) {
+  for (const Step& step : graph.steps) {
+    visit(step);
+    for (const Graph& nested : step.subgraphs) ForEachStep(nested, visit);
+  }
+}
 
 absl::StatusOr<Plan> PlanProgram(const json& program, const GraphPolicy& policy, const c10::Device& device) {
   try {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,6 +18,11 @@
 #include "server/engine/graph_validation.h"
 
 namespace recal::engine::exported {
+
+// Graphs nested in graphs (a torch.cond inside an autocast region inside a no_grad block):
+// what export makes of real models is one to three levels deep; deeper is crafted. (The
+// JSON's own depth limit, 64, would stop nesting at about eight: each level costs seven.)
+inline constexpr int kMaxGraphNesting = 5;
 
 // Where a value lives while a forward runs: an index into its vector of values.
 using Slot = int;
@@ -45,6 +51,11 @@ enum class BatchNormForm {
   kNoUpdate,              // aten._batch_norm_no_update
 };
 
+// The higher-order operators Recal runs: regions users write inside forward, each a nested
+// graph called with operands (torch.no_grad / enable_grad, torch.autocast, activation
+// checkpointing), and torch.cond, which calls one of two.
+enum class HigherOrder { kNone, kSetGradEnabled, kAutocast, kActivationCheckpoint, kCond };
+
 // Python's operator and math functions on symbolic sizes (_operator.mul, torch.sym_max, ...).
 enum class SymbolicOp { kNone, kAdd, kSub, kMul, kFloorDiv, kTrueDiv, kMod, kNeg, kEq, kNe, kLt, kLe, kGt, kGe,
                         kAnd, kOr, kNot, kMax, kMin, kToFloat, kToInt, kCeil, kFloor };
@@ -54,6 +65,8 @@ struct BatchNormArguments {
   int input = 0, weight = 0, bias = 0, running_mean = 0, running_var = 0, momentum = 0, eps = 0;
   std::optional<int> training;  // absent from the forms that fix it (_no_training, _with_update, ...)
 };
+
+struct Graph;
 
 struct Step {
   std::string name;    // the node's name, for messages
@@ -65,9 +78,17 @@ struct Step {
   bool writes_argument = false;  // an in-place operator: it runs even when its result is unused
   bool dropout = false;          // its `train` argument follows Options::modules
   bool random = false;           // draws random numbers (dropout, bernoulli, rand, ...)
-  // A Bernoulli draw that yields its expected value instead (modules=eval; see Observe).
-  bool expected_value = false;
-  std::vector<ArgumentSource> arguments;  // in schema order
+  // Part of a random mask that eval mode does not compute (eval_mode.h): never runs.
+  bool eliminated = false;
+  // Returns its argument at this index instead of calling its operator: the multiply that
+  // applied such a mask (eval_mode.h).
+  std::optional<int> returns_argument;
+  std::vector<ArgumentSource> arguments;  // in schema order; a higher-order operator's in the node's order
+  // A higher-order operator: its nested graphs (torch.cond: the true one, then the false
+  // one), and where in `arguments` the operands they are called with begin.
+  HigherOrder higher_order = HigherOrder::kNone;
+  std::vector<Graph> subgraphs;
+  size_t operands_begin = 0;
   // Per return of the operator: the slots it fills (one, or one per element of a list
   // return; kNoSlot where the graph ignores it).
   std::vector<std::vector<Slot>> outputs;
@@ -83,15 +104,30 @@ struct GraphInput {
   c10::IValue value;                     // kConstantValue
 };
 
-struct Plan {
+// Steps over values in slots: the program's graph, or one nested in a higher-order operator.
+struct Graph {
   int slots = 0;
-  std::vector<GraphInput> inputs;  // in the graph's order
   std::vector<Step> steps;
+  // By slot: a tensor's dtype and sizes as exported ("7:[s0,3,224,224]" in the program's own
+  // notation), empty for other values. Two values of equal type have the same dtype and shape.
+  std::vector<std::string> value_types;
+  std::vector<Slot> placeholders;  // a nested graph's: the slots its operands fill, in order
+  std::vector<Slot> results;       // the slots it returns, in order (kNoSlot: None or a constant)
 };
 
+struct Plan : Graph {
+  std::vector<GraphInput> inputs;  // in the graph's order
+};
+
+// Runs `visit` on every step of `graph` and of the graphs nested in its steps, outer first.
+void ForEachStep(Graph& graph, const std::function<void(Step&)>& visit);
+void ForEachStep(const Graph& graph, const std::function<void(const Step&)>& visit);
+
 // INVALID_ARGUMENT naming the node for anything Recal cannot run exactly: an operator
-// outside the allowlist (unless policy.trusted), higher-order operators (control flow,
-// wrapped regions), custom objects, a graph over policy.max_graph_nodes, malformed JSON.
+// outside the allowlist (unless policy.trusted; the same in every nested graph), a
+// higher-order operator other than the four of HigherOrder (while_loop, map, ...) or nested
+// deeper than kMaxGraphNesting, custom objects, more nodes (nested ones included) than
+// policy.max_graph_nodes, malformed JSON.
 // Device arguments in the graph become `device`: the whole program runs on one.
 absl::StatusOr<Plan> PlanProgram(const nlohmann::json& program, const GraphPolicy& policy,
                                  const c10::Device& device);

@@ -173,11 +173,16 @@ absl::StatusOr<int64_t> Pt2Archive::RecordBytes(const std::string& record) const
   }
 }
 
-absl::StatusOr<at::Tensor> Pt2Archive::Load(const StoredTensor& stored) const {
+absl::StatusOr<at::Tensor> Pt2Archive::Load(const StoredTensor& stored, RecordCache* records) const {
+  if (records != nullptr) {
+    auto read = records->find(stored.record);
+    if (read != records->end()) return ViewOver(read->second, stored);
+  }
   RECAL_ASSIGN_OR_RETURN(int64_t bytes, RecordBytes(stored.record));
   try {
     at::Tensor record = at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
     if (bytes > 0) reader_->getRecord(stored.record, record.data_ptr(), static_cast<size_t>(bytes));
+    if (records != nullptr) records->emplace(stored.record, record);
     return ViewOver(record, stored);
   } catch (const std::exception& e) {
     return Invalid(absl::StrCat("cannot read ", stored.record, ": ", TorchErrorLine(e)));

@@ -52,8 +52,14 @@ class Pt2Archive {
   // The weight or constant named `name`; nullptr when the archive holds none.
   const StoredTensor* Find(const std::string& name) const;
 
-  // The tensor over its record's bytes, on the CPU (its view was checked by Read).
-  absl::StatusOr<at::Tensor> Load(const StoredTensor& stored) const;
+  // Records read for the tensors that view them, by record name: tensors loaded with one
+  // cache share one copy of each record (a tied weight, or every constant torch stores in
+  // one record, is read once). Dropping the cache drops nothing the tensors still view.
+  using RecordCache = std::map<std::string, at::Tensor>;
+
+  // The tensor over its record's bytes, on the CPU (its view was checked by Read); the
+  // record is read once per `records`, or at every call without one.
+  absl::StatusOr<at::Tensor> Load(const StoredTensor& stored, RecordCache* records = nullptr) const;
 
   // The archive with the named tensors (weights or constants) given new values of their
   // own dtype and shape, every other record copied as it is. torch.export.load reads it.
