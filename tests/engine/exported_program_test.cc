@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/script.h>
 
+#include "server/engine/exported/program_plan.h"
 #include "server/engine/exported/pt2_archive.h"
 #include "server/engine/recalibration.h"
 #include "tests/engine/program_edits.h"
@@ -207,6 +208,39 @@ TEST(ExportedProgramTest, TensorsThatShareARecordReadItOnce) {
   EXPECT_EQ(tensors, 4);
   EXPECT_EQ(storages.size(), 1u);
   EXPECT_EQ(records.size(), 1u);
+}
+
+TEST(ExportedProgramTest, FactoryOperatorsThatNameNoDeviceAllocateOnTheJobsDevice) {
+  // stochastic_depth's aten.empty without its device argument: by default the host's; planned
+  // for a job on another device (meta, which any build has), it allocates there.
+  const std::string path = Edited(
+      "no_device",
+      [](json& p) {
+        json& empty = NodeWith(p, "aten.empty.memory_format");
+        json kept = json::array();
+        for (const json& input : empty["inputs"]) {
+          if (input["name"] != "device") kept.push_back(input);
+        }
+        empty["inputs"] = kept;
+      },
+      nullptr, {}, false, testing::FixtureModel("stochastic_depth.exported_train.pt2"));
+  auto file = OpenModelFile(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto archive = exported::Pt2Archive::Read(*file, exported::ArchiveLimits{});
+  ASSERT_TRUE(archive.ok()) << archive.status();
+  auto plan = exported::PlanProgram(archive->program(), GraphPolicy{}, c10::Device(c10::kMeta));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  int factories = 0;
+  for (const exported::Step& step : plan->steps) {
+    if (step.target != "aten::empty") continue;
+    const auto device = step.op->schema().argumentIndexWithName("device");
+    ASSERT_TRUE(device.has_value());
+    const c10::IValue& given = step.arguments[*device].constant;
+    ASSERT_TRUE(given.isDevice()) << "device left to the default: " << given;
+    EXPECT_EQ(given.toDevice(), c10::Device(c10::kMeta));
+    ++factories;
+  }
+  EXPECT_GE(factories, 1);
 }
 
 TEST(ExportedProgramTest, RefusesACompressedBombInPlaceOfAWeight) {
