@@ -436,7 +436,8 @@ absl::StatusOr<wire::Sandboxed> WorkerRunner::CheckWorker() {
   }
   RECAL_RETURN_IF_ERROR(checked);
   if (sandboxed.enforced().empty()) return absl::InternalError("the worker did not describe its sandbox");
-  if (!options_.memory_cgroup.ok()) sandboxed.add_missing(WithoutCgroups(options_));
+  const bool capped = options_.memory_bytes > 0 || options_.inspection_memory_bytes > 0;
+  if (capped && !options_.memory_cgroup.ok()) sandboxed.add_missing(WithoutCgroups(options_));
   return sandboxed;
 }
 
