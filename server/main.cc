@@ -84,9 +84,16 @@ ABSL_FLAG(double, stream_idle_seconds, 300,
 ABSL_FLAG(double, shutdown_timeout_seconds, 20, "how long SIGTERM waits for workers and calls");
 ABSL_FLAG(std::string, worker_binary, "",
           "recal-worker, which runs every model (default: beside recal-server); role=api starts none");
-ABSL_FLAG(int64_t, job_memory_bytes, int64_t{16} << 30, "address space of each job's worker (RLIMIT_AS); 0: no limit");
+ABSL_FLAG(int64_t, job_memory_bytes, int64_t{16} << 30,
+          "memory of each job's worker: its address space on the CPU (RLIMIT_AS), and what its memory cgroup "
+          "lets it use (--worker_memory_cgroup); a GPU worker without a cgroup: its private memory (RLIMIT_DATA); "
+          "0: no limit");
 ABSL_FLAG(int64_t, inspection_memory_bytes, int64_t{4} << 30,
-          "address space of each upload-inspecting worker (RLIMIT_AS), far below a job's; 0: --job_memory_bytes");
+          "memory of each upload-inspecting worker, held as a job's, far below it; 0: --job_memory_bytes");
+ABSL_FLAG(std::string, worker_memory_cgroup, "auto",
+          "a cgroup per worker, limited to its memory cap, under the server's own cgroup (v2, else the v1 memory "
+          "hierarchy): auto (where the kernel lets the server make them; said at start where not), required "
+          "(refuse to start without), off");
 ABSL_FLAG(int32_t, max_concurrent_inspections, 4,
           "upload inspections running at once on this host; beyond it they queue (0: no count bound)");
 ABSL_FLAG(int64_t, inspection_memory_total, 0,
@@ -180,6 +187,7 @@ void ParseWorkFlags(recal::app::ServerOptions& options) {
   options.decode_threads = absl::GetFlag(FLAGS_decode_threads);
   options.worker_binary = absl::GetFlag(FLAGS_worker_binary);
   options.job_memory_bytes = absl::GetFlag(FLAGS_job_memory_bytes);
+  options.worker_memory_cgroup = absl::GetFlag(FLAGS_worker_memory_cgroup);
   options.job_file_bytes = absl::GetFlag(FLAGS_job_file_bytes);
   options.worker_user = absl::GetFlag(FLAGS_worker_user);
   options.extra_allowed_ops = absl::GetFlag(FLAGS_extra_allowed_ops);

@@ -274,6 +274,7 @@ grpc::Status RecalService::DeleteJob(grpc::ServerContext* context, const v1::Del
                                      v1::DeleteJobResponse* response) {
   return ServeAudited(context, auth::Role::kAdmin, "DeleteJob", request->id(),
                       [&](const auth::Principal& who, std::string& audited) -> absl::Status {
+                        RECAL_RETURN_IF_ERROR(CheckBounds(*request));
                         // As DeleteModel: the caller's tenant, or the one an admin names; never
                         // every tenant, so another tenant's job id is NOT_FOUND as a missing one.
                         const std::string tenant = request->tenant().empty() ? who.tenant : request->tenant();
@@ -290,6 +291,7 @@ grpc::Status RecalService::GetUsage(grpc::ServerContext* context, const v1::GetU
                                     v1::Usage* response) {
   return Serve(context, auth::Role::kRead, "GetUsage", request->tenant(), response,
                [&](const auth::Principal& who) -> absl::StatusOr<v1::Usage> {
+                 RECAL_RETURN_IF_ERROR(CheckBounds(*request));
                  if (!request->tenant().empty() && request->tenant() != who.tenant) {
                    RECAL_RETURN_IF_ERROR(auth::Authorize(who, auth::Role::kAdmin, "see another tenant's usage"));
                  }

@@ -119,6 +119,15 @@ absl::Status CheckBounds(const v1::CancelJobRequest& request) {
   return CheckBytes("id", request.id().size(), kMaxIdBytes);
 }
 
+absl::Status CheckBounds(const v1::DeleteJobRequest& request) {
+  RECAL_RETURN_IF_ERROR(CheckBytes("id", request.id().size(), kMaxIdBytes));
+  return CheckBytes("tenant", request.tenant().size(), kMaxTenantBytes);
+}
+
+absl::Status CheckBounds(const v1::GetUsageRequest& request) {
+  return CheckBytes("tenant", request.tenant().size(), kMaxTenantBytes);
+}
+
 absl::Status CheckBounds(const v1::WatchJobRequest& request) {
   return CheckBytes("id", request.id().size(), kMaxIdBytes);
 }

@@ -32,6 +32,8 @@ absl::Status CheckBounds(const v1::SubmitJobRequest& request);
 absl::Status CheckBounds(const v1::GetJobRequest& request);
 absl::Status CheckBounds(const v1::ListJobsRequest& request);
 absl::Status CheckBounds(const v1::CancelJobRequest& request);
+absl::Status CheckBounds(const v1::DeleteJobRequest& request);
+absl::Status CheckBounds(const v1::GetUsageRequest& request);
 absl::Status CheckBounds(const v1::WatchJobRequest& request);
 // Each message of the stream (the job id is the first message's; the data of each input is
 // held to --max_batch_bytes by the job's feed).

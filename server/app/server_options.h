@@ -60,6 +60,7 @@ struct ServerOptions {
   int32_t decode_threads = 0;
   std::string worker_binary;  // empty: recal-worker beside this executable
   int64_t job_memory_bytes = int64_t{16} << 30;
+  std::string worker_memory_cgroup = "auto";  // auto | required | off (worker_options.h)
   int64_t job_file_bytes = 0;  // 0: twice max_model_bytes
   std::string worker_user;
   std::vector<std::string> extra_allowed_ops;

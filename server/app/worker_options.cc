@@ -6,6 +6,7 @@
 #include <memory>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "server/data_access/object_storage.h"
 #include "server/data_access/s3_paths.h"
@@ -26,6 +27,24 @@ int64_t InspectionMemoryTotal(const ServerOptions& options, int64_t per_inspecti
     meminfo.ignore(64, '\n');
   }
   return 0;  // unknown: the count bound alone
+}
+
+absl::Status SetMemoryCgroup(const std::string& mode, jobs::WorkerRunnerOptions& worker) {
+  if (mode == "off") {
+    worker.memory_cgroup = absl::FailedPreconditionError("--worker_memory_cgroup=off");
+    return absl::OkStatus();
+  }
+  if (mode != "auto" && mode != "required") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--worker_memory_cgroup=", mode, ": use auto, required or off"));
+  }
+  worker.memory_cgroup = jobs::WorkerCgroupParent();
+  if (mode == "required" && !worker.memory_cgroup.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--worker_memory_cgroup=required, but no memory cgroup can be made for the workers: ",
+                     worker.memory_cgroup.status().message()));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -49,6 +68,7 @@ absl::StatusOr<jobs::WorkerRunnerOptions> WorkerRunnerOptionsFor(const ServerOpt
     RECAL_ASSIGN_OR_RETURN(worker.object_storage, data::ConnectBucket(settings));
   }
   worker.memory_bytes = options.job_memory_bytes;
+  RECAL_RETURN_IF_ERROR(SetMemoryCgroup(options.worker_memory_cgroup, worker));
   worker.file_bytes = options.job_file_bytes > 0 ? options.job_file_bytes : 2 * options.max_model_bytes;
   worker.inspection_memory_bytes = options.inspection_memory_bytes;
   worker.inspections = std::make_shared<jobs::InspectionSlots>(

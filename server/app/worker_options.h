@@ -17,6 +17,10 @@ std::string WorkerBinary(const ServerOptions& options);
 // The runner's options for `binary`, inspections scratching under `scratch_root`. Data in a
 // bucket is connected only where a data root names one (a server without any needs no
 // object-storage configuration): that configuration's or connection's error otherwise.
+// --worker_memory_cgroup: auto finds where the workers' memory cgroups go (jobs::
+// WorkerCgroupParent; in cgroup v2 this process may move into a leaf group of its own), or
+// why there are none; required refuses to start without (FAILED_PRECONDITION, with why);
+// off makes none. Another value is INVALID_ARGUMENT.
 absl::StatusOr<jobs::WorkerRunnerOptions> WorkerRunnerOptionsFor(const ServerOptions& options, std::string binary,
                                                                  std::string scratch_root);
 

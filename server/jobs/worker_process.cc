@@ -156,7 +156,35 @@ std::string HowItEnded(int wait_status) {
 
 bool ExitedCleanly(int wait_status) { return WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0; }
 
-absl::Status WorkerFailure(int wait_status, absl::string_view last_words, const WorkerLimits& limits) {
+namespace {
+
+// Why a worker got SIGKILL: its own cgroup's limit when the kernel says so, else from outside.
+std::string KilledBecause(const WorkerLimits& limits, int64_t cgroup_oom_kills) {
+  if (cgroup_oom_kills > 0) {
+    return absl::StrCat(": it exceeded its memory limit of ", limits.memory_bytes, " bytes (", limits.memory_flag,
+                        ") and the kernel stopped it there (its cgroup's out-of-memory killer). Raise ",
+                        limits.memory_flag, " for this model, or run it with a smaller batch_size");
+  }
+  if (limits.cgroup) return " from outside, not at its own memory limit: the host's out-of-memory killer, most likely";
+  return " from outside: the kernel's out-of-memory killer, most likely";
+}
+
+// Under a memory rlimit a refused allocation is often not an error LibTorch reports but an
+// abort or a crash in whatever did not expect it (loading a large archive, say).
+std::string CrashedBecause(const WorkerLimits& limits) {
+  std::string why = ": LibTorch crashed on this model";
+  if (limits.memory_bytes <= 0 || limits.rlimit == MemoryRlimit::kNone) return why;
+  const bool data = limits.rlimit == MemoryRlimit::kData;
+  absl::StrAppend(&why, ", or an allocation failed under the worker's ", data ? "private-memory" : "address-space",
+                  " limit of ", limits.memory_bytes, " bytes (", data ? "RLIMIT_DATA, " : "", limits.memory_flag,
+                  "; raise it for a large model)");
+  return why;
+}
+
+}  // namespace
+
+absl::Status WorkerFailure(int wait_status, absl::string_view last_words, const WorkerLimits& limits,
+                           int64_t cgroup_oom_kills) {
   if (!WIFSIGNALED(wait_status)) {
     return absl::InternalError(
         absl::StrCat("the worker ", HowItEnded(wait_status), last_words.empty() ? "" : ": ", last_words));
@@ -164,17 +192,11 @@ absl::Status WorkerFailure(int wait_status, absl::string_view last_words, const 
   const int signal = WTERMSIG(wait_status);
   std::string message = absl::StrCat("the worker running the model ", HowItEnded(wait_status));
   if (signal == SIGKILL) {
-    absl::StrAppend(&message, " from outside: the kernel's out-of-memory killer, most likely");
+    absl::StrAppend(&message, KilledBecause(limits, cgroup_oom_kills));
   } else if (signal == SIGXFSZ) {
     absl::StrAppend(&message, ": it wrote a file past the limit of ", limits.file_bytes, " bytes");
   } else if (signal == SIGSEGV || signal == SIGABRT || signal == SIGBUS || signal == SIGILL) {
-    absl::StrAppend(&message, ": LibTorch crashed on this model");
-    // Under RLIMIT_AS a refused allocation is often not an error LibTorch reports but an
-    // abort or a crash in whatever did not expect it (loading a large archive, say).
-    if (limits.address_space_bytes > 0) {
-      absl::StrAppend(&message, ", or an allocation failed under the worker's address-space limit of ",
-                      limits.address_space_bytes, " bytes (", limits.address_space_flag, "; raise it for a large model)");
-    }
+    absl::StrAppend(&message, CrashedBecause(limits));
   }
   if (!last_words.empty()) absl::StrAppend(&message, " (last words: ", last_words, ")");
   return absl::InternalError(message);

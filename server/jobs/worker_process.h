@@ -61,18 +61,25 @@ class WorkerProcess {
 std::string HowItEnded(int wait_status);
 bool ExitedCleanly(int wait_status);
 
+// Which rlimit holds a worker's memory cap, if one does: RLIMIT_AS on a CPU worker, RLIMIT_DATA
+// on a GPU worker without a memory cgroup (server/sandbox/sandbox.h).
+enum class MemoryRlimit { kNone, kAddressSpace, kData };
+
 // The limits a worker ran under, to explain its end (0: none).
 struct WorkerLimits {
-  int64_t file_bytes = 0;           // RLIMIT_FSIZE
-  int64_t address_space_bytes = 0;  // RLIMIT_AS
-  std::string address_space_flag;   // the server flag that sets it, e.g. "--job_memory_bytes"
+  int64_t file_bytes = 0;         // RLIMIT_FSIZE
+  int64_t memory_bytes = 0;       // its memory cap
+  std::string memory_flag;        // the server flag that sets it, e.g. "--job_memory_bytes"
+  MemoryRlimit rlimit = MemoryRlimit::kNone;
+  bool cgroup = false;            // its memory cgroup holds the cap too
 };
 
 // INTERNAL: how a worker that ran a model ended, from its wait status (not a clean exit),
-// with the likely cause of a signal (the out-of-memory killer, the file size limit, a crash
-// in LibTorch or an allocation refused under the address-space limit) and its `last_words`
-// on stderr.
-absl::Status WorkerFailure(int wait_status, absl::string_view last_words, const WorkerLimits& limits);
+// with the likely cause of a signal (its memory cgroup's limit, where the kernel counted
+// `cgroup_oom_kills`; the out-of-memory killer; the file size limit; a crash in LibTorch or
+// an allocation refused under a memory rlimit) and its `last_words` on stderr.
+absl::Status WorkerFailure(int wait_status, absl::string_view last_words, const WorkerLimits& limits,
+                           int64_t cgroup_oom_kills = 0);
 
 // Ends a worker once `*cancel` is set or `deadline` passes: SIGTERM, then SIGKILL after
 // `grace`. Watches from its own thread until the worker was waited for; Join() after that.

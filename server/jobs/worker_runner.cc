@@ -55,24 +55,49 @@ bool OnGpu(const wire::Task& task) {
   return task.has_recalibrate() && absl::StartsWith(task.recalibrate().device(), "cuda");
 }
 
+// What holds a worker's memory cap, in words: "RLIMIT_AS and its memory cgroup".
+std::string HeldBy(const WorkerLimits& limits) {
+  std::vector<std::string> by;
+  if (limits.rlimit == MemoryRlimit::kAddressSpace) by.push_back("RLIMIT_AS");
+  if (limits.rlimit == MemoryRlimit::kData) by.push_back("RLIMIT_DATA");
+  if (limits.cgroup) by.push_back("its memory cgroup");
+  return absl::StrJoin(by, " and ");
+}
+
+// LibTorch's words when the host allocator is refused (c10's alloc_cpu.cpp): under a memory
+// rlimit, that limit, which the worker cannot name and the runner can.
+constexpr absl::string_view kHostAllocationRefused = "DefaultCPUAllocator: can't allocate memory";
+
+wire::Event NamingTheLimit(wire::Event event, const WorkerLimits& limits) {
+  if (!event.has_failure() || limits.rlimit == MemoryRlimit::kNone ||
+      !absl::StrContains(event.failure().message(), kHostAllocationRefused)) {
+    return event;
+  }
+  absl::StrAppend(event.mutable_failure()->mutable_message(), " (the worker's memory limit: ", limits.memory_bytes,
+                  " bytes (", limits.memory_flag, "), held by ", HeldBy(limits), ". Raise ", limits.memory_flag,
+                  " for this model, or run it with a smaller batch_size)");
+  return event;
+}
+
 // What a run came to: the watchdog's stop first, then a feed that failed the job, then the
 // worker's last event if it exited cleanly, else how it ended.
 // `killed_for_protocol`: the worker was alive when the runner killed it for breaking the
 // protocol, so its SIGKILL is the runner's, not the out-of-memory killer's.
 absl::StatusOr<wire::Event> RunOutcome(WorkerWatchdog::Stop stopped_by, const absl::Status& feed_error,
                                        WorkerEvents events, int wait_status, bool killed_for_protocol,
-                                       const std::string& last_words, const WorkerLimits& limits) {
+                                       const std::string& last_words, const WorkerLimits& limits,
+                                       int64_t cgroup_oom_kills) {
   if (stopped_by == WorkerWatchdog::Stop::kCancelled) return absl::CancelledError("cancelled");
   if (stopped_by == WorkerWatchdog::Stop::kPastDeadline) {
     return absl::DeadlineExceededError("the job ran past its deadline; its worker was stopped");
   }
   if (!feed_error.ok()) return feed_error;
-  if (events.last && ExitedCleanly(wait_status)) return *std::move(events.last);
+  if (events.last && ExitedCleanly(wait_status)) return NamingTheLimit(*std::move(events.last), limits);
   // A worker that died of a signal may leave a torn event behind: then the signal is the cause.
   if (!events.protocol.ok() && (killed_for_protocol || !WIFSIGNALED(wait_status))) {
     return absl::InternalError(absl::StrCat("the worker broke the protocol: ", events.protocol.message()));
   }
-  return WorkerFailure(wait_status, last_words, limits);
+  return WorkerFailure(wait_status, last_words, limits, cgroup_oom_kills);
 }
 
 // One `recal-worker --print_cuda_devices [extra]`: its count, and its stderr (where a worker
@@ -157,28 +182,54 @@ int64_t InspectionMemoryBytes(const WorkerRunnerOptions& options) {
 
 namespace {
 
-// The limits the worker of `task` gets: a GPU worker no address-space limit (CUDA reserves
-// terabytes of it), an inspecting one its own, lower one, the start's self check the
-// tightest a CPU worker gets.
-WorkerLimits LimitsOf(const WorkerRunnerOptions& options, const wire::Task& task) {
+// The caps the worker of `task` gets: an inspecting one its own, lower memory cap, the
+// start's self check the tightest a CPU worker gets, every other a job's.
+WorkerLimits CapsOf(const WorkerRunnerOptions& options, const wire::Task& task) {
   const WorkerLimits job{options.file_bytes, options.memory_bytes, "--job_memory_bytes"};
-  if (OnGpu(task)) return {options.file_bytes, 0, ""};
   const WorkerLimits inspection =
       options.inspection_memory_bytes > 0
           ? WorkerLimits{options.file_bytes, options.inspection_memory_bytes, "--inspection_memory_bytes"}
           : job;
   if (task.has_inspect()) return inspection;
-  if (task.has_self_check() && inspection.address_space_bytes > 0 &&
-      (job.address_space_bytes == 0 || inspection.address_space_bytes < job.address_space_bytes)) {
+  if (task.has_self_check() && inspection.memory_bytes > 0 &&
+      (job.memory_bytes == 0 || inspection.memory_bytes < job.memory_bytes)) {
     return inspection;
   }
   return job;
 }
 
+// The caps of `task` and what holds its memory cap: its cgroup where there are any, and
+// RLIMIT_AS on a CPU worker; a GPU worker no RLIMIT_AS (CUDA reserves terabytes of address
+// space), but RLIMIT_DATA where it has no cgroup.
+WorkerLimits LimitsOf(const WorkerRunnerOptions& options, const wire::Task& task) {
+  WorkerLimits limits = CapsOf(options, task);
+  if (limits.memory_bytes <= 0) return limits;
+  limits.cgroup = options.memory_cgroup.ok();
+  if (!OnGpu(task) && options.address_space_limit_on_cpu) {
+    limits.rlimit = MemoryRlimit::kAddressSpace;
+  } else if (!limits.cgroup) {
+    limits.rlimit = MemoryRlimit::kData;
+  }
+  return limits;
+}
+
+// Said at start where the workers get no memory cgroup: why, and what holds them instead.
+std::string WithoutCgroups(const WorkerRunnerOptions& options) {
+  return absl::StrCat("memory-cgroup: none for the workers (", options.memory_cgroup.status().message(),
+                      "): a CPU worker's memory is held by RLIMIT_AS alone, a GPU worker's by RLIMIT_DATA (its "
+                      "private memory: not the page cache, nor what the NVIDIA driver maps for it)");
+}
+
 }  // namespace
 
+const absl::StatusOr<sandbox::CgroupParent>& WorkerCgroupParent() {
+  static const absl::StatusOr<sandbox::CgroupParent>* const parent =
+      new absl::StatusOr<sandbox::CgroupParent>(sandbox::FindCgroupParent());
+  return *parent;
+}
+
 std::vector<std::string> WorkerArguments(const WorkerRunnerOptions& options, const wire::Task& task,
-                                         const std::string& scratch) {
+                                         const std::string& scratch, const std::string& memory_cgroup) {
   std::vector<std::string> args = {options.binary, "--scratch=" + scratch};
   // A job's worker reads its tenant's roots only; other tasks (inspection, probes) the
   // server's configured ones. Roots in a bucket are read through the runner, not opened.
@@ -191,11 +242,10 @@ std::vector<std::string> WorkerArguments(const WorkerRunnerOptions& options, con
   }
   if (!read_paths.empty()) args.push_back("--read_path=" + absl::StrJoin(read_paths, ","));
   const WorkerLimits limits = LimitsOf(options, task);
-  if (OnGpu(task)) {
-    args.push_back("--gpu");
-  } else if (limits.address_space_bytes > 0) {
-    args.push_back(absl::StrCat("--memory_bytes=", limits.address_space_bytes));
-  }
+  if (OnGpu(task)) args.push_back("--gpu");
+  if (limits.rlimit == MemoryRlimit::kAddressSpace) args.push_back(absl::StrCat("--memory_bytes=", limits.memory_bytes));
+  if (limits.rlimit == MemoryRlimit::kData) args.push_back(absl::StrCat("--data_bytes=", limits.memory_bytes));
+  if (!memory_cgroup.empty()) args.push_back("--memory_cgroup=" + memory_cgroup);
   if (options.file_bytes > 0) args.push_back(absl::StrCat("--file_bytes=", options.file_bytes));
   if (!options.user.empty()) args.push_back("--user=" + options.user);
   args.push_back(absl::StrCat("--server_pid=", ::getpid()));
@@ -217,9 +267,13 @@ wire::Task WorkerRunner::NewTask() const {
 absl::StatusOr<wire::Event> WorkerRunner::Run(const wire::Task& task, const std::string& model_path,
                                              const std::string& scratch, const RunHooks& hooks,
                                              wire::Sandboxed* sandboxed, const data::LocatedObjects* remote) {
+  const WorkerLimits limits = LimitsOf(options_, task);
+  // Made before the worker and removed after it was waited for (destroyed in that order).
+  RECAL_ASSIGN_OR_RETURN(std::unique_ptr<sandbox::MemoryCgroup> cgroup, MemoryCgroupFor(limits));
   RECAL_ASSIGN_OR_RETURN(WorkerPipes pipes, WorkerPipes::Open(model_path));
   RECAL_ASSIGN_OR_RETURN(std::unique_ptr<WorkerProcess> process,
-                         WorkerProcess::Spawn(WorkerArguments(options_, task, scratch), pipes.ChildDescriptors()));
+                         WorkerProcess::Spawn(WorkerArguments(options_, task, scratch, cgroup ? cgroup->dir() : ""),
+                                              pipes.ChildDescriptors()));
   pipes.CloseChildEnds();
   WorkerWatchdog watchdog(*process, hooks.cancel, hooks.deadline, options_.kill_grace);
   StderrTail err(std::move(pipes.err_read));
@@ -244,13 +298,29 @@ absl::StatusOr<wire::Event> WorkerRunner::Run(const wire::Task& task, const std:
   watchdog.Join();
   const std::string last_words = err.LastWords();
   const absl::Status feed_error = feeder.Finish();
+  const int64_t oom_kills = cgroup ? cgroup->OomKills() : 0;
+  if (cgroup) {
+    if (absl::Status removed = cgroup->Remove(); !removed.ok()) log::Warning(std::string(removed.message()));
+  }
   return RunOutcome(watchdog.stopped_by(), feed_error, std::move(events), status, killed_for_protocol, last_words,
-                    LimitsOf(options_, task));
+                    limits, oom_kills);
+}
+
+absl::StatusOr<std::unique_ptr<sandbox::MemoryCgroup>> WorkerRunner::MemoryCgroupFor(const WorkerLimits& limits) const {
+  if (!limits.cgroup) return nullptr;
+  absl::StatusOr<std::unique_ptr<sandbox::MemoryCgroup>> cgroup =
+      sandbox::MemoryCgroup::Create(*options_.memory_cgroup, limits.memory_bytes);
+  if (!cgroup.ok()) {
+    return absl::InternalError(absl::StrCat("cannot make the worker's memory cgroup (", limits.memory_flag,
+                                            "): ", cgroup.status().message()));
+  }
+  return cgroup;
 }
 
 void WorkerRunner::LogGpuSandbox(const wire::Sandboxed& sandboxed) {
   // The server describes its sandbox once at start, with a CPU worker; a GPU worker's
-  // differs (the NVIDIA devices admitted, no RLIMIT_AS): said once, at its first job.
+  // differs (the NVIDIA devices admitted, no RLIMIT_AS, RLIMIT_DATA where it has no memory
+  // cgroup): said once, at its first job.
   std::call_once(gpu_sandbox_logged_, [&] {
     log::Info("recal-server: GPU jobs run in sandboxed workers",
               {{"enforced", absl::StrJoin(sandboxed.enforced(), ", ")},
@@ -350,20 +420,24 @@ absl::StatusOr<wire::Sandboxed> WorkerRunner::CheckWorker() {
   wire::Sandboxed sandboxed;
   const absl::Status checked = SelfCheck(task, &sandboxed);
   const WorkerLimits limits = LimitsOf(options_, task);
-  if (!checked.ok() && limits.address_space_bytes > 0) {
+  if (!checked.ok() && limits.memory_bytes > 0) {
     // Whether the limit is the cause: a worker without it, asked the same.
     WorkerRunnerOptions unlimited = options_;
     unlimited.memory_bytes = unlimited.inspection_memory_bytes = 0;
     if (WorkerRunner(unlimited).SelfCheck(task, nullptr).ok()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "a worker cannot run LibTorch under an address-space limit of ", limits.address_space_bytes, " bytes (",
-          limits.address_space_flag, "), though it can without that limit: raise ", limits.address_space_flag,
-          " (LibTorch alone takes about 3 GiB of address space, more with more threads). Under the limit: ",
-          checked.message()));
+          "a worker cannot run LibTorch under a memory limit of ", limits.memory_bytes, " bytes (", limits.memory_flag,
+          "), held by ", HeldBy(limits), ", though it can without that limit: raise ", limits.memory_flag,
+          limits.rlimit == MemoryRlimit::kAddressSpace
+              ? " (LibTorch alone takes about 3 GiB of address space, more with more threads)"
+              : "",
+          ". Under the limit: ", checked.message()));
     }
   }
   RECAL_RETURN_IF_ERROR(checked);
   if (sandboxed.enforced().empty()) return absl::InternalError("the worker did not describe its sandbox");
+  const bool capped = options_.memory_bytes > 0 || options_.inspection_memory_bytes > 0;
+  if (capped && !options_.memory_cgroup.ok()) sandboxed.add_missing(WithoutCgroups(options_));
   return sandboxed;
 }
 

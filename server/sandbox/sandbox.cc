@@ -28,6 +28,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/sanitizers.h"
+#include "common/status_macros.h"
+#include "server/sandbox/memory_cgroup.h"
 
 namespace recal::sandbox {
 namespace {
@@ -203,23 +205,50 @@ absl::Status SetLimit(int resource, int64_t value, absl::string_view name) {
   return absl::OkStatus();
 }
 
-absl::Status SetLimits(const Policy& policy, Enforcement& out) {
-  absl::Status limits = SetLimit(RLIMIT_CORE, 0, "RLIMIT_CORE");
-  if (limits.ok()) limits = SetLimit(RLIMIT_NOFILE, policy.open_files, "RLIMIT_NOFILE");
+// A memory rlimit, said by name and value. In a sanitizer build (tests only) the runtime's
+// shadow memory is terabytes of reserved, writable address space, which RLIMIT_AS and
+// RLIMIT_DATA both count, so neither can hold: said, never silent.
+absl::Status LimitMemoryBy(int resource, absl::string_view name, int64_t bytes, Enforcement& out) {
+  if (kShadowMemorySanitizer) {
+    out.missing.push_back(absl::StrCat(name, " (", bytes, " bytes): not set in a ", kSanitizer,
+                                       " build, whose shadow memory is reserved address space"));
+    return absl::OkStatus();
+  }
+  RECAL_RETURN_IF_ERROR(SetLimit(resource, bytes, name));
+  out.enforced.push_back(absl::StrCat(name, " ", bytes, " bytes"));
+  return absl::OkStatus();
+}
+
+// The process's memory bounds: its cgroup first (joined while it may still move itself), then
+// the rlimit that fits it. A GPU worker gets no RLIMIT_AS (CUDA's reservations would fail).
+absl::Status LimitMemory(const Policy& policy, Enforcement& out) {
+  if (!policy.memory_cgroup.empty()) {
+    absl::StatusOr<std::string> joined = JoinMemoryCgroup(policy.memory_cgroup);
+    if (!joined.ok()) {
+      return absl::Status(joined.status().code(),
+                          absl::StrCat("cannot join the memory cgroup the server made: ", joined.status().message()));
+    }
+    out.enforced.push_back(*std::move(joined));
+  }
   if (policy.gpu) {
-    // Said, never silent: a GPU worker's memory is bounded by the device's and the kernel's.
     out.missing.push_back(absl::StrCat("RLIMIT_AS: none on a GPU worker (CUDA reserves terabytes of address space)",
                                        policy.memory_bytes > 0 ? absl::StrCat("; ", policy.memory_bytes, " bytes asked") : ""));
-  } else if (policy.memory_bytes > 0 && kShadowMemorySanitizer) {
-    // A sanitizer build (tests only): the runtime's shadow memory is terabytes of reserved
-    // address space, so any RLIMIT_AS would fail every allocation. Said, never silent.
-    out.missing.push_back(absl::StrCat("RLIMIT_AS (", policy.memory_bytes, " bytes): not set in a ", kSanitizer,
-                                       " build, whose shadow memory is reserved address space"));
-  } else if (limits.ok() && policy.memory_bytes > 0) {
-    limits = SetLimit(RLIMIT_AS, policy.memory_bytes, "RLIMIT_AS");
+  } else if (policy.memory_bytes > 0) {
+    RECAL_RETURN_IF_ERROR(LimitMemoryBy(RLIMIT_AS, "RLIMIT_AS", policy.memory_bytes, out));
   }
-  if (limits.ok() && policy.file_bytes > 0) limits = SetLimit(RLIMIT_FSIZE, policy.file_bytes, "RLIMIT_FSIZE");
-  return limits;
+  if (policy.data_bytes > 0) RECAL_RETURN_IF_ERROR(LimitMemoryBy(RLIMIT_DATA, "RLIMIT_DATA", policy.data_bytes, out));
+  if (policy.gpu && policy.memory_cgroup.empty() && policy.data_bytes == 0) {
+    out.missing.push_back("host memory: no bound on this GPU worker (no memory cgroup, no RLIMIT_DATA)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SetLimits(const Policy& policy, Enforcement& out) {
+  RECAL_RETURN_IF_ERROR(SetLimit(RLIMIT_CORE, 0, "RLIMIT_CORE"));
+  RECAL_RETURN_IF_ERROR(SetLimit(RLIMIT_NOFILE, policy.open_files, "RLIMIT_NOFILE"));
+  RECAL_RETURN_IF_ERROR(LimitMemory(policy, out));
+  if (policy.file_bytes > 0) RECAL_RETURN_IF_ERROR(SetLimit(RLIMIT_FSIZE, policy.file_bytes, "RLIMIT_FSIZE"));
+  return absl::OkStatus();
 }
 
 void IsolateNetwork(Enforcement& out) {

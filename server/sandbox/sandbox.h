@@ -13,8 +13,9 @@
 //   privileges  no_new_privs, every capability dropped, optionally another user
 //   syscalls    seccomp: no execve, fork, ptrace, mount, module, keyring, bpf, io_uring,
 //               namespace or clock calls; signals only to itself
-//   resources   RLIMIT_AS (not on a GPU), RLIMIT_FSIZE, RLIMIT_NOFILE, no core dumps; killed
-//               with the server
+//   resources   its memory cgroup where the server made one (memory_cgroup.h), RLIMIT_AS (not
+//               on a GPU) or RLIMIT_DATA (a GPU worker without a cgroup), RLIMIT_FSIZE,
+//               RLIMIT_NOFILE, no core dumps; killed with the server
 //
 // Whatever the kernel cannot enforce is reported by name (Enforcement::missing), never
 // skipped silently.
@@ -32,6 +33,14 @@ struct Policy {
   std::vector<std::string> read_paths;   // files or directories, recursively
   std::vector<std::string> write_paths;  // directories the process may create files in
   int64_t memory_bytes = 0;              // RLIMIT_AS; 0: no limit
+  // RLIMIT_DATA: the private writable memory the process maps (its heap, anonymous mappings,
+  // thread stacks), which the kernel counts apart from its address space (mm/mmap.c,
+  // is_data_mapping): CUDA's address-space reservations (PROT_NONE) and the NVIDIA driver's
+  // shared mappings are not counted. A GPU worker's bound where it has no cgroup. 0: none.
+  int64_t data_bytes = 0;
+  // A cgroup the server made for this process (MemoryCgroup): joined first, while the process
+  // may still move itself, so the model runs under its memory limit. Empty: none.
+  std::string memory_cgroup;
   int64_t file_bytes = 0;                // RLIMIT_FSIZE; 0: no limit
   int64_t open_files = 1024;             // RLIMIT_NOFILE
   std::string user;                      // switch to this user (needs root); empty: stay
@@ -43,7 +52,8 @@ struct Policy {
   // files that exist (NvidiaDeviceFiles) and read on what the driver reads about the GPU
   // (/proc/driver/nvidia, the PCI devices in /sys). No RLIMIT_AS whatever memory_bytes says:
   // CUDA reserves terabytes of address space for unified addressing, so any limit a job
-  // could live with fails its context creation; said in Enforcement::missing. The driver's
+  // could live with fails its context creation; said in Enforcement::missing. Its host
+  // memory is its cgroup's to bound, else RLIMIT_DATA's (data_bytes). The driver's
   // libraries are the caller's to admit (LoadedLibraryDirs after loading libcuda.so.1).
   bool gpu = false;
 };

@@ -1,8 +1,9 @@
 // recal-worker: runs one task of the server in a sandbox (server/sandbox). Started by the
 // server for every job and every upload, never by hand:
 //
-//   recal-worker --scratch=DIR [--read_path=DIR ...] [--memory_bytes=N] [--file_bytes=N]
-//                [--user=NAME] [--gpu]   stdin: Task (+ pushed batches), fd 3: events, fd 4: model
+//   recal-worker --scratch=DIR [--read_path=DIR ...] [--memory_bytes=N | --data_bytes=N]
+//                [--memory_cgroup=DIR] [--file_bytes=N] [--user=NAME] [--gpu]
+//                stdin: Task (+ pushed batches), fd 3: events, fd 4: model
 //   recal-worker --print_cuda_devices [--gpu]   the number of CUDA devices its LibTorch sees
 //                                       (with --gpu: inside the GPU sandbox), on stdout
 //                                       (recal-server asks, for --devices)
@@ -32,6 +33,10 @@
 ABSL_FLAG(std::string, scratch, "", "the task's scratch directory: the only place it may write");
 ABSL_FLAG(std::vector<std::string>, read_path, {}, "files or directories the task may read (data roots)");
 ABSL_FLAG(int64_t, memory_bytes, 0, "address-space limit (RLIMIT_AS); 0: none");
+ABSL_FLAG(int64_t, data_bytes, 0,
+          "limit of private writable memory (RLIMIT_DATA; a GPU worker's without a memory cgroup); 0: none");
+ABSL_FLAG(std::string, memory_cgroup, "",
+          "a cgroup the server made for this worker, with its memory limit: joined before anything runs");
 ABSL_FLAG(int64_t, file_bytes, 0, "largest file it may write (RLIMIT_FSIZE); 0: none");
 ABSL_FLAG(std::string, user, "", "run as this user (when started as root)");
 ABSL_FLAG(int64_t, server_pid, 0, "the server that started it: stop if the parent is another (0: if it is pid 1)");
@@ -80,6 +85,8 @@ recal::sandbox::Policy PolicyFromFlags() {
   const std::string scratch = absl::GetFlag(FLAGS_scratch);
   if (!scratch.empty()) policy.write_paths = {scratch};
   policy.memory_bytes = absl::GetFlag(FLAGS_memory_bytes);
+  policy.data_bytes = absl::GetFlag(FLAGS_data_bytes);
+  policy.memory_cgroup = absl::GetFlag(FLAGS_memory_cgroup);
   policy.file_bytes = absl::GetFlag(FLAGS_file_bytes);
   policy.user = absl::GetFlag(FLAGS_user);
   policy.server_pid = absl::GetFlag(FLAGS_server_pid);

@@ -105,6 +105,9 @@ TEST(RequestBoundsTest, IdsTokensTenantsAndNamesOfEveryRequestAreBounded) {
   refused(RefusalOf<v1::ListModelsRequest>([&](auto& r) { r.set_name(huge); }), "name is 7340032 bytes; at most 128");
   refused(RefusalOf<v1::GetModelRequest>([&](auto& r) { r.set_id(huge); }), "id is 7340032 bytes; at most 256");
   refused(RefusalOf<v1::DeleteModelRequest>([&](auto& r) { r.set_tenant(huge); }), "tenant is 7340032 bytes");
+  refused(RefusalOf<v1::DeleteJobRequest>([&](auto& r) { r.set_id(huge); }), "id is 7340032 bytes; at most 128");
+  refused(RefusalOf<v1::DeleteJobRequest>([&](auto& r) { r.set_tenant(huge); }), "tenant is 7340032 bytes; at most 64");
+  refused(RefusalOf<v1::GetUsageRequest>([&](auto& r) { r.set_tenant(huge); }), "tenant is 7340032 bytes; at most 64");
   refused(RefusalOf<v1::GetUploadStatusRequest>([&](auto& r) { r.set_sha256(huge); }),
           "sha256 is 7340032 bytes; at most 64");
   refused(RefusalOf<v1::UploadHeader>([&](auto& r) { r.set_name(huge); }), "header.name is 7340032 bytes; at most 128");
@@ -116,6 +119,14 @@ TEST(RequestBoundsTest, IdsTokensTenantsAndNamesOfEveryRequestAreBounded) {
           }),
           "inputs has 65 entries; at most 64");
   refused(std::string(CheckAuthorization("Bearer " + huge).message()), "the authorization metadata is 7340039 bytes; at most 1024");
+  // The largest allowed values pass.
+  EXPECT_EQ(RefusalOf<v1::DeleteJobRequest>([&](auto& r) {
+              r.set_id(std::string(limits::kMaxIdBytes, 'j'));
+              r.set_tenant(std::string(limits::kMaxTenantBytes, 't'));
+            }),
+            "");
+  EXPECT_EQ(RefusalOf<v1::GetUsageRequest>([&](auto& r) { r.set_tenant(std::string(limits::kMaxTenantBytes, 't')); }),
+            "");
   EXPECT_TRUE(CheckAuthorization("Bearer " + std::string(64, 'a')).ok());
 }
 

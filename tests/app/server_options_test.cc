@@ -1,12 +1,15 @@
 // Options recal-server refuses, each with the message its flag gave: the role, the cluster
-// secret, an open server beyond loopback, the devices. Nothing listens when they are refused.
+// secret, an open server beyond loopback, the devices, the workers' memory cgroups. Nothing
+// listens when they are refused.
 #include <string>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "server/app/server.h"
+#include "absl/strings/str_cat.h"
 #include "server/app/server_options.h"
+#include "server/jobs/worker_runner.h"
 #include "tests/test_util.h"
 
 namespace recal::app {
@@ -87,6 +90,29 @@ TEST(ServerOptions, MissingWorkerBinaryIsRefusedWhereJobsRun) {
     EXPECT_FALSE(server.ok()) << RoleName(role);
     EXPECT_THAT(std::string(server.status().message()), StartsWith("the worker does not start: ")) << RoleName(role);
   }
+}
+
+// --worker_memory_cgroup: auto, required or off. required starts only where the kernel lets
+// this process make the workers' memory cgroups, and is refused with the reason elsewhere.
+TEST(ServerOptions, AWorkerMemoryCgroupIsAutoRequiredOrOffAndRequiredIsMetOrRefusedWithWhy) {
+  testing::TempDir tmp;
+  ServerOptions options = OptionsIn(tmp, Role::kAll);
+  options.worker_memory_cgroup = "sometimes";
+  const auto bad = Server::BuildAndStart(options);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+  EXPECT_EQ(bad.status().message(), "--worker_memory_cgroup=sometimes: use auto, required or off");
+
+  options.worker_memory_cgroup = "required";
+  const auto required = Server::BuildAndStart(options);
+  const absl::StatusOr<sandbox::CgroupParent>& parent = jobs::WorkerCgroupParent();
+  if (parent.ok()) {
+    EXPECT_TRUE(required.ok()) << required.status();
+    return;
+  }
+  EXPECT_EQ(required.status().code(), absl::StatusCode::kFailedPrecondition) << required.status();
+  EXPECT_EQ(required.status().message(),
+            absl::StrCat("--worker_memory_cgroup=required, but no memory cgroup can be made for the workers: ",
+                         parent.status().message()));
 }
 
 }  // namespace

@@ -12,6 +12,8 @@
 #include <torch/csrc/jit/passes/freeze_module.h>
 #include <torch/script.h>
 
+#include "absl/strings/str_cat.h"
+#include "server/engine/devices.h"
 #include "server/engine/graph_rewrite.h"
 #include "tests/engine/test_util.h"
 #include "tests/test_util.h"
@@ -385,10 +387,14 @@ TEST(Recalibration, BadOptionsAreRefused) {
   Options bad_regex;
   bad_regex.include = "([";
   EXPECT_THAT(Recalibration::Create(model, bad_regex).status().message(), HasSubstr("--include"));
+  // One CUDA device past those LibTorch sees: refused on a machine with GPUs as without.
+  const absl::StatusOr<int> gpus = CudaDeviceCount();
+  ASSERT_TRUE(gpus.ok()) << gpus.status();
   Options cuda;
-  cuda.device = "cuda:0";
-  EXPECT_EQ(Recalibration::Create(model, cuda).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+  cuda.device = absl::StrCat("cuda:", *gpus);
+  const absl::Status beyond = Recalibration::Create(model, cuda).status();
+  EXPECT_EQ(beyond.code(), absl::StatusCode::kFailedPrecondition) << beyond;
+  EXPECT_THAT(beyond.message(), HasSubstr(absl::StrCat("LibTorch sees ", *gpus, " CUDA device(s)")));
   Options nonsense;
   nonsense.device = "toaster";
   EXPECT_EQ(Recalibration::Create(model, nonsense).status().code(),

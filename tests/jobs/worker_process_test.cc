@@ -47,11 +47,34 @@ TEST(WorkerProcess, ASignalIsSaidWithItsLikelyCause) {
   EXPECT_THAT(WorkerFailure(status, "bad op", {}).message(), HasSubstr("(last words: bad op)"));
   // Under an address-space limit, a refused allocation may end as a crash: the limit and its
   // flag are named with the fix.
-  const WorkerLimits limits{.file_bytes = 0, .address_space_bytes = 1 << 30,
-                            .address_space_flag = "--inspection_memory_bytes"};
+  WorkerLimits limits{.file_bytes = 0, .memory_bytes = 1 << 30, .memory_flag = "--inspection_memory_bytes",
+                      .rlimit = MemoryRlimit::kAddressSpace};
   EXPECT_THAT(WorkerFailure(status, "", limits).message(),
               HasSubstr("LibTorch crashed on this model, or an allocation failed under the worker's address-space "
                         "limit of 1073741824 bytes (--inspection_memory_bytes; raise it for a large model)"));
+  // A GPU worker without a memory cgroup is held by RLIMIT_DATA: named as such.
+  limits.rlimit = MemoryRlimit::kData;
+  limits.memory_flag = "--job_memory_bytes";
+  EXPECT_THAT(WorkerFailure(status, "", limits).message(),
+              HasSubstr("or an allocation failed under the worker's private-memory limit of 1073741824 bytes "
+                        "(RLIMIT_DATA, --job_memory_bytes; raise it for a large model)"));
+}
+
+// SIGKILL: at the worker's own memory cgroup limit when the kernel counted an out-of-memory
+// kill there (the limit and its flag named, with the fix), else from outside.
+TEST(WorkerProcess, ASigkillIsTheCgroupsLimitOnlyWhereTheKernelCountedIt) {
+  auto process = StartShell("kill -KILL $$");
+  ASSERT_NE(process, nullptr);
+  const int status = process->Wait();
+  const WorkerLimits limits{.memory_bytes = int64_t{3} << 30, .memory_flag = "--job_memory_bytes", .cgroup = true};
+  EXPECT_EQ(WorkerFailure(status, "", limits, /*cgroup_oom_kills=*/1).message(),
+            "the worker running the model was killed by SIGKILL (Killed): it exceeded its memory limit of 3221225472 "
+            "bytes (--job_memory_bytes) and the kernel stopped it there (its cgroup's out-of-memory killer). Raise "
+            "--job_memory_bytes for this model, or run it with a smaller batch_size");
+  EXPECT_THAT(WorkerFailure(status, "", limits, 0).message(),
+              HasSubstr("SIGKILL (Killed) from outside, not at its own memory limit"));
+  EXPECT_THAT(WorkerFailure(status, "", {}).message(),
+              HasSubstr("from outside: the kernel's out-of-memory killer, most likely"));
 }
 
 TEST(WorkerProcess, KillIfRunningKillsOnlyAProcessThatHasNotEnded) {

@@ -131,7 +131,7 @@ TEST_F(WorkerRunnerTest, SandboxRefusesNetworkFilesExecForkAndSignals) {
   EXPECT_TRUE(result->attempts(1).refused()) << result->attempts(1).detail();
 }
 
-TEST_F(WorkerRunnerTest, GpuWorkersGetTheGpuAndNoAddressSpaceLimit) {
+TEST_F(WorkerRunnerTest, GpuWorkersGetTheGpuAndNoAddressSpaceLimitButAnotherBound) {
   options_.memory_bytes = int64_t{16} << 30;
   worker::v1::Task task;
   task.mutable_recalibrate()->set_device("cpu");
@@ -139,21 +139,37 @@ TEST_F(WorkerRunnerTest, GpuWorkersGetTheGpuAndNoAddressSpaceLimit) {
   EXPECT_EQ(args.front(), RECAL_WORKER_BINARY);
   EXPECT_THAT(args, ::testing::Contains("--memory_bytes=17179869184"));
   EXPECT_THAT(args, ::testing::Not(::testing::Contains("--gpu")));
+  // Without a memory cgroup, a GPU worker's private memory is held by RLIMIT_DATA.
   task.mutable_recalibrate()->set_device("cuda:1");
   args = WorkerArguments(options_, task, "/scratch");
   EXPECT_THAT(args, ::testing::Contains("--gpu"));
+  EXPECT_THAT(args, ::testing::Contains("--data_bytes=17179869184"));
   for (const std::string& arg : args) EXPECT_THAT(arg, ::testing::Not(HasSubstr("--memory_bytes"))) << arg;
+  // With one, by its cgroup alone; a CPU worker by both.
+  options_.memory_cgroup = sandbox::CgroupParent{"/sys/fs/cgroup/recal", sandbox::CgroupVersion::kV2};
+  args = WorkerArguments(options_, task, "/scratch", "/sys/fs/cgroup/recal/recal-worker-1");
+  EXPECT_THAT(args, ::testing::Contains("--memory_cgroup=/sys/fs/cgroup/recal/recal-worker-1"));
+  for (const std::string& arg : args) {
+    EXPECT_FALSE(absl::StartsWith(arg, "--memory_bytes") || absl::StartsWith(arg, "--data_bytes")) << arg;
+  }
+  task.mutable_recalibrate()->set_device("cpu");
+  args = WorkerArguments(options_, task, "/scratch", "/sys/fs/cgroup/recal/recal-worker-2");
+  EXPECT_THAT(args, ::testing::IsSupersetOf({"--memory_bytes=17179869184", "--memory_cgroup=/sys/fs/cgroup/recal/recal-worker-2"}));
   // Inspections and probes run on the CPU.
   args = WorkerArguments(options_, worker::v1::Task(), "/scratch");
   EXPECT_THAT(args, ::testing::Contains("--memory_bytes=17179869184"));
 }
 
+// The count decides, as it decides the server's devices: on a machine where recal-worker's
+// LibTorch sees a GPU the job runs there; elsewhere the engine, not the sandbox, says there
+// is none (a machine may have NVIDIA device files and no device CUDA can use).
 TEST_F(WorkerRunnerTest, GpuJobEntersTheSandboxAndMeetsTheDevicesThere) {
-  // The GPU policy holds on any machine; without a GPU the engine, not the sandbox, says so.
+  auto count = CountCudaDevices(RECAL_WORKER_BINARY, "");
+  ASSERT_TRUE(count.ok()) << count.status();
   options_.memory_bytes = int64_t{3} << 30;
   WorkerRunner runner(options_);
   auto report = runner.Recalibrate(GoodTask("cuda:0", "gpu"), {});
-  if (fs::exists("/dev/nvidiactl")) {
+  if (*count > 0) {
     ASSERT_TRUE(report.ok()) << report.status();
     EXPECT_EQ(report->device(), "cuda:0");
     return;
@@ -304,6 +320,84 @@ TEST_F(WorkerRunnerTest, MemoryBombFailsAgainstTheLimit) {
   auto report = Recalibrate(runner, kHostile + "memory_bomb.pt");
   ASSERT_FALSE(report.ok());
   EXPECT_THAT(report.status().message(), HasSubstr("memory"));
+  EXPECT_THAT(report.status().message(), HasSubstr("(the worker's memory limit: 3221225472 bytes (--job_memory_bytes)"));
+}
+
+// The worker groups of this process under `dir` (other processes may make theirs there).
+std::vector<std::string> RecalWorkerGroups(const std::string& dir) {
+  std::vector<std::string> groups;
+  const std::string mine = absl::StrCat("recal-worker-", ::getpid(), "-");
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (absl::StartsWith(entry.path().filename().string(), mine)) groups.push_back(entry.path().string());
+  }
+  return groups;
+}
+
+// The bound of a GPU worker, tried with a CPU worker held as a GPU worker is (no RLIMIT_AS):
+// its memory cgroup, where this machine's kernel lets the test make one, kills the worker
+// at its limit, and the job says which limit and which flag raises it.
+TEST_F(WorkerRunnerTest, AWorkerPastItsMemoryCgroupIsKilledAndTheJobNamesTheLimitAndItsFlag) {
+  const absl::StatusOr<sandbox::CgroupParent>& parent = WorkerCgroupParent();
+  if (!parent.ok()) GTEST_SKIP() << "no memory cgroup can be made here: " << parent.status().message();
+  options_.memory_cgroup = parent;
+  options_.address_space_limit_on_cpu = false;
+  options_.memory_bytes = int64_t{1536} << 20;
+  WorkerRunner runner(options_);
+  auto report = Recalibrate(runner, kHostile + "memory_bomb.pt");
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kInternal) << report.status();
+  EXPECT_THAT(report.status().message(),
+              HasSubstr("was killed by SIGKILL (Killed): it exceeded its memory limit of 1610612736 bytes "
+                        "(--job_memory_bytes) and the kernel stopped it there"));
+  // Its group is gone with it (other processes' groups may share the parent), and the next
+  // job runs in a group of its own (with room for a sanitizer's shadow memory).
+  EXPECT_THAT(RecalWorkerGroups(parent->dir), ::testing::IsEmpty());
+  options_.memory_bytes = int64_t{16} << 30;
+  auto good = WorkerRunner(options_).Recalibrate(GoodTask("cpu", "after"), {});
+  EXPECT_TRUE(good.ok()) << good.status();
+  EXPECT_THAT(RecalWorkerGroups(parent->dir), ::testing::IsEmpty());
+}
+
+// Without a cgroup, the GPU's fallback: RLIMIT_DATA refuses the allocation past the limit.
+TEST_F(WorkerRunnerTest, WithoutACgroupAGpuWorkersPrivateMemoryIsHeldByRlimitData) {
+  if (kSanitizer != nullptr) GTEST_SKIP() << "a " << kSanitizer << " build sets no RLIMIT_DATA (its shadow memory)";
+  options_.address_space_limit_on_cpu = false;
+  options_.memory_bytes = int64_t{3} << 30;
+  WorkerRunner runner(options_);
+  auto sandboxed = runner.CheckWorker();
+  ASSERT_TRUE(sandboxed.ok()) << sandboxed.status();
+  EXPECT_THAT(sandboxed->enforced(), ::testing::Contains("RLIMIT_DATA 3221225472 bytes"));
+  auto report = Recalibrate(runner, kHostile + "memory_bomb.pt");
+  ASSERT_FALSE(report.ok());
+  EXPECT_THAT(report.status().message(), HasSubstr("can't allocate memory: you tried to allocate 4294967296 bytes"));
+  EXPECT_THAT(report.status().message(),
+              HasSubstr("(the worker's memory limit: 3221225472 bytes (--job_memory_bytes), held by RLIMIT_DATA. Raise "
+                        "--job_memory_bytes for this model, or run it with a smaller batch_size)"));
+}
+
+// What holds the workers' memory is said at start: the cgroup in `enforced`, as its files
+// state it, or in `missing` why there is none and what holds them instead.
+TEST_F(WorkerRunnerTest, TheStartCheckSaysWhichMemoryBoundHolds) {
+  options_.memory_bytes = int64_t{16} << 30;
+  options_.inspection_memory_bytes = int64_t{4} << 30;
+  options_.memory_cgroup = absl::FailedPreconditionError("cgroup v2: /sys/fs/cgroup is read-only");
+  auto sandboxed = WorkerRunner(options_).CheckWorker();
+  ASSERT_TRUE(sandboxed.ok()) << sandboxed.status();
+  if (kSanitizer == nullptr) EXPECT_THAT(sandboxed->enforced(), ::testing::Contains("RLIMIT_AS 4294967296 bytes"));
+  EXPECT_THAT(sandboxed->missing(),
+              ::testing::Contains("memory-cgroup: none for the workers (cgroup v2: /sys/fs/cgroup is read-only): a CPU "
+                                  "worker's memory is held by RLIMIT_AS alone, a GPU worker's by RLIMIT_DATA (its "
+                                  "private memory: not the page cache, nor what the NVIDIA driver maps for it)"));
+
+  const absl::StatusOr<sandbox::CgroupParent>& parent = WorkerCgroupParent();
+  if (!parent.ok()) GTEST_SKIP() << "no memory cgroup can be made here: " << parent.status().message();
+  options_.memory_cgroup = parent;
+  sandboxed = WorkerRunner(options_).CheckWorker();
+  ASSERT_TRUE(sandboxed.ok()) << sandboxed.status();
+  const bool v2 = parent->version == sandbox::CgroupVersion::kV2;
+  EXPECT_THAT(sandboxed->enforced(),
+              ::testing::Contains(::testing::StartsWith(absl::StrCat(
+                  "memory-cgroup (", v2 ? "v2): memory.max" : "v1): memory.limit_in_bytes", " 4294967296 bytes, "))));
+  for (const std::string& missing : sandboxed->missing()) EXPECT_THAT(missing, ::testing::Not(HasSubstr("memory-cgroup")));
 }
 
 TEST_F(WorkerRunnerTest, CrashedWorkerIsReportedBySignal) {

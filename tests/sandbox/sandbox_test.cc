@@ -21,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/sanitizers.h"
 #include "tests/test_util.h"
 
 namespace recal::sandbox {
@@ -161,6 +162,48 @@ TEST(Sandbox, GpuPolicyLetsTheWorkerNameItsOwnThreadsAndNoOtherProcesss) {
   EXPECT_THAT(out, HasSubstr("own thread: 1")) << out;
   if (out.find("landlock: 1") == std::string::npos) GTEST_SKIP() << "no Landlock here: " << out;
   EXPECT_THAT(out, HasSubstr("parent: 0")) << out;
+}
+
+// Without a memory cgroup, a GPU worker's private memory is held by RLIMIT_DATA (which does
+// not count CUDA's PROT_NONE reservations); without that either, the sandbox says so.
+TEST(Sandbox, GpuPolicyHoldsPrivateMemoryByRlimitDataOrSaysThereIsNoBound) {
+  testing::TempDir scratch;
+  Policy policy;
+  policy.write_paths = {scratch.path()};
+  policy.gpu = true;
+  policy.data_bytes = int64_t{3} << 30;
+  const auto limits = [](const Enforcement& e) {
+    struct rlimit limit;
+    ::getrlimit(RLIMIT_DATA, &limit);
+    return absl::StrCat("RLIMIT_DATA: ", limit.rlim_cur, "\nenforced: ", absl::StrJoin(e.enforced, "; "),
+                        "\nmissing: ", absl::StrJoin(e.missing, "; "), "\n");
+  };
+  std::string out = InSandbox(policy, limits);
+  ASSERT_THAT(out, HasSubstr("enforced: ")) << out;
+  if (kSanitizer != nullptr) {
+    EXPECT_THAT(out, HasSubstr("RLIMIT_DATA (3221225472 bytes): not set in a")) << out;
+  } else {
+    EXPECT_THAT(out, HasSubstr("RLIMIT_DATA: 3221225472\n")) << out;
+    EXPECT_THAT(out, HasSubstr("RLIMIT_DATA 3221225472 bytes")) << out;
+  }
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("host memory: no bound"))) << out;
+  policy.data_bytes = 0;
+  out = InSandbox(policy, limits);
+  EXPECT_THAT(out, HasSubstr("host memory: no bound on this GPU worker (no memory cgroup, no RLIMIT_DATA)")) << out;
+}
+
+// A worker the server made a memory cgroup for does not run outside it: a group it cannot
+// join keeps it from entering the sandbox at all.
+TEST(Sandbox, AMemoryCgroupThatCannotBeJoinedKeepsTheProcessOut) {
+  testing::TempDir scratch;
+  Policy policy;
+  policy.write_paths = {scratch.path()};
+  policy.memory_cgroup = scratch.File("no-such-group");
+  const std::string out = InSandbox(policy, [](const Enforcement&) { return std::string("entered"); });
+  EXPECT_THAT(out, HasSubstr("cannot enter: INTERNAL: cannot join the memory cgroup the server made: cannot open " +
+                             scratch.File("no-such-group") + "/cgroup.procs"))
+      << out;
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("entered"))) << out;
 }
 
 TEST(Sandbox, CpuPolicyKeepsItsAddressSpaceLimitAndNoGpuPaths) {

@@ -513,6 +513,20 @@ TEST_F(AuthTest, OversizedFieldsAndPrioritiesBeyondTheRoleAreRefusedBeforeAnythi
   refused = As("a_read")->ListJobs(&c2, list, &listed);
   EXPECT_EQ(CodeOf(refused), C::INVALID_ARGUMENT);
   EXPECT_THAT(refused.error_message(), HasSubstr("page_token is 7340032 bytes; at most 256 are allowed"));
+  // DeleteJob and GetUsage as every other call, even for an admin, who may name any tenant.
+  grpc::ClientContext c5, c6;
+  v1::DeleteJobRequest delete_job;
+  delete_job.set_id(std::string(7 << 20, 'j'));
+  v1::DeleteJobResponse deleted;
+  refused = As("a_admin")->DeleteJob(&c5, delete_job, &deleted);
+  EXPECT_EQ(CodeOf(refused), C::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.error_message(), HasSubstr("id is 7340032 bytes; at most 128 are allowed"));
+  v1::GetUsageRequest usage_of;
+  usage_of.set_tenant(std::string(7 << 20, 't'));
+  v1::Usage usage;
+  refused = As("a_admin")->GetUsage(&c6, usage_of, &usage);
+  EXPECT_EQ(CodeOf(refused), C::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.error_message(), HasSubstr("tenant is 7340032 bytes; at most 64 are allowed"));
   refused = server_->Stub(std::string(2048, 'a'))->ListJobs(&c3, v1::ListJobsRequest(), &listed);
   EXPECT_EQ(CodeOf(refused), C::UNAUTHENTICATED);
   EXPECT_THAT(refused.error_message(), HasSubstr("at most 1024 are allowed"));
