@@ -54,7 +54,8 @@ const absl::CommandLineFlag* Find(absl::string_view name) {
 
 }  // namespace
 
-std::vector<char*> ParseCommandLineOrExit(int argc, char** argv, absl::string_view program, absl::string_view usage) {
+std::vector<char*> ParseCommandLineOrExit(int argc, char** argv, absl::string_view program, absl::string_view usage,
+                                          absl::string_view build) {
   absl::SetProgramUsageMessage(usage);
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
@@ -68,6 +69,7 @@ std::vector<char*> ParseCommandLineOrExit(int argc, char** argv, absl::string_vi
     }
     if (name == "version") {
       std::cout << program << " " << Version() << " (LibTorch " << LibTorchVersion() << ")\n";
+      if (!build.empty()) std::cout << build << "\n";
       std::exit(0);
     }
     if (const absl::CommandLineFlag* flag = Find(name); flag != nullptr) {

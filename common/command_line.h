@@ -13,8 +13,10 @@
 namespace recal {
 
 // Parses argv into the flags or exits: 0 after --help / --version, 2 for an unknown flag.
-// `usage`: what the binary does and its synopsis (the first lines of --help). Returns the
+// `usage`: what the binary does and its synopsis (the first lines of --help); `build`: what
+// --version says of the build besides (a line of its own where not empty). Returns the
 // positional arguments (argv[0] first), as absl::ParseCommandLine does.
-std::vector<char*> ParseCommandLineOrExit(int argc, char** argv, absl::string_view program, absl::string_view usage);
+std::vector<char*> ParseCommandLineOrExit(int argc, char** argv, absl::string_view program, absl::string_view usage,
+                                          absl::string_view build = "");
 
 }  // namespace recal

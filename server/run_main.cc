@@ -27,6 +27,7 @@
 #include "server/data/batch_source.h"
 #include "server/data_access/locate_objects.h"
 #include "server/data_access/object_storage.h"
+#include "server/engine/batch_moments.h"
 #include "server/engine/recalibration.h"
 #include "server/engine/report.h"
 #include "server/s3/s3_flags.h"
@@ -278,7 +279,8 @@ int main(int argc, char** argv) {
       argc, argv, "recal-run",
       "recalibrates the BatchNorm statistics of a TorchScript model or torch.export program on local data\n"
       "  recal-run --model M.pt|M.pt2 --data npy:X.npy --out OUT.pt|OUT.pt2 [--bn_out BN.safetensors] "
-      "[--report R.json] [options]");
+      "[--report R.json] [options]",
+      recal::engine::GpuStatisticsBuild());
   absl::Status status = RunMain();
   if (!status.ok()) {
     std::string message(status.message());

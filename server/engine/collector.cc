@@ -1,15 +1,17 @@
 #include "server/engine/collector.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <tuple>
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "server/engine/channels_last_moments.h"
+#include "server/engine/batch_moments.h"
 
 namespace recal::engine {
 namespace {
@@ -18,6 +20,20 @@ namespace {
 // LibTorch's CPU kernels for channels-last and (N, C) inputs sum in float32 and lose
 // ~ (|mean| / std)^2 * 1e-9 of the variance (9% at 1e4); at 8 that is below 1e-7.
 constexpr double kRefineRatio = 8.0;
+
+// Whether a layer's input is measured by Recal's statistics kernel on its device: on a GPU
+// where the kernel is built (batch_moments.h), unless RECAL_GPU_STATISTICS=aten asks for
+// ATen's kernels (the GPU check compares the two).
+bool UsesDeviceKernel(const at::Tensor& input) {
+  static const bool aten = [] {
+    const char* choice = std::getenv("RECAL_GPU_STATISTICS");
+    return choice != nullptr && std::string(choice) == "aten";
+  }();
+  const at::ScalarType t = input.scalar_type();
+  return input.is_cuda() && !aten && input.dim() >= 2 &&
+         (t == at::kFloat || t == at::kDouble || t == at::kBFloat16 || t == at::kHalf) &&
+         HasBatchMomentsKernel(c10::kCUDA);
+}
 
 std::string LayerNameOf(const std::string& mean_key) {
   constexpr absl::string_view kSuffix = ".running_mean";
@@ -44,13 +60,13 @@ bool ChannelsLastOnCpu(const at::Tensor& input) {
 // biased variance. LibTorch's fused channels-last CPU kernel sums in float32: at 1e5 values
 // per channel (32x64x56x56) it was measured to lose 1.3e-5 of the mean and 2.4e-5 of the
 // variance of every channel, which every later layer inherits through its input. The
-// statistics are therefore taken in float64 in one pass (ChannelsLastMoments) and the
+// statistics are therefore taken in float64 in one pass (BatchMoments) and the
 // eval-mode kernel normalises by them.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> NormaliseChannelsLast(
     const at::Tensor& input, const c10::optional<at::Tensor>& weight,
     const c10::optional<at::Tensor>& bias, const at::Tensor& running_mean, double eps,
     bool cudnn_enabled) {
-  auto [mean, var] = ChannelsLastMoments(input);
+  auto [mean, var] = BatchMoments(input);
   at::Tensor out = at::batch_norm(input, weight, bias, mean.to(running_mean.scalar_type()),
                                   var.to(running_mean.scalar_type()), /*training=*/false,
                                   /*momentum=*/0.0, eps, cudnn_enabled);
@@ -128,6 +144,7 @@ at::Tensor Collector::Observe(const at::Tensor& input, const c10::optional<at::T
                           momentum, eps, cudnn_enabled);
   }
   if (locate_nonfinite_) LocateNonFinite(*layer, input);
+  if (UsesDeviceKernel(input)) return MeasureOnDevice(layer, input, weight, bias, eps);
   if (input.scalar_type() == at::kBFloat16 || input.scalar_type() == at::kHalf) {
     // A reduced-precision forward (autocast): widening to float32 is exact, so the float32
     // path below measures exactly the activations this layer sees; its output goes on in
@@ -182,6 +199,29 @@ at::Tensor Collector::Measure(Layer* layer, const at::Tensor& input, const c10::
   if (refine) ++layer->refined_calls;
   layer->stats.AddCall(n, mean, var);
   return out;
+}
+
+at::Tensor Collector::MeasureOnDevice(Layer* layer, const at::Tensor& input, const c10::optional<at::Tensor>& weight,
+                                      const c10::optional<at::Tensor>& bias, double eps) {
+  const int64_t channels = input.size(1);
+  const int64_t n = channels > 0 ? input.numel() / channels : 0;  // values per channel
+  std::lock_guard<std::mutex> lock(mu_);
+  if (n == 0) {  // an empty selection: normalised (to nothing), counted, nothing measured
+    layer->stats.AddCall(0, at::Tensor(), at::Tensor());
+    return at::empty_like(input);
+  }
+  c10::InferenceMode ordinary_tensors(/*enabled=*/false);  // kept across batches
+  const at::ScalarType stats = input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  if (!layer->batch_mean.defined() || layer->batch_mean.scalar_type() != stats) {
+    layer->batch_mean = at::empty({channels}, input.options().dtype(stats));
+    layer->batch_invstd = at::empty({channels}, input.options().dtype(stats));
+  }
+  if (!layer->nonfinite.defined()) layer->nonfinite = at::zeros({}, input.options().dtype(at::kBool));
+  const at::Tensor& accumulators = layer->stats.DeviceAccumulators(input.device(), channels);
+  const BatchMomentsCounts counts{layer->stats.population().count(), layer->stats.call_means().count()};
+  MergeBatchMoments(input, accumulators, counts, eps, layer->batch_mean, layer->batch_invstd, layer->nonfinite);
+  layer->stats.CountDeviceCall(n);
+  return at::batch_norm_elemt(input, weight, bias, layer->batch_mean, layer->batch_invstd, eps);
 }
 
 void Collector::LocateNonFinite(const Layer& layer, const at::Tensor& input) {

@@ -31,6 +31,9 @@ struct Layer {
   // On the layer's device, so that checking costs one host sync per batch, not per call:
   // whether some call in the current batch saw a NaN or Inf.
   at::Tensor nonfinite;
+  // Where the device kernel leaves a call's mean and 1/sqrt(var + eps) for the normalisation
+  // (batch_moments.h): made at the first call, reused by every later one.
+  at::Tensor batch_mean, batch_invstd;
 };
 
 class Collector {
@@ -74,6 +77,11 @@ class Collector {
   at::Tensor Measure(Layer* layer, const at::Tensor& input, const c10::optional<at::Tensor>& weight,
                      const c10::optional<at::Tensor>& bias, const at::Tensor& running_mean, double eps,
                      bool cudnn_enabled);
+  // The same on a device with Recal's statistics kernel (batch_moments.h): one pass over
+  // `input` in its own dtype, merged into the layer's accumulators there, and the output
+  // normalised by the statistics it leaves; no host synchronisation.
+  at::Tensor MeasureOnDevice(Layer* layer, const at::Tensor& input, const c10::optional<at::Tensor>& weight,
+                             const c10::optional<at::Tensor>& bias, double eps);
   void LocateNonFinite(const Layer& layer, const at::Tensor& input);
 
   std::unordered_map<const void*, std::string> buffer_names_;

@@ -4,6 +4,9 @@
 #include <utility>
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include "server/engine/batch_moments.h"
 
 namespace recal::engine {
 
@@ -19,6 +22,34 @@ void LayerStats::AddCall(int64_t n, const at::Tensor& mean, const at::Tensor& bi
   population_.Add(static_cast<double>(n), mean, biased_var * static_cast<double>(n));
   call_means_.Add(1, mean, zeros);
   call_vars_.Add(1, biased_var * (static_cast<double>(n) / static_cast<double>(n - 1)), zeros);
+}
+
+const at::Tensor& LayerStats::DeviceAccumulators(const c10::Device& device, int64_t channels) {
+  if (device_accumulators_.defined()) return device_accumulators_;
+  c10::InferenceMode ordinary_tensors(/*enabled=*/false);  // updated outside the forward too (Moments)
+  device_accumulators_ = at::zeros({kAccumulatorRows, channels}, at::TensorOptions(device).dtype(at::kDouble));
+  auto adopt = [&](Moments& moments, AccumulatorRow mean_row, AccumulatorRow m2_row) {
+    at::Tensor mean = device_accumulators_[mean_row], m2 = device_accumulators_[m2_row];
+    if (moments.count() > 0) {
+      mean.copy_(moments.mean());
+      m2.copy_(moments.m2());
+    }
+    moments = Moments::Over(moments.count(), mean, m2);
+  };
+  adopt(population_, kPopulationMean, kPopulationM2);
+  adopt(call_means_, kCallMeanMean, kCallMeanM2);
+  adopt(call_vars_, kCallVarMean, kCallVarM2);
+  return device_accumulators_;
+}
+
+void LayerStats::CountDeviceCall(int64_t n) {
+  ++calls_;
+  if (n < 2) ++calls_without_variance_;
+  population_.Counted(static_cast<double>(n));
+  if (n >= 2) {
+    call_means_.Counted(1);
+    call_vars_.Counted(1);
+  }
 }
 
 void LayerStats::Merge(const LayerStats& other) {

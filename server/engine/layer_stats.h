@@ -20,6 +20,14 @@ class LayerStats {
   // Exact for any split of the calls between two accumulators.
   void Merge(const LayerStats& other);
 
+  // The accumulators a kernel merges calls into on `device` (batch_moments.h: float64
+  // [kAccumulatorRows, channels]), made at the first call and kept: from then on the
+  // Moments below are views of its rows, whatever adds to them. What the calls merged so
+  // far hold is copied in when they are made.
+  const at::Tensor& DeviceAccumulators(const c10::Device& device, int64_t channels);
+  // After a kernel merged a call of n >= 1 values per channel into DeviceAccumulators().
+  void CountDeviceCall(int64_t n);
+
   // The accumulators as they are, and back (a shard's statistics travel between processes).
   static LayerStats FromParts(int64_t calls, int64_t calls_without_variance, Moments population,
                               Moments call_means, Moments call_vars);
@@ -52,6 +60,7 @@ class LayerStats {
   Moments population_;  // every element counts once
   Moments call_means_;  // one value per call with n >= 2: its mean
   Moments call_vars_;   // one value per call with n >= 2: its unbiased variance
+  at::Tensor device_accumulators_;  // DeviceAccumulators(), once made
 };
 
 }  // namespace recal::engine

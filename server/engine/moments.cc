@@ -13,8 +13,13 @@ void Moments::Add(double count, const at::Tensor& mean, const at::Tensor& m2) {
   c10::InferenceMode ordinary_tensors(/*enabled=*/false);
   if (count_ == 0) {
     count_ = count;
-    mean_ = mean.to(at::kDouble, /*non_blocking=*/false, /*copy=*/true);
-    m2_ = m2.to(at::kDouble, /*non_blocking=*/false, /*copy=*/true);
+    if (mean_.defined()) {  // accumulators of their own (Over): filled, not replaced
+      mean_.copy_(mean);
+      m2_.copy_(m2);
+    } else {
+      mean_ = mean.to(at::kDouble, /*non_blocking=*/false, /*copy=*/true);
+      m2_ = m2.to(at::kDouble, /*non_blocking=*/false, /*copy=*/true);
+    }
     return;
   }
   const double total = count_ + count;
@@ -23,6 +28,14 @@ void Moments::Add(double count, const at::Tensor& mean, const at::Tensor& m2) {
   mean_.add_(delta, count / total);
   m2_.add_(m2.to(m2_.device())).add_(delta.square_(), count_ * count / total);
   count_ = total;
+}
+
+Moments Moments::Over(double count, at::Tensor mean, at::Tensor m2) {
+  Moments moments;
+  moments.count_ = count;
+  moments.mean_ = std::move(mean);
+  moments.m2_ = std::move(m2);
+  return moments;
 }
 
 void Moments::Merge(const Moments& other) { Add(other.count_, other.mean_, other.m2_); }

@@ -13,6 +13,13 @@ class Moments {
  public:
   Moments() = default;
 
+  // Moments whose accumulators are `mean` and `m2` (float64 [C], views of a larger tensor
+  // where a kernel merges in place: batch_moments.h), holding `count` samples already.
+  // Every later Add and Merge updates them in place.
+  static Moments Over(double count, at::Tensor mean, at::Tensor m2);
+  // A kernel has merged `count` samples into mean() and m2() in place.
+  void Counted(double count) { count_ += count; }
+
   // Adds `count` samples per channel whose mean is `mean` and whose M2 is `m2`
   // (float64 tensors of shape [C]). A single value is Add(1, value, zeros).
   void Add(double count, const at::Tensor& mean, const at::Tensor& m2);

@@ -25,6 +25,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/engine/batch_moments.h"
 #include "server/engine/devices.h"
 #include "server/sandbox/sandbox.h"
 #include "server/worker/channel.h"
@@ -110,7 +111,8 @@ int PrintCudaDevices() {
 
 int main(int argc, char** argv) {
   recal::ParseCommandLineOrExit(argc, argv, "recal-worker",
-                                "runs one task of recal-server in a sandbox (started by the server, not by hand)");
+                                "runs one task of recal-server in a sandbox (started by the server, not by hand)",
+                                recal::engine::GpuStatisticsBuild());
   if (absl::GetFlag(FLAGS_print_cuda_devices)) return PrintCudaDevices();
   const std::string scratch = absl::GetFlag(FLAGS_scratch);
   if (scratch.empty()) return Fail("--scratch is required");
