@@ -220,7 +220,7 @@ TEST_F(WorkerRunnerTest, UploadsOutsideTheAllowlistAreRefusedInTheWorker) {
   EXPECT_THAT(layers.status().message(), HasSubstr("nodes"));
   layers = runner.Inspect(kFixtures + "/models/resnet18.traced_eval.pt");
   ASSERT_TRUE(layers.ok()) << layers.status();
-  EXPECT_EQ(layers->size(), 20u);
+  EXPECT_EQ(layers->layers_size(), 20);
 }
 
 // The inspection cap (4 GiB, --inspection_memory_bytes' default) holds the biggest fixtures'
@@ -237,7 +237,7 @@ TEST_F(WorkerRunnerTest, TheBiggestFixturesAreInspectedUnderTheInspectionCap) {
   for (const char* model : {"zoo_resnet50.exported_train.pt2", "zoo_resnet50.exported_eval.pt2"}) {
     auto layers = runner.Inspect(kFixtures + "/models/" + model);
     ASSERT_TRUE(layers.ok()) << model << ": " << layers.status();
-    EXPECT_EQ(layers->size(), 53u) << model;
+    EXPECT_EQ(layers->layers_size(), 53) << model;
   }
   EXPECT_EQ(options_.inspections->running(), 0);  // each slot given back
 }
