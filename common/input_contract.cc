@@ -77,11 +77,11 @@ std::string DimText(const v1::InputDim& dim) {
 std::string DtypeFix(absl::string_view wanted, absl::string_view got) {
   const std::string numpy = absl::StrCat("numpy: x.astype(np.", wanted, "); torch: x.to(torch.", wanted, ")");
   if (KindOf(wanted) == DtypeKind::kFloating) {
-    return absl::StrCat("the server converts uint8, float16 and float32 data to float32 (dividing by the data's "
+    return absl::StrCat("Recal converts uint8, float16 and float32 data to float32 (dividing by the data's "
                         "scale=S when given, e.g. scale=255 for 0..255 pixels) and casts floating data to the "
                         "program's dtype, but no ", got, " data: store it as float32 or uint8 (", numpy, ")");
   }
-  return absl::StrCat("the program takes ", wanted, " (token ids, indices); the server turns uint8 and float16 data "
+  return absl::StrCat("the program takes ", wanted, " (token ids, indices); Recal turns uint8 and float16 data "
                       "into float32 and casts nothing else: store the data as ", wanted, " (", numpy, ")");
 }
 
@@ -214,11 +214,11 @@ class BatchCheck {
                     "the program takes one batch size for all its inputs: give each input the same number of samples");
     }
     const std::string want =
-        IsBare(size) ? absl::StrCat("equal to ", other, ", which is ", other_size)
-                     : absl::StrCat(ExpressionText(size), " = ", expected ? absl::StrCat(*expected) : "beyond int64",
-                                    " with ", size.symbol(), " = ", first.value, " from ", other);
-    return Refuse(i, absl::StrCat(here, ", but the program was exported with it ", want, " (one torch.export.Dim, ",
-                                  size.symbol(), ")"),
+        IsBare(size) ? absl::StrCat("equal to ", other, ", which is ", other_size, ": one torch.export.Dim, ",
+                                    size.symbol(), ", for both")
+                     : absl::StrCat(ExpressionText(size), " = ", expected ? absl::StrCat(*expected) : "beyond int64", ", ",
+                                    size.symbol(), " being ", first.value, " from ", other);
+    return Refuse(i, absl::StrCat(here, ", but the program was exported with it ", want),
                   "give data whose dims agree so, or export with a Dim of their own for each");
   }
 

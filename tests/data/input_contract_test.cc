@@ -87,7 +87,7 @@ TEST(InputContract, DimRangeAndEqualityAsTorchGuardsThem) {
   EXPECT_THAT(Message(CheckBatch(Bounded(), {{{2, 3, 4, 4}, "float32"}})), HasSubstr("dim 2 is 4"));
   EXPECT_THAT(Message(CheckBatch(Bounded(), {{{2, 3, 16, 20}, "float32"}})),
               HasSubstr("input 'x' dim 3 is 20, but the program was exported with it equal to input 'x' dim 2, "
-                        "which is 16 (one torch.export.Dim, s1)"));
+                        "which is 16: one torch.export.Dim, s1, for both (the data gives"));
 }
 
 TEST(InputContract, LowerBoundsOfTwoOrLessAreNotEnforced) {
@@ -115,8 +115,8 @@ TEST(InputContract, DerivedDimsMustBeMetByAWholeSymbol) {
                                       Input("y", "float32", {Dynamic("s0", 1, {}), Dynamic("s1", 2, 16, 2, 1)})});
   EXPECT_TRUE(CheckBatch(derived, {{{2, 16}, "float32"}, {{2, 33}, "float32"}}).ok());
   EXPECT_THAT(Message(CheckBatch(derived, {{{2, 16}, "float32"}, {{2, 12}, "float32"}})),
-              HasSubstr("input 'y' dim 1 is 12, but the program was exported with it 2*s1+1 = 33 with s1 = 16 from "
-                        "input 'x' dim 1"));
+              HasSubstr("input 'y' dim 1 is 12, but the program was exported with it 2*s1+1 = 33, s1 being 16 from "
+                        "input 'x' dim 1 (the data gives"));
   // y alone binds d: 12 is no 2*d + 1 (torch's own check lets it through as d = 5.5).
   const ModelInputs alone = Inputs({Input("y", "float32", {Dynamic("s0", 1, {}), Dynamic("s1", 2, 16, 2, 1)})});
   EXPECT_TRUE(CheckBatch(alone, {{{2, 11}, "float32"}}).ok());
