@@ -81,6 +81,10 @@ inline constexpr double kImageNetStd[3] = {0.229, 0.224, 0.225};
 // Fills resize, crop (0: unset), mean and std (empty: unset) of an images spec.
 void FillImageNetDefaults(DataSpec* spec);
 
+// The batches a run uses when it does not say (fvcore's default for precise BN), fewer if the
+// data ends first: the engine's, and what the server's admission expects the engine to do.
+inline constexpr int64_t kDefaultMaxBatches = 200;
+
 // The refusal of data shorter than the max_batches a run asked for, with both ways out and
 // the names they have in each client.
 absl::Status ShortDataError(int64_t batches, int64_t samples, int64_t max_batches);

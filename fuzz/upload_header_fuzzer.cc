@@ -34,7 +34,7 @@ constexpr int64_t kMaxStoredBytes = int64_t{1} << 19;
 
 class RefusingInspector final : public recal::jobs::ModelInspector {
  public:
-  absl::StatusOr<std::vector<recal::v1::BatchNormLayer>> Inspect(const std::string&) override {
+  absl::StatusOr<recal::v1::Model> Inspect(const std::string&) override {
     return absl::InvalidArgumentError("the upload fuzz target inspects no model");
   }
 };

@@ -25,6 +25,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "server/data/batch_source.h"
+#include "server/data_access/data_shape.h"
 #include "server/data_access/locate_objects.h"
 #include "server/data_access/object_storage.h"
 #include "server/engine/batch_moments.h"
@@ -155,6 +156,41 @@ class ProgressPrinter {
   std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
 };
 
+// The result is written in the format the model came in: a PT2 archive named .pt (or
+// TorchScript named .pt2) would mislead whoever loads it by its name. Other names are the
+// user's to choose.
+absl::Status CheckOutName(const std::string& model, const std::string& out) {
+  RECAL_ASSIGN_OR_RETURN(auto file, recal::engine::OpenModelFile(model));
+  RECAL_ASSIGN_OR_RETURN(const recal::engine::ModelFormat format, recal::engine::DetectModelFormat(file));
+  const bool exported = format == recal::engine::ModelFormat::kExportedProgram;
+  const absl::string_view stem(out.data(), out.rfind('.') == std::string::npos ? out.size() : out.rfind('.'));
+  if (exported && (absl::EndsWith(out, ".pt") || absl::EndsWith(out, ".pth"))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--out ", out, ": the model is a torch.export program, and so is the result (a PT2 archive, which "
+        "torch.export.load opens and torch.jit.load does not): name it ", stem, ".pt2"));
+  }
+  if (!exported && absl::EndsWith(out, ".pt2")) {
+    return absl::InvalidArgumentError(absl::StrCat("--out ", out, ": the model is TorchScript, and so is the result "
+                                                   "(torch.jit.load opens it, torch.export.load does not): name it ",
+                                                   stem, ".pt"));
+  }
+  return absl::OkStatus();
+}
+
+// The data against the model's input contract before any batch runs (each batch is checked
+// again as it comes), and what the engine will cast, said once.
+absl::Status CheckDataUpFront(const recal::engine::Recalibration& run, const recal::data::DataSpec& data,
+                              int64_t batch_size, const Options& options, bool say_casts) {
+  RECAL_RETURN_IF_ERROR(recal::data::CheckDataShape(run.inputs(), data, batch_size,
+                                                    options.max_batches.value_or(recal::engine::kDefaultMaxBatches)));
+  if (const std::optional<recal::DataShape> shape = recal::data::PeekDataShape(data); shape && say_casts) {
+    for (const std::string& note : recal::CastNotes(run.inputs(), shape->samples)) {
+      std::cerr << "recal-run: " << note << "\n";
+    }
+  }
+  return absl::OkStatus();
+}
+
 // One shard: its batches of the data, its own copy of the model; its statistics, or why not.
 struct ShardRun {
   std::unique_ptr<recal::engine::Recalibration> run;
@@ -182,6 +218,8 @@ ShardRun RunShard(const std::string& model, const recal::data::DataSpec& data, i
     out.status = run.status();
     return out;
   }
+  out.status = CheckDataUpFront(**run, data, batch_size, options, index == 0);
+  if (!out.status.ok()) return out;
   out.status = (*run)->RunShard([&] { return shard->source->Next(); },
                                 [&](const recal::engine::Progress& p) { progress(index, p); });
   out.skipped_files = shard->source->skipped_files();
@@ -197,6 +235,7 @@ absl::Status RunMain() {
     return absl::InvalidArgumentError("--model, --data and --out are required (see --help)");
   }
   RECAL_ASSIGN_OR_RETURN(const recal::data::DataSpec data, recal::data::ParseDataSpec(data_flag));
+  RECAL_RETURN_IF_ERROR(CheckOutName(model, out));
   const int64_t batch_size = absl::GetFlag(FLAGS_batch_size);
   if (batch_size < 1) return absl::InvalidArgumentError("--batch_size must be at least 1");
   auto options = OptionsFromFlags();

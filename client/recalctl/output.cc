@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/input_contract.h"
 #include "common/json_numbers.h"
 #include "recal/data.h"
 
@@ -63,6 +64,7 @@ std::string ModelText(const v1::Model& model) {
   std::string text = absl::StrCat("id: ", model.id(), "\nname: ", model.name(), "\nversion: ", model.version(),
                                   "\nreference: ", model.name(), ":", model.version(), "\nsize: ", model.size(),
                                   "\nbatchnorm_layers: ", model.layers_size(), "\n");
+  for (const v1::ModelInput& input : model.inputs()) absl::StrAppend(&text, "input: ", DescribeInput(input), "\n");
   for (const auto& [key, value] : model.labels()) absl::StrAppend(&text, "label: ", key, "=", value, "\n");
   if (model.has_create_time()) absl::StrAppend(&text, "created: ", Time(model.create_time()), "\n");
   return text;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/input_contract.h"
 #include "server/engine/graph_validation.h"
 
 namespace recal::engine {
@@ -17,11 +18,16 @@ struct DeclaredLayer {
   int64_t channels = 0;
 };
 
+struct ModelInspection {
+  // The BatchNorm modules; functional batch_norm on other buffers is only found when the
+  // model runs.
+  std::vector<DeclaredLayer> layers;
+  ModelInputs inputs;  // what every batch must fit (common/input_contract.h)
+};
+
 // Loads the archive, validates its graphs and instruments a copy, as a recalibration would:
 // fails for the same reasons (not an archive, an operator outside the allowlist, no
-// BatchNorm, frozen). Lists the BatchNorm modules; functional batch_norm on other buffers
-// is only found when the model runs.
-absl::StatusOr<std::vector<DeclaredLayer>> InspectModel(const std::string& path,
-                                                        const GraphPolicy& policy);
+// BatchNorm, frozen).
+absl::StatusOr<ModelInspection> InspectModel(const std::string& path, const GraphPolicy& policy);
 
 }  // namespace recal::engine

@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/input_contract.h"
 #include "recal/v1/report.pb.h"
 #include "server/engine/graph_validation.h"
 #include "server/engine/model_file.h"
@@ -29,6 +30,10 @@ class ObservedModel {
   virtual ~ObservedModel() = default;
 
   virtual ModelFormat format() const = 0;
+
+  // What every batch must fit (common/input_contract.h): an exported program's user inputs
+  // as it was exported, a TorchScript forward's tensor arguments (shapes undeclared).
+  virtual const ModelInputs& inputs() const = 0;
 
   // Every buffer by its state_dict key, the very tensors the forward reads (the collector
   // knows BatchNorm layers by their buffers' data pointers).

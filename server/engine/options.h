@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/data_spec.h"
 #include "recal/v1/report.pb.h"
 #include "server/engine/graph_validation.h"
 
@@ -68,8 +69,8 @@ struct Options {
   bool preload_output_copy = true;
 };
 
-// fvcore's default number of batches for precise BN.
-inline constexpr int64_t kDefaultMaxBatches = 200;
+// fvcore's default number of batches for precise BN (common/data_spec.h).
+inline constexpr int64_t kDefaultMaxBatches = data::kDefaultMaxBatches;
 
 // The options of one shard of a sharded run that feeds `batches` batches: exactly those,
 // and a precision target scaled so that the merged statistics meet the job's (the

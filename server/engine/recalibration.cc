@@ -180,6 +180,7 @@ absl::Status Recalibration::Feed(const std::vector<at::Tensor>& inputs) {
   if (inputs[0].size(0) == 0) {
     return absl::InvalidArgumentError(absl::StrCat("batch ", batches_, " has no samples"));
   }
+  if (absl::Status fits = CheckInputs(inputs); !fits.ok()) return fits;
   std::vector<at::Tensor> args;
   absl::Status forward = memory_format_ == MemoryFormat::kAuto ? FirstForward(inputs, args)
                                                                : Forward(args = Arguments(inputs));
@@ -201,6 +202,16 @@ absl::Status Recalibration::Feed(const std::vector<at::Tensor>& inputs) {
   }
   seconds_ += Seconds(start);
   return absl::OkStatus();
+}
+
+absl::Status Recalibration::CheckInputs(const std::vector<at::Tensor>& inputs) const {
+  std::vector<TensorShape> batch;
+  for (const at::Tensor& input : inputs) {
+    batch.push_back({input.sizes().vec(), std::string(c10::getDtypeNames(input.scalar_type()).first)});
+  }
+  const absl::Status fits = CheckBatch(model_->inputs(), batch);
+  if (fits.ok()) return fits;
+  return absl::InvalidArgumentError(absl::StrCat("batch ", batches_, ": ", fits.message()));
 }
 
 std::vector<at::Tensor> Recalibration::Arguments(const std::vector<at::Tensor>& inputs) const {
@@ -461,14 +472,13 @@ absl::StatusOr<at::Tensor> Recalibration::Buffer(const std::string& key) const {
   return found->second;
 }
 
-absl::StatusOr<std::vector<DeclaredLayer>> InspectModel(const std::string& path,
-                                                        const GraphPolicy& policy) {
+absl::StatusOr<ModelInspection> InspectModel(const std::string& path, const GraphPolicy& policy) {
   Options options;
   options.graph_policy = policy;
   options.preload_output_copy = false;
   auto run = Recalibration::Create(path, options);
   if (!run.ok()) return run.status();
-  return (*run)->Layers();
+  return ModelInspection{(*run)->Layers(), (*run)->inputs()};
 }
 
 v1::RunReport Recalibration::Report() const {

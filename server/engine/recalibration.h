@@ -87,6 +87,9 @@ class Recalibration {
   // The BatchNorm layers known so far: every BatchNorm module, and functional calls seen.
   std::vector<DeclaredLayer> Layers() const;
 
+  // What every batch must fit (common/input_contract.h); Feed refuses a batch that does not.
+  const ModelInputs& inputs() const { return model_->inputs(); }
+
   // The layout of the forward's 4-d activations: Options::memory_format, or what kAuto chose
   // at the first batch (kAuto before it).
   MemoryFormat memory_format() const { return memory_format_; }
@@ -105,6 +108,8 @@ class Recalibration {
   absl::StatusOr<at::Tensor> Buffer(const std::string& key) const;
   // Fails naming the first layer whose new statistics overflow its buffers' type.
   absl::Status CheckStatisticsFitBuffers() const;
+  // INVALID_ARGUMENT naming the batch when `inputs` do not fit the model's contract.
+  absl::Status CheckInputs(const std::vector<at::Tensor>& inputs) const;
   // One forward pass of the observed model over batch number batches_.
   absl::Status Forward(const std::vector<at::Tensor>& args);
   // The forward of the first batch, for auto memory format falling back to contiguous.

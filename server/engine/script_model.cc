@@ -50,10 +50,31 @@ absl::StatusOr<at::Tensor> BufferAt(const torch::jit::Module& module, const std:
   return owner.attr(parts.back()).toTensor();
 }
 
+// The tensor arguments a batch can give forward, positionally: the leading ones typed Tensor
+// (or Tensor?), those with a default optional. A saved TorchScript graph declares no shapes
+// or dtypes (every input is plain `Tensor`, traced or scripted), so only their number is
+// checked.
+ModelInputs ForwardInputs(const torch::jit::Module& module) {
+  ModelInputs inputs;
+  const std::optional<torch::jit::Method> forward = module.find_method("forward");
+  if (!forward) return inputs;
+  const std::vector<c10::Argument>& arguments = forward->function().getSchema().arguments();
+  for (size_t k = 1; k < arguments.size(); ++k) {  // 0 is self
+    c10::TypePtr type = arguments[k].type();
+    if (const auto optional = type->cast<c10::OptionalType>()) type = optional->getElementType();
+    if (!type->isSubtypeOf(*c10::TensorType::get())) break;
+    v1::ModelInput* input = inputs.Add();
+    input->set_name(arguments[k].name());
+    input->set_any_shape(true);
+    input->set_optional(arguments[k].default_value().has_value());
+  }
+  return inputs;
+}
+
 class ScriptModel final : public ObservedModel {
  public:
   ScriptModel(torch::jit::Module observed, std::shared_ptr<ReadAdapter> file, std::string path)
-      : observed_(std::move(observed)), file_(std::move(file)), path_(std::move(path)) {
+      : observed_(std::move(observed)), file_(std::move(file)), path_(std::move(path)), inputs_(ForwardInputs(observed_)) {
     for (const auto& buffer : observed_.named_buffers(/*recurse=*/true)) buffers_.emplace_back(buffer.name, buffer.value);
   }
 
@@ -63,6 +84,7 @@ class ScriptModel final : public ObservedModel {
   }
 
   ModelFormat format() const override { return ModelFormat::kTorchScript; }
+  const ModelInputs& inputs() const override { return inputs_; }
   const NamedTensors& buffers() const override { return buffers_; }
 
   std::vector<std::pair<at::Tensor, at::Tensor>> BatchNormBuffers() const override {
@@ -117,6 +139,7 @@ class ScriptModel final : public ObservedModel {
   torch::jit::Module observed_;
   std::shared_ptr<ReadAdapter> file_;
   std::string path_;
+  const ModelInputs inputs_;
   NamedTensors buffers_;
   std::shared_future<absl::StatusOr<torch::jit::Module>> output_copy_;
 };

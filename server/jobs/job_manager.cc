@@ -132,6 +132,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const Caller& caller, const v1::Submi
   v1::JobSpec spec = request.spec();
   spec.set_model_id(model.id());
   RECAL_ASSIGN_OR_RETURN(const worker::v1::JobPlan plan, PlanWithinLimits(caller.tenant, spec));
+  RECAL_RETURN_IF_ERROR(CheckPlanFitsModel(plan, model));
   // One submission at a time past this point, so that the queue's bound holds. The tenant's
   // quotas are the store's to check, in the transaction that creates the job, so that they
   // hold across api replicas too.

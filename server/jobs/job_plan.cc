@@ -1,8 +1,10 @@
 #include "server/jobs/job_plan.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/data_source.h"
 #include "common/enum_names.h"
 #include "common/status_macros.h"
+#include "server/data_access/data_shape.h"
 #include "server/jobs/resolved_data_source.h"
 
 namespace recal::jobs {
@@ -58,6 +60,13 @@ absl::StatusOr<worker::v1::JobPlan> PlanJob(const v1::JobSpec& spec, const std::
   RECAL_ASSIGN_OR_RETURN(*plan.mutable_engine(), PlanEngine(spec.options()));
   RECAL_ASSIGN_OR_RETURN(*plan.mutable_data(), ResolveDataSource(spec.data(), data_roots));
   return plan;
+}
+
+absl::Status CheckPlanFitsModel(const worker::v1::JobPlan& plan, const v1::Model& model) {
+  const std::optional<data::DataSpec> data = data::DataSpecOfSource(plan.data());
+  if (!data) return absl::OkStatus();  // a client stream: its batches are checked as they come
+  const int64_t max_batches = plan.engine().max_batches() > 0 ? plan.engine().max_batches() : data::kDefaultMaxBatches;
+  return data::CheckDataShape(model.inputs(), *data, plan.batch_size(), max_batches);
 }
 
 const std::string& DataPath(const v1::DataSource& source) {

@@ -20,6 +20,14 @@ namespace recal::jobs {
 // then the data source's path errors (ResolveDataSource).
 absl::StatusOr<worker::v1::JobPlan> PlanJob(const v1::JobSpec& spec, const std::vector<std::string>& data_roots);
 
+// At submit, before a worker is spent: the plan's data against the model's input contract
+// (common/input_contract.h) where the data's shape is known without reading it
+// (server/data_access/data_shape.h): INVALID_ARGUMENT naming the data, the input, the
+// dimension, what the data gives, what the model was exported for and the fix. What is not
+// known here (client streams, torch: files, objects in a bucket, a model stored before
+// contracts) the worker checks on every batch, with the same words.
+absl::Status CheckPlanFitsModel(const worker::v1::JobPlan& plan, const v1::Model& model);
+
 // The spec's path (a tensor file's, an image folder's), or "" for data that has none.
 const std::string& DataPath(const v1::DataSource& source);
 

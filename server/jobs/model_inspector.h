@@ -17,10 +17,12 @@ class ModelInspector {
  public:
   virtual ~ModelInspector() = default;
 
-  // Validates the archive at `model_path` and lists its BatchNorm layers. INVALID_ARGUMENT
-  // (or the code the inspection ended with): refused, saying why. UNAVAILABLE or
-  // RESOURCE_EXHAUSTED: nothing could inspect it now, which is no verdict on the model.
-  virtual absl::StatusOr<std::vector<v1::BatchNormLayer>> Inspect(const std::string& model_path) = 0;
+  // Validates the archive at `model_path`: the Model as the archive describes it, its
+  // BatchNorm `layers` and its input contract (`inputs`), for the registry to fill in the
+  // rest. INVALID_ARGUMENT (or the code the inspection ended with): refused, saying why.
+  // UNAVAILABLE or RESOURCE_EXHAUSTED: nothing could inspect it now, which is no verdict on
+  // the model.
+  virtual absl::StatusOr<v1::Model> Inspect(const std::string& model_path) = 0;
 
   // Room on this host for one inspection, waited for before an upload is committed: refused
   // there (RESOURCE_EXHAUSTED / UNAVAILABLE, as Inspect), the upload stays staged, counted in
@@ -28,8 +30,7 @@ class ModelInspector {
   // to. An inspector whose bound lies elsewhere (a remote worker's) has none to give.
   virtual absl::StatusOr<InspectionSlots::Slot> Reserve() { return InspectionSlots::Slot(); }
   // Inspect, in the room Reserve gave (held until it returns).
-  virtual absl::StatusOr<std::vector<v1::BatchNormLayer>> InspectReserved(const std::string& model_path,
-                                                                          InspectionSlots::Slot room) {
+  virtual absl::StatusOr<v1::Model> InspectReserved(const std::string& model_path, InspectionSlots::Slot room) {
     return Inspect(model_path);
   }
 };

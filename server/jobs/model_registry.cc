@@ -132,24 +132,25 @@ absl::StatusOr<v1::Model> ModelRegistry::CommitAndInspect(const std::string& ten
   RECAL_ASSIGN_OR_RETURN(InspectionSlots::Slot room, runner_->Reserve());
   auto path = blobs_->CommitUpload(tenant, header.sha256(), header.size());
   if (!path.ok()) return path.status();
-  auto layers = runner_->InspectReserved(*path, std::move(room));
+  auto inspected = runner_->InspectReserved(*path, std::move(room));
   // A remote inspector's host had no room: the model is not refused, the committed blob
   // stays for the retried upload (whose commit finds it).
-  if (absl::IsResourceExhausted(layers.status()) || absl::IsUnavailable(layers.status())) return layers.status();
-  if (!layers.ok()) {
+  if (absl::IsResourceExhausted(inspected.status()) || absl::IsUnavailable(inspected.status())) {
+    return inspected.status();
+  }
+  if (!inspected.ok()) {
     // Not kept: nothing may refer to a model that was refused (unless the same bytes are
     // another tenant's already, and thus were accepted before).
     auto kept = metadata_->ModelStoredByAnyTenant(ModelIdOf(header.sha256()));
     if (kept.ok() && !*kept) blobs_->Remove(header.sha256()).IgnoreError();
-    return absl::InvalidArgumentError(absl::StrCat("model refused: ", layers.status().message()));
+    return absl::InvalidArgumentError(absl::StrCat("model refused: ", inspected.status().message()));
   }
-  v1::Model model;
+  v1::Model model = *std::move(inspected);  // its layers and inputs
   model.set_id(ModelIdOf(header.sha256()));
   model.set_tenant(tenant);
   model.set_name(ModelNameOf(header));
   model.set_size(header.size());
   model.mutable_labels()->insert(header.labels().begin(), header.labels().end());
-  for (v1::BatchNormLayer& layer : *layers) *model.add_layers() = std::move(layer);
   *model.mutable_create_time() = NowTimestamp();
   return metadata_->PutModel(model);
 }

@@ -391,7 +391,7 @@ absl::StatusOr<v1::RunReport> WorkerRunner::Recalibrate(const RecalibrationTask&
   return event->report();
 }
 
-absl::StatusOr<std::vector<v1::BatchNormLayer>> WorkerRunner::Inspect(const std::string& model_path) {
+absl::StatusOr<v1::Model> WorkerRunner::Inspect(const std::string& model_path) {
   RECAL_ASSIGN_OR_RETURN(InspectionSlots::Slot room, Reserve());
   return InspectReserved(model_path, std::move(room));
 }
@@ -401,8 +401,7 @@ absl::StatusOr<InspectionSlots::Slot> WorkerRunner::Reserve() {
   return options_.inspections->Acquire("", InspectionMemoryBytes(options_));
 }
 
-absl::StatusOr<std::vector<v1::BatchNormLayer>> WorkerRunner::InspectReserved(const std::string& model_path,
-                                                                              InspectionSlots::Slot room) {
+absl::StatusOr<v1::Model> WorkerRunner::InspectReserved(const std::string& model_path, InspectionSlots::Slot room) {
   // `room` is held until the worker is gone: what bounds inspections on this host is the
   // workers that exist, whoever asked for them.
   wire::Task request = NewTask();
@@ -411,7 +410,10 @@ absl::StatusOr<std::vector<v1::BatchNormLayer>> WorkerRunner::InspectReserved(co
   hooks.deadline = absl::Now() + options_.inspect_timeout;
   auto event = Expect(RunInScratch(request, model_path, hooks), wire::Event::kLayers);
   if (!event.ok()) return event.status();
-  return std::vector<v1::BatchNormLayer>(event->layers().layers().begin(), event->layers().layers().end());
+  v1::Model model;
+  *model.mutable_layers() = event->layers().layers();
+  *model.mutable_inputs() = event->layers().inputs();
+  return model;
 }
 
 absl::StatusOr<wire::Sandboxed> WorkerRunner::CheckWorker() {

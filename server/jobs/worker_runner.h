@@ -89,10 +89,10 @@ class WorkerRunner : public JobRunner, public ModelInspector {
   explicit WorkerRunner(WorkerRunnerOptions options);
 
   absl::StatusOr<v1::RunReport> Recalibrate(const RecalibrationTask& task, const RunHooks& hooks) override;
-  absl::StatusOr<std::vector<v1::BatchNormLayer>> Inspect(const std::string& model_path) override;
+  absl::StatusOr<v1::Model> Inspect(const std::string& model_path) override;
   // A slot of options.inspections (none when it is null).
   absl::StatusOr<InspectionSlots::Slot> Reserve() override;
-  absl::StatusOr<std::vector<v1::BatchNormLayer>> InspectReserved(const std::string& model_path,
+  absl::StatusOr<v1::Model> InspectReserved(const std::string& model_path,
                                                                   InspectionSlots::Slot room) override;
 
   // Asked once at start: what the sandbox enforces on this machine, from a worker that runs

@@ -74,14 +74,15 @@ grpc::Status InspectionService::InspectModel(grpc::ServerContext* context,
   };
   const std::string path = (dir / "archive").string();
   if (absl::Status received = ReceiveArchive(reader, *size, path); !received.ok()) return ToGrpcStatus(received);
-  auto layers = inspector_->Inspect(path);
+  auto model = inspector_->Inspect(path);
   log::Info("recal-server: inspected an upload for an api replica",
             {{"peer", context->peer()},
              {"bytes", *size},
-             {"outcome", layers.ok() ? absl::StrCat(layers->size(), " BatchNorm layers")
-                                     : std::string(absl::StatusCodeToString(layers.status().code()))}});
-  if (!layers.ok()) return ToGrpcStatus(layers.status());
-  for (v1::BatchNormLayer& layer : *layers) *response->add_layers() = std::move(layer);
+             {"outcome", model.ok() ? absl::StrCat(model->layers_size(), " BatchNorm layers")
+                                    : std::string(absl::StatusCodeToString(model.status().code()))}});
+  if (!model.ok()) return ToGrpcStatus(model.status());
+  response->mutable_layers()->Swap(model->mutable_layers());
+  response->mutable_inputs()->Swap(model->mutable_inputs());
   return grpc::Status::OK;
 }
 

@@ -23,8 +23,7 @@ bool PassOver(const absl::Status& status) { return absl::IsUnavailable(status) |
 
 }  // namespace
 
-absl::StatusOr<std::vector<v1::BatchNormLayer>> RemoteInspector::InspectAt(const std::string& address,
-                                                                         const std::string& model_path) {
+absl::StatusOr<v1::Model> RemoteInspector::InspectAt(const std::string& address, const std::string& model_path) {
   std::ifstream archive(model_path, std::ios::binary | std::ios::ate);
   if (!archive) return absl::InternalError(absl::StrCat("cannot read the staged archive ", model_path));
   const int64_t size = archive.tellg();
@@ -63,10 +62,13 @@ absl::StatusOr<std::vector<v1::BatchNormLayer>> RemoteInspector::InspectAt(const
                           "same --internal_token_file"));
   }
   if (!status.ok()) return status;
-  return std::vector<v1::BatchNormLayer>(response.layers().begin(), response.layers().end());
+  v1::Model model;
+  model.mutable_layers()->Swap(response.mutable_layers());
+  model.mutable_inputs()->Swap(response.mutable_inputs());
+  return model;
 }
 
-absl::StatusOr<std::vector<v1::BatchNormLayer>> RemoteInspector::Inspect(const std::string& model_path) {
+absl::StatusOr<v1::Model> RemoteInspector::Inspect(const std::string& model_path) {
   auto live = metadata_->LiveWorkerEndpoints(absl::ToUnixMillis(absl::Now() - options_.live_within));
   if (!live.ok()) return live.status();
   if (live->empty()) {

@@ -33,11 +33,10 @@ class RemoteInspector final : public jobs::ModelInspector {
 
   // UNAVAILABLE naming what to start when no live worker could be reached; the store's own
   // error when it does not answer.
-  absl::StatusOr<std::vector<v1::BatchNormLayer>> Inspect(const std::string& model_path) override;
+  absl::StatusOr<v1::Model> Inspect(const std::string& model_path) override;
 
  private:
-  absl::StatusOr<std::vector<v1::BatchNormLayer>> InspectAt(const std::string& address,
-                                                            const std::string& model_path);
+  absl::StatusOr<v1::Model> InspectAt(const std::string& address, const std::string& model_path);
 
   RelayClient* const workers_;
   store::MetadataStore* const metadata_;

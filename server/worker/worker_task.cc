@@ -202,10 +202,11 @@ absl::Status Recalibrate(const v1::Task& task, const TaskContext& context, const
 }
 
 absl::Status Inspect(const v1::Task& task, const TaskContext& context, const EventSink& send) {
-  auto layers = engine::InspectModel(context.model, GraphPolicyOf(task));
-  if (!layers.ok()) return layers.status();
+  auto inspection = engine::InspectModel(context.model, GraphPolicyOf(task));
+  if (!inspection.ok()) return inspection.status();
   v1::Event event;
-  for (const engine::DeclaredLayer& layer : *layers) {
+  *event.mutable_layers()->mutable_inputs() = inspection->inputs;
+  for (const engine::DeclaredLayer& layer : inspection->layers) {
     api::BatchNormLayer* out = event.mutable_layers()->add_layers();
     out->set_name(layer.name);
     out->set_running_mean_key(layer.mean_key);

@@ -56,6 +56,20 @@ std::vector<std::string> Names(const std::vector<LayerRow>& rows) {
 
 // ------------------------------------------------------------------------------ JSON
 
+TEST(ModelTextTest, ShowsEachInputAsTheProgramWasExportedForIt) {
+  v1::Model model;
+  model.set_name("resnet");
+  v1::ModelInput* x = model.add_inputs();
+  x->set_name("x");
+  x->set_dtype("float32");
+  v1::DynamicSize* batch = x->add_dims()->mutable_dynamic();
+  batch->set_symbol("s0");
+  batch->set_coefficient(1);
+  batch->set_min(1);
+  for (int64_t size : {3, 224, 224}) x->add_dims()->set_fixed(size);
+  EXPECT_THAT(ctl::ModelText(model), HasSubstr("\ninput: x: float32 [s0, 3, 224, 224]\n"));
+}
+
 TEST(ToJsonTest, Int64FieldsAreNumbersEnumsAreNamesAndNothingElseChanges) {
   v1::Job job;
   job.set_id("job-1");

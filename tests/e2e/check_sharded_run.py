@@ -116,7 +116,8 @@ def main():
     def recal(tag, model, data, batch_size, shards, extra=()):
         d = os.path.join(work, tag)
         os.makedirs(d)
-        out = dict(out=os.path.join(d, "out.pt"), bn=os.path.join(d, "bn.safetensors"),
+        # recal-run refuses a PT2 result under a TorchScript name.
+        out = dict(out=os.path.join(d, "out.pt2" if model.endswith(".pt2") else "out.pt"), bn=os.path.join(d, "bn.safetensors"),
                    report=os.path.join(d, "report.json"))
         rc, err = run(binary, ["--model", model, "--data", data, "--batch_size", str(batch_size),
                                "--shards", str(shards), "--threads", "1", "--out", out["out"], "--bn_out", out["bn"],

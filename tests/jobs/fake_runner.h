@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/input_contract.h"
 #include "common/sha256.h"
 #include "server/jobs/job_runner.h"
 #include "server/jobs/model_inspector.h"
@@ -25,6 +26,8 @@ class FakeRunner : public JobRunner, public ModelInspector {
   }
   // Runs first in every Inspect (e.g. blocks, or answers as a full host would); null: none.
   std::function<absl::Status()> before_inspect;
+  // The input contract every inspected model has (none: no check at submit).
+  ModelInputs inputs;
 
   // Runs in Reserve (answers as a full host would); null: room is given.
   std::function<absl::Status()> reserve;
@@ -36,13 +39,14 @@ class FakeRunner : public JobRunner, public ModelInspector {
     return InspectionSlots::Slot();
   }
 
-  absl::StatusOr<std::vector<v1::BatchNormLayer>> Inspect(const std::string&) override {
+  absl::StatusOr<v1::Model> Inspect(const std::string&) override {
     if (before_inspect) {
       if (absl::Status status = before_inspect(); !status.ok()) return status;
     }
-    v1::BatchNormLayer layer;
-    layer.set_name("bn");
-    return std::vector<v1::BatchNormLayer>{layer};
+    v1::Model model;
+    model.add_layers()->set_name("bn");
+    *model.mutable_inputs() = inputs;
+    return model;
   }
 };
 

@@ -172,6 +172,37 @@ TEST_F(JobManagerTest, AJobKeepsTheFullIdItsModelReferenceResolvedTo) {
   EXPECT_THAT(jobs_->Submit(caller_, request).status().message(), HasSubstr("spec.model_id is required"));
 }
 
+// The model's input contract against the data at submit, before a worker is spent: a job
+// whose data cannot fit is refused (and not stored); a model stored before contracts has
+// none, and its jobs are checked by the worker alone.
+TEST_F(JobManagerTest, DataThatCannotFitTheModelsInputsIsRefusedAtSubmit) {
+  runner_.recalibrate = [](const RecalibrationTask& task, const RunHooks&) -> absl::StatusOr<v1::RunReport> {
+    WriteResults(task);
+    return v1::RunReport();
+  };
+  v1::ModelInput* x = runner_.inputs.Add();
+  x->set_name("x");
+  x->set_dtype("float32");
+  x->add_dims()->set_fixed(8);  // a static batch of 8
+  x->add_dims()->set_fixed(3);
+  const std::string exported = UploadAnyModel(*models_, "t", "a program's bytes", "program");
+  ASSERT_FALSE(exported.empty());
+  v1::SubmitJobRequest request;
+  request.mutable_spec()->set_model_id(exported);
+  request.mutable_spec()->set_batch_size(4);
+  request.mutable_spec()->mutable_data()->mutable_synthetic()->add_sample_shape(3);
+  const absl::StatusOr<v1::Job> refused = jobs_->Submit(caller_, request);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("the data synthetic:3,seed=0 does not fit the model: input 'x' dim 0 (the batch) is 4, but the program "
+                        "was exported for batches of exactly 8"));
+  request.mutable_spec()->set_batch_size(8);
+  EXPECT_TRUE(jobs_->Submit(caller_, request).ok());
+  request.mutable_spec()->set_model_id(model_id_);  // uploaded in SetUp, without a contract
+  request.mutable_spec()->set_batch_size(4);
+  EXPECT_TRUE(jobs_->Submit(caller_, request).ok());
+}
+
 TEST_F(JobManagerTest, QuotasHoldAcrossTwoApiReplicasOnOneStore) {
   jobs_->Shutdown(absl::Seconds(10));  // runs nothing here
   const std::string u_model = UploadAnyModel(*models_, "u");

@@ -236,7 +236,7 @@ TEST_F(WorkerRunnerTest, UploadsOutsideTheAllowlistAreRefusedInTheWorker) {
   EXPECT_THAT(layers.status().message(), HasSubstr("nodes"));
   layers = runner.Inspect(kFixtures + "/models/resnet18.traced_eval.pt");
   ASSERT_TRUE(layers.ok()) << layers.status();
-  EXPECT_EQ(layers->size(), 20u);
+  EXPECT_EQ(layers->layers_size(), 20);
 }
 
 // The inspection cap (4 GiB, --inspection_memory_bytes' default) holds the biggest fixtures'
@@ -253,7 +253,7 @@ TEST_F(WorkerRunnerTest, TheBiggestFixturesAreInspectedUnderTheInspectionCap) {
   for (const char* model : {"zoo_resnet50.exported_train.pt2", "zoo_resnet50.exported_eval.pt2"}) {
     auto layers = runner.Inspect(kFixtures + "/models/" + model);
     ASSERT_TRUE(layers.ok()) << model << ": " << layers.status();
-    EXPECT_EQ(layers->size(), 53u) << model;
+    EXPECT_EQ(layers->layers_size(), 53) << model;
   }
   EXPECT_EQ(options_.inspections->running(), 0);  // each slot given back
 }
@@ -382,7 +382,9 @@ TEST_F(WorkerRunnerTest, TheStartCheckSaysWhichMemoryBoundHolds) {
   options_.memory_cgroup = absl::FailedPreconditionError("cgroup v2: /sys/fs/cgroup is read-only");
   auto sandboxed = WorkerRunner(options_).CheckWorker();
   ASSERT_TRUE(sandboxed.ok()) << sandboxed.status();
-  if (kSanitizer == nullptr) EXPECT_THAT(sandboxed->enforced(), ::testing::Contains("RLIMIT_AS 4294967296 bytes"));
+  if (kSanitizer == nullptr) {
+    EXPECT_THAT(sandboxed->enforced(), ::testing::Contains("RLIMIT_AS 4294967296 bytes"));
+  }
   EXPECT_THAT(sandboxed->missing(),
               ::testing::Contains("memory-cgroup: none for the workers (cgroup v2: /sys/fs/cgroup is read-only): a CPU "
                                   "worker's memory is held by RLIMIT_AS alone, a GPU worker's by RLIMIT_DATA (its "

@@ -38,6 +38,8 @@ import safetensors_io  # noqa: E402
 RESNET = os.path.join(FIXTURES, "models", "resnet18.traced_eval.pt")
 MOBILENET = os.path.join(FIXTURES, "models", "mobilenet_v2.traced_eval.pt")
 RESNET_DATA = "npy:data/resnet18.npy"  # relative to the server's data root
+# Programs whose input contract data can break (tests/fixtures/contract_programs.py).
+CONTRACT = os.environ.get("RECAL_CONTRACT_DIR", os.path.join(ROOT, "build", "contract_programs"))
 MiB = 1 << 20
 
 
@@ -524,6 +526,29 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(caught.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
         self.assertIn("aten::from_file is not allowed", caught.exception.message)
         self.assertEqual(self.done_job().state, recal.SUCCEEDED)
+
+    def test_data_that_does_not_fit_a_programs_inputs_is_refused_naming_the_input_and_dimension(self):
+        # The upload keeps the program's input contract: x [batch, 3, 32, 32] float32.
+        model = self.client.upload_model(os.path.join(CONTRACT, "static32.pt2"))
+        self.assertEqual((model.inputs[0].name, model.inputs[0].dtype), ("x", "float32"))
+        self.assertEqual([d.fixed for d in model.inputs[0].dims[1:]], [3, 32, 32])
+        # At submit, before a worker is spent, where the server knows the data's shape.
+        int64_file = os.path.join(self.tmp, "root", "contract_int64.npy")
+        shutil.copy(os.path.join(CONTRACT, "data", "x32_int64.npy"), int64_file)
+        for data, says in (("synthetic:3x16x16", "input 'x' dim 2 is 16, but the program was exported for exactly 32"),
+                           ("npy:" + int64_file, "input 'x' is int64, but the program takes float32")):
+            with self.assertRaises(recal.RecalError) as caught:
+                self.client.submit(model, data, batch_size=4)
+            self.assertEqual(caught.exception.code, grpc.StatusCode.INVALID_ARGUMENT, data)
+            self.assertIn(says, caught.exception.message)
+            self.assertIsNone(caught.exception.job)
+        # A client stream: its first batch fails the job, with the same words.
+        with self.assertRaises(recal.RecalError) as caught:
+            self.client.recalibrate_stream(model, [np.zeros((4, 3, 16, 16), np.float32)] * 3)
+        self.assertEqual(caught.exception.job.state, recal.FAILED)
+        self.assertEqual(caught.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("batch 0: input 'x' dim 2 is 16, but the program was exported for exactly 32",
+                      caught.exception.message)
 
     def test_errors(self):
         with self.assertRaises(recal.RecalError) as caught:

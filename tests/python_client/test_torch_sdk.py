@@ -29,6 +29,7 @@ import unittest
 import warnings
 from unittest import mock
 
+import grpc
 import torch
 import torchvision
 
@@ -489,6 +490,23 @@ class TorchSdkTest(unittest.TestCase):
         self.assertEqual((result.report.batches, result.report.samples), (4, 17))
         self.assertMatchesReference(model, _reference(original, [(x,) for x in data]))
 
+    def test_batches_of_another_resolution_than_the_export_fail_naming_the_input_and_dimension(self):
+        """The program is exported from the first batch: its height and width are fixed there.
+        A convolution would run a later batch of another size, measuring statistics at a
+        resolution the model was not exported for; the job fails instead, saying what the
+        batch gives, what the program takes and what to change."""
+        model = _seeded(ConvNet)
+        before = copy.deepcopy(model.state_dict())
+        with self.assertRaises(recal.RecalError) as failed:
+            recal.torch.recalibrate(model, [torch.randn(4, 3, 12, 12), torch.randn(4, 3, 16, 16)], **self.options)
+        self.assertEqual(failed.exception.job.state, recal.FAILED)
+        self.assertEqual(failed.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        for says in ("batch 1: input 'x' dim 2 is 16, but the program was exported for exactly 12",
+                     "the data gives 4x3x16x16 float32", "dynamic_shapes"):
+            self.assertIn(says, failed.exception.message)
+        for key, value in model.state_dict().items():
+            self.assertTrue(torch.equal(value, before[key]), key)
+
     def test_the_job_may_stop_before_the_data_does(self):
         """target_rel_error met after 10 batches: the server takes no more, pushing stops (the
         loader is read only as far as the job takes batches: back-pressure), no short-data
@@ -626,7 +644,7 @@ class TorchSdkTest(unittest.TestCase):
         # (torch.export found that guard, x.shape[0] >= 4, against any batch size: scripted.)
 
         # The same from a PT2 archive: the second batch's width does not fit the Linear
-        # before the last BatchNorm.
+        # before the last BatchNorm, which the program's input contract says first.
         class FixedWidth(torch.nn.Module):
             def __init__(self):
                 super().__init__()
@@ -641,7 +659,7 @@ class TorchSdkTest(unittest.TestCase):
         with self.assertRaises(recal.RecalError) as failed:
             recal.torch.recalibrate(model, [torch.randn(4, 3, 4, 4), torch.randn(4, 3, 5, 5)], **self.options)
         self.assertEqual(failed.exception.job.state, recal.FAILED)
-        self.assertIn("forward failed on batch 1", failed.exception.message)
+        self.assertIn("batch 1: input 'x' dim 2 is 5, but the program was exported for exactly 4", failed.exception.message)
         for key, value in model.state_dict().items():
             self.assertTrue(torch.equal(value, before[key]), key)
         # Inputs the API cannot carry are refused before anything is sent.

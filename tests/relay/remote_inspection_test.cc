@@ -43,16 +43,20 @@ class RecordingInspector final : public jobs::ModelInspector {
  public:
   absl::Status verdict;
   absl::Notification* hold = nullptr;  // set: the inspection waits for it (a slow model)
-  absl::StatusOr<std::vector<v1::BatchNormLayer>> Inspect(const std::string& model_path) override {
+  absl::StatusOr<v1::Model> Inspect(const std::string& model_path) override {
     if (hold != nullptr) hold->WaitForNotification();
     std::lock_guard<std::mutex> lock(mu);
     ++calls;
     seen = testing::ReadBytes(model_path);
     if (!verdict.ok()) return verdict;
-    v1::BatchNormLayer layer;
-    layer.set_name("features.1");
-    layer.set_channels(32);
-    return std::vector<v1::BatchNormLayer>{layer};
+    v1::Model model;
+    v1::BatchNormLayer* layer = model.add_layers();
+    layer->set_name("features.1");
+    layer->set_channels(32);
+    v1::ModelInput* input = model.add_inputs();
+    input->set_name("x");
+    input->add_dims()->set_fixed(3);
+    return model;
   }
   std::mutex mu;
   int calls = 0;
@@ -141,9 +145,12 @@ TEST_F(RemoteInspectionTest, AnArchiveGoesInChunksToALiveWorkerWhoseLayersComeBa
   RemoteInspector remote(client_.get(), metadata_.get());
   auto layers = remote.Inspect(Staged(archive));
   ASSERT_TRUE(layers.ok()) << layers.status();
-  ASSERT_EQ(layers->size(), 1u);
-  EXPECT_EQ((*layers)[0].name(), "features.1");
-  EXPECT_EQ((*layers)[0].channels(), 32);
+  ASSERT_EQ(layers->layers_size(), 1);
+  EXPECT_EQ(layers->layers(0).name(), "features.1");
+  EXPECT_EQ(layers->layers(0).channels(), 32);
+  ASSERT_EQ(layers->inputs_size(), 1);  // the input contract travels with the layers
+  EXPECT_EQ(layers->inputs(0).name(), "x");
+  EXPECT_EQ(layers->inputs(0).dims(0).fixed(), 3);
   EXPECT_EQ(inspector_.seen, archive) << "the worker inspected other bytes than the api staged";
   EXPECT_TRUE(fs::is_empty(scratch())) << "the received archive is removed after its inspection";
 }
@@ -235,7 +242,7 @@ TEST_F(RemoteInspectionTest, AnApiReplicaShuttingDownMidInspectionAnswersUnavail
   inspector_.hold = &slow_model_;
   RemoteInspector remote(client_.get(), metadata_.get());
   const std::string staged = Staged("a model");
-  absl::StatusOr<std::vector<v1::BatchNormLayer>> layers;
+  absl::StatusOr<v1::Model> layers;
   absl::Notification answered;
   std::thread upload([&] {
     layers = remote.Inspect(staged);

@@ -471,6 +471,8 @@ TEST_F(ClusterInspectionTest, WorkersInspectTheReplicasUploadsWithTheVerdictsOfR
   for (int i = 0; i < inspected.layers_size(); ++i) {
     EXPECT_EQ(inspected.layers(i).SerializeAsString(), locally.layers(i).SerializeAsString()) << i;
   }
+  ASSERT_EQ(inspected.inputs_size(), 1);  // the traced forward's x: the input contract comes through the relay
+  EXPECT_EQ(inspected.inputs(0).SerializeAsString(), locally.inputs(0).SerializeAsString());
   EXPECT_TRUE(absl::StrContains(workers_[0]->log() + workers_[1]->log(), "inspected an upload for an api replica"));
 
   // Hostile archives: refused with the very code and message a local inspection gives.

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "server/engine/exported/eval_mode.h"
+#include "server/engine/exported/input_contract.h"
 #include "server/engine/exported/interpreter.h"
 #include "server/engine/exported/program_plan.h"
 #include "server/engine/exported/pt2_archive.h"
@@ -39,12 +40,17 @@ absl::Status MatchesGraph(const nlohmann::json& program, const GraphInput& input
 
 class ExportedModel final : public ObservedModel {
  public:
-  ExportedModel(Pt2Archive archive, Plan plan, c10::Device device)
-      : archive_(std::move(archive)), plan_(std::move(plan)), device_(device), state_(plan_.slots) {}
+  ExportedModel(Pt2Archive archive, Plan plan, ModelInputs inputs, c10::Device device)
+      : archive_(std::move(archive)),
+        plan_(std::move(plan)),
+        inputs_(std::move(inputs)),
+        device_(device),
+        state_(plan_.slots) {}
 
   absl::Status LoadState();
 
   ModelFormat format() const override { return ModelFormat::kExportedProgram; }
+  const ModelInputs& inputs() const override { return inputs_; }
   const NamedTensors& buffers() const override { return buffers_; }
   std::vector<std::pair<at::Tensor, at::Tensor>> BatchNormBuffers() const override;
   absl::StatusOr<int> Observe(Collector* collector, v1::ModuleMode modules, bool end_at_last_batch_norm) override;
@@ -67,6 +73,7 @@ class ExportedModel final : public ObservedModel {
 
   Pt2Archive archive_;
   Plan plan_;
+  const ModelInputs inputs_;  // the contract the program was exported with
   const c10::Device device_;
   std::vector<c10::IValue> state_;  // by slot: parameters, buffers, constants
   NamedTensors buffers_;
@@ -319,7 +326,8 @@ absl::StatusOr<std::unique_ptr<ObservedModel>> LoadExportedModel(std::shared_ptr
                                                                   const LoadOptions& options) {
   RECAL_ASSIGN_OR_RETURN(Pt2Archive archive, Pt2Archive::Read(std::move(file), ArchiveLimits{}));
   RECAL_ASSIGN_OR_RETURN(Plan plan, PlanProgram(archive.program(), options.graph_policy, options.device));
-  auto model = std::make_unique<ExportedModel>(std::move(archive), std::move(plan), options.device);
+  RECAL_ASSIGN_OR_RETURN(ModelInputs inputs, ReadInputContract(archive.program()));
+  auto model = std::make_unique<ExportedModel>(std::move(archive), std::move(plan), std::move(inputs), options.device);
   RECAL_RETURN_IF_ERROR(model->LoadState());
   return std::unique_ptr<ObservedModel>(std::move(model));
 }
