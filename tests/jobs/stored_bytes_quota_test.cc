@@ -53,12 +53,17 @@ v1::UploadChunk ChunkOf(const std::string& bytes, int64_t offset = 0) {
   return chunk;
 }
 
-// Starts an upload of `bytes` and stages them all; the status of the first step that failed.
-absl::Status Stage(ModelRegistry& models, const std::string& tenant, const std::string& bytes) {
+// Starts an upload of `bytes` and stages their first `staged` only (a client that went away).
+absl::Status StagePart(ModelRegistry& models, const std::string& tenant, const std::string& bytes, size_t staged) {
   const v1::UploadHeader header = HeaderOf(bytes);
   absl::StatusOr<std::optional<v1::Model>> started = models.StartUpload(tenant, header);
   if (!started.ok()) return started.status();
-  return models.AppendChunk(tenant, header, ChunkOf(bytes));
+  return models.AppendChunk(tenant, header, ChunkOf(bytes.substr(0, staged)));
+}
+
+// Starts an upload of `bytes` and stages them all; the status of the first step that failed.
+absl::Status Stage(ModelRegistry& models, const std::string& tenant, const std::string& bytes) {
+  return StagePart(models, tenant, bytes, bytes.size());
 }
 
 // The whole upload: the model, or the status of the first step that failed.
@@ -280,10 +285,7 @@ TEST_P(StoredBytesQuotaTest, AnUploadAFullHostRefusesStaysStagedAndCounted) {
 // for upload_idle goes with its staged bytes, so none is left behind for good.
 TEST_P(StoredBytesQuotaTest, ReservationsOutliveARestartAndExpireWithTheirIdleUploads) {
   quota_ = 100;
-  const std::string bytes = ModelBytes(60, 1);
-  const v1::UploadHeader header = HeaderOf(bytes);
-  ASSERT_TRUE(models().StartUpload("t", header).ok());
-  ASSERT_TRUE(models().AppendChunk("t", header, ChunkOf(bytes.substr(0, 10))).ok());
+  ASSERT_TRUE(StagePart(models(), "t", ModelBytes(60, 1), 10).ok());
   replica_ = Replica();  // the process ends
   replica_ = MakeReplica("blobs");
   EXPECT_EQ(UsageOf("t").reserved_bytes(), 60);
@@ -308,8 +310,7 @@ TEST_P(StoredBytesQuotaTest, AChunkAfterTheReservationExpiredTakesItAgainChecked
   quota_ = 100;
   const std::string bytes = ModelBytes(60, 1);
   const v1::UploadHeader header = HeaderOf(bytes);
-  ASSERT_TRUE(models().StartUpload("t", header).ok());
-  ASSERT_TRUE(models().AppendChunk("t", header, ChunkOf(bytes.substr(0, 10))).ok());
+  ASSERT_TRUE(StagePart(models(), "t", bytes, 10).ok());
   ASSERT_EQ(*replica_.metadata->ExpireReservations(absl::ToUnixMillis(absl::Now()) + 1), 1);
   ASSERT_TRUE(Upload(models(), "t", ModelBytes(50, 2)).ok());  // took the room meanwhile
   const absl::Status next = models().AppendChunk("t", header, ChunkOf(bytes.substr(10), 10));
@@ -326,8 +327,7 @@ TEST_P(StoredBytesQuotaTest, AnUploadLeftWithNothingStagedHoldsNoReservation) {
   ASSERT_TRUE(models().StartUpload("t", header).ok());
   models().LeaveUpload("t", header);
   EXPECT_EQ(UsageOf("t").reserved_bytes(), 0);
-  ASSERT_TRUE(models().StartUpload("t", header).ok());
-  ASSERT_TRUE(models().AppendChunk("t", header, ChunkOf(bytes.substr(0, 10))).ok());
+  ASSERT_TRUE(StagePart(models(), "t", bytes, 10).ok());
   models().LeaveUpload("t", header);
   EXPECT_EQ(UsageOf("t").reserved_bytes(), 60);
 }
