@@ -125,6 +125,9 @@ ABSL_FLAG(int64_t, keep_results_days, 0,
 ABSL_FLAG(double, upload_idle_seconds, 24 * 3600,
           "an unfinished model upload nobody appended to for this long is removed (its bytes count toward "
           "max_stored_bytes until then; 0: never)");
+ABSL_FLAG(int64_t, min_free_disk_bytes, int64_t{1} << 30,
+          "free space kept on the disk uploads are staged on (the blob directory, or --data_dir with "
+          "--blobs=s3://): upload bytes that would leave less are refused (RESOURCE_EXHAUSTED); 0: no floor");
 ABSL_FLAG(double, retention_interval_seconds, 600,
           "how often the retention sweeper runs (expired uploads, old versions and results; 0: never)");
 ABSL_FLAG(int32_t, download_chunk_bytes, 1 << 20, "bytes per DownloadResult message");
@@ -211,6 +214,7 @@ void ParseWorkFlags(recal::app::ServerOptions& options) {
   options.keep_results_days = absl::GetFlag(FLAGS_keep_results_days);
   options.upload_idle = absl::Seconds(absl::GetFlag(FLAGS_upload_idle_seconds));
   options.retention_interval = absl::Seconds(absl::GetFlag(FLAGS_retention_interval_seconds));
+  options.min_free_disk_bytes = absl::GetFlag(FLAGS_min_free_disk_bytes);
 }
 
 absl::StatusOr<recal::app::ServerOptions> OptionsFromFlags(int argc, char** argv) {

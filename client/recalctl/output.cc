@@ -79,6 +79,8 @@ std::string UsageText(const v1::Usage& usage) {
   absl::StrAppend(&text, "\n", line("models", usage.models(), usage.model_bytes()),
                   line("results", usage.results(), usage.result_bytes()),
                   line("unfinished_uploads", usage.uploads(), usage.upload_bytes()),
+                  "reserved_bytes: ", usage.reserved_bytes(),
+                  " (unfinished uploads' whole sizes and results being stored: counted until stored)\n",
                   "active_jobs: ", usage.active_jobs(), "\n");
   return text;
 }

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/request_limits.h"
@@ -160,6 +161,10 @@ absl::Status RecalService::Upload(const auth::Principal& who, grpc::ServerContex
     *response = *std::move(existing);  // the same bytes are stored already
     return absl::OkStatus();
   }
+  bool finished = false;
+  absl::Cleanup left = [&] {
+    if (!finished) models_->LeaveUpload(who.tenant, header);
+  };
   while (reader->Read(&message)) {
     if (!message.has_chunk()) return absl::InvalidArgumentError("only chunks may follow the upload header");
     RECAL_RETURN_IF_ERROR(models_->AppendChunk(who.tenant, header, message.chunk()));
@@ -167,6 +172,7 @@ absl::Status RecalService::Upload(const auth::Principal& who, grpc::ServerContex
   }
   if (context->IsCancelled()) return absl::CancelledError("upload broken off");
   RECAL_ASSIGN_OR_RETURN(*response, models_->FinishUpload(who.tenant, header));
+  finished = true;
   return absl::OkStatus();
 }
 

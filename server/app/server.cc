@@ -124,24 +124,53 @@ void Server::ReloadAuth() {
 }
 
 // A process that cannot reach the store can neither take jobs nor answer for them, so it says
-// NOT_SERVING (a load balancer or Kubernetes routes around it).
+// NOT_SERVING (a load balancer or Kubernetes routes around it). Below the disk floor it still
+// serves, but refuses upload bytes: the health service's "recal.uploads" says so apart.
 void Server::StartHealthWatcher() {
   health_watcher_ = std::thread([this] {
-    bool serving = true;
+    HealthSeen seen;
+    seen.disk_room = !disk_floor_->Below();  // said at start (MakeDiskFloor)
+    if (options_.role != Role::kWorker) SetUploadsHealth(seen);
     std::unique_lock<std::mutex> lock(health_mu_);
     while (!health_cv_.wait_for(lock, std::chrono::seconds(2), [this] { return stopping_; })) {
-      const absl::StatusOr<int64_t> reached = metadata_->CountJobsInStates({v1::QUEUED});
-      if (reached.ok() == serving) continue;
-      serving = reached.ok();
-      server_->GetHealthCheckService()->SetServingStatus(serving);
-      if (serving) {
-        log::Info("recal-server: the store answers again: SERVING");
-      } else {
-        log::Error("recal-server: the store does not answer: NOT_SERVING",
-                   {{"error", std::string(reached.status().message())}});
-      }
+      WatchHealth(seen);
     }
   });
+}
+
+void Server::WatchHealth(HealthSeen& seen) {
+  const absl::StatusOr<int64_t> reached = metadata_->CountJobsInStates({v1::QUEUED});
+  const bool disk_room = !disk_floor_->Below();
+  if (reached.ok() == seen.store && disk_room == seen.disk_room) return;
+  if (reached.ok() != seen.store) {
+    seen.store = reached.ok();
+    server_->GetHealthCheckService()->SetServingStatus(seen.store);  // every service name
+    if (seen.store) {
+      log::Info("recal-server: the store answers again: SERVING");
+    } else {
+      log::Error("recal-server: the store does not answer: NOT_SERVING",
+                 {{"error", std::string(reached.status().message())}});
+    }
+  }
+  if (disk_room != seen.disk_room) {
+    seen.disk_room = disk_room;
+    const absl::StatusOr<int64_t> free = disk_floor_->FreeBytes();
+    log::Fields fields = {{"path", disk_floor_->dir()},
+                          {"free_bytes", free.ok() ? *free : int64_t{-1}},
+                          {"min_free_disk_bytes", disk_floor_->min_free_bytes()}};
+    if (disk_room) {
+      log::Info("recal-server: the upload disk has room again: uploads are taken", fields);
+    } else {
+      log::Warning("recal-server: the upload disk is below --min_free_disk_bytes: upload bytes are refused until "
+                   "space is freed",
+                   fields);
+    }
+  }
+  if (options_.role != Role::kWorker) SetUploadsHealth(seen);
+}
+
+void Server::SetUploadsHealth(const HealthSeen& seen) {
+  server_->GetHealthCheckService()->SetServingStatus(kUploadsHealthService, seen.store && seen.disk_room);
 }
 
 void Server::StopHealthWatcher() {

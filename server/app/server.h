@@ -9,7 +9,9 @@
 //   worker  runs jobs only; serves health (and metrics), plus the internal endpoint with the
 //           cluster secret
 //
-// Health follows the store: a process that cannot reach it says NOT_SERVING.
+// Health follows the store: a process that cannot reach it says NOT_SERVING. The health
+// service's kUploadsHealthService also says NOT_SERVING while the disk uploads are staged on
+// is below --min_free_disk_bytes (uploads are refused; everything else is served).
 #pragma once
 
 #include <condition_variable>
@@ -42,9 +44,13 @@
 #include "server/relay/relay_service.h"
 #include "server/relay/remote_inspector.h"
 #include "server/store/blob_store.h"
+#include "server/store/disk_floor.h"
 #include "server/store/metadata_store.h"
 
 namespace recal::app {
+
+// The grpc.health.v1 service name that tells whether this process takes upload bytes.
+inline constexpr char kUploadsHealthService[] = "recal.uploads";
 
 class Server {
  public:
@@ -80,7 +86,8 @@ class Server {
 
   // The steps the role builders take, in this order.
   absl::Status OpenAccess();   // callers' credentials, TLS, and the metrics registry
-  absl::Status OpenStorage();  // data dir, blob store, metadata store
+  absl::Status OpenStorage();  // data dir, blob store, its disk's floor, metadata store
+  void MakeDiskFloor();
   absl::Status StartLocalWorkers();  // roles all and worker: devices, runner, sandbox, models
   absl::Status ResolveDevices();
   absl::Status MakeRunner();
@@ -94,7 +101,14 @@ class Server {
   absl::Status Serve(bool serves_api);  // the sweeper, metrics and the gRPC server
   absl::Status ServeMetrics();
   absl::Status ServeApi(bool register_api);
+  // What the health watcher saw last: the store answering, the upload disk above its floor.
+  struct HealthSeen {
+    bool store = true;
+    bool disk_room = true;
+  };
   void StartHealthWatcher();
+  void WatchHealth(HealthSeen& seen);  // one look, every 2 s
+  void SetUploadsHealth(const HealthSeen& seen);
   void StopHealthWatcher();
   jobs::TenantLimits LimitsOf(const std::string& tenant) const;
   jobs::RetentionPolicy RetentionOf(const std::string& tenant) const;
@@ -108,6 +122,7 @@ class Server {
   api::TlsFiles tls_;
   std::shared_ptr<grpc::ServerCredentials> credentials_;
   std::unique_ptr<store::BlobStore> blobs_;
+  std::unique_ptr<store::DiskFloor> disk_floor_;
   std::unique_ptr<store::MetadataStore> metadata_;
   std::vector<std::string> devices_;
   // Outlives everything that counts into it; null without a metrics endpoint.

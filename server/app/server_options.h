@@ -90,6 +90,8 @@ struct ServerOptions {
   int64_t keep_results_days = 0;
   absl::Duration upload_idle = absl::Hours(24);
   absl::Duration retention_interval = absl::Seconds(600);  // <= 0: never
+  // Free space kept on the disk uploads are staged on (store::DiskFloor); 0: none.
+  int64_t min_free_disk_bytes = int64_t{1} << 30;
 
   std::string metrics_listen = "127.0.0.1:9464";  // empty: no metrics endpoint
   absl::Duration shutdown_timeout = absl::Seconds(20);

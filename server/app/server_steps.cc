@@ -48,8 +48,25 @@ absl::Status Server::OpenStorage() {
     log::Warning(absl::StrCat("recal-server: blob store not reachable yet: ", opened.reachable.message()));
   }
   blobs_ = std::move(opened.store);
+  MakeDiskFloor();
   RECAL_ASSIGN_OR_RETURN(metadata_, store::OpenMetadataStore(store_spec_));
   return absl::OkStatus();
+}
+
+// Uploads are staged beside the scratch directory (the blob directory's, or DATA_DIR's with
+// s3://), on the disk whose space they take.
+void Server::MakeDiskFloor() {
+  disk_floor_ = std::make_unique<store::DiskFloor>(blobs_->scratch_dir(), options_.min_free_disk_bytes);
+  const absl::StatusOr<int64_t> free = disk_floor_->FreeBytes();
+  log::Info("recal-server: uploads keep free space on their disk",
+            {{"path", blobs_->scratch_dir()},
+             {"min_free_disk_bytes", options_.min_free_disk_bytes},
+             {"free_bytes", free.ok() ? *free : int64_t{-1}}});
+  if (disk_floor_->Below()) {
+    log::Warning("recal-server: the disk uploads are staged on is below --min_free_disk_bytes: uploads are refused "
+                 "until space is freed",
+                 {{"path", blobs_->scratch_dir()}, {"free_bytes", free.ok() ? *free : int64_t{-1}}});
+  }
 }
 
 // Counted with recal-worker, which runs on the devices (this process loads no LibTorch), as
@@ -99,6 +116,7 @@ void Server::MakeModels(jobs::ModelInspector* inspector) {
   models_ = std::make_unique<jobs::ModelRegistry>(metadata_.get(), blobs_.get(), options_.max_model_bytes, inspector,
                                                   [this](const std::string& tenant) { return LimitsOf(tenant); });
   models_->SetInspectionWait(options_.inspection_wait);
+  models_->SetDiskFloor(disk_floor_.get());
 }
 
 // Client streams across processes (docs/cluster.md): the api replicas relay pushes here, and
@@ -159,7 +177,7 @@ absl::Status Server::ServeMetrics() {
   if (!metrics_) return absl::OkStatus();
   RECAL_ASSIGN_OR_RETURN(exposer_, metrics::Serve(options_.metrics_listen, metrics_.get(),
                                                   ServerGauges(jobs_.get(), worker_.inspections.get(),
-                                                               models_.get(), auth_.get())));
+                                                               models_.get(), auth_.get(), disk_floor_.get())));
   log::Info(absl::StrCat("recal-server: metrics on port ", metrics::PortOf(*exposer_)),
             {{"address", options_.metrics_listen}, {"path", "/metrics"}});
   return absl::OkStatus();

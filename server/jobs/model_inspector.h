@@ -4,17 +4,26 @@
 // of its cluster do it (relay::RemoteInspector).
 #pragma once
 
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "recal/v1/recal.pb.h"
-#include "server/jobs/inspection_slots.h"
 
 namespace recal::jobs {
 
 class ModelInspector {
  public:
+  // Room for one inspection, held from Reserve until it is destroyed.
+  class Room {
+   public:
+    virtual ~Room() = default;
+    // Inspect, in this room; called at most once.
+    virtual absl::StatusOr<v1::Model> Inspect(const std::string& model_path) = 0;
+  };
+
   virtual ~ModelInspector() = default;
 
   // Validates the archive at `model_path`: the Model as the archive describes it, its
@@ -24,15 +33,26 @@ class ModelInspector {
   // the model.
   virtual absl::StatusOr<v1::Model> Inspect(const std::string& model_path) = 0;
 
-  // Room on this host for one inspection, waited for before an upload is committed: refused
-  // there (RESOURCE_EXHAUSTED / UNAVAILABLE, as Inspect), the upload stays staged, counted in
-  // its tenant's quota and expiring when idle, instead of becoming a blob no model refers
-  // to. An inspector whose bound lies elsewhere (a remote worker's) has none to give.
-  virtual absl::StatusOr<InspectionSlots::Slot> Reserve() { return InspectionSlots::Slot(); }
-  // Inspect, in the room Reserve gave (held until it returns).
-  virtual absl::StatusOr<v1::Model> InspectReserved(const std::string& model_path, InspectionSlots::Slot room) {
-    return Inspect(model_path);
-  }
+  // Room for inspecting an archive of `archive_bytes`, waited for before an upload is
+  // committed: refused there (RESOURCE_EXHAUSTED / UNAVAILABLE, as Inspect), the upload stays
+  // staged, counted in its tenant's quota and expiring when idle, instead of becoming a blob
+  // no model refers to. The host whose bound it is may be this one (WorkerRunner) or a
+  // worker's (RemoteInspector). By default, no bound: a room that calls Inspect.
+  virtual absl::StatusOr<std::unique_ptr<Room>> Reserve(int64_t archive_bytes);
 };
+
+// The default Room: Inspect of its inspector, with no bound of its own.
+class UnboundedRoom final : public ModelInspector::Room {
+ public:
+  explicit UnboundedRoom(ModelInspector* inspector) : inspector_(inspector) {}
+  absl::StatusOr<v1::Model> Inspect(const std::string& model_path) override { return inspector_->Inspect(model_path); }
+
+ private:
+  ModelInspector* const inspector_;
+};
+
+inline absl::StatusOr<std::unique_ptr<ModelInspector::Room>> ModelInspector::Reserve(int64_t /*archive_bytes*/) {
+  return std::make_unique<UnboundedRoom>(this);
+}
 
 }  // namespace recal::jobs

@@ -44,22 +44,6 @@ std::string ModelNameOf(const v1::UploadHeader& header) {
   return header.name().empty() ? std::string(store::kDefaultModelName) : header.name();
 }
 
-absl::Status ModelRegistry::CheckStorage(const std::string& tenant, int64_t more_bytes) {
-  const int64_t limit = limits_ ? limits_(tenant).max_stored_bytes : 0;
-  if (limit <= 0) return absl::OkStatus();
-  // Uploads in progress count while they are on disk: begun and abandoned, they would
-  // otherwise hold any number of bytes outside the quota until they expire.
-  RECAL_ASSIGN_OR_RETURN(const v1::Usage usage, Usage(tenant));
-  if (usage.stored_bytes() + more_bytes > limit) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "tenant ", tenant, " would store ", usage.stored_bytes() + more_bytes, " bytes (models ", usage.model_bytes(),
-        ", results ", usage.result_bytes(), ", unfinished uploads ", usage.upload_bytes(), ", this upload ",
-        more_bytes, "), over its quota max_stored_bytes=", limit,
-        "; delete models or jobs, finish or wait out unfinished uploads (recalctl usage), or ask an admin"));
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<std::optional<v1::Model>> ModelRegistry::StartUpload(const std::string& tenant,
                                                                     const v1::UploadHeader& header) {
   if (header.size() <= 0) return absl::InvalidArgumentError("upload header: size must be positive");
@@ -72,17 +56,49 @@ absl::StatusOr<std::optional<v1::Model>> ModelRegistry::StartUpload(const std::s
   if (existing.ok()) return std::optional<v1::Model>(*existing);
   if (existing.status().code() != absl::StatusCode::kNotFound) return existing.status();
   // Validates the digest's form (it names a file).
-  auto committed = blobs_->UploadedSize(tenant, header.sha256());
-  if (!committed.ok()) return committed.status();
-  // What this upload has on disk already counts among the tenant's uploads.
-  if (absl::Status room = CheckStorage(tenant, header.size() - *committed); !room.ok()) return room;
+  RECAL_ASSIGN_OR_RETURN(const int64_t committed, blobs_->UploadedSize(tenant, header.sha256()));
+  if (disk_floor_ != nullptr) RECAL_RETURN_IF_ERROR(disk_floor_->Admit(header.size() - committed));
+  // Counted from before its first byte: begun and abandoned, an upload would otherwise hold
+  // bytes outside the quota until it expires, and uploads begun at once would all fit.
+  RECAL_RETURN_IF_ERROR(stored_bytes_.ReserveUpload(tenant, header));
   return std::optional<v1::Model>();
 }
 
 absl::Status ModelRegistry::AppendChunk(const std::string& tenant, const v1::UploadHeader& header,
                                         const v1::UploadChunk& chunk) {
-  RECAL_RETURN_IF_ERROR(CheckStorage(tenant, static_cast<int64_t>(chunk.data().size())));
-  return blobs_->AppendUpload(tenant, header.sha256(), chunk.offset(), chunk.data(), header.size());
+  if (disk_floor_ != nullptr) RECAL_RETURN_IF_ERROR(disk_floor_->Admit(static_cast<int64_t>(chunk.data().size())));
+  RECAL_RETURN_IF_ERROR(KeepReserved(tenant, header));
+  absl::Status appended =
+      blobs_->AppendUpload(tenant, header.sha256(), chunk.offset(), chunk.data(), header.size());
+  // A full disk removed the upload's staged bytes (UploadStaging): nothing is left to count.
+  if (!appended.ok()) ReleaseIfNothingStaged(tenant, header);
+  return appended;
+}
+
+absl::Status ModelRegistry::KeepReserved(const std::string& tenant, const v1::UploadHeader& header) {
+  RECAL_ASSIGN_OR_RETURN(const bool held, stored_bytes_.TouchUpload(tenant, header));
+  if (held) return absl::OkStatus();
+  // Another client finished the same bytes meanwhile (its model row took the reservation):
+  // these staged bytes are not needed, and the client finds the model by asking again.
+  if (metadata_->GetModel(tenant, ModelIdOf(header.sha256())).ok()) {
+    blobs_->DiscardUpload(tenant, header.sha256()).IgnoreError();  // else it expires
+    return absl::FailedPreconditionError(absl::StrCat(
+        "sha256:", header.sha256(), " was stored meanwhile by another upload of the same bytes; "
+        "GetUploadStatus names the model"));
+  }
+  // Expired while the upload sat idle: taken again, checked.
+  return stored_bytes_.ReserveUpload(tenant, header);
+}
+
+void ModelRegistry::LeaveUpload(const std::string& tenant, const v1::UploadHeader& header) {
+  ReleaseIfNothingStaged(tenant, header);
+}
+
+void ModelRegistry::ReleaseIfNothingStaged(const std::string& tenant, const v1::UploadHeader& header) {
+  // A committed blob without its model (a worker went away mid-inspection) is the retry's, and
+  // stays counted.
+  if (blobs_->UploadedSize(tenant, header.sha256()).value_or(-1) != 0 || blobs_->Has(header.sha256())) return;
+  stored_bytes_.ReleaseUpload(tenant, header.sha256()).IgnoreError();  // expires if this fails
 }
 
 // Holds the one turn to finish a tenant's upload of some bytes in this process (api replicas
@@ -125,26 +141,27 @@ absl::StatusOr<v1::Model> ModelRegistry::CommitAndInspect(const std::string& ten
     return absl::FailedPreconditionError(absl::StrCat("upload incomplete: ", *committed, " of ", header.size(),
                                                       " bytes committed; resume from ", *committed));
   }
-  // Before the commit: a refusal here leaves the staged bytes to finish again later.
-  const int64_t tenant_limit = limits_ ? limits_(tenant).max_concurrent_inspections : 0;
-  RECAL_ASSIGN_OR_RETURN(InspectionSlots::Slot slot,
-                         tenant_inspections_->Acquire(tenant, 0, static_cast<int>(tenant_limit)));
-  RECAL_ASSIGN_OR_RETURN(InspectionSlots::Slot room, runner_->Reserve());
+  // Before the commit: a refusal here leaves the staged bytes (and their reservation) to
+  // finish again later.
+  const int tenant_limit = static_cast<int>(Limits(tenant).max_concurrent_inspections);
+  RECAL_ASSIGN_OR_RETURN(InspectionSlots::Slot slot, tenant_inspections_->Acquire(tenant, 0, tenant_limit));
+  RECAL_ASSIGN_OR_RETURN(std::unique_ptr<ModelInspector::Room> room, runner_->Reserve(header.size()));
+  // The bytes stay counted through the commit and the inspection, until PutModel turns the
+  // reservation into the model's row.
+  RECAL_RETURN_IF_ERROR(KeepReserved(tenant, header));
   auto path = blobs_->CommitUpload(tenant, header.sha256(), header.size());
+  if (absl::IsInvalidArgument(path.status())) {  // corrupt: the staged bytes were discarded
+    stored_bytes_.ReleaseUpload(tenant, header.sha256()).IgnoreError();  // expires if this fails
+  }
   if (!path.ok()) return path.status();
-  auto inspected = runner_->InspectReserved(*path, std::move(room));
-  // A remote inspector's host had no room: the model is not refused, the committed blob
-  // stays for the retried upload (whose commit finds it).
+  auto inspected = room->Inspect(*path);
+  // Nothing could inspect it after all (a worker that went away mid-inspection): the model
+  // is not refused; the committed blob and the reservation stay for the retried upload
+  // (whose commit finds the blob), or until the reservation expires.
   if (absl::IsResourceExhausted(inspected.status()) || absl::IsUnavailable(inspected.status())) {
     return inspected.status();
   }
-  if (!inspected.ok()) {
-    // Not kept: nothing may refer to a model that was refused (unless the same bytes are
-    // another tenant's already, and thus were accepted before).
-    auto kept = metadata_->ModelStoredByAnyTenant(ModelIdOf(header.sha256()));
-    if (kept.ok() && !*kept) blobs_->Remove(header.sha256()).IgnoreError();
-    return absl::InvalidArgumentError(absl::StrCat("model refused: ", inspected.status().message()));
-  }
+  if (!inspected.ok()) return Refuse(tenant, header, inspected.status());
   v1::Model model = *std::move(inspected);  // its layers and inputs
   model.set_id(ModelIdOf(header.sha256()));
   model.set_tenant(tenant);
@@ -153,6 +170,16 @@ absl::StatusOr<v1::Model> ModelRegistry::CommitAndInspect(const std::string& ten
   model.mutable_labels()->insert(header.labels().begin(), header.labels().end());
   *model.mutable_create_time() = NowTimestamp();
   return metadata_->PutModel(model);
+}
+
+absl::Status ModelRegistry::Refuse(const std::string& tenant, const v1::UploadHeader& header,
+                                   const absl::Status& verdict) {
+  // Not kept: nothing may refer to a model that was refused (unless the same bytes are
+  // another tenant's already, and thus were accepted before).
+  auto kept = metadata_->ModelStoredByAnyTenant(ModelIdOf(header.sha256()));
+  if (kept.ok() && !*kept) blobs_->Remove(header.sha256()).IgnoreError();
+  stored_bytes_.ReleaseUpload(tenant, header.sha256()).IgnoreError();  // expires if this fails
+  return absl::InvalidArgumentError(absl::StrCat("model refused: ", verdict.message()));
 }
 
 absl::StatusOr<v1::UploadStatus> ModelRegistry::UploadStatus(const std::string& tenant, const std::string& sha256) {
@@ -230,7 +257,7 @@ absl::StatusOr<v1::Model> ModelRegistry::Delete(const std::string& tenant, const
 
 absl::StatusOr<v1::Usage> ModelRegistry::Usage(const std::string& tenant) {
   RECAL_ASSIGN_OR_RETURN(v1::Usage usage, UsageOf(*metadata_, *blobs_, tenant));
-  usage.set_max_stored_bytes(limits_ ? limits_(tenant).max_stored_bytes : 0);
+  usage.set_max_stored_bytes(Limits(tenant).max_stored_bytes);
   return usage;
 }
 

@@ -17,7 +17,9 @@
 #include "server/jobs/inspection_slots.h"
 #include "server/jobs/job_runner.h"
 #include "server/jobs/model_inspector.h"
+#include "server/jobs/storage.h"
 #include "server/store/blob_store.h"
+#include "server/store/disk_floor.h"
 #include "server/store/metadata_store.h"
 
 namespace recal::jobs {
@@ -47,6 +49,7 @@ class ModelRegistry {
         max_model_bytes_(max_model_bytes),
         runner_(runner),
         limits_(std::move(limits)),
+        stored_bytes_(metadata, [this](const std::string& tenant) { return Limits(tenant).max_stored_bytes; }),
         tenant_inspections_(std::make_unique<InspectionSlots>(InspectionBounds{})) {}
 
   // Uploads waiting for, or refused, one of their tenant's inspection slots (metrics).
@@ -57,15 +60,29 @@ class ModelRegistry {
     tenant_inspections_ = std::make_unique<InspectionSlots>(InspectionBounds{0, 0, 0, max_wait});
   }
 
-  // Checks the header (its name: CheckModelName; and the tenant's stored-bytes quota).
-  // Returns the model if the tenant has these bytes already (nothing to upload; it keeps the
-  // name and version it has), std::nullopt if the upload should proceed.
+  // The free-space floor uploads are staged under (null: none); set before serving.
+  void SetDiskFloor(const store::DiskFloor* floor) { disk_floor_ = floor; }
+  // The tenants' max_stored_bytes, which the scheduler also reserves job results under.
+  StoredBytesQuota& stored_bytes() { return stored_bytes_; }
+
+  // Checks the header (its name: CheckModelName; the disk floor) and reserves the upload's
+  // whole size in the tenant's stored-bytes quota (StoredBytesQuota::ReserveUpload), held
+  // until its model is stored or it is refused (or expires). Returns the model if the tenant
+  // has these bytes already (nothing to upload; it keeps the name and version it has),
+  // std::nullopt if the upload should proceed.
   absl::StatusOr<std::optional<v1::Model>> StartUpload(const std::string& tenant, const v1::UploadHeader& header);
+  // Refused below the disk floor; a chunk that finds the disk full ends the upload (its
+  // staged bytes and its reservation go).
   absl::Status AppendChunk(const std::string& tenant, const v1::UploadHeader& header, const v1::UploadChunk& chunk);
+  // The client's stream ended before the upload was finished (an error, a hang-up). With
+  // nothing staged it holds no reservation, as if never begun; with bytes staged it keeps its
+  // own, for the resume, until it expires.
+  void LeaveUpload(const std::string& tenant, const v1::UploadHeader& header);
   // Once every byte is committed: verifies the digest, loads the archive, validates its
   // graphs, inspects it, and stores the model as the next version of its name. Clients that
   // finish the same bytes of one tenant at once are served one at a time: those after the
-  // first get the model it stored, without a second inspection.
+  // first get the model it stored, without a second inspection. The upload's reservation
+  // becomes the model row; a refused model's goes with its bytes.
   absl::StatusOr<v1::Model> FinishUpload(const std::string& tenant, const v1::UploadHeader& header);
   absl::StatusOr<v1::UploadStatus> UploadStatus(const std::string& tenant, const std::string& sha256);
 
@@ -94,7 +111,15 @@ class ModelRegistry {
  private:
   class FinishTurn;
   absl::StatusOr<v1::Model> CommitAndInspect(const std::string& tenant, const v1::UploadHeader& header);
-  absl::Status CheckStorage(const std::string& tenant, int64_t more_bytes);
+  // What a refused model leaves: nothing (its blob unless another row references the bytes,
+  // its reservation); INVALID_ARGUMENT saying why.
+  absl::Status Refuse(const std::string& tenant, const v1::UploadHeader& header, const absl::Status& verdict);
+  TenantLimits Limits(const std::string& tenant) const { return limits_ ? limits_(tenant) : TenantLimits{}; }
+  void ReleaseIfNothingStaged(const std::string& tenant, const v1::UploadHeader& header);
+  // Before more of an upload's bytes are written or committed: its reservation is marked as in
+  // use, or taken again (checked) if it expired. FAILED_PRECONDITION when another client
+  // stored the same bytes meanwhile.
+  absl::Status KeepReserved(const std::string& tenant, const v1::UploadHeader& header);
   // The one model of the tenant whose digest starts with `hex` (Resolve of a prefix).
   absl::StatusOr<v1::Model> ResolvePrefix(const std::string& tenant, const std::string& reference,
                                           const std::string& hex);
@@ -104,6 +129,8 @@ class ModelRegistry {
   const int64_t max_model_bytes_;
   ModelInspector* runner_;
   TenantLimitsFn limits_;
+  StoredBytesQuota stored_bytes_;
+  const store::DiskFloor* disk_floor_ = nullptr;
   // Each tenant's concurrent inspections (TenantLimits::max_concurrent_inspections); the
   // host's bound is the runner's.
   std::unique_ptr<InspectionSlots> tenant_inspections_;

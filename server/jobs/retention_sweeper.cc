@@ -38,7 +38,14 @@ RetentionPolicy RetentionSweeper::PolicyOf(const std::string& tenant) const {
 absl::StatusOr<SweepCounts> RetentionSweeper::SweepOnce() {
   SweepCounts counts;
   if (options_.upload_idle > absl::ZeroDuration()) {
-    RECAL_ASSIGN_OR_RETURN(counts.uploads_expired, blobs_->ExpireUploads(options_.now() - options_.upload_idle));
+    const absl::Time idle_before = options_.now() - options_.upload_idle;
+    RECAL_ASSIGN_OR_RETURN(counts.uploads_expired, blobs_->ExpireUploads(idle_before));
+    // An upload's reservation is touched at most every kReservationTouchEvery, so it goes that
+    // much after its staged bytes, never before them. So do those whose holder died (a replica
+    // with its staged uploads, a worker between its results' reservation and their rows).
+    RECAL_ASSIGN_OR_RETURN(counts.reservations_expired,
+                           metadata_->ExpireReservations(
+                               absl::ToUnixMillis(idle_before - store::kReservationTouchEvery)));
   }
   RECAL_RETURN_IF_ERROR(SweepModels(counts));
   RECAL_RETURN_IF_ERROR(SweepJobs(counts));
@@ -115,11 +122,13 @@ void RetentionSweeper::Start() {
       absl::StatusOr<SweepCounts> swept = SweepOnce();
       if (!swept.ok()) {
         log::Warning("retention: sweep failed, retried at the next", {{"error", std::string(swept.status().message())}});
-      } else if (swept->models_deleted + swept->jobs_deleted + swept->uploads_expired + swept->models_kept_for_jobs > 0) {
+      } else if (swept->models_deleted + swept->jobs_deleted + swept->uploads_expired + swept->models_kept_for_jobs +
+                     swept->reservations_expired > 0) {
         log::Info("retention: swept", {{"models_deleted", swept->models_deleted},
                                        {"models_kept_for_jobs", swept->models_kept_for_jobs},
                                        {"jobs_deleted", swept->jobs_deleted},
-                                       {"uploads_expired", swept->uploads_expired}});
+                                       {"uploads_expired", swept->uploads_expired},
+                                       {"reservations_expired", swept->reservations_expired}});
       }
       lock.lock();
     } while (!wake_.wait_for(lock, absl::ToChronoMilliseconds(options_.interval), [this] { return stopping_; }));

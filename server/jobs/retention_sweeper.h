@@ -1,10 +1,11 @@
 // The retention policy (docs/retention.md), applied by one background thread per server
 // process: each tenant keeps the newest keep_versions versions of every model name and its
 // ended jobs (with their results) for keep_results_days; uploads nobody appended to for
-// upload_idle are removed. Never what a queued or running job needs: a model version is
-// deleted only by MetadataStore::DeleteModelUnlessUsed, which decides in the transaction
-// that deletes it (a job submitted at the same time either keeps the model or fails cleanly),
-// and only ended jobs are deleted.
+// upload_idle are removed, and so are stored-bytes reservations nobody touched for as long.
+// Never what a queued or running job needs: a model version is deleted only by
+// MetadataStore::DeleteModelUnlessUsed, which decides in the transaction that deletes it (a
+// job submitted at the same time either keeps the model or fails cleanly), and only ended
+// jobs are deleted.
 //
 // Cluster mode: every api replica sweeps (each has its own staged uploads with
 // --blobs=s3://). Every step is idempotent and safe when replicas run it at once: a row
@@ -46,6 +47,8 @@ struct SweepCounts {
   int64_t models_kept_for_jobs = 0;  // beyond keep_versions, but a queued or running job uses them
   int64_t jobs_deleted = 0;
   int64_t uploads_expired = 0;
+  // Stored-bytes reservations not touched for upload_idle (MetadataStore::ExpireReservations).
+  int64_t reservations_expired = 0;
 };
 
 class RetentionSweeper {

@@ -391,19 +391,34 @@ absl::StatusOr<v1::RunReport> WorkerRunner::Recalibrate(const RecalibrationTask&
   return event->report();
 }
 
+// Room on this host: a slot of its inspections, held until the worker is gone (what bounds
+// inspections on this host is the workers that exist, whoever asked for them).
+class WorkerRunner::HostRoom final : public ModelInspector::Room {
+ public:
+  HostRoom(WorkerRunner* runner, InspectionSlots::Slot slot) : runner_(runner), slot_(std::move(slot)) {}
+  absl::StatusOr<v1::Model> Inspect(const std::string& model_path) override {
+    return runner_->InspectInRoom(model_path);
+  }
+
+ private:
+  WorkerRunner* const runner_;
+  InspectionSlots::Slot slot_;
+};
+
 absl::StatusOr<v1::Model> WorkerRunner::Inspect(const std::string& model_path) {
-  RECAL_ASSIGN_OR_RETURN(InspectionSlots::Slot room, Reserve());
-  return InspectReserved(model_path, std::move(room));
+  RECAL_ASSIGN_OR_RETURN(std::unique_ptr<Room> room, Reserve(0));
+  return room->Inspect(model_path);
 }
 
-absl::StatusOr<InspectionSlots::Slot> WorkerRunner::Reserve() {
-  if (options_.inspections == nullptr) return InspectionSlots::Slot();
-  return options_.inspections->Acquire("", InspectionMemoryBytes(options_));
+absl::StatusOr<std::unique_ptr<ModelInspector::Room>> WorkerRunner::Reserve(int64_t /*archive_bytes*/) {
+  InspectionSlots::Slot slot;
+  if (options_.inspections != nullptr) {
+    RECAL_ASSIGN_OR_RETURN(slot, options_.inspections->Acquire("", InspectionMemoryBytes(options_)));
+  }
+  return std::make_unique<HostRoom>(this, std::move(slot));
 }
 
-absl::StatusOr<v1::Model> WorkerRunner::InspectReserved(const std::string& model_path, InspectionSlots::Slot room) {
-  // `room` is held until the worker is gone: what bounds inspections on this host is the
-  // workers that exist, whoever asked for them.
+absl::StatusOr<v1::Model> WorkerRunner::InspectInRoom(const std::string& model_path) {
   wire::Task request = NewTask();
   request.mutable_inspect();
   RunHooks hooks;

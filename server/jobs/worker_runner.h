@@ -90,10 +90,8 @@ class WorkerRunner : public JobRunner, public ModelInspector {
 
   absl::StatusOr<v1::RunReport> Recalibrate(const RecalibrationTask& task, const RunHooks& hooks) override;
   absl::StatusOr<v1::Model> Inspect(const std::string& model_path) override;
-  // A slot of options.inspections (none when it is null).
-  absl::StatusOr<InspectionSlots::Slot> Reserve() override;
-  absl::StatusOr<v1::Model> InspectReserved(const std::string& model_path,
-                                                                  InspectionSlots::Slot room) override;
+  // A room holding a slot of options.inspections (none when it is null).
+  absl::StatusOr<std::unique_ptr<Room>> Reserve(int64_t archive_bytes) override;
 
   // Asked once at start: what the sandbox enforces on this machine, from a worker that runs
   // LibTorch inside it (worker.proto's SelfCheck) under the tightest memory cap a CPU worker
@@ -106,6 +104,9 @@ class WorkerRunner : public JobRunner, public ModelInspector {
   absl::StatusOr<worker::v1::ProbeResult> Probe(const worker::v1::SandboxProbe& probe);
 
  private:
+  class HostRoom;
+  // The inspection itself, in a room Reserve gave.
+  absl::StatusOr<v1::Model> InspectInRoom(const std::string& model_path);
   // Starts a worker for `task`, feeds it, watches it and returns its last event (or why
   // there is none). `sandboxed` receives its first event. `remote`: the objects of the
   // task's data in a bucket, whose reads the worker asks for.

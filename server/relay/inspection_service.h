@@ -5,10 +5,14 @@
 // scratch directory of its own, never past the size it declared nor --max_model_bytes, and
 // inspected by the same ModelInspector as a local upload (WorkerRunner: the sandboxed
 // recal-worker, under this host's bounds on inspections); its verdict goes back as it is.
+// ReserveAndInspect takes the host's room before a byte of the archive is sent (the api
+// replica commits the upload only then); InspectModel, for api replicas from before it, once
+// the archive is here.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "recal/internal/v1/inspection.grpc.pb.h"
 #include "server/jobs/model_inspector.h"
@@ -30,15 +34,29 @@ class InspectionService final : public internal::v1::ModelInspection::Service {
   grpc::Status InspectModel(grpc::ServerContext* context,
                             grpc::ServerReader<internal::v1::InspectModelRequest>* reader,
                             internal::v1::InspectModelResponse* response) override;
+  // The host's room first (the inspector's Reserve, under this host's bounds), answered
+  // `reserved`; then the archive, inspected in that room.
+  grpc::Status ReserveAndInspect(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<internal::v1::InspectModelResponse, internal::v1::InspectModelRequest>* stream)
+      override;
 
  private:
+  // Whether the caller presents the cluster secret (logged, limited per peer, when not).
+  bool Admits(grpc::ServerContext* context, absl::string_view method);
   // The declared size from the stream's first message: INVALID_ARGUMENT without one,
   // RESOURCE_EXHAUSTED over max_model_bytes.
-  absl::StatusOr<int64_t> ReadSize(grpc::ServerReader<internal::v1::InspectModelRequest>* reader) const;
+  template <typename Reader>
+  absl::StatusOr<int64_t> ReadSize(Reader* reader) const;
   // The rest of the stream into `path`: exactly `size` bytes (INVALID_ARGUMENT otherwise,
   // at the first byte too many).
-  absl::Status ReceiveArchive(grpc::ServerReader<internal::v1::InspectModelRequest>* reader, int64_t size,
-                              const std::string& path) const;
+  template <typename Reader>
+  absl::Status ReceiveArchive(Reader* reader, int64_t size, const std::string& path) const;
+  // Receives the archive into a scratch directory of its own and inspects it in `room`; the
+  // directory goes when this returns.
+  template <typename Reader>
+  absl::StatusOr<v1::Model> ReceiveAndInspect(grpc::ServerContext* context, Reader* reader,
+                                                                    int64_t size, jobs::ModelInspector::Room& room);
 
   const RelaySecret secret_;
   jobs::ModelInspector* const inspector_;

@@ -5,8 +5,13 @@
 // worker that cannot be reached (UNAVAILABLE), or that refuses this replica's secret, is
 // passed over for the next. The verdict of the worker that inspected it is returned as it is,
 // so that a refused model reads exactly as under --role=all.
+//
+// Room first (Reserve): the call that will carry the archive is opened before the upload is
+// committed, and the worker answers once its host has room for the inspection; so an upload
+// its host bound refuses is refused while still staged, never a blob that no model refers to.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,8 +25,8 @@ namespace recal::relay {
 
 struct RemoteInspectorOptions {
   absl::Duration live_within = store::kWorkerEndpointLiveWithin;
-  // One worker's whole call: the transfer, its wait for an inspection slot, and the inspection
-  // (whose own timeout, 10 minutes, ends first).
+  // One worker's whole call: its wait for an inspection slot, the transfer, and the
+  // inspection (whose own timeout, 10 minutes, ends first).
   absl::Duration deadline = absl::Minutes(20);
   int chunk_bytes = 1 << 20;  // at most half the relay's message limit
 };
@@ -31,12 +36,25 @@ class RemoteInspector final : public jobs::ModelInspector {
   RemoteInspector(RelayClient* workers, store::MetadataStore* metadata, RemoteInspectorOptions options = {})
       : workers_(workers), metadata_(metadata), options_(options) {}
 
-  // UNAVAILABLE naming what to start when no live worker could be reached; the store's own
-  // error when it does not answer.
+  // Reserve, then the archive to the worker that gave the room.
   absl::StatusOr<v1::Model> Inspect(const std::string& model_path) override;
+  // Room at a live worker (ReserveAndInspect), held while the call is open. UNAVAILABLE
+  // naming what to start when no live worker could be reached; RESOURCE_EXHAUSTED as the
+  // worker's host bound answers; the store's own error when it does not answer.
+  absl::StatusOr<std::unique_ptr<Room>> Reserve(int64_t archive_bytes) override;
 
  private:
-  absl::StatusOr<v1::Model> InspectAt(const std::string& address, const std::string& model_path);
+  class ReservedCall;
+  class UnreservedWorker;
+  // The room at the worker at `address`; UNIMPLEMENTED from a worker older than
+  // ReserveAndInspect.
+  absl::StatusOr<std::unique_ptr<Room>> ReserveAt(const std::string& address, int64_t archive_bytes);
+  // The archive to the worker at `address` with no room taken first (InspectModel): for a
+  // worker older than ReserveAndInspect.
+  absl::StatusOr<v1::Model> InspectAt(const std::string& address,
+                                                            const std::string& model_path);
+  // The chunk size the relay's message limit allows.
+  int ChunkBytes() const;
 
   RelayClient* const workers_;
   store::MetadataStore* const metadata_;

@@ -1,6 +1,7 @@
 #include "server/store/metadata_rows.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
@@ -76,6 +77,10 @@ absl::Status CheckDeletable(const std::string& id, v1::JobState state, const std
   return absl::OkStatus();
 }
 
+bool HoldsWorker(v1::JobState state) {
+  return std::find(std::begin(kHoldingWorker), std::end(kHoldingWorker), state) != std::end(kHoldingWorker);
+}
+
 bool AtRunningBound(const MaxRunningJobs& max_running, const std::string& tenant, int64_t running) {
   if (!max_running) return false;
   const int64_t bound = max_running(tenant);
@@ -113,4 +118,31 @@ std::map<std::pair<std::string, std::string>, int64_t> NumberVersions(std::vecto
   return last;
 }
 
+absl::Status CheckReservation(const Reservation& r) {
+  if (r.tenant.empty() || r.key.empty() || r.bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("a reservation needs a tenant, a key and bytes >= 0 (got '",
+                                                   r.tenant, "', '", r.key, "', ", r.bytes, ")"));
+  }
+  return absl::OkStatus();
+}
+
+bool Fits(const TenantUsage& usage, int64_t bytes, int64_t limit) {
+  return limit <= 0 || usage.stored_bytes + bytes <= limit;
+}
+
+bool TouchIsDue(int64_t touched_ms, int64_t now_ms) {
+  return now_ms - touched_ms >= absl::ToInt64Milliseconds(kReservationTouchEvery);
+}
+
+std::string UploadReservationOf(const v1::Model& model) {
+  return UploadReservationKey(std::string(absl::StripPrefix(model.id(), "sha256:")));
+}
+
 }  // namespace recal::store::internal::rows
+
+namespace recal::store {
+
+std::string UploadReservationKey(const std::string& sha256_hex) { return absl::StrCat("upload:", sha256_hex); }
+std::string ResultsReservationKey(const std::string& job_id) { return absl::StrCat("results:", job_id); }
+
+}  // namespace recal::store

@@ -41,6 +41,7 @@ absl::Status CheckDeletable(const std::string& id, v1::JobState state, const std
 // The states of a job that holds a worker (what MaxRunningJobs bounds): from its claim until
 // its run has stopped.
 inline constexpr v1::JobState kHoldingWorker[] = {v1::RUNNING, v1::CANCELLING};
+bool HoldsWorker(v1::JobState state);
 // Whether `tenant`, whose jobs hold `running` workers, may not have another (ClaimJob passes
 // over its jobs). No `max_running`, or 0 for the tenant: never.
 bool AtRunningBound(const MaxRunningJobs& max_running, const std::string& tenant, int64_t running);
@@ -61,6 +62,17 @@ v1::Model AsNextVersion(v1::Model model, int64_t last_version);
 // order they were created) get AsNextVersion of their tenant and name in turn. Returns the
 // last version of each (tenant, name), for the table that keeps them.
 std::map<std::pair<std::string, std::string>, int64_t> NumberVersions(std::vector<v1::Model>& models);
+
+// Reservations (MetadataStore::Reserve). What Reserve needs of one: a tenant, a key and
+// bytes >= 0 (INVALID_ARGUMENT otherwise).
+absl::Status CheckReservation(const Reservation& r);
+// Whether `bytes` more fit under `limit` (0: no limit) beside what `usage` counts.
+bool Fits(const TenantUsage& usage, int64_t bytes, int64_t limit);
+// Whether a reservation touched at `touched_ms` is written again at `now_ms`
+// (kReservationTouchEvery).
+bool TouchIsDue(int64_t touched_ms, int64_t now_ms);
+// The reservation PutModel turns into `model` (its id's digest's UploadReservationKey).
+std::string UploadReservationOf(const v1::Model& model);
 
 template <typename Message>
 absl::StatusOr<Message> Parse(const std::string& bytes, absl::string_view what, absl::string_view id) {

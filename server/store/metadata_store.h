@@ -33,12 +33,40 @@ struct JobPage {
 // its jobs and their shards; bytes as the rows record them (a blob two rows share counts twice).
 struct TenantUsage {
   int64_t active_jobs = 0;   // QUEUED, RUNNING or CANCELLING
-  int64_t stored_bytes = 0;  // model_bytes + result_bytes
+  int64_t stored_bytes = 0;  // model_bytes + result_bytes + reserved_bytes
   int64_t models = 0;
   int64_t model_bytes = 0;
   int64_t results = 0;
   int64_t result_bytes = 0;
+  int64_t reservations = 0;  // Reservation rows: uploads in progress, results being stored
+  int64_t reserved_bytes = 0;
 };
+
+// Bytes a tenant is about to store, counted against its max_stored_bytes from before the
+// first of them is written until the row that records them is: an upload's whole declared
+// size from its first byte until its model is stored (PutModel drops the reservation in the
+// transaction that writes the model row) or it is refused; a job's results from before they
+// enter the blob store until the job's row leaves RUNNING (CommitJob, UpdateJob: in the
+// transaction that stores the results). So bytes on their way are never counted nowhere,
+// and two writers racing for a tenant's last bytes never both get them (Reserve).
+struct Reservation {
+  std::string tenant;
+  std::string key;  // UploadReservationKey or ResultsReservationKey
+  int64_t bytes = 0;
+};
+std::string UploadReservationKey(const std::string& sha256_hex);
+std::string ResultsReservationKey(const std::string& job_id);
+
+// What Reserve found: whether the bytes were reserved, and the tenant's usage as counted in
+// its transaction without them (nor what the key held before), for the refusal's message.
+struct ReserveOutcome {
+  bool granted = false;
+  TenantUsage usage_before;
+};
+
+// A reservation's touch time need only be this fresh (TouchReservation writes at most this
+// often): what expires reservations allows for it.
+inline constexpr absl::Duration kReservationTouchEvery = absl::Minutes(1);
 
 // A tenant's submission quotas (0: no limit), which CreateJob checks in the transaction that
 // stores the job: counted in the store, they hold across every process on it (api replicas
@@ -147,7 +175,8 @@ class MetadataStore {
   // version and metadata win). Otherwise it stores the model as the next version of its name
   // (an empty name: kDefaultModelName): one more than the highest version the name ever had
   // in the tenant, so that a number is never reused, also after deletions; model.version is
-  // ignored. Returns the model as stored.
+  // ignored. Returns the model as stored. Either way the tenant's upload reservation of these
+  // bytes (UploadReservationKey) goes in the same transaction: they count as the model now.
   virtual absl::StatusOr<v1::Model> PutModel(const v1::Model& model) = 0;
   virtual absl::StatusOr<v1::Model> GetModel(const std::string& tenant, const std::string& id) = 0;  // NOT_FOUND
   // The tenant's model `name` at `version`, or its latest version when `version` is 0
@@ -174,6 +203,22 @@ class MetadataStore {
   virtual absl::StatusOr<int64_t> CountJobsUsingModel(const std::string& tenant, const std::string& model_id,
                                               const std::vector<v1::JobState>& states) = 0;
   virtual absl::StatusOr<TenantUsage> Usage(const std::string& tenant) = 0;
+
+  // Reservations (struct Reservation). Reserve sets the key's reservation to `r.bytes` if the
+  // tenant's models, results and other reservations plus `r.bytes` stay within `limit` (0: no
+  // limit), counted in the transaction that writes it (PostgreSQL: under the tenant's advisory
+  // lock), so that of two writers racing for the last bytes exactly one gets them. Refused,
+  // nothing changes (a reservation the key held stays as it was). `now_ms` is its touch time.
+  virtual absl::StatusOr<ReserveOutcome> Reserve(const Reservation& r, int64_t limit, int64_t now_ms) = 0;
+  // Marks the key's reservation as in use at `now_ms` (written only when its touch time is
+  // older than kReservationTouchEvery). false when the tenant holds none under the key (it
+  // was released, or expired).
+  virtual absl::StatusOr<bool> TouchReservation(const std::string& tenant, const std::string& key,
+                                                int64_t now_ms) = 0;
+  virtual absl::Status ReleaseReservation(const std::string& tenant, const std::string& key) = 0;  // OK if none
+  // Removes every reservation not touched since `touched_before_ms` (the retention sweeper's
+  // idle uploads, and what a process that died while holding one left); how many.
+  virtual absl::StatusOr<int64_t> ExpireReservations(int64_t touched_before_ms) = 0;
 
   // Jobs. CreateJob assigns nothing: job.id, tenant and request_id are the caller's. If a
   // job of the same tenant with the same non-empty request_id exists, returns it and
@@ -215,7 +260,8 @@ class MetadataStore {
   // here), all in one transaction: a job never ends without its results. With
   // `expected_version` >= 0, only if the stored version is still that one (ABORTED
   // otherwise: another process changed the job; read it again). Every write bumps the
-  // version; a state other than RUNNING / CANCELLING drops the lease.
+  // version; a state other than RUNNING / CANCELLING drops the lease and the job's results
+  // reservation (ResultsReservationKey; UpdateJob too): its results, if any, are rows now.
   virtual absl::Status CommitJob(const v1::Job& job, std::vector<v1::JobEvent> events,
                                  const std::map<v1::Artifact, ResultRef>& results = {},
                                  int64_t expected_version = -1) = 0;

@@ -27,7 +27,7 @@ using namespace internal::rows;  // NOLINT: the rows helpers are this file's voc
 
 // The row of schema_version. 2 is SQLite's version 2, table for table (PostgreSQL stores
 // began there). Bump it, and add a step in MigrateSchema, whenever a table changes.
-constexpr int64_t kSchemaVersion = 8;
+constexpr int64_t kSchemaVersion = 9;
 
 // The advisory lock that whoever creates or migrates the schema holds: "recal" and a 1.
 constexpr int64_t kSchemaLockKey = 0x726563616c000001;
@@ -37,6 +37,9 @@ constexpr int64_t kSchemaLockKey = 0x726563616c000001;
 // Two keys do not share the one-key space kSchemaLockKey is in; tenants whose names hash
 // alike only wait for each other.
 constexpr int32_t kTenantQuotaLockClass = 0x72656331;
+// The advisory locks Reserve holds on a tenant while it sums what the tenant stores and
+// reserves more: this class ("rec3") and hashtext(tenant).
+constexpr int32_t kTenantStoredBytesLockClass = 0x72656333;
 // The advisory locks a run claim holds on the tenant of the job it takes while it counts the
 // tenant's running jobs against MaxRunningJobs: this class ("rec2") and hashtext(tenant).
 constexpr int32_t kTenantRunningLockClass = 0x72656332;
@@ -144,6 +147,18 @@ constexpr char kModelVersionsIndexV7[] = "CREATE UNIQUE INDEX models_by_name ON 
 // row when it is created). Rows from before have none (NULL), which reads as an empty plan.
 constexpr char kJobsV8[] = "ALTER TABLE jobs ADD COLUMN plan BYTEA;";
 
+// Version 9: bytes reserved against each tenant's max_stored_bytes, as in SQLite's version 9.
+constexpr char kReservationsV9[] = R"sql(
+CREATE TABLE reservations (
+  tenant TEXT NOT NULL,
+  key TEXT NOT NULL,
+  bytes BIGINT NOT NULL,
+  touched_ms BIGINT NOT NULL,
+  PRIMARY KEY (tenant, key)
+);
+CREATE INDEX reservations_by_touch ON reservations(touched_ms);
+)sql";
+
 // "($3,$4,$5)" for a state filter whose parameters start at $first.
 std::string Placeholders(int first, size_t n) {
   std::string s = "(";
@@ -197,6 +212,12 @@ struct PostgresMetadataStore::Impl final : internal::JobCreationQueries {
   // READ COMMITTED for the caller's transaction, which must not have run a statement yet:
   // each statement then sees what was committed before it, also after it waited on a lock.
   absl::Status ReadCommitted() { return Exec("SET TRANSACTION ISOLATION LEVEL READ COMMITTED").status(); }
+  // The tenant's usage, from one statement (one snapshot); a reservation under `except_key`
+  // is left out of it.
+  absl::StatusOr<TenantUsage> CountUsage(const std::string& tenant, const std::string& except_key = "");
+  absl::Status DeleteReservation(const std::string& tenant, const std::string& key) {
+    return Exec("DELETE FROM reservations WHERE tenant = $1 AND key = $2", Params().Text(tenant).Text(key)).status();
+  }
   // JobExists that also locks the row until the transaction ends.
   absl::StatusOr<bool> LockJob(const std::string& id);
   // Inserts the event with the next seq of the job and the current time. The caller's
@@ -292,7 +313,8 @@ absl::Status PostgresMetadataStore::Impl::MigrateSchema() {
     RECAL_RETURN_IF_ERROR(conn.ExecScript(kModelsV7));
     RECAL_RETURN_IF_ERROR(NumberModels());
   }
-  RECAL_RETURN_IF_ERROR(conn.ExecScript(kJobsV8));
+  if (version < 8) RECAL_RETURN_IF_ERROR(conn.ExecScript(kJobsV8));
+  RECAL_RETURN_IF_ERROR(conn.ExecScript(kReservationsV9));
   RECAL_RETURN_IF_ERROR(Exec("DELETE FROM schema_version").status());
   RECAL_RETURN_IF_ERROR(
       Exec("INSERT INTO schema_version(version) VALUES($1)", Params().Int64(kSchemaVersion)).status());
@@ -364,6 +386,7 @@ absl::StatusOr<v1::Model> PostgresMetadataStore::PutModel(const v1::Model& model
   const std::string name = StoredModelName(model);
   return impl_->Run([&]() -> absl::StatusOr<v1::Model> {
     RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn));
+    RECAL_RETURN_IF_ERROR(impl_->DeleteReservation(model.tenant(), UploadReservationOf(model)));
     // The name's row, locked until COMMIT: uploads under one name in any process take turns,
     // so that each gets a version of its own.
     RECAL_RETURN_IF_ERROR(impl_->Exec("INSERT INTO model_names(tenant, name, last_version) VALUES($1, $2, 0) "
@@ -374,16 +397,21 @@ absl::StatusOr<v1::Model> PostgresMetadataStore::PutModel(const v1::Model& model
                                                     "name = $2 FOR UPDATE",
                                                     Params().Text(model.tenant()).Text(name)));
     if (last.rows() == 0) return absl::InternalError(absl::StrCat("model name '", name, "' vanished while locked"));
-    // Same tenant and bytes: the stored model stays (rolling back leaves no trace of a name
-    // it brought). The same bytes inserted meanwhile under another name are waited for by the
-    // insert, which then does nothing: that model is the answer too.
+    // Same tenant and bytes: the stored model stays (the name's row it may have brought, at
+    // version 0, reads as a name that never had one). The same bytes inserted meanwhile under
+    // another name are waited for by the insert, which then does nothing: that model is the
+    // answer too. Either way the upload's reservation goes.
     RECAL_ASSIGN_OR_RETURN(std::optional<v1::Model> existing, impl_->FindModel(model.tenant(), model.id()));
-    if (existing) return *std::move(existing);
+    if (existing) {
+      RECAL_RETURN_IF_ERROR(txn.Commit());
+      return *std::move(existing);
+    }
     const v1::Model stored = AsNextVersion(model, last.Int64(0, 0));
     RECAL_ASSIGN_OR_RETURN(const bool inserted, impl_->InsertModel(stored));
     if (!inserted) {
       RECAL_ASSIGN_OR_RETURN(existing, impl_->FindModel(model.tenant(), model.id()));
       if (!existing) return absl::InternalError(absl::StrCat("model '", model.id(), "' vanished while being stored"));
+      RECAL_RETURN_IF_ERROR(txn.Commit());
       return *std::move(existing);
     }
     RECAL_RETURN_IF_ERROR(impl_->Exec("UPDATE model_names SET last_version = $3 WHERE tenant = $1 AND name = $2",
@@ -743,7 +771,10 @@ absl::Status PostgresMetadataStore::Impl::WriteJob(const v1::Job& job, int64_t e
                          .Int64(expected_version)
                          .Int64(v1::RUNNING)
                          .Int64(v1::CANCELLING)));
-  if (r.Affected() > 0) return absl::OkStatus();
+  if (r.Affected() > 0) {
+    if (HoldsWorker(job.state())) return absl::OkStatus();
+    return DeleteReservation(job.tenant(), ResultsReservationKey(job.id()));
+  }
   RECAL_ASSIGN_OR_RETURN(const bool exists, JobExists(job.id()));
   if (!exists) return absl::NotFoundError(absl::StrCat("no job '", job.id(), "' to update"));
   return absl::AbortedError(absl::StrCat("job ", job.id(), " changed meanwhile (version ", expected_version, " is gone)"));
@@ -855,26 +886,89 @@ absl::StatusOr<bool> PostgresMetadataStore::BlobReferenced(const std::string& sh
   });
 }
 
+absl::StatusOr<TenantUsage> PostgresMetadataStore::Impl::CountUsage(const std::string& tenant,
+                                                                    const std::string& except_key) {
+  // SUM(BIGINT) is NUMERIC.
+  RECAL_ASSIGN_OR_RETURN(
+      Result r, Exec("SELECT (SELECT COUNT(*) FROM jobs WHERE tenant = $1 AND state IN ($2, $3, $4) "
+                     "AND parent_id IS NULL), "
+                     "(SELECT COUNT(*) FROM models WHERE tenant = $1), "
+                     "(SELECT COALESCE(SUM(size), 0) FROM models WHERE tenant = $1)::BIGINT, "
+                     "(SELECT COUNT(*) FROM results r JOIN jobs j ON r.job_id = j.id WHERE j.tenant = $1), "
+                     "(SELECT COALESCE(SUM(r.size), 0) FROM results r JOIN jobs j ON r.job_id = j.id "
+                     "WHERE j.tenant = $1)::BIGINT, "
+                     "(SELECT COUNT(*) FROM reservations WHERE tenant = $1 AND key <> $5), "
+                     "(SELECT COALESCE(SUM(bytes), 0) FROM reservations WHERE tenant = $1 AND key <> $5)::BIGINT",
+                     Params().Text(tenant).Int64(v1::QUEUED).Int64(v1::RUNNING).Int64(v1::CANCELLING).Text(
+                         except_key)));
+  TenantUsage usage;
+  usage.active_jobs = r.Int64(0, 0);
+  usage.models = r.Int64(0, 1);
+  usage.model_bytes = r.Int64(0, 2);
+  usage.results = r.Int64(0, 3);
+  usage.result_bytes = r.Int64(0, 4);
+  usage.reservations = r.Int64(0, 5);
+  usage.reserved_bytes = r.Int64(0, 6);
+  usage.stored_bytes = usage.model_bytes + usage.result_bytes + usage.reserved_bytes;
+  return usage;
+}
+
 absl::StatusOr<TenantUsage> PostgresMetadataStore::Usage(const std::string& tenant) {
-  return impl_->Run([&]() -> absl::StatusOr<TenantUsage> {
-    // One statement, so both numbers come from one snapshot. SUM(BIGINT) is NUMERIC.
-    RECAL_ASSIGN_OR_RETURN(
-        Result r, impl_->Exec("SELECT (SELECT COUNT(*) FROM jobs WHERE tenant = $1 AND state IN ($2, $3, $4) "
-                              "AND parent_id IS NULL), "
-                              "(SELECT COUNT(*) FROM models WHERE tenant = $1), "
-                              "(SELECT COALESCE(SUM(size), 0) FROM models WHERE tenant = $1)::BIGINT, "
-                              "(SELECT COUNT(*) FROM results r JOIN jobs j ON r.job_id = j.id WHERE j.tenant = $1), "
-                              "(SELECT COALESCE(SUM(r.size), 0) FROM results r JOIN jobs j ON r.job_id = j.id "
-                              "WHERE j.tenant = $1)::BIGINT",
-                              Params().Text(tenant).Int64(v1::QUEUED).Int64(v1::RUNNING).Int64(v1::CANCELLING)));
-    TenantUsage usage;
-    usage.active_jobs = r.Int64(0, 0);
-    usage.models = r.Int64(0, 1);
-    usage.model_bytes = r.Int64(0, 2);
-    usage.results = r.Int64(0, 3);
-    usage.result_bytes = r.Int64(0, 4);
-    usage.stored_bytes = usage.model_bytes + usage.result_bytes;
-    return usage;
+  return impl_->Run([&] { return impl_->CountUsage(tenant); });
+}
+
+// ------------------------------------------------------------------------ reservations
+
+absl::StatusOr<ReserveOutcome> PostgresMetadataStore::Reserve(const Reservation& r, int64_t limit, int64_t now_ms) {
+  RECAL_RETURN_IF_ERROR(CheckReservation(r));
+  return impl_->Run([&]() -> absl::StatusOr<ReserveOutcome> {
+    RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn));
+    // As CreateJob's quotas (LockTenant): reservers of one tenant, in any process, take turns
+    // on its advisory lock, and READ COMMITTED lets the count made once it is held see every
+    // reservation and row the previous holder committed. Writes that turn a reservation into
+    // a row (PutModel, CommitJob) change no sum and take no lock.
+    RECAL_RETURN_IF_ERROR(impl_->ReadCommitted());
+    RECAL_RETURN_IF_ERROR(impl_->Exec(absl::StrCat("SELECT pg_advisory_xact_lock(", kTenantStoredBytesLockClass,
+                                                   ", hashtext($1))"),
+                                      Params().Text(r.tenant))
+                              .status());
+    ReserveOutcome outcome;
+    RECAL_ASSIGN_OR_RETURN(outcome.usage_before, impl_->CountUsage(r.tenant, r.key));
+    outcome.granted = Fits(outcome.usage_before, r.bytes, limit);
+    if (!outcome.granted) return outcome;  // rolls back: nothing written
+    RECAL_RETURN_IF_ERROR(impl_->Exec("INSERT INTO reservations(tenant, key, bytes, touched_ms) VALUES($1, $2, $3, $4) "
+                                      "ON CONFLICT (tenant, key) DO UPDATE "
+                                      "SET bytes = excluded.bytes, touched_ms = excluded.touched_ms",
+                                      Params().Text(r.tenant).Text(r.key).Int64(r.bytes).Int64(now_ms))
+                              .status());
+    RECAL_RETURN_IF_ERROR(txn.Commit());
+    return outcome;
+  });
+}
+
+absl::StatusOr<bool> PostgresMetadataStore::TouchReservation(const std::string& tenant, const std::string& key,
+                                                             int64_t now_ms) {
+  return impl_->Run([&]() -> absl::StatusOr<bool> {
+    RECAL_ASSIGN_OR_RETURN(Result r, impl_->Exec("SELECT touched_ms FROM reservations WHERE tenant = $1 AND key = $2",
+                                                 Params().Text(tenant).Text(key)));
+    if (r.rows() == 0) return false;
+    if (!TouchIsDue(r.Int64(0, 0), now_ms)) return true;
+    RECAL_ASSIGN_OR_RETURN(Result updated,
+                           impl_->Exec("UPDATE reservations SET touched_ms = $3 WHERE tenant = $1 AND key = $2",
+                                       Params().Text(tenant).Text(key).Int64(now_ms)));
+    return updated.Affected() > 0;
+  });
+}
+
+absl::Status PostgresMetadataStore::ReleaseReservation(const std::string& tenant, const std::string& key) {
+  return impl_->Run([&] { return impl_->DeleteReservation(tenant, key); });
+}
+
+absl::StatusOr<int64_t> PostgresMetadataStore::ExpireReservations(int64_t touched_before_ms) {
+  return impl_->Run([&]() -> absl::StatusOr<int64_t> {
+    RECAL_ASSIGN_OR_RETURN(Result r, impl_->Exec("DELETE FROM reservations WHERE touched_ms < $1",
+                                                 Params().Int64(touched_before_ms)));
+    return r.Affected();
   });
 }
 

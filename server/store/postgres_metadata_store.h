@@ -41,6 +41,10 @@ class PostgresMetadataStore final : public MetadataStore {
   absl::StatusOr<int64_t> CountJobsUsingModel(const std::string& tenant, const std::string& model_id,
                                               const std::vector<v1::JobState>& states) override;
   absl::StatusOr<TenantUsage> Usage(const std::string& tenant) override;
+  absl::StatusOr<ReserveOutcome> Reserve(const Reservation& r, int64_t limit, int64_t now_ms) override;
+  absl::StatusOr<bool> TouchReservation(const std::string& tenant, const std::string& key, int64_t now_ms) override;
+  absl::Status ReleaseReservation(const std::string& tenant, const std::string& key) override;
+  absl::StatusOr<int64_t> ExpireReservations(int64_t touched_before_ms) override;
   absl::StatusOr<v1::Job> CreateJob(const v1::Job& job, bool* created, std::vector<v1::JobEvent> events,
                                     std::vector<NewJob> children, const JobQuota& quota,
                                     const std::string& plan) override;

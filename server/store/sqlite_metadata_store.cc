@@ -27,7 +27,7 @@ using namespace internal::rows;  // NOLINT: the rows helpers are this file's voc
 
 // PRAGMA user_version of the schema below. Bump it (and add a migration step in
 // MigrateSchema) whenever a table changes.
-constexpr int64_t kSchemaVersion = 8;
+constexpr int64_t kSchemaVersion = 9;
 
 // create_seq is a per-table counter, so "newest first" and page tokens do not depend on
 // clock resolution or clock steps. Every model and job belongs to one tenant: a model's
@@ -117,6 +117,20 @@ constexpr char kModelVersionsIndexV7[] = "CREATE UNIQUE INDEX models_by_name ON 
 // the job's row when it is created. Rows from before have none (NULL), which reads as an
 // empty plan. The same step for a new database and an old one.
 constexpr char kJobsV8[] = "ALTER TABLE jobs ADD COLUMN plan BLOB;";
+// Version 9: bytes reserved against each tenant's max_stored_bytes (MetadataStore::Reserve):
+// an upload's from its first byte until its model row is written, a job's results until they
+// are rows. touched_ms is when the holder last showed it is alive; ExpireReservations reads it.
+// The same step for a new database and an old one.
+constexpr char kReservationsV9[] = R"sql(
+CREATE TABLE reservations (
+  tenant TEXT NOT NULL,
+  key TEXT NOT NULL,
+  bytes INTEGER NOT NULL,
+  touched_ms INTEGER NOT NULL,
+  PRIMARY KEY (tenant, key)
+) WITHOUT ROWID;
+CREATE INDEX reservations_by_touch ON reservations(touched_ms);
+)sql";
 constexpr char kEventsAndResults[] = R"sql(
 CREATE TABLE events (
   job_id TEXT NOT NULL,
@@ -201,6 +215,9 @@ struct SqliteMetadataStore::Impl final : internal::JobCreationQueries {
   // Caller holds a transaction.
   absl::StatusOr<std::set<std::string>> TenantsAtRunningBound(const MaxRunningJobs& max_running);
   absl::Status InsertResult(const std::string& job_id, v1::Artifact artifact, const ResultRef& ref);
+  // The tenant's usage; a reservation under `except_key` is left out of it.
+  absl::StatusOr<TenantUsage> CountUsage(const std::string& tenant, const std::string& except_key = "");
+  absl::Status DeleteReservation(const std::string& tenant, const std::string& key);
 };
 
 absl::Status SqliteMetadataStore::Impl::MigrateSchema() {
@@ -236,7 +253,8 @@ absl::Status SqliteMetadataStore::Impl::MigrateSchema() {
   if (version != 1 && version < 6) RECAL_RETURN_IF_ERROR(MigrateV5ToV6());
   if (version != 1 && version < 7) RECAL_RETURN_IF_ERROR(db.Exec(kModelsV7));
   if (version < 7) RECAL_RETURN_IF_ERROR(NumberModels());
-  if (version != 1) RECAL_RETURN_IF_ERROR(MigrateV7ToV8());
+  if (version != 1 && version < 8) RECAL_RETURN_IF_ERROR(MigrateV7ToV8());
+  RECAL_RETURN_IF_ERROR(db.Exec(kReservationsV9));
   RECAL_RETURN_IF_ERROR(db.Exec(absl::StrCat("PRAGMA user_version = ", kSchemaVersion)));
   return txn.Commit();
 }
@@ -447,8 +465,12 @@ absl::StatusOr<v1::Model> SqliteMetadataStore::PutModel(const v1::Model& model) 
   // One write transaction (BEGIN IMMEDIATE) from the look-up to the insert: no other writer
   // can take the same bytes or the same version in between.
   RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&db));
+  RECAL_RETURN_IF_ERROR(impl_->DeleteReservation(model.tenant(), UploadReservationOf(model)));
   RECAL_ASSIGN_OR_RETURN(std::optional<v1::Model> existing, impl_->FindModel(model.tenant(), model.id()));
-  if (existing) return *std::move(existing);  // rolls back the transaction: nothing written
+  if (existing) {
+    RECAL_RETURN_IF_ERROR(txn.Commit());
+    return *std::move(existing);
+  }
   const std::string name = StoredModelName(model);
   RECAL_ASSIGN_OR_RETURN(const int64_t last, impl_->LastVersion(model.tenant(), name));
   const v1::Model stored = AsNextVersion(model, last);
@@ -759,7 +781,10 @@ absl::Status SqliteMetadataStore::Impl::WriteJob(const v1::Job& job, int64_t exp
                             .Bind(7, int64_t{v1::RUNNING})
                             .Bind(8, int64_t{v1::CANCELLING})
                             .Run());
-  if (db.Changes() > 0) return absl::OkStatus();
+  if (db.Changes() > 0) {
+    if (HoldsWorker(job.state())) return absl::OkStatus();
+    return DeleteReservation(job.tenant(), ResultsReservationKey(job.id()));
+  }
   RECAL_ASSIGN_OR_RETURN(const bool exists, JobExists(job.id()));
   if (!exists) return absl::NotFoundError(absl::StrCat("no job '", job.id(), "' to update"));
   return absl::AbortedError(absl::StrCat("job ", job.id(), " changed meanwhile (version ", expected_version, " is gone)"));
@@ -862,37 +887,96 @@ absl::StatusOr<bool> SqliteMetadataStore::BlobReferenced(const std::string& sha2
   return q.Bind(1, sha256).Step();
 }
 
+absl::StatusOr<TenantUsage> SqliteMetadataStore::Impl::CountUsage(const std::string& tenant,
+                                                                  const std::string& except_key) {
+  RECAL_ASSIGN_OR_RETURN(
+      Query q, db.Prepare("SELECT (SELECT COUNT(*) FROM jobs WHERE tenant = ?1 AND state IN (?2, ?3, ?4) "
+                          "AND parent_id IS NULL), "
+                          "(SELECT COUNT(*) FROM models WHERE tenant = ?1), "
+                          "(SELECT COALESCE(SUM(size), 0) FROM models WHERE tenant = ?1), "
+                          "(SELECT COUNT(*) FROM results r JOIN jobs j ON r.job_id = j.id WHERE j.tenant = ?1), "
+                          "(SELECT COALESCE(SUM(r.size), 0) FROM results r JOIN jobs j ON r.job_id = j.id "
+                          "WHERE j.tenant = ?1), "
+                          "(SELECT COUNT(*) FROM reservations WHERE tenant = ?1 AND key <> ?5), "
+                          "(SELECT COALESCE(SUM(bytes), 0) FROM reservations WHERE tenant = ?1 AND key <> ?5)"));
+  RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, tenant)
+                                             .Bind(2, int64_t{v1::QUEUED})
+                                             .Bind(3, int64_t{v1::RUNNING})
+                                             .Bind(4, int64_t{v1::CANCELLING})
+                                             .Bind(5, except_key)
+                                             .Step());
+  TenantUsage usage;
+  if (!row) return usage;
+  usage.active_jobs = q.Int64(0);
+  usage.models = q.Int64(1);
+  usage.model_bytes = q.Int64(2);
+  usage.results = q.Int64(3);
+  usage.result_bytes = q.Int64(4);
+  usage.reservations = q.Int64(5);
+  usage.reserved_bytes = q.Int64(6);
+  usage.stored_bytes = usage.model_bytes + usage.result_bytes + usage.reserved_bytes;
+  return usage;
+}
+
 absl::StatusOr<TenantUsage> SqliteMetadataStore::Usage(const std::string& tenant) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  TenantUsage usage;
+  return impl_->CountUsage(tenant);
+}
+
+// ------------------------------------------------------------------------ reservations
+
+absl::Status SqliteMetadataStore::Impl::DeleteReservation(const std::string& tenant, const std::string& key) {
+  RECAL_ASSIGN_OR_RETURN(Query q, db.Prepare("DELETE FROM reservations WHERE tenant = ?1 AND key = ?2"));
+  return q.Bind(1, tenant).Bind(2, key).Run();
+}
+
+absl::StatusOr<ReserveOutcome> SqliteMetadataStore::Reserve(const Reservation& r, int64_t limit, int64_t now_ms) {
+  RECAL_RETURN_IF_ERROR(CheckReservation(r));
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  // The write lock from the count to the insert: no other writer, in this process or another,
+  // reserves or stores between them.
+  RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->db));
+  ReserveOutcome outcome;
+  RECAL_ASSIGN_OR_RETURN(outcome.usage_before, impl_->CountUsage(r.tenant, r.key));
+  outcome.granted = Fits(outcome.usage_before, r.bytes, limit);
+  if (!outcome.granted) return outcome;  // rolls back: nothing written
+  RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("INSERT INTO reservations(tenant, key, bytes, touched_ms) "
+                                                    "VALUES(?1, ?2, ?3, ?4) ON CONFLICT(tenant, key) DO UPDATE "
+                                                    "SET bytes = excluded.bytes, touched_ms = excluded.touched_ms"));
+  RECAL_RETURN_IF_ERROR(q.Bind(1, r.tenant).Bind(2, r.key).Bind(3, r.bytes).Bind(4, now_ms).Run());
+  RECAL_RETURN_IF_ERROR(txn.Commit());
+  return outcome;
+}
+
+absl::StatusOr<bool> SqliteMetadataStore::TouchReservation(const std::string& tenant, const std::string& key,
+                                                           int64_t now_ms) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  int64_t touched_ms = 0;
   {
-    RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("SELECT COUNT(*) FROM jobs WHERE tenant = ?1 AND state IN (?2, ?3, ?4) "
-                                                      "AND parent_id IS NULL"));
-    RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, tenant)
-                                               .Bind(2, int64_t{v1::QUEUED})
-                                               .Bind(3, int64_t{v1::RUNNING})
-                                               .Bind(4, int64_t{v1::CANCELLING})
-                                               .Step());
-    if (row) usage.active_jobs = q.Int64(0);
+    RECAL_ASSIGN_OR_RETURN(Query q,
+                           impl_->db.Prepare("SELECT touched_ms FROM reservations WHERE tenant = ?1 AND key = ?2"));
+    RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, tenant).Bind(2, key).Step());
+    if (!row) return false;
+    touched_ms = q.Int64(0);
   }
-  {
-    RECAL_ASSIGN_OR_RETURN(
-        Query q, impl_->db.Prepare("SELECT (SELECT COUNT(*) FROM models WHERE tenant = ?1), "
-                                   "(SELECT COALESCE(SUM(size), 0) FROM models WHERE tenant = ?1), "
-                                   "(SELECT COUNT(*) FROM results r JOIN jobs j ON r.job_id = j.id "
-                                   "WHERE j.tenant = ?1), "
-                                   "(SELECT COALESCE(SUM(r.size), 0) FROM results r JOIN jobs j ON r.job_id = j.id "
-                                   "WHERE j.tenant = ?1)"));
-    RECAL_ASSIGN_OR_RETURN(const bool row, q.Bind(1, tenant).Step());
-    if (row) {
-      usage.models = q.Int64(0);
-      usage.model_bytes = q.Int64(1);
-      usage.results = q.Int64(2);
-      usage.result_bytes = q.Int64(3);
-      usage.stored_bytes = usage.model_bytes + usage.result_bytes;
-    }
-  }
-  return usage;
+  // Reads are cheap; a write (a WAL fsync) is made once a minute at most.
+  if (!TouchIsDue(touched_ms, now_ms)) return true;
+  RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("UPDATE reservations SET touched_ms = ?3 "
+                                                    "WHERE tenant = ?1 AND key = ?2"));
+  RECAL_RETURN_IF_ERROR(q.Bind(1, tenant).Bind(2, key).Bind(3, now_ms).Run());
+  return impl_->db.Changes() > 0;
+}
+
+absl::Status SqliteMetadataStore::ReleaseReservation(const std::string& tenant, const std::string& key) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->DeleteReservation(tenant, key);
+}
+
+absl::StatusOr<int64_t> SqliteMetadataStore::ExpireReservations(int64_t touched_before_ms) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  RECAL_ASSIGN_OR_RETURN(Query q, impl_->db.Prepare("DELETE FROM reservations WHERE touched_ms < ?1"));
+  RECAL_RETURN_IF_ERROR(q.Bind(1, touched_before_ms).Run());
+  return impl_->db.Changes();
 }
 
 // ----------------------------------------------------------------------------- workers

@@ -27,17 +27,18 @@ using internal::FsyncDirectory;
 using internal::LockedFile;
 using internal::UnlinkIfPresent;
 
-absl::Status WriteAll(int fd, absl::string_view data, int64_t offset, const std::string& path) {
+// 0, or the errno of the write that failed.
+int WriteAll(int fd, absl::string_view data, int64_t offset) {
   while (!data.empty()) {
     const ssize_t n = ::pwrite(fd, data.data(), data.size(), static_cast<off_t>(offset));
     if (n < 0) {
       if (errno == EINTR) continue;
-      return absl::ErrnoToStatus(errno, absl::StrCat("cannot write to '", path, "'"));
+      return errno;
     }
     data.remove_prefix(static_cast<size_t>(n));
     offset += n;
   }
-  return absl::OkStatus();
+  return 0;
 }
 
 // Uploads in progress are kept apart per owner (tenant): one tenant neither sees nor
@@ -98,6 +99,18 @@ absl::StatusOr<bool> RemoveIfIdle(const std::string& path, absl::Time idle_befor
   return true;
 }
 
+// A full disk (or the user's spent disk quota) ends the upload, rather than leaving its bytes
+// to hold the disk full until it expires (--upload_idle_seconds): the partial file goes, and
+// the message says so.
+absl::Status DiscardForWantOfSpace(const LockedFile& file, int64_t committed) {
+  RECAL_RETURN_IF_ERROR(UnlinkIfPresent(file.path()));
+  RECAL_RETURN_IF_ERROR(FsyncDirectory(DirectoryOf(file.path())));
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the server's disk is full: this upload's ", committed,
+      " staged bytes were removed to free them; ask its operator to free space (or raise --min_free_disk_bytes so that uploads "
+      "stop before the disk fills), then upload again from offset 0"));
+}
+
 }  // namespace
 
 std::string UploadStaging::PartialPath(const std::string& owner, const std::string& hex) const {
@@ -145,14 +158,19 @@ absl::Status UploadStaging::Append(const std::string& owner, const std::string& 
                                                    committed + static_cast<int64_t>(data.size()),
                                                    " bytes, past its declared size of ", expected_size));
   }
-  if (absl::Status s = WriteAll(file.fd(), data, committed, path); !s.ok()) {
+  int error = WriteAll(file.fd(), data, committed);
+  const char* failed = "write to";
+  // fdatasync covers the new size too (it is needed to read the data back); a file system
+  // that allocates late reports a full disk only here.
+  if (error == 0 && ::fdatasync(file.fd()) != 0) {
+    error = errno;
+    failed = "fsync";
+  }
+  if (error == ENOSPC || error == EDQUOT) return DiscardForWantOfSpace(file, committed);
+  if (error != 0) {
     // Keep the committed size meaningful: drop whatever part of this chunk landed.
     (void)::ftruncate(file.fd(), static_cast<off_t>(committed));
-    return s;
-  }
-  // fdatasync covers the new size too (it is needed to read the data back).
-  if (::fdatasync(file.fd()) != 0) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("cannot fsync upload '", path, "'"));
+    return absl::ErrnoToStatus(error, absl::StrCat("cannot ", failed, " upload '", path, "'"));
   }
   // The first append created the file; make its directory entry durable too.
   if (committed == 0) RECAL_RETURN_IF_ERROR(FsyncDirectory(DirectoryOf(path)));

@@ -3,6 +3,7 @@
 // timeout handed to the runner — with the real SQLite store and blob store underneath.
 #include "server/jobs/job_manager.h"
 
+#include <atomic>
 #include <filesystem>
 #include <thread>
 
@@ -23,7 +24,12 @@ class JobManagerTest : public ::testing::Test {
   void SetUp() override {
     metadata_ = *store::OpenMetadataStore(tmp_.File("recal.db"));
     blobs_ = *store::LocalBlobStore::Open(tmp_.File("blobs"));
-    models_ = std::make_unique<ModelRegistry>(metadata_.get(), blobs_.get(), 1 << 20, &runner_);
+    models_ = std::make_unique<ModelRegistry>(metadata_.get(), blobs_.get(), 1 << 20, &runner_,
+                                              [this](const std::string&) {
+                                                TenantLimits limits;
+                                                limits.max_stored_bytes = max_stored_bytes_;
+                                                return limits;
+                                              });
     JobManagerOptions options;
     options.scheduler.progress_interval = absl::ZeroDuration();
     jobs_ = std::make_unique<JobManager>(metadata_.get(), blobs_.get(), models_.get(), &runner_, options);
@@ -55,6 +61,7 @@ class JobManagerTest : public ::testing::Test {
 
   testing::TempDir tmp_;
   FakeRunner runner_;
+  std::atomic<int64_t> max_stored_bytes_{0};  // the models' and the results' quota
   std::unique_ptr<store::MetadataStore> metadata_;
   std::unique_ptr<store::LocalBlobStore> blobs_;
   std::unique_ptr<ModelRegistry> models_;
@@ -100,6 +107,30 @@ TEST_F(JobManagerTest, ARunnerFailureFailsTheJobWithItsMessageAndTheNextJobRuns)
     return v1::RunReport();
   };
   EXPECT_EQ(WaitForEnd(Submit().id()).state(), v1::SUCCEEDED);
+}
+
+// A job's results are reserved before they are stored (issue 49): results that would pass
+// the tenant's max_stored_bytes fail the job, saying so, and store nothing; within it they
+// are stored and nothing stays reserved.
+TEST_F(JobManagerTest, AJobWhoseResultsWouldPassTheQuotaFailsSayingSoAndStoresNothing) {
+  runner_.recalibrate = [](const RecalibrationTask& task, const RunHooks&) -> absl::StatusOr<v1::RunReport> {
+    WriteResults(task);  // 17 + 23 + 20 bytes
+    return v1::RunReport();
+  };
+  const int64_t model_bytes = models_->Usage("t")->stored_bytes();
+  max_stored_bytes_ = model_bytes + 59;
+  const v1::Job refused = WaitForEnd(Submit().id());
+  EXPECT_EQ(refused.state(), v1::FAILED);
+  EXPECT_EQ(refused.error().code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(refused.error().message(),
+              ::testing::AllOf(HasSubstr("this job's results 60"), HasSubstr("max_stored_bytes")));
+  EXPECT_EQ(models_->Usage("t")->stored_bytes(), model_bytes);
+
+  max_stored_bytes_ = model_bytes + 60;
+  EXPECT_EQ(WaitForEnd(Submit().id()).state(), v1::SUCCEEDED);
+  const v1::Usage usage = *models_->Usage("t");
+  EXPECT_EQ(usage.result_bytes(), 60);
+  EXPECT_EQ(usage.reserved_bytes(), 0);
 }
 
 TEST_F(JobManagerTest, CancellationAndTheTimeoutReachTheRunner) {

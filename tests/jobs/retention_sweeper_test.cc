@@ -159,9 +159,10 @@ TEST_F(RetentionSweeperTest, EndedJobsGoWithTheirResultsOnceTheirDaysHavePassed)
   EXPECT_TRUE(metadata_->GetJob("running").ok());
 }
 
-// The attack of issue 35: uploads begun and never finished. While they are on disk they
-// count toward max_stored_bytes (no new upload bytes beyond it); idle past upload_idle, the
-// sweeper removes them and the tenant may upload again.
+// The attack of issue 35: uploads begun and never finished. From their start they count
+// toward max_stored_bytes with their whole declared size (no new upload beyond it); idle past
+// upload_idle, the sweeper removes them and their reservations, and the tenant may upload
+// again.
 TEST_F(RetentionSweeperTest, AbandonedUploadsCountTowardTheQuotaUntilTheSweeperExpiresThem) {
   limits_.max_stored_bytes = 5000;
   int started = 0;
@@ -178,19 +179,28 @@ TEST_F(RetentionSweeperTest, AbandonedUploadsCountTowardTheQuotaUntilTheSweeperE
     refused = models_->AppendChunk("t", header, chunk);
     if (refused.ok()) ++started;
   }
-  EXPECT_EQ(started, 4);  // 4 x 1000 bytes on disk; a fifth 1024-byte upload would pass 5000
+  EXPECT_EQ(started, 4);  // 4 x 1024 bytes reserved; a fifth 1024-byte upload would pass 5000
   EXPECT_TRUE(absl::IsResourceExhausted(refused)) << refused;
-  EXPECT_THAT(refused.message(), HasSubstr("unfinished uploads 4000"));
+  EXPECT_THAT(refused.message(), HasSubstr("unfinished uploads and results being stored 4096"));
   absl::StatusOr<v1::Usage> usage = models_->Usage("t");
   ASSERT_TRUE(usage.ok()) << usage.status();
   EXPECT_EQ(usage->uploads(), 4);
   EXPECT_EQ(usage->upload_bytes(), 4000);
-  EXPECT_EQ(usage->stored_bytes(), 4000);
+  EXPECT_EQ(usage->reserved_bytes(), 4096);
+  EXPECT_EQ(usage->stored_bytes(), 4096);
   EXPECT_EQ(usage->max_stored_bytes(), 5000);
 
-  EXPECT_EQ(Sweep().uploads_expired, 0);  // idle for less than upload_idle
+  SweepCounts swept = Sweep();
+  EXPECT_EQ(swept.uploads_expired, 0);  // idle for less than upload_idle
+  EXPECT_EQ(swept.reservations_expired, 0);
+  // Touched at most once a minute, a reservation goes that much after its staged bytes.
   now_ += absl::Hours(1) + absl::Seconds(1);
-  EXPECT_EQ(Sweep().uploads_expired, 4);
+  swept = Sweep();
+  EXPECT_EQ(swept.uploads_expired, 4);
+  EXPECT_EQ(swept.reservations_expired, 0);
+  EXPECT_EQ(models_->Usage("t")->stored_bytes(), 4096);
+  now_ += store::kReservationTouchEvery;
+  EXPECT_EQ(Sweep().reservations_expired, 4);
   EXPECT_EQ(models_->Usage("t")->stored_bytes(), 0);
   EXPECT_FALSE(UploadAnyModel(*models_, "t", std::string(1024, 'z'), "m").empty());
 }

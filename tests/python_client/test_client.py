@@ -45,9 +45,10 @@ MiB = 1 << 20
 
 class Server:
     """recal-server on loopback with its own data dir, authentication on (self.token is an
-    admin of the tenant "default"); restartable on the same port."""
+    admin of the tenant "default"; `auth_lines` go into the auth file too, e.g. a tenant's
+    quotas); restartable on the same port."""
 
-    def __init__(self, data_dir, data_roots=(FIXTURES,), flags=()):
+    def __init__(self, data_dir, data_roots=(FIXTURES,), flags=(), auth_lines=()):
         self.data_dir = data_dir
         self.flags = list(flags)
         self.data_roots = ",".join(data_roots)
@@ -56,6 +57,7 @@ class Server:
         with open(self.auth_file, "w") as f:
             f.write("token-sha256:%s tenant=default role=admin\n"
                     % hashlib.sha256(self.token.encode()).hexdigest())
+            f.writelines(line + "\n" for line in auth_lines)
         self.proc = None
         self.port = 0
         self.starts = 0
@@ -317,7 +319,7 @@ class ClientTest(unittest.TestCase):
     def test_delete_job_refuses_until_it_ended_and_usage_adds_up(self):
         usage = self.client.usage()
         self.assertGreaterEqual(usage.models, 1)
-        self.assertEqual(usage.stored_bytes, usage.model_bytes + usage.result_bytes + usage.upload_bytes)
+        self.assertEqual(usage.stored_bytes, usage.model_bytes + usage.result_bytes + usage.reserved_bytes)
         job = self.client.submit(self.model, "synthetic:3x64x64", batch_size=8, max_batches=200)
         with self.assertRaises(recal.RecalError) as caught:
             self.client.delete_job(job)

@@ -19,12 +19,15 @@
 #include "absl/synchronization/notification.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/sha256.h"
 #include "recal/internal/v1/inspection.grpc.pb.h"
+#include "server/jobs/model_registry.h"
 #include "server/relay/endpoint_heartbeat.h"
 #include "server/relay/inspection_service.h"
 #include "server/relay/internal_endpoint.h"
 #include "server/relay/relay_client.h"
 #include "server/relay/remote_inspector.h"
+#include "server/store/local_blob_store.h"
 #include "server/store/sqlite_metadata_store.h"
 #include "tests/test_util.h"
 
@@ -38,12 +41,39 @@ namespace fs = std::filesystem;
 constexpr int64_t kMaxModelBytes = 8 << 20;
 constexpr int kMaxMessageBytes = 1 << 20;  // small: an archive of a few MiB takes several chunks
 
-// What the worker's sandboxed inspection would answer; it keeps the bytes it was given.
+// What the worker's sandboxed inspection would answer; it keeps the bytes it was given. Its
+// host's room (Reserve) is counted while held, or refused as a full host refuses it.
 class RecordingInspector final : public jobs::ModelInspector {
  public:
+  class CountedRoom final : public Room {
+   public:
+    explicit CountedRoom(RecordingInspector* inspector) : inspector_(inspector) { ++inspector_->rooms_held; }
+    ~CountedRoom() override { --inspector_->rooms_held; }
+    absl::StatusOr<v1::Model> Inspect(const std::string& model_path) override {
+      return inspector_->InspectInRoom(model_path);
+    }
+
+   private:
+    RecordingInspector* const inspector_;
+  };
+
+  absl::StatusOr<std::unique_ptr<Room>> Reserve(int64_t archive_bytes) override {
+    reserved_for = archive_bytes;
+    if (!room_verdict.ok()) return room_verdict;
+    return std::make_unique<CountedRoom>(this);
+  }
+
+  absl::Status room_verdict;  // what Reserve answers (a full host: RESOURCE_EXHAUSTED)
+  std::atomic<int> rooms_held{0};
+  std::atomic<int64_t> reserved_for{0};
   absl::Status verdict;
   absl::Notification* hold = nullptr;  // set: the inspection waits for it (a slow model)
+  // As WorkerRunner's: the host's room first, then the inspection in it.
   absl::StatusOr<v1::Model> Inspect(const std::string& model_path) override {
+    if (!room_verdict.ok()) return room_verdict;
+    return InspectInRoom(model_path);
+  }
+  absl::StatusOr<v1::Model> InspectInRoom(const std::string& model_path) {
     if (hold != nullptr) hold->WaitForNotification();
     std::lock_guard<std::mutex> lock(mu);
     ++calls;
@@ -256,6 +286,79 @@ TEST_F(RemoteInspectionTest, AnApiReplicaShuttingDownMidInspectionAnswersUnavail
   EXPECT_TRUE(without_the_worker) << "the shutdown waited for the worker's inspection";
   EXPECT_EQ(layers.status().code(), absl::StatusCode::kUnavailable) << layers.status();
   EXPECT_THAT(layers.status().message(), HasSubstr("shutting down"));
+}
+
+// Issue 49 item 5: the worker's host room is taken before the api replica sends a byte, and
+// held for as long as the call is open: a full host refuses the reservation itself.
+TEST_F(RemoteInspectionTest, TheWorkersRoomIsTakenFirstHeldWhileTheCallIsOpenAndGivenBackAfter) {
+  Heard("w1", worker_.advertised);
+  RemoteInspector remote(client_.get(), metadata_.get());
+  const std::string staged = Staged("a model of 25 bytes......");
+  absl::StatusOr<std::unique_ptr<jobs::ModelInspector::Room>> room = remote.Reserve(25);
+  ASSERT_TRUE(room.ok()) << room.status();
+  EXPECT_EQ(inspector_.rooms_held, 1);
+  EXPECT_EQ(inspector_.reserved_for, 25);
+  EXPECT_EQ(inspector_.calls, 0) << "nothing inspected yet: the api replica commits first";
+  auto layers = (*room)->Inspect(staged);
+  ASSERT_TRUE(layers.ok()) << layers.status();
+  EXPECT_EQ(inspector_.seen, "a model of 25 bytes......");
+  room->reset();
+  EXPECT_TRUE(fs::is_empty(scratch()));
+
+  // A room the api replica gives up (its commit failed) goes back without an inspection.
+  room = remote.Reserve(25);
+  ASSERT_TRUE(room.ok()) << room.status();
+  EXPECT_EQ(inspector_.rooms_held, 1);
+  room->reset();
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (inspector_.rooms_held > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(inspector_.rooms_held, 0) << "the worker still holds the room of a call that ended";
+  EXPECT_EQ(inspector_.calls, 1);
+}
+
+TEST_F(RemoteInspectionTest, AFullWorkerHostRefusesTheRoomWithItsOwnCodeAndNothingIsSent) {
+  Heard("w1", worker_.advertised);
+  inspector_.room_verdict = absl::ResourceExhaustedError(
+      "no inspection slot on this host within 120 s (--max_concurrent_inspections=4); Retry the upload");
+  RemoteInspector remote(client_.get(), metadata_.get());
+  absl::StatusOr<std::unique_ptr<jobs::ModelInspector::Room>> room = remote.Reserve(25);
+  EXPECT_EQ(room.status(), inspector_.room_verdict);
+  auto layers = remote.Inspect(Staged("a model"));
+  EXPECT_EQ(layers.status(), inspector_.room_verdict);
+  EXPECT_EQ(inspector_.calls, 0);
+  EXPECT_TRUE(fs::is_empty(scratch())) << "no archive was sent";
+}
+
+// The orphan blob of docs/known-gaps.md: an api replica's upload that the worker's host bound
+// refuses is refused while still staged (resumable, counted, expiring), never committed into
+// a blob no model refers to; once the host has room, finishing it again stores the model.
+TEST_F(RemoteInspectionTest, AnUploadAFullWorkerRefusesStaysStagedAndLeavesNoBlob) {
+  Heard("w1", worker_.advertised);
+  auto blobs = *store::LocalBlobStore::Open(tmp_.File("api-blobs"));
+  RemoteInspector remote(client_.get(), metadata_.get());
+  jobs::ModelRegistry models(metadata_.get(), blobs.get(), kMaxModelBytes, &remote);
+  const std::string archive = RandomBytes(3 * kMaxMessageBytes + 7);
+  v1::UploadHeader header;
+  header.set_size(static_cast<int64_t>(archive.size()));
+  header.set_sha256(Sha256Hex(archive));
+  ASSERT_TRUE(models.StartUpload("t", header).ok());
+  v1::UploadChunk chunk;
+  chunk.set_data(archive);
+  ASSERT_TRUE(models.AppendChunk("t", header, chunk).ok());
+
+  inspector_.room_verdict = absl::ResourceExhaustedError("no inspection slot on this host; Retry the upload");
+  absl::StatusOr<v1::Model> refused = models.FinishUpload("t", header);
+  EXPECT_EQ(refused.status(), inspector_.room_verdict);
+  EXPECT_FALSE(blobs->Has(header.sha256())) << "a refused upload left a blob that no model refers to";
+  EXPECT_EQ(models.UploadStatus("t", header.sha256())->committed_size(), header.size());
+  EXPECT_EQ(models.Usage("t")->reserved_bytes(), header.size());
+
+  inspector_.room_verdict = absl::OkStatus();
+  absl::StatusOr<v1::Model> stored = models.FinishUpload("t", header);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(inspector_.seen, archive);
+  EXPECT_TRUE(blobs->Has(header.sha256()));
+  EXPECT_EQ(models.Usage("t")->reserved_bytes(), 0);
 }
 
 TEST_F(RemoteInspectionTest, AHeartbeatMakesAWorkerLiveUntilItStops) {

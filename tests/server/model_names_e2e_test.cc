@@ -9,9 +9,12 @@
 #include <fstream>
 #include <chrono>
 #include <map>
+#include <memory>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/sha256.h"
 #include "server/store/metadata_store.h"
 #include "tests/server/calls.h"
 #include "tests/server/server_process.h"
@@ -356,26 +359,30 @@ TEST_F(ModelNamesTest, RetentionKeepsTheNewestVersionsAndNeverOneAQueuedOrRunnin
 }
 
 // Issue 35's attack: uploads begun and never finished. They count toward team d's
-// max_stored_bytes (200,000) while on disk, also after a restart, so the quota stops new
-// ones; idle past --upload_idle_seconds (their files' times say so, whatever restarted in
-// between) the sweeper removes them and the tenant uploads again.
+// max_stored_bytes (200,000) with their whole declared size, also after a restart, so the
+// quota stops new ones; idle past --upload_idle_seconds (their files' times and their
+// reservations' say so, whatever restarted in between) the sweeper removes them and the tenant
+// uploads again.
 TEST_F(ModelNamesTest, AbandonedUploadsCountTowardTheQuotaAcrossARestartUntilTheyExpire) {
   int abandoned = 0;
   grpc::Status status;
+  std::vector<std::string> digests;
   for (int i = 0; i < 10; ++i) {
     const std::string bytes(60000, static_cast<char>('a' + i));
     v1::Model model;
     status = Upload(*As("d"), bytes, &model, 0, 50000);  // 50,000 of 60,000 bytes, then gone
     if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) break;
     EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
+    digests.push_back(Sha256Hex(bytes));
     ++abandoned;
   }
-  EXPECT_EQ(abandoned, 3);  // a fourth would need 150,000 + 60,000 > 200,000
-  EXPECT_THAT(status.error_message(), HasSubstr("unfinished uploads 150000"));
+  EXPECT_EQ(abandoned, 3);  // a fourth would need 180,000 + 60,000 > 200,000
+  EXPECT_THAT(status.error_message(), HasSubstr("unfinished uploads and results being stored 180000"));
   v1::Usage usage = UsageOf("d");
   EXPECT_EQ(usage.uploads(), 3);
   EXPECT_EQ(usage.upload_bytes(), 150000);
-  EXPECT_EQ(usage.stored_bytes(), 150000);
+  EXPECT_EQ(usage.reserved_bytes(), 180000);
+  EXPECT_EQ(usage.stored_bytes(), 180000);
   EXPECT_EQ(usage.max_stored_bytes(), 200000);
   EXPECT_EQ(UsageOf("a").uploads(), 0);  // another tenant's uploads are not its own
 
@@ -383,21 +390,29 @@ TEST_F(ModelNamesTest, AbandonedUploadsCountTowardTheQuotaAcrossARestartUntilThe
   StartServer();
   usage = UsageOf("d");
   EXPECT_EQ(usage.upload_bytes(), 150000);
+  EXPECT_EQ(usage.reserved_bytes(), 180000);
   v1::Model model;
   EXPECT_EQ(Upload(*As("d"), std::string(60000, 'z'), &model).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
 
-  // Two minutes idle, as far as the files say: the next sweep takes them.
+  // Three minutes idle, as far as the files and the reservations say (the store's own call,
+  // backdated): the next sweep takes them.
   const std::string partials = tmp_.File("data/uploads/team-d");
   int aged = 0;
   for (const auto& entry : std::filesystem::directory_iterator(partials)) {
     std::filesystem::last_write_time(entry.path(),
-                                     std::filesystem::file_time_type::clock::now() - std::chrono::minutes(2));
+                                     std::filesystem::file_time_type::clock::now() - std::chrono::minutes(3));
     ++aged;
   }
   EXPECT_EQ(aged, 3);
+  std::unique_ptr<store::MetadataStore> db = *store::OpenMetadataStore(tmp_.File("data/recal.db"));
+  for (const std::string& digest : digests) {
+    const int64_t three_minutes_ago = absl::ToUnixMillis(absl::Now() - absl::Minutes(3));
+    ASSERT_TRUE(db->Reserve({"team-d", store::UploadReservationKey(digest), 60000}, 0, three_minutes_ago)->granted);
+  }
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (UsageOf("d").uploads() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(50));
+  while (UsageOf("d").stored_bytes() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(50));
   EXPECT_EQ(UsageOf("d").upload_bytes(), 0);
+  EXPECT_EQ(UsageOf("d").stored_bytes(), 0);
   EXPECT_TRUE(std::filesystem::is_empty(partials));
   const grpc::Status uploaded = UploadNamed(*As("d"), ReadBytes(kEval2d), "after.pt", &model);
   EXPECT_TRUE(uploaded.ok()) << uploaded.error_message();

@@ -218,9 +218,13 @@ TEST_F(ObservabilityTest, MetricsCountCallsJobsBatchesAndBytes) {
         "recal_jobs_submitted_total", "recal_jobs_finished_total", "recal_jobs_queued", "recal_jobs_running",
         "recal_job_queue_wait_seconds", "recal_job_duration_seconds", "recal_batches_processed_total",
         "recal_samples_processed_total", "recal_upload_bytes_total", "recal_download_bytes_total",
-        "recal_store_bytes", "recal_worker_busy", "recal_watch_streams", "recal_build_info"}) {
+        "recal_store_bytes", "recal_worker_busy", "recal_watch_streams", "recal_build_info",
+        "recal_disk_free_bytes", "recal_min_free_disk_bytes"}) {
     EXPECT_TRUE(during.types.count(family)) << family << " missing from\n" << during.text;
   }
+  // The disk uploads are staged on, and the floor they keep free (--min_free_disk_bytes).
+  EXPECT_GT(during.Value("recal_disk_free_bytes"), 0);
+  EXPECT_EQ(during.Value("recal_min_free_disk_bytes"), double(int64_t{1} << 30));
   EXPECT_EQ(during.types["grpc_server_handled_total"], "counter");
   EXPECT_EQ(during.types["grpc_server_handling_seconds"], "histogram");
   EXPECT_EQ(during.types["recal_jobs_running"], "gauge");
@@ -256,8 +260,8 @@ TEST_F(ObservabilityTest, MetricsCountCallsJobsBatchesAndBytes) {
   EXPECT_GE(after.Value("recal_upload_bytes_total"), model_size);
   EXPECT_GE(after.Value("recal_download_bytes_total"), static_cast<double>(bn.size()));
   EXPECT_GT(bn.size(), 0u);
-  // Per tenant, what its quota counts: models and results, and unfinished uploads as soon as
-  // their bytes are on disk (1000 of 2000 bytes sent, then the upload abandoned).
+  // Per tenant, what its quota counts: models and results, and unfinished uploads with their
+  // whole declared size from their start (1000 of 2000 bytes sent, then the upload abandoned).
   const double stored = after.Value("recal_store_bytes", {{"tenant", "default"}});
   EXPECT_GE(stored, model_size);
   {
@@ -277,7 +281,7 @@ TEST_F(ObservabilityTest, MetricsCountCallsJobsBatchesAndBytes) {
   }
   Exposition partial = ScrapeUntil(
       [&](const Exposition& m) { return m.Value("recal_store_bytes", {{"tenant", "default"}}) != stored; });
-  EXPECT_EQ(partial.Value("recal_store_bytes", {{"tenant", "default"}}), stored + 1000);
+  EXPECT_EQ(partial.Value("recal_store_bytes", {{"tenant", "default"}}), stored + 2000);
   EXPECT_EQ(after.Value("grpc_server_started_total", Rpc("SubmitJob")), 3);
   EXPECT_EQ(after.Value("grpc_server_handled_total", Rpc("SubmitJob", "OK")), 3);
   EXPECT_EQ(after.Value("grpc_server_handled_total", Rpc("UploadModel", "OK")), 1);

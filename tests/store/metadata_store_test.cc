@@ -1667,6 +1667,129 @@ TEST_P(MetadataStoreTest, WorkersHeardAreOwnersOfLiveEndpointsOrLiveLeasesEachOn
   EXPECT_EQ(heard(), 2);
 }
 
+// ------------------------------------------------------------------------ reservations
+
+// The key of an upload of the model DigestId(hex) (what PutModel converts).
+std::string UploadKey(const std::string& hex) { return UploadReservationKey(DigestId(hex).substr(7)); }
+
+TEST_P(MetadataStoreTest, AReservationCountsUntilPutModelTurnsItIntoTheModelInOneTransaction) {
+  const int64_t now = absl::ToUnixMillis(absl::Now());
+  ASSERT_TRUE(db_->Reserve({"t", UploadKey("a"), 42}, 0, now)->granted);
+  ASSERT_TRUE(db_->Reserve({"u", UploadKey("a"), 42}, 0, now)->granted);  // another tenant's, kept
+  TenantUsage usage = *db_->Usage("t");
+  EXPECT_EQ(usage.reservations, 1);
+  EXPECT_EQ(usage.reserved_bytes, 42);
+  EXPECT_EQ(usage.stored_bytes, 42);
+  ASSERT_TRUE(db_->PutModel(MakeModel(DigestId("a"), "m")).ok());  // 42 bytes
+  usage = *db_->Usage("t");
+  EXPECT_EQ(usage.reserved_bytes, 0);
+  EXPECT_EQ(usage.model_bytes, 42);
+  EXPECT_EQ(usage.stored_bytes, 42);
+  EXPECT_EQ(db_->Usage("u")->reserved_bytes, 42);
+  // The tenant has the bytes already: the stored model stays, and the reservation goes too.
+  ASSERT_TRUE(db_->Reserve({"t", UploadKey("a"), 42}, 0, now)->granted);
+  ASSERT_TRUE(db_->PutModel(MakeModel(DigestId("a"), "other")).ok());
+  EXPECT_EQ(db_->Usage("t")->stored_bytes, 42);
+}
+
+TEST_P(MetadataStoreTest, AReservationIsRefusedPastTheLimitAndAKeysOwnBytesAreNotCountedTwice) {
+  const int64_t now = absl::ToUnixMillis(absl::Now());
+  ASSERT_TRUE(db_->PutModel(MakeModel(DigestId("a"), "m")).ok());  // 42 of 100
+  absl::StatusOr<ReserveOutcome> first = db_->Reserve({"t", UploadKey("b"), 50}, 100, now);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(first->granted);
+  EXPECT_EQ(first->usage_before.stored_bytes, 42);
+  // 42 + 50 + 9 > 100: refused, and what the tenant holds is told as it was counted.
+  absl::StatusOr<ReserveOutcome> refused = db_->Reserve({"t", UploadKey("c"), 9}, 100, now);
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_FALSE(refused->granted);
+  EXPECT_EQ(refused->usage_before.model_bytes, 42);
+  EXPECT_EQ(refused->usage_before.reserved_bytes, 50);
+  EXPECT_EQ(db_->Usage("t")->reservations, 1);
+  // Taken again under its own key (a resumed upload), a reservation replaces what it held.
+  EXPECT_TRUE(db_->Reserve({"t", UploadKey("b"), 58}, 100, now)->granted);
+  EXPECT_FALSE(db_->Reserve({"t", UploadKey("b"), 59}, 100, now)->granted);
+  EXPECT_EQ(db_->Usage("t")->reserved_bytes, 58);  // the refused one changed nothing
+  EXPECT_TRUE(db_->Reserve({"t", UploadKey("b"), 59}, 0, now)->granted);  // no limit
+  EXPECT_TRUE(absl::IsInvalidArgument(db_->Reserve({"", UploadKey("b"), 1}, 0, now).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(db_->Reserve({"t", "", 1}, 0, now).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(db_->Reserve({"t", UploadKey("b"), -1}, 0, now).status()));
+}
+
+TEST_P(MetadataStoreTest, AJobsResultsReservationGoesWithTheWriteThatStoresThemOrEndsTheRun) {
+  const int64_t now = absl::ToUnixMillis(absl::Now());
+  for (const char* id : {"done", "requeued", "failed"}) {
+    ASSERT_TRUE(db_->CreateJob(MakeJob(id, v1::RUNNING), nullptr).ok());
+    ASSERT_TRUE(db_->Reserve({"t", ResultsReservationKey(id), 100}, 0, now)->granted);
+  }
+  v1::Job job = *db_->GetJob("done");
+  job.set_attempts(2);  // still RUNNING: the reservation stays
+  ASSERT_TRUE(db_->CommitJob(job, {}).ok());
+  EXPECT_EQ(db_->Usage("t")->reserved_bytes, 300);
+  job.set_state(v1::SUCCEEDED);
+  ASSERT_TRUE(db_->CommitJob(job, {StateEvent(v1::SUCCEEDED)}, {{v1::MODEL, ResultRef{"ab", 100}}}).ok());
+  TenantUsage usage = *db_->Usage("t");
+  EXPECT_EQ(usage.result_bytes, 100);
+  EXPECT_EQ(usage.reserved_bytes, 200);
+  EXPECT_EQ(usage.stored_bytes, 300);
+  job = *db_->GetJob("requeued");
+  job.set_state(v1::QUEUED);  // its worker died: the reaper puts it back, its next run reserves again
+  ASSERT_TRUE(db_->CommitJob(job, {StateEvent(v1::QUEUED)}).ok());
+  job = *db_->GetJob("failed");
+  job.set_state(v1::FAILED);
+  ASSERT_TRUE(db_->UpdateJob(job, StateEvent(v1::FAILED)).ok());
+  usage = *db_->Usage("t");
+  EXPECT_EQ(usage.reservations, 0);
+  EXPECT_EQ(usage.stored_bytes, 100);
+}
+
+TEST_P(MetadataStoreTest, ReservationsAreTouchedAtMostOnceAMinuteReleasedAndExpiredWhenIdle) {
+  const int64_t t0 = absl::ToUnixMillis(absl::Now());
+  const int64_t minute = absl::ToInt64Milliseconds(kReservationTouchEvery);
+  for (const char* key : {"idle", "lazy", "busy", "released"}) ASSERT_TRUE(db_->Reserve({"t", key, 1}, 0, t0)->granted);
+  EXPECT_TRUE(*db_->TouchReservation("t", "lazy", t0 + minute / 2));  // fresh enough: held, not written
+  EXPECT_TRUE(*db_->TouchReservation("t", "busy", t0 + minute));      // due: written
+  EXPECT_FALSE(*db_->TouchReservation("t", "nobody's", t0 + minute));
+  EXPECT_FALSE(*db_->TouchReservation("u", "busy", t0 + minute)) << "another tenant's key is not this one";
+  ASSERT_TRUE(db_->ReleaseReservation("t", "released").ok());
+  ASSERT_TRUE(db_->ReleaseReservation("t", "released").ok());  // twice: OK
+  EXPECT_EQ(*db_->ExpireReservations(t0), 0);                   // touched before t0: none
+  EXPECT_EQ(*db_->ExpireReservations(t0 + 1), 2);               // "idle" and "lazy"
+  const TenantUsage usage = *db_->Usage("t");
+  EXPECT_EQ(usage.reservations, 1);
+  EXPECT_EQ(usage.reserved_bytes, 1);
+  EXPECT_EQ(*db_->ExpireReservations(t0 + minute), 0);
+  EXPECT_EQ(*db_->ExpireReservations(t0 + minute + 1), 1);
+  EXPECT_EQ(db_->Usage("t")->reservations, 0);
+}
+
+// Api replicas racing for a tenant's last bytes, each on its own connection: exactly as many
+// reservations as fit are granted, whatever the interleaving, and the sum never passes.
+TEST_P(MetadataStoreTest, ConcurrentReserversOnTwoStoresNeverPassTheLimit) {
+  std::unique_ptr<MetadataStore> other = OpenDb(spec_);  // another process, as far as the database knows
+  ASSERT_NE(other, nullptr);
+  constexpr int kThreads = 8;  // half on each store
+  constexpr int kAttempts = 4;
+  const int64_t now = absl::ToUnixMillis(absl::Now());
+  for (int round = 0; round < 5; ++round) {
+    const std::string tenant = absl::StrCat("racer-", round);
+    ASSERT_TRUE(db_->PutModel(MakeModel(DigestId("a"), "m", tenant)).ok());  // 42 bytes
+    constexpr int64_t kLimit = 42 + 7 * 10;                                  // room for 7 of 10 bytes
+    std::atomic<int> granted{0};
+    AllAtOnce(kThreads, [&](int t) {
+      MetadataStore& store = t % 2 == 0 ? *db_ : *other;
+      for (int i = 0; i < kAttempts; ++i) {
+        absl::StatusOr<ReserveOutcome> outcome = store.Reserve({tenant, absl::StrCat("k", t, "-", i), 10}, kLimit, now);
+        ASSERT_TRUE(outcome.ok()) << outcome.status();
+        if (outcome->granted) ++granted;
+        EXPECT_LE(outcome->usage_before.stored_bytes, kLimit);
+      }
+    });
+    EXPECT_EQ(granted.load(), 7) << tenant;
+    EXPECT_EQ(db_->Usage(tenant)->stored_bytes, kLimit) << tenant;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, MetadataStoreTest, ::testing::Values("sqlite", "postgresql"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 

@@ -104,6 +104,21 @@ inline void ExpectPreV8JobsReadAnEmptyPlan(MetadataStore& store) {
   EXPECT_EQ(*store.JobPlan("new"), new_plan);
 }
 
+// A store opened on a database from before schema v9 (no reservations) that held tenant
+// "t"'s model DigestId("a1") of 42 bytes: the model counts as before, nothing is reserved,
+// and reservations are taken beside it against a limit.
+inline void ExpectPreV9ModelsCountAndReservationsAreTakenBesideThem(MetadataStore& store) {
+  absl::StatusOr<TenantUsage> usage = store.Usage("t");
+  ASSERT_TRUE(usage.ok()) << usage.status();
+  EXPECT_EQ(usage->model_bytes, 42);
+  EXPECT_EQ(usage->reservations, 0);
+  EXPECT_EQ(usage->stored_bytes, 42);
+  const int64_t now = absl::ToUnixMillis(absl::Now());
+  EXPECT_TRUE(store.Reserve({"t", UploadReservationKey("b2"), 58}, 100, now)->granted);
+  EXPECT_FALSE(store.Reserve({"t", UploadReservationKey("c3"), 1}, 100, now)->granted);
+  EXPECT_EQ(store.Usage("t")->stored_bytes, 100);
+}
+
 inline v1::JobEvent StateEvent(v1::JobState s) {
   v1::JobEvent e;
   e.set_state(s);

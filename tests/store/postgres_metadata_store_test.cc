@@ -21,6 +21,7 @@ using ::recal::store::test::DigestId;
 using ::recal::store::test::ExpectPreV6JobsCountAsActiveButInNoMinute;
 using ::recal::store::test::ExpectPreV7ModelsNumberedInCreationOrder;
 using ::recal::store::test::ExpectPreV8JobsReadAnEmptyPlan;
+using ::recal::store::test::ExpectPreV9ModelsCountAndReservationsAreTakenBesideThem;
 using ::recal::store::test::MakeModel;
 using ::recal::store::test::Ids;
 using ::recal::store::test::MakeJob;
@@ -151,7 +152,7 @@ TEST_F(PostgresMetadataStoreTest, ADatabaseFromBeforeShardedJobsKeepsItsJobsTopL
   // worker endpoints, version 6's creation times (none for old rows); the version is the
   // current one.
   const std::string checks[] = {
-      "DO $$ BEGIN IF (SELECT MAX(version) FROM schema_version) <> 8 THEN RAISE 'version'; END IF; END $$",
+      "DO $$ BEGIN IF (SELECT MAX(version) FROM schema_version) <> 9 THEN RAISE 'version'; END IF; END $$",
       "DO $$ BEGIN IF EXISTS (SELECT 1 FROM jobs WHERE created_ms IS NOT NULL) THEN RAISE 'created_ms'; END IF; "
       "END $$",
       "DO $$ BEGIN IF to_regclass('worker_endpoints') IS NULL THEN RAISE 'worker_endpoints'; END IF; END $$",
@@ -188,7 +189,7 @@ TEST_F(PostgresMetadataStoreTest, ADatabaseFromBeforeCreationTimesCountsItsJobsA
     ExpectPreV6JobsCountAsActiveButInNoMinute(*db);
   }
   const std::string checks[] = {
-      "DO $$ BEGIN IF (SELECT MAX(version) FROM schema_version) <> 8 THEN RAISE 'version'; END IF; END $$",
+      "DO $$ BEGIN IF (SELECT MAX(version) FROM schema_version) <> 9 THEN RAISE 'version'; END IF; END $$",
       "DO $$ BEGIN IF (SELECT string_agg(id, ',' ORDER BY create_seq) FROM jobs WHERE created_ms IS NULL) "
       "<> 'queued,done' THEN RAISE 'old rows'; END IF; END $$",
       "DO $$ BEGIN IF (SELECT string_agg(id, ',' ORDER BY create_seq) FROM jobs WHERE created_ms IS NOT NULL) "
@@ -232,7 +233,7 @@ TEST_F(PostgresMetadataStoreTest, ADatabaseFromBeforeModelVersionsNumbersItsMode
     ExpectPreV7ModelsNumberedInCreationOrder(*db);
   }
   const std::string checks[] = {
-      "DO $$ BEGIN IF (SELECT MAX(version) FROM schema_version) <> 8 THEN RAISE 'version'; END IF; END $$",
+      "DO $$ BEGIN IF (SELECT MAX(version) FROM schema_version) <> 9 THEN RAISE 'version'; END IF; END $$",
       "DO $$ BEGIN IF (SELECT string_agg(tenant || '/' || name || ':' || version, ',' ORDER BY create_seq) "
       "FROM models) <> 't/rn50:1,t/model:1,t/rn50:2,u/rn50:1,t/rn50:3,u/rn50:2' THEN RAISE 'models'; END IF; END $$",
       "DO $$ BEGIN IF (SELECT string_agg(tenant || '/' || name || ':' || last_version, ',' ORDER BY tenant, name) "
@@ -274,7 +275,7 @@ TEST_F(PostgresMetadataStoreTest, ADatabaseFromBeforePlansReadsItsJobsPlansEmpty
     ExpectPreV8JobsReadAnEmptyPlan(*db);
   }
   const std::string checks[] = {
-      "DO $$ BEGIN IF (SELECT MAX(version) FROM schema_version) <> 8 THEN RAISE 'version'; END IF; END $$",
+      "DO $$ BEGIN IF (SELECT MAX(version) FROM schema_version) <> 9 THEN RAISE 'version'; END IF; END $$",
       "DO $$ BEGIN IF (SELECT string_agg(id || ':' || COALESCE(encode(plan, 'hex'), 'NULL'), ',' "
       "ORDER BY create_seq) FROM jobs) <> 'old:NULL,new:7000ff' THEN RAISE 'plans'; END IF; END $$",
   };
@@ -282,6 +283,26 @@ TEST_F(PostgresMetadataStoreTest, ADatabaseFromBeforePlansReadsItsJobsPlansEmpty
     const absl::Status s = PostgresServer::Execute(uri_, check);
     EXPECT_TRUE(s.ok()) << s;
   }
+}
+
+TEST_F(PostgresMetadataStoreTest, ADatabaseFromBeforeReservationsGetsTheTableAndItsModelsCountAsBefore) {
+  {
+    auto db = OpenDb(uri_);
+    ASSERT_NE(db, nullptr);
+    ASSERT_TRUE(db->PutModel(MakeModel(DigestId("a1"), "rn50")).ok());
+  }
+  // Back to version 8, as a server from before left it.
+  const absl::Status downgraded =
+      PostgresServer::Execute(uri_, "DROP TABLE reservations; UPDATE schema_version SET version = 8;");
+  ASSERT_TRUE(downgraded.ok()) << downgraded;
+  {
+    auto db = OpenDb(uri_);
+    ASSERT_NE(db, nullptr);
+    ExpectPreV9ModelsCountAndReservationsAreTakenBesideThem(*db);
+  }
+  const absl::Status checked = PostgresServer::Execute(
+      uri_, "DO $$ BEGIN IF (SELECT MAX(version) FROM schema_version) <> 9 THEN RAISE 'version'; END IF; END $$");
+  EXPECT_TRUE(checked.ok()) << checked;
 }
 
 // PostgreSQL TEXT cannot hold a NUL byte (SQLite's can): refused rather than cut short.

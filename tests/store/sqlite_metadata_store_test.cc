@@ -24,6 +24,7 @@ using ::recal::store::test::DigestId;
 using ::recal::store::test::ExpectPreV6JobsCountAsActiveButInNoMinute;
 using ::recal::store::test::ExpectPreV7ModelsNumberedInCreationOrder;
 using ::recal::store::test::ExpectPreV8JobsReadAnEmptyPlan;
+using ::recal::store::test::ExpectPreV9ModelsCountAndReservationsAreTakenBesideThem;
 using ::recal::store::test::Ids;
 using ::recal::store::test::MakeJob;
 using ::recal::store::test::MakeModel;
@@ -184,7 +185,7 @@ TEST(SqliteMetadataStoreTest, ADatabaseFromBeforeShardedJobsKeepsItsJobsTopLevel
   sqlite3* raw = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
   const auto query = [&](const std::string& sql) { return QueryColumn(raw, sql); };
-  EXPECT_EQ(query("PRAGMA user_version"), std::vector<std::string>{"8"});
+  EXPECT_EQ(query("PRAGMA user_version"), std::vector<std::string>{"9"});
   EXPECT_EQ(query("SELECT COALESCE(created_ms, 'NULL') FROM jobs ORDER BY create_seq"),
             (std::vector<std::string>{"NULL", "NULL"}));
   EXPECT_EQ(query("SELECT name FROM sqlite_master WHERE name = 'worker_endpoints'"),
@@ -226,7 +227,7 @@ TEST(SqliteMetadataStoreTest, ADatabaseFromBeforeCreationTimesCountsItsJobsAsAct
   }
   sqlite3* raw = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
-  EXPECT_EQ(QueryColumn(raw, "PRAGMA user_version"), std::vector<std::string>{"8"});
+  EXPECT_EQ(QueryColumn(raw, "PRAGMA user_version"), std::vector<std::string>{"9"});
   EXPECT_EQ(QueryColumn(raw, "SELECT id || ':' || COALESCE(created_ms, 'NULL') FROM jobs WHERE created_ms IS NULL "
                              "ORDER BY create_seq"),
             (std::vector<std::string>{"queued:NULL", "done:NULL"}));
@@ -271,7 +272,7 @@ TEST(SqliteMetadataStoreTest, ADatabaseFromBeforeModelVersionsNumbersItsModelsIn
   }
   sqlite3* raw = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
-  EXPECT_EQ(QueryColumn(raw, "PRAGMA user_version"), std::vector<std::string>{"8"});
+  EXPECT_EQ(QueryColumn(raw, "PRAGMA user_version"), std::vector<std::string>{"9"});
   EXPECT_EQ(QueryColumn(raw, "SELECT tenant || '/' || name || ':' || version FROM models ORDER BY create_seq"),
             (std::vector<std::string>{"t/rn50:1", "t/model:1", "t/rn50:2", "u/rn50:1", "t/rn50:3", "u/rn50:2"}));
   EXPECT_EQ(QueryColumn(raw, "SELECT tenant || '/' || name || ':' || last_version FROM model_names "
@@ -308,11 +309,40 @@ TEST(SqliteMetadataStoreTest, ADatabaseFromBeforePlansReadsItsJobsPlansEmpty) {
   }
   sqlite3* raw = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
-  EXPECT_EQ(QueryColumn(raw, "PRAGMA user_version"), std::vector<std::string>{"8"});
+  EXPECT_EQ(QueryColumn(raw, "PRAGMA user_version"), std::vector<std::string>{"9"});
   // hex(NULL) is '': tell NULL (the old row's) apart.
   EXPECT_EQ(QueryColumn(raw, "SELECT id || ':' || CASE WHEN plan IS NULL THEN 'NULL' ELSE hex(plan) END FROM jobs "
                              "ORDER BY create_seq"),
             (std::vector<std::string>{"old:NULL", "new:7000FF"}));
+  sqlite3_close(raw);
+}
+
+TEST(SqliteMetadataStoreTest, ADatabaseFromBeforeReservationsGetsTheTableAndItsModelsCountAsBefore) {
+  TempDir dir;
+  const std::string path = dir.File("meta.db");
+  {
+    auto db = OpenDb(path);
+    ASSERT_NE(db, nullptr);
+    ASSERT_TRUE(db->PutModel(MakeModel(DigestId("a1"), "rn50")).ok());
+  }
+  {  // back to version 8, as a server from before left it
+    sqlite3* raw = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(raw, "DROP TABLE reservations; PRAGMA user_version = 8;", nullptr, nullptr, nullptr),
+              SQLITE_OK)
+        << sqlite3_errmsg(raw);
+    sqlite3_close(raw);
+  }
+  {
+    auto db = OpenDb(path);
+    ASSERT_NE(db, nullptr);
+    ExpectPreV9ModelsCountAndReservationsAreTakenBesideThem(*db);
+  }
+  sqlite3* raw = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
+  EXPECT_EQ(QueryColumn(raw, "PRAGMA user_version"), std::vector<std::string>{"9"});
+  EXPECT_EQ(QueryColumn(raw, "SELECT key || ':' || bytes FROM reservations"),
+            std::vector<std::string>{UploadReservationKey("b2") + ":58"});
   sqlite3_close(raw);
 }
 
