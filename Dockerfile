@@ -94,7 +94,7 @@ COPY --from=build /opt/recal/venv/lib/python3.11/site-packages/nvidia/cudnn/lib/
 COPY --from=build /opt/recal/venv/lib/python3.11/site-packages/nvidia/cusparselt/lib/ /opt/recal/venv/lib/python3.11/site-packages/nvidia/cusparselt/lib/
 COPY --from=build /opt/recal/venv/lib/python3.11/site-packages/nvidia/nccl/lib/ /opt/recal/venv/lib/python3.11/site-packages/nvidia/nccl/lib/
 COPY --from=build /opt/recal/venv/lib/python3.11/site-packages/nvidia/nvshmem/lib/ /opt/recal/venv/lib/python3.11/site-packages/nvidia/nvshmem/lib/
-COPY --from=build /src/build/lib/librecal_engine.so /usr/local/lib/
+COPY --from=build /src/build/lib/librecal_engine*.so /usr/local/lib/
 COPY --from=build /src/build/bin/recal-worker /usr/local/bin/
 RUN ldconfig
 USER recal
