@@ -58,7 +58,8 @@ METRICS = {
     "recal_samples_processed_total", "recal_jobs_finished_total", "grpc_server_handled_total",
 }
 SHUTDOWN_TIMEOUT_S = 20  # recal-server --shutdown_timeout_seconds default
-OWN_LIBS = {"librecal_engine.so"}
+# The project's own shared libraries (the CUDA kernels' where the build had nvcc).
+OWN_LIBS = {"librecal_engine.so", "librecal_engine_cuda_kernels.so"}
 # A sanitizer build (scripts/sanitize.sh) links GCC's sanitizer runtimes, which no image ships.
 SANITIZER_RUNTIMES = re.compile(r"^lib(asan|ubsan|tsan|lsan)\.so")
 # Packages only the tests and benchmarks need: never in the image's build stage.
@@ -1623,7 +1624,9 @@ def check_build_list(source):
         return
     with tempfile.TemporaryDirectory(prefix="recal-notests-") as tmp:
         # GoogleTest and Google Benchmark disabled: a find_package of either is then an error.
+        # Without the CUDA kernels, as the Dockerfile's build stage (no CUDA toolkit there).
         r = subprocess.run([cmake, "-S", source, "-B", tmp, "-G", "Ninja", "-DRECAL_BUILD_TESTS=OFF",
+                            "-DRECAL_CUDA_KERNELS=OFF",
                             "-DCMAKE_BUILD_TYPE=Release", "-DRECAL_VERSION=0.0.0-check",
                             "-DCMAKE_DISABLE_FIND_PACKAGE_GTest=ON", "-DCMAKE_DISABLE_FIND_PACKAGE_benchmark=ON"],
                            capture_output=True, text=True, timeout=300)
