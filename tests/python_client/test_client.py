@@ -19,6 +19,7 @@ import tempfile
 import threading
 import time
 import unittest
+import zipfile
 from unittest import mock
 
 import grpc
@@ -234,6 +235,38 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(calls, [], "a known model is not sent again")
         self.assertEqual(again.id, self.model.id)
         self.assertIn(self.model.id, [m.id for m in self.client.list_models()])
+
+    def test_a_file_the_server_would_refuse_is_refused_before_any_byte_is_sent(self):
+        """recal.archive reads the zip's records as the server does (a torch.save'd
+        state_dict: data.pkl only); the upload is refused before GetModel or UploadModel."""
+        calls = []
+        for name in ("GetModel", "UploadModel", "GetUploadStatus"):
+            self.wrap(name, lambda f, name=name: lambda *a, **k: calls.append(name) or f(*a, **k))
+        state_dict = os.path.join(self.dir, "weights.pt")
+        with zipfile.ZipFile(state_dict, "w") as z:  # what torch.save(model.state_dict()) writes
+            for record in ("data.pkl", ".format_version", "byteorder", "data/0", "version"):
+                z.writestr("weights/" + record, b"\x80\x02}q\x00.")
+        pickled = os.path.join(self.dir, "model.pkl")
+        with open(pickled, "wb") as f:
+            f.write(b"\x80\x04\x95" + bytes(64))
+        other_zip = os.path.join(self.dir, "notes.zip")
+        with zipfile.ZipFile(other_zip, "w") as z:
+            z.writestr("notes/readme.txt", "hello")
+        for path, why in ((state_dict, "a torch.save file (a state_dict or a pickled module), not a model program"),
+                          (pickled, "not a model archive (not a zip file"),
+                          (other_zip, "a zip file but not a model archive")):
+            with self.assertRaises(recal.RecalError) as caught:
+                self.client.upload_model(path)
+            self.assertEqual(caught.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+            self.assertTrue(caught.exception.message.startswith("%s: %s" % (path, why)), caught.exception.message)
+            self.assertIn("torch.export.save(torch.export.export(model, example_inputs), 'model.pt2')",
+                          caught.exception.message)
+            self.assertTrue(caught.exception.message.endswith("; nothing was sent"), caught.exception.message)
+        self.assertEqual(calls, [])
+        # Both formats the server takes pass the same reading.
+        self.assertEqual(recal.archive.model_format(RESNET), "torchscript")
+        exported = os.path.join(FIXTURES, "models", "resnet18.exported_train.pt2")
+        self.assertEqual(recal.archive.model_format(exported), "exported_program")
 
     def test_upload_resumes_from_the_committed_size(self):
         # Break an upload off by hand after two chunks have been committed.
