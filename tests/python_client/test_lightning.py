@@ -26,26 +26,15 @@ import recal.lightning
 import recal.torch
 from test_client import Server  # the server helper (auth on, .token); puts tests/fixtures on sys.path
 
+from test_torch_sdk import SmallNet  # noqa: E402
 import reference  # noqa: E402 (tests/fixtures/reference.py: the float64 reference)
 
 SAMPLES, BATCH, NUM_BATCHES = 32, 4, 6  # 4 batches a rank under DDP; the callback uses 3 of each
 
 
-class Net(lightning.LightningModule):
-    """Conv + BatchNorm2d, linear + BatchNorm1d, dropout; a regression on random data."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
-        self.bn = torch.nn.BatchNorm2d(8)
-        self.fc = torch.nn.Linear(8, 4)
-        self.bn1d = torch.nn.BatchNorm1d(4)
-        self.drop = torch.nn.Dropout(0.5)
-
-    def forward(self, x):
-        x = torch.relu(self.bn(self.conv(x)))
-        x = torch.nn.functional.adaptive_avg_pool2d(x, 1).flatten(1)
-        return self.drop(self.bn1d(self.fc(x)))
+class Net(SmallNet, lightning.LightningModule):
+    """test_torch_sdk's SmallNet (conv + BatchNorm2d, linear + BatchNorm1d, dropout) as a
+    LightningModule: a regression on random data."""
 
     def training_step(self, batch, batch_index):
         x, y = batch
@@ -58,7 +47,7 @@ class Net(lightning.LightningModule):
 def _dataset():
     g = torch.Generator().manual_seed(7)
     return torch.utils.data.TensorDataset(torch.randn(SAMPLES, 3, 8, 8, generator=g) * 3 + 1,
-                                          torch.randn(SAMPLES, 4, generator=g))
+                                          torch.randn(SAMPLES, 6, generator=g))
 
 
 def _trainer(callback, **kwargs):
