@@ -25,6 +25,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "server/data/batch_source.h"
+#include "server/data/normalization.h"
 #include "server/data_access/data_shape.h"
 #include "server/data_access/locate_objects.h"
 #include "server/data_access/object_storage.h"
@@ -220,9 +221,11 @@ ShardRun RunShard(const std::string& model, const recal::data::DataSpec& data, i
   }
   out.status = CheckDataUpFront(**run, data, batch_size, options, index == 0);
   if (!out.status.ok()) return out;
-  out.status = (*run)->RunShard([&] { return shard->source->Next(); },
+  // Cast before the forward (the notes were said above): the layout suits the program's dtype.
+  const auto source = recal::data::CastToModelDtypes(std::move(shard->source), (*run)->inputs());
+  out.status = (*run)->RunShard([&] { return source->Next(); },
                                 [&](const recal::engine::Progress& p) { progress(index, p); });
-  out.skipped_files = shard->source->skipped_files();
+  out.skipped_files = source->skipped_files();
   out.run = *std::move(run);
   return out;
 }

@@ -22,7 +22,7 @@ std::string ModulesName(v1::ModuleMode modules) {
 }
 
 std::string BatchesFact(const v1::RunReport& report) {
-  std::string text = absl::StrCat(report.batches(), " of ", report.batch_size());
+  std::string text = absl::StrCat(report.batches());
   if (report.stopped_early()) absl::StrAppend(&text, " (stopped early: target_rel_error reached)");
   return text;
 }
@@ -70,6 +70,7 @@ std::vector<std::pair<std::string, std::string>> HeaderFacts(const v1::RunReport
     facts.emplace_back("compute", absl::StrCat(report.compute_dtype().empty() ? "float32" : report.compute_dtype(),
                                                ", ", report.memory_format().empty() ? "auto" : report.memory_format()));
   }
+  facts.emplace_back("batch size", absl::StrCat(report.batch_size()));
   facts.emplace_back("batches", BatchesFact(report));
   facts.emplace_back("samples", absl::StrCat(report.samples()));
   if (report.shards() > 1) facts.emplace_back("shards", absl::StrCat(report.shards()));
@@ -81,6 +82,7 @@ std::vector<std::pair<std::string, std::string>> HeaderFacts(const v1::RunReport
   if (std::string convergence = ConvergenceFact(report); !convergence.empty()) {
     facts.emplace_back("rel.err", std::move(convergence));
   }
+  for (const std::string& note : report.notes()) facts.emplace_back("note", note);
   return facts;
 }
 

@@ -169,6 +169,9 @@ absl::Status Recalibrate(const v1::Task& task, const TaskContext& context, const
   }
   auto run = engine::Recalibration::Create(context.model, options);
   if (!run.ok()) return run.status();
+  std::vector<std::string> notes;
+  data->source = data::CastToModelDtypes(std::move(data->source), (*run)->inputs(),
+                                         [&](const std::string& note) { notes.push_back(note); });
 
   data::BatchSource& source = *data->source;
   const std::optional<int64_t> total = source.num_samples();
@@ -193,6 +196,7 @@ absl::Status Recalibrate(const v1::Task& task, const TaskContext& context, const
   api::RunReport report = (*run)->Report();
   DescribeJob(job.plan(), &report);
   report.set_skipped_files(source.skipped_files());
+  report.mutable_notes()->Add(notes.begin(), notes.end());
   if (!shard) return WriteResults(**run, report, context, send);
   const std::string path = (std::filesystem::path(context.scratch) / "statistics.safetensors").string();
   if (absl::Status written = engine::WriteShardStatistics(path, (*run)->Statistics()); !written.ok()) return written;

@@ -219,10 +219,10 @@ TEST(ReportTableTest, TextHasTheHeaderThenTheRowsInShiftOrder) {
   top3.top = 3;
   const std::string text = ctl::ReportText(SampleReport(), top3);
   for (const char* fact :
-       {"model:     sha256:0123abcd (torchscript)\n", "estimator: batch_average\n", "modules:   eval\n",
-        "device:    cpu\n", "batches:   25 of 8\n", "samples:   200\n", "seconds:   2.50\n", "samples/s: 80.0\n",
-        "layers:    20 recalibrated, 1 unused, 1 excluded\n",
-        "rel.err:   25% after 2 batches, 9% after 25 (worst layer; median layer 1.1%)\n"}) {
+       {"model:      sha256:0123abcd (torchscript)\n", "estimator:  batch_average\n", "modules:    eval\n",
+        "device:     cpu\n", "batch size: 8\n", "batches:    25\n", "samples:    200\n", "seconds:    2.50\n",
+        "samples/s:  80.0\n", "layers:     20 recalibrated, 1 unused, 1 excluded\n",
+        "rel.err:    25% after 2 batches, 9% after 25 (worst layer; median layer 1.1%)\n"}) {
     EXPECT_THAT(text, HasSubstr(fact));
   }
   EXPECT_THAT(text, HasSubstr("the 3 of 22 layers that moved most"));
