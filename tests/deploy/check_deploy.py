@@ -1585,7 +1585,8 @@ def check_api_without_worker(server, recalctl):
                 return
             junk = os.path.join(tmp, "junk.pt")
             with open(junk, "wb") as f:
-                f.write(b"not a TorchScript archive\n" * 40)
+                # A zip's magic and no directory: recalctl leaves the judgement to the server.
+                f.write(b"PK\x03\x04" + b"not a TorchScript archive\n" * 40)
             # The answer is UNAVAILABLE, which recalctl retries for 2 minutes before it gives up:
             # what the server answered is in its log (every failed call is).
             try:
