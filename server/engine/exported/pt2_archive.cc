@@ -106,11 +106,13 @@ absl::StatusOr<std::string> Pt2Archive::ReadRecord(const std::string& name, int6
   }
 }
 
-absl::StatusOr<json> Pt2Archive::ReadJson(const std::string& name) const {
-  RECAL_ASSIGN_OR_RETURN(std::string text, ReadRecord(name, limits_.max_json_bytes));
-  const int max_depth = limits_.max_json_depth;
+absl::StatusOr<json> ParseArchiveJson(const std::string& name, absl::string_view text, const ArchiveLimits& limits) {
+  if (text.size() > static_cast<size_t>(limits.max_json_bytes)) {
+    return Invalid(absl::StrCat(name, " is ", text.size(), " bytes, more than the ", limits.max_json_bytes, " allowed"));
+  }
+  const int max_depth = limits.max_json_depth;
   try {
-    return json::parse(text, [max_depth](int depth, json::parse_event_t, json&) {
+    return json::parse(text.begin(), text.end(), [max_depth](int depth, json::parse_event_t, json&) {
       if (depth > max_depth) throw TooDeep{};
       return true;
     });
@@ -119,6 +121,11 @@ absl::StatusOr<json> Pt2Archive::ReadJson(const std::string& name) const {
   } catch (const json::exception& e) {
     return Invalid(absl::StrCat(name, " is not valid JSON: ", e.what()));
   }
+}
+
+absl::StatusOr<json> Pt2Archive::ReadJson(const std::string& name) const {
+  RECAL_ASSIGN_OR_RETURN(std::string text, ReadRecord(name, limits_.max_json_bytes));
+  return ParseArchiveJson(name, text, limits_);
 }
 
 absl::Status Pt2Archive::ReadPayloadConfig(const std::string& config, const std::string& dir,
