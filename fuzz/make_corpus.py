@@ -526,11 +526,12 @@ def compact_program(text):
     return json.dumps(program, separators=(",", ":")).encode()
 
 
-def zip_of(records):
-    """A zip as PyTorchStreamReader reads it: every record under one top folder, stored."""
+def zip_of(records, version=True):
+    """A zip as PyTorchStreamReader reads it: every record under one top folder, stored, with
+    the version record its constructor requires (version=False: without, which it refuses)."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
-        for name, data in records:
+        for name, data in [(".data/version", b"6\n")] * version + list(records):
             info = zipfile.ZipInfo("a/" + name, date_time=(1980, 1, 1, 0, 0, 0))
             z.writestr(info, data)
     return buf.getvalue()
@@ -539,13 +540,17 @@ def zip_of(records):
 def pt2_archive_seeds():
     # Hand-made, small (committed): each of Read's early refusals.
     yield "not_zip.pt2", b"PK\x03\x04 not a zip"
+    yield "no_version.pt2", zip_of([("archive_format", b"pt2")], version=False)
     yield "no_program.pt2", zip_of([("archive_format", b"pt2")])
     yield "two_programs.pt2", zip_of([("archive_format", b"pt2"), ("models/a.json", b"{}"), ("models/b.json", b"{}")])
     yield "big_endian.pt2", zip_of([("archive_format", b"pt2"), ("byteorder", b"big"), ("models/m.json", b"{}")])
-    yield "deep_json.pt2", zip_of([("archive_format", b"pt2"), ("models/m.json", b"[" * 100 + b"]" * 100)])
+    yield "deep_json.pt2", zip_of([("archive_format", b"pt2"), ("models/m.json", b"[" * 70 + b"]" * 70)])
     config = {"config": {"w": {"path_name": "w0", "use_pickle": False, "tensor_meta": {
         "dtype": 7, "sizes": [{"as_int": 2}], "strides": [{"as_int": 1}], "storage_offset": {"as_int": 1},
         "layout": 7}}}}
+    yield "float_dtype.pt2", zip_of([("archive_format", b"pt2"), ("models/m.json", b"{}"), ("data/weights/w0", bytes(8)),
+                                      ("data/weights/m_weights_config.json",
+                                       json.dumps(config).replace('"dtype": 7', '"dtype": 7.5').encode())])
     yield "view_past_record.pt2", zip_of([
         ("archive_format", b"pt2"), ("models/m.json", b"{}"), ("data/weights/w0", bytes(8)),
         ("data/weights/m_weights_config.json", json.dumps(config).encode()),
@@ -560,7 +565,7 @@ def pt2_archive_seeds():
     with zipfile.ZipFile(io.BytesIO(data)) as z:
         kept = [(n.split("/", 1)[1], compact_program(text) if n == record else z.read(n)) for n in z.namelist()
                 if "/sample_inputs/" not in n]
-    yield name + ".compact.pt2", zip_of(kept)
+    yield name + ".compact.pt2", zip_of(kept, version=False)
     crafted = os.path.join(fixtures_dir, CRAFTED_PT2)
     if os.path.exists(crafted):
         with open(crafted, "rb") as f:

@@ -142,12 +142,12 @@ absl::Status Pt2Archive::ReadPayloadConfig(const std::string& config, const std:
       stored.name = fqn;
       stored.record = dir + meta.at("path_name").get<std::string>();
       TensorView& view = stored.view;
-      RECAL_ASSIGN_OR_RETURN(view.dtype, ScalarTypeOf(tensor_meta.at("dtype").get<int64_t>()));
+      RECAL_ASSIGN_OR_RETURN(view.dtype, ScalarTypeOf(SchemaInt(tensor_meta.at("dtype"))));
       RECAL_ASSIGN_OR_RETURN(view.sizes, ConcreteInts(tensor_meta.at("sizes")));
       RECAL_ASSIGN_OR_RETURN(view.strides, ConcreteInts(tensor_meta.at("strides")));
       RECAL_ASSIGN_OR_RETURN(std::vector<int64_t> offset, ConcreteInts(json::array({tensor_meta.at("storage_offset")})));
       view.storage_offset = offset.front();
-      if (tensor_meta.value("layout", kStridedLayout) != kStridedLayout) {
+      if (SchemaInt(tensor_meta.value("layout", json(kStridedLayout))) != kStridedLayout) {
         return Invalid(absl::StrCat("'", fqn, "' is not a strided (dense) tensor"));
       }
       // Every weight and constant, read by the program or not, before any is loaded.
