@@ -3,19 +3,27 @@
 
     .venv/bin/python fuzz/make_corpus.py OUT               # every seed, into OUT/<target>/
     .venv/bin/python fuzz/make_corpus.py --max-bytes 512 fuzz/corpus   # the committed ones
+    .venv/bin/python fuzz/make_corpus.py --fixtures build/fixtures/models OUT pt2_archive
 
 scripts/fuzz.sh writes the full set into build-fuzz/corpus/ (libFuzzer adds what it finds
 there); the small ones are committed under fuzz/corpus/ so that the default build's
 <target>_replay tests run them without Python. Deterministic: the same files every run.
 Needs numpy and PIL (Debian's python3-numpy, python3-pil); protobuf messages are encoded by
-hand (no generated modules needed).
+hand (no generated modules needed). The PT2 seeds (pt2_archive, program_plan) are the small
+exported programs the default build's fixtures target writes (--fixtures, default
+build/fixtures/models; never committed): where there are none, two made here with torch.export
+(the venv's torch).
 """
 import argparse
+import functools
 import hashlib
 import io
+import json
 import os
 import struct
 import sys
+import tempfile
+import zipfile
 import zlib
 
 import numpy as np
@@ -446,6 +454,175 @@ def model_ref_seeds():
         yield f"ref{i:02d}.txt", ref.encode()
 
 
+# -------------------------------------------------------------------- exported programs (PT2)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+fixtures_dir = os.path.join(REPO, "build", "fixtures", "models")  # main() sets --fixtures
+# Small ones of tests/fixtures/exported_programs.py: each BatchNorm form (eval, train, core
+# ATen), dropout, two inputs, a torch.cond and torch.no_grad / autocast regions.
+PT2_FIXTURES = ["bn1d_3d.exported_eval", "bn1d_2d.exported_train", "functional.exported_core_eval",
+                "dropout.exported_train", "two_input.exported_eval", "cond_bn.exported_eval",
+                "regions.exported_eval"]
+# tests/fixtures/crafted_archives.py: a weight's record cut short (refused by Read).
+CRAFTED_PT2 = os.path.join("..", "..", "crafted_archives", "truncated_weight_8.pt2")
+
+
+def exported_here():
+    """(name, bytes) of two tiny programs torch.export makes, for a tree without fixtures."""
+    import torch  # only here: the other targets need no torch
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv1d(2, 3, 3, padding=1)
+            self.bn = torch.nn.BatchNorm1d(3)
+
+        def forward(self, x):
+            return torch.relu(self.bn(self.conv(x)))
+
+    torch.manual_seed(0)
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in ("eval", "train"):
+            model = Net().eval() if mode == "eval" else Net().train()
+            path = os.path.join(tmp, f"net.exported_{mode}.pt2")
+            torch.export.save(torch.export.export(model, (torch.randn(2, 2, 5),)), path)
+            with open(path, "rb") as f:
+                out.append((f"net.exported_{mode}", f.read()))
+    return out
+
+
+@functools.lru_cache(maxsize=None)  # both PT2 targets' seeds come from them
+def pt2_files():
+    found = []
+    for name in PT2_FIXTURES:
+        path = os.path.join(fixtures_dir, name + ".pt2")
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                found.append((name, f.read()))
+    return tuple(found or exported_here())
+
+
+def program_record(archive):
+    """The name and JSON text of the archive's program (<top>/models/<name>.json)."""
+    with zipfile.ZipFile(io.BytesIO(archive)) as z:
+        name = next(n for n in z.namelist() if "/models/" in n and n.endswith(".json"))
+        return name, z.read(name)
+
+
+def compact_program(text):
+    """The program without its nodes' metadata (stack traces: most of its bytes, never read)."""
+    program = json.loads(text)
+
+    def strip(graph):
+        for node in graph.get("nodes", []):
+            node.pop("metadata", None)
+            for arg in node.get("inputs", []):
+                nested = arg.get("arg", {}).get("as_graph")
+                if nested:
+                    strip(nested["graph"])
+
+    strip(program["graph_module"]["graph"])
+    return json.dumps(program, separators=(",", ":")).encode()
+
+
+def zip_of(records, version=True):
+    """A zip as PyTorchStreamReader reads it: every record under one top folder, stored, with
+    the version record its constructor requires (version=False: without, which it refuses)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        for name, data in [(".data/version", b"6\n")] * version + list(records):
+            info = zipfile.ZipInfo("a/" + name, date_time=(1980, 1, 1, 0, 0, 0))
+            z.writestr(info, data)
+    return buf.getvalue()
+
+
+def pt2_archive_seeds():
+    # Hand-made, small (committed): each of Read's early refusals.
+    yield "not_zip.pt2", b"PK\x03\x04 not a zip"
+    yield "no_version.pt2", zip_of([("archive_format", b"pt2")], version=False)
+    yield "no_program.pt2", zip_of([("archive_format", b"pt2")])
+    yield "two_programs.pt2", zip_of([("archive_format", b"pt2"), ("models/a.json", b"{}"), ("models/b.json", b"{}")])
+    yield "big_endian.pt2", zip_of([("archive_format", b"pt2"), ("byteorder", b"big"), ("models/m.json", b"{}")])
+    yield "deep_json.pt2", zip_of([("archive_format", b"pt2"), ("models/m.json", b"[" * 70 + b"]" * 70)])
+    config = {"config": {"w": {"path_name": "w0", "use_pickle": False, "tensor_meta": {
+        "dtype": 7, "sizes": [{"as_int": 2}], "strides": [{"as_int": 1}], "storage_offset": {"as_int": 1},
+        "layout": 7}}}}
+    yield "float_dtype.pt2", zip_of([("archive_format", b"pt2"), ("models/m.json", b"{}"), ("data/weights/w0", bytes(8)),
+                                      ("data/weights/m_weights_config.json",
+                                       json.dumps(config).replace('"dtype": 7', '"dtype": 7.5').encode())])
+    yield "view_past_record.pt2", zip_of([
+        ("archive_format", b"pt2"), ("models/m.json", b"{}"), ("data/weights/w0", bytes(8)),
+        ("data/weights/m_weights_config.json", json.dumps(config).encode()),
+        ("data/constants/m_constants_config.json", b'{"config":{}}')])
+    # The fixtures' archives as torch.export.save wrote them, and the smallest again with its
+    # program compacted (fewer bytes for libFuzzer to mutate through).
+    files = pt2_files()
+    for name, data in files:
+        yield name + ".pt2", data
+    name, data = files[0]
+    record, text = program_record(data)
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        kept = [(n.split("/", 1)[1], compact_program(text) if n == record else z.read(n)) for n in z.namelist()
+                if "/sample_inputs/" not in n]
+    yield name + ".compact.pt2", zip_of(kept, version=False)
+    crafted = os.path.join(fixtures_dir, CRAFTED_PT2)
+    if os.path.exists(crafted):
+        with open(crafted, "rb") as f:
+            yield "truncated_weight_8.pt2", f.read()
+
+
+def program(nodes, inputs=("x",), outputs=("relu",), sizes=({"as_int": 2},)):
+    """A program's JSON of `nodes` over user tensor inputs (float32 of `sizes`)."""
+    graph = {"inputs": [{"as_tensor": {"name": n}} for n in inputs],
+             "outputs": [{"as_tensor": {"name": n}} for n in outputs], "nodes": nodes,
+             "tensor_values": {n: {"dtype": 7, "sizes": list(sizes)} for n in inputs}}
+    specs = [{"user_input": {"arg": {"as_tensor": {"name": n}}}} for n in inputs]
+    return json.dumps({"graph_module": {"graph": graph, "signature": {"input_specs": specs}},
+                       "range_constraints": {"s0": {"min_val": 2, "max_val": None}}},
+                      separators=(",", ":")).encode()
+
+
+def node(target, inputs, outputs=("relu",)):
+    return {"target": target, "name": outputs[0], "inputs": [{"name": k, "arg": v} for k, v in inputs],
+            "outputs": [{"as_tensor": {"name": n}} for n in outputs]}
+
+
+def tensor(name):
+    return {"as_tensor": {"name": name}}
+
+
+def program_plan_seeds():
+    # Hand-made, small (committed): one accepted of each kind, and the refusals.
+    relu = node("torch.ops.aten.relu.default", [("self", tensor("x"))])
+    yield "relu.json", program([relu])
+    yield "dynamic.json", program([relu], sizes=({"as_expr": {"expr_str": "2*s0 + 1"}},))
+    size = node("torch.ops.aten.sym_size.int", [("self", tensor("x")), ("dim", {"as_int": 0})], ["s"])
+    size["outputs"] = [{"as_sym_int": {"as_name": "s"}}]
+    mul = node("_operator.mul", [("a", {"as_sym_int": {"as_name": "s"}}), ("b", {"as_int": 2})], ["m"])
+    mul["outputs"] = [{"as_sym_int": {"as_name": "m"}}]
+    yield "sym_mul.json", program([size, mul, relu])
+    yield "add_scalar.json", program([node("torch.ops.aten.add.Tensor", [("self", tensor("x")), ("other", {"as_float": 1.5})])])
+    yield "used_before_made.json", program([node("torch.ops.aten.relu.default", [("self", tensor("y"))])])
+    yield "not_allowed.json", program([node("torch.ops.aten.save.default", [("self", tensor("x"))])])
+    yield "no_such_op.json", program([node("torch.ops.aten.nope.default", [("self", tensor("x"))])])
+    yield "wrong_type.json", program([node("torch.ops.aten.relu.default", [("self", {"as_int": 1})])])
+    yield "nodes_not_list.json", b'{"graph_module":{"graph":{"nodes":5,"tensor_values":{}},"signature":{"input_specs":[]}}}'
+    yield "deep.json", b"[" * 70 + b"]" * 70
+    yield "not_json.json", b'{"graph_module":'
+    region = {"as_graph": {"name": "g", "graph": {"inputs": [tensor("a")], "outputs": [tensor("r")],
+                                                  "nodes": [node("torch.ops.aten.relu.default", [("self", tensor("a"))], ["r"])]}}}
+    yield "no_grad.json", program([node("torch.ops.higher_order.wrap_with_set_grad_enabled",
+                                        [("", {"as_bool": False}), ("", region), ("", tensor("x"))])])
+    yield "cond.json", program([node("torch.ops.higher_order.cond",
+                                     [("", {"as_bool": True}), ("", region), ("", region), ("", {"as_tensors": [tensor("x")]})])])
+    # The fixtures' programs, compacted; the smallest also as torch wrote it.
+    files = pt2_files()
+    for name, data in files:
+        yield name + ".json", compact_program(program_record(data)[1])
+    yield files[0][0] + ".raw.json", program_record(files[0][1])[1]
+
+
 TARGETS = {
     "npy": npy_seeds,
     "safetensors": safetensors_seeds,
@@ -458,15 +635,20 @@ TARGETS = {
     "model_ref": model_ref_seeds,
     "s3_xml": s3_xml_seeds,
     "read_request": read_request_seeds,
+    "pt2_archive": pt2_archive_seeds,
+    "program_plan": program_plan_seeds,
 }
 
 
 def main():
+    global fixtures_dir
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", help="writes OUT/<target>/<seed>")
     parser.add_argument("--max-bytes", type=int, default=0, help="only seeds of at most this many bytes")
+    parser.add_argument("--fixtures", default=fixtures_dir, help="the fixtures' exported programs (*.pt2)")
     parser.add_argument("targets", nargs="*", help="default: all")
     args = parser.parse_args()
+    fixtures_dir = args.fixtures
     for target in args.targets or TARGETS:
         if target not in TARGETS:
             sys.exit(f"make_corpus: unknown target {target}; targets: {' '.join(TARGETS)}")

@@ -51,10 +51,12 @@ else
   echo "fuzz.sh: no numpy/PIL for $python: seeds from fuzz/corpus/ only"
 fi
 
-# Reports with file:line; leaks are findings too. UBSan stops at the first report (the
-# build has -fno-sanitize-recover=all), which libFuzzer counts as a crash.
+# Reports with file:line; leaks are findings too (but LibTorch's own: the suppressions
+# scripts/sanitize.sh uses). UBSan stops at the first report (the build has
+# -fno-sanitize-recover=all), which libFuzzer counts as a crash.
 if [ -x /usr/lib/llvm-14/bin/llvm-symbolizer ]; then export ASAN_SYMBOLIZER_PATH=/usr/lib/llvm-14/bin/llvm-symbolizer; fi
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1}"
+export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppressions=0}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 
 run_one() {

@@ -27,7 +27,7 @@ absl::Status MatchesGraph(const nlohmann::json& program, const GraphInput& input
   try {
     const nlohmann::json& meta = program.at("graph_module").at("graph").at("tensor_values").at(input.placeholder);
     auto sizes = ConcreteInts(meta.at("sizes"));
-    auto dtype = ScalarTypeOf(meta.at("dtype").get<int64_t>());
+    auto dtype = ScalarTypeOf(SchemaInt(meta.at("dtype")));
     if (sizes.ok() && dtype.ok() && tensor.sizes() == at::IntArrayRef(*sizes) && tensor.scalar_type() == *dtype) {
       return absl::OkStatus();
     }

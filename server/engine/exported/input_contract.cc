@@ -76,7 +76,7 @@ absl::StatusOr<v1::ModelInput> ReadInput(const std::string& name, const json& me
                                          const std::map<std::string, Range>& ranges) {
   v1::ModelInput input;
   input.set_name(name);
-  RECAL_ASSIGN_OR_RETURN(const c10::ScalarType dtype, ScalarTypeOf(meta.at("dtype").get<int64_t>()));
+  RECAL_ASSIGN_OR_RETURN(const c10::ScalarType dtype, ScalarTypeOf(SchemaInt(meta.at("dtype"))));
   input.set_dtype(std::string(c10::getDtypeNames(dtype).first));
   for (const json& size : meta.at("sizes")) *input.add_dims() = ReadDim(size, ranges);
   return input;

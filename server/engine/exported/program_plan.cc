@@ -109,7 +109,7 @@ absl::StatusOr<ArgumentSource> Scalar(const std::string& key, const json& value,
     return Scalar(member.first, *member.second, type, slots);
   }
   if (key == "as_int") {
-    const int64_t v = value.get<int64_t>();
+    const int64_t v = SchemaInt(value);
     if (kind == c10::TypeKind::FloatType || kind == c10::TypeKind::SymFloatType) return Constant(static_cast<double>(v));
     return Constant(v);
   }
@@ -180,7 +180,7 @@ absl::StatusOr<ArgumentSource> Convert(const json& arg, const c10::Argument& exp
   if (IsTensor(type) && (key == "as_int" || key == "as_float" || key == "as_bool")) {
     // A Python number where the schema has a Tensor (x.add_(1)): a wrapped number, which
     // type promotion treats as the scalar it was.
-    at::Tensor number = key == "as_int"     ? at::scalar_to_tensor(value->get<int64_t>())
+    at::Tensor number = key == "as_int"     ? at::scalar_to_tensor(SchemaInt(*value))
                         : key == "as_float" ? at::scalar_to_tensor(value->get<double>())
                                             : at::scalar_to_tensor(value->get<bool>());
     number.unsafeGetTensorImpl()->set_wrapped_number(true);
@@ -203,15 +203,15 @@ absl::StatusOr<ArgumentSource> Convert(const json& arg, const c10::Argument& exp
   if (key == "as_none") return Constant(c10::IValue());
   if (key == "as_string") return Constant(value->get<std::string>());
   if (key == "as_scalar_type") {
-    RECAL_ASSIGN_OR_RETURN(c10::ScalarType t, ScalarTypeOf(value->get<int64_t>()));
+    RECAL_ASSIGN_OR_RETURN(c10::ScalarType t, ScalarTypeOf(SchemaInt(*value)));
     return Constant(static_cast<int64_t>(t));
   }
   if (key == "as_layout") {
-    RECAL_ASSIGN_OR_RETURN(c10::Layout l, LayoutOf(value->get<int64_t>()));
+    RECAL_ASSIGN_OR_RETURN(c10::Layout l, LayoutOf(SchemaInt(*value)));
     return Constant(static_cast<int64_t>(l));
   }
   if (key == "as_memory_format") {
-    RECAL_ASSIGN_OR_RETURN(c10::MemoryFormat f, MemoryFormatOf(value->get<int64_t>()));
+    RECAL_ASSIGN_OR_RETURN(c10::MemoryFormat f, MemoryFormatOf(SchemaInt(*value)));
     return Constant(static_cast<int64_t>(f));
   }
   if (key == "as_device") return Constant(device);  // the whole program runs on one device
@@ -356,7 +356,7 @@ absl::StatusOr<ArgumentSource> UntypedArgument(const std::string& key, const jso
   if (key == "as_none") return Constant(c10::IValue());
   if (key == "as_string") return Constant(value.get<std::string>());
   if (key == "as_scalar_type") {
-    RECAL_ASSIGN_OR_RETURN(c10::ScalarType t, ScalarTypeOf(value.get<int64_t>()));
+    RECAL_ASSIGN_OR_RETURN(c10::ScalarType t, ScalarTypeOf(SchemaInt(value)));
     return Constant(static_cast<int64_t>(t));
   }
   if (key == "as_int" || key == "as_float" || key == "as_bool" || absl::StartsWith(key, "as_sym_")) {
@@ -454,19 +454,22 @@ absl::Status PlanHigherOrder(const json& node, const std::string& name, PlanCont
     const auto& [key, value] = member;
     // Checkpointing's options (use_reentrant, preserve_rng_state, ...) change how a backward
     // recomputes, not what the forward computes.
-    if (step.higher_order == HigherOrder::kActivationCheckpoint && input.value("kind", 1) == kKeywordArgument) {
+    if (step.higher_order == HigherOrder::kActivationCheckpoint &&
+        SchemaInt(input.value("kind", json(1))) == kKeywordArgument) {
       if (key == "as_graph" || key == "as_tensor" || key == "as_tensors") return NodeError(node, "a keyword operand");
       continue;
     }
     if (key == "as_graph") {
       if (graphs_done) return NodeError(node, "graphs after operands");
+      // Counted in arguments, not inputs: an as_tensors input before the graphs is as many
+      // arguments as it lists (none, or several), and the layout check indexes arguments.
+      if (step.subgraphs.empty()) step.operands_begin = step.arguments.size();
       auto graph = PlanSubgraph(*value, context, depth + 1);
       if (!graph.ok()) return graph.status();
       step.subgraphs.push_back(std::move(*graph));
       continue;
     }
     if (!step.subgraphs.empty()) graphs_done = true;
-    if (step.subgraphs.empty()) ++step.operands_begin;
     if (key == "as_tensors") {
       for (const json& tensor : *value) {
         auto source = UntypedArgument("as_tensor", tensor, slots);
@@ -520,9 +523,9 @@ absl::StatusOr<Step> PlanNode(const json& node, PlanContext& context, int depth,
 
 // "7:[s0,3,224,224]": a tensor value's dtype and sizes as the program states them.
 std::string ValueType(const json& meta) {
-  std::string type = absl::StrCat(meta.value("dtype", int64_t{-1}), ":[");
+  std::string type = absl::StrCat(SchemaInt(meta.value("dtype", json(-1))), ":[");
   for (const json& size : meta.value("sizes", json::array())) {
-    if (size.contains("as_int")) absl::StrAppend(&type, size.at("as_int").get<int64_t>(), ",");
+    if (size.contains("as_int")) absl::StrAppend(&type, SchemaInt(size.at("as_int")), ",");
     else if (size.contains("as_expr")) absl::StrAppend(&type, size.at("as_expr").value("expr_str", std::string("?")), ",");
     else absl::StrAppend(&type, "?,");
   }
@@ -642,7 +645,7 @@ absl::StatusOr<Plan> PlanGraph(const json& program, const GraphPolicy& policy, c
     RECAL_ASSIGN_OR_RETURN(GraphInput input, PlanInput(spec, slots));
     if (input.kind == GraphInput::Kind::kUser) {
       const json& meta = graph.at("tensor_values").at(input.name);
-      RECAL_ASSIGN_OR_RETURN(c10::ScalarType dtype, ScalarTypeOf(meta.at("dtype").get<int64_t>()));
+      RECAL_ASSIGN_OR_RETURN(c10::ScalarType dtype, ScalarTypeOf(SchemaInt(meta.at("dtype"))));
       input.dtype = dtype;
     }
     plan.inputs.push_back(std::move(input));

@@ -106,11 +106,13 @@ absl::StatusOr<std::string> Pt2Archive::ReadRecord(const std::string& name, int6
   }
 }
 
-absl::StatusOr<json> Pt2Archive::ReadJson(const std::string& name) const {
-  RECAL_ASSIGN_OR_RETURN(std::string text, ReadRecord(name, limits_.max_json_bytes));
-  const int max_depth = limits_.max_json_depth;
+absl::StatusOr<json> ParseArchiveJson(const std::string& name, absl::string_view text, const ArchiveLimits& limits) {
+  if (text.size() > static_cast<size_t>(limits.max_json_bytes)) {
+    return Invalid(absl::StrCat(name, " is ", text.size(), " bytes, more than the ", limits.max_json_bytes, " allowed"));
+  }
+  const int max_depth = limits.max_json_depth;
   try {
-    return json::parse(text, [max_depth](int depth, json::parse_event_t, json&) {
+    return json::parse(text.begin(), text.end(), [max_depth](int depth, json::parse_event_t, json&) {
       if (depth > max_depth) throw TooDeep{};
       return true;
     });
@@ -119,6 +121,11 @@ absl::StatusOr<json> Pt2Archive::ReadJson(const std::string& name) const {
   } catch (const json::exception& e) {
     return Invalid(absl::StrCat(name, " is not valid JSON: ", e.what()));
   }
+}
+
+absl::StatusOr<json> Pt2Archive::ReadJson(const std::string& name) const {
+  RECAL_ASSIGN_OR_RETURN(std::string text, ReadRecord(name, limits_.max_json_bytes));
+  return ParseArchiveJson(name, text, limits_);
 }
 
 absl::Status Pt2Archive::ReadPayloadConfig(const std::string& config, const std::string& dir,
@@ -135,12 +142,12 @@ absl::Status Pt2Archive::ReadPayloadConfig(const std::string& config, const std:
       stored.name = fqn;
       stored.record = dir + meta.at("path_name").get<std::string>();
       TensorView& view = stored.view;
-      RECAL_ASSIGN_OR_RETURN(view.dtype, ScalarTypeOf(tensor_meta.at("dtype").get<int64_t>()));
+      RECAL_ASSIGN_OR_RETURN(view.dtype, ScalarTypeOf(SchemaInt(tensor_meta.at("dtype"))));
       RECAL_ASSIGN_OR_RETURN(view.sizes, ConcreteInts(tensor_meta.at("sizes")));
       RECAL_ASSIGN_OR_RETURN(view.strides, ConcreteInts(tensor_meta.at("strides")));
       RECAL_ASSIGN_OR_RETURN(std::vector<int64_t> offset, ConcreteInts(json::array({tensor_meta.at("storage_offset")})));
       view.storage_offset = offset.front();
-      if (tensor_meta.value("layout", kStridedLayout) != kStridedLayout) {
+      if (SchemaInt(tensor_meta.value("layout", json(kStridedLayout))) != kStridedLayout) {
         return Invalid(absl::StrCat("'", fqn, "' is not a strided (dense) tensor"));
       }
       // Every weight and constant, read by the program or not, before any is loaded.

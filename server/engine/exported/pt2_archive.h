@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "server/engine/model_file.h"
 #include "server/engine/tensor_view.h"
 
@@ -28,6 +29,13 @@ struct ArchiveLimits {
   int64_t max_json_bytes = 256 << 20;  // models/<name>.json and each config file
   int max_json_depth = 64;             // the schema nests about 12 deep
 };
+
+// `text`, the archive's record `name` (models/<name>.json or a payload config), as JSON:
+// INVALID_ARGUMENT naming the record when it is longer than limits.max_json_bytes, nests
+// deeper than limits.max_json_depth (stopped while parsing: a JSON bomb never builds) or is
+// not JSON. What Pt2Archive::Read parses every JSON record with.
+absl::StatusOr<nlohmann::json> ParseArchiveJson(const std::string& name, absl::string_view text,
+                                                const ArchiveLimits& limits);
 
 // One weight or constant: the record that holds its storage and its view into it.
 struct StoredTensor {

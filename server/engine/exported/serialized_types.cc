@@ -1,5 +1,7 @@
 #include "server/engine/exported/serialized_types.h"
 
+#include <cstdint>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -16,6 +18,16 @@ absl::StatusOr<c10::ScalarType> ScalarTypeOf(int64_t serialized) {
     if (code == serialized) return type;
   }
   return absl::InvalidArgumentError(absl::StrCat("unsupported dtype code ", serialized, " in the program"));
+}
+
+int64_t SchemaInt(const nlohmann::json& value) {
+  if (value.is_number_integer() &&
+      (!value.is_number_unsigned() ||
+       value.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))) {
+    return value.get<int64_t>();
+  }
+  throw nlohmann::json::type_error::create(
+      302, absl::StrCat("type must be an integer of int64's range, but is ", value.dump().substr(0, 32)), &value);
 }
 
 absl::StatusOr<c10::Layout> LayoutOf(int64_t serialized) {

@@ -20,6 +20,13 @@ absl::StatusOr<c10::ScalarType> ScalarTypeOf(int64_t serialized);
 absl::StatusOr<c10::Layout> LayoutOf(int64_t serialized);
 absl::StatusOr<c10::MemoryFormat> MemoryFormatOf(int64_t serialized);
 
+// The integer a schema field holds (a dtype code, {"as_int": 3}). Throws what get<int64_t>()
+// throws for a string or a boolean (nlohmann::json::type_error), and the same where
+// get<int64_t>() would convert instead: a float (1.5, or 1e30, which past int64's range is
+// undefined behaviour) or an unsigned number past int64. The readers of the program's JSON
+// catch json::exception and refuse the program.
+int64_t SchemaInt(const nlohmann::json& value);
+
 // A list of schema SymInt ({"as_int": 3}); INVALID_ARGUMENT for a symbolic one
 // ({"as_expr": ...}), which a stored weight never has.
 absl::StatusOr<std::vector<int64_t>> ConcreteInts(const nlohmann::json& sym_ints);
