@@ -3,6 +3,7 @@
 #include "server/engine/observed_batch_norm.h"
 
 
+#include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include "server/engine/collector.h"

@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/core/InferenceMode.h>
 
 #include "absl/strings/str_cat.h"
