@@ -2,7 +2,6 @@
 // dropped by the linker, which is why the engine is a shared library.
 #include "server/engine/observed_batch_norm.h"
 
-
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
