@@ -24,9 +24,11 @@ COPY . .
 # passes it (build arg RECAL_VERSION, default "dev"); recal_build_info{version} reports it.
 ARG RECAL_VERSION=dev
 # Release: no debug info in the image (RelWithDebInfo: 88 MB of binaries instead of 5 MB).
+# No CUDA kernels of Recal's own (no CUDA toolkit here): on a GPU the image's workers take
+# ATen's statistics kernels (docs/gpu.md).
 RUN --mount=type=cache,target=/root/.ccache \
     CCACHE_DIR=/root/.ccache cmake --preset default -DRECAL_PYTHON=/opt/recal/venv/bin/python \
-      -DRECAL_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=Release -DRECAL_VERSION="${RECAL_VERSION}" \
+      -DRECAL_BUILD_TESTS=OFF -DRECAL_CUDA_KERNELS=OFF -DCMAKE_BUILD_TYPE=Release -DRECAL_VERSION="${RECAL_VERSION}" \
  && CCACHE_DIR=/root/.ccache cmake --build --preset default --target recal-server recal-worker recalctl -j "$(nproc)"
 # What the worker stage copies of the wheel is its shared libraries only. Left out here: torch's
 # Python parts in torch/lib (libtorch_python.so, libshm.so and its headers,

@@ -10,4 +10,5 @@ export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
 # LibTorch's precompiled header (cmake/TorchPrecompiledHeader.cmake) is cached only with these.
 export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}"
 cmake --preset default >/dev/null
-cmake --build --preset default -j "$(nproc)"
+# Targets given (scripts/demo.sh: what the demo runs): only those; none: everything.
+cmake --build --preset default -j "$(nproc)" ${1:+--target "$@"}

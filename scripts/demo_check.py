@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Shows what the demo produced: the report's headline numbers, and the recalibrated model
-loaded in Python and compared with the float64 reference."""
+"""Shows what the demo produced: the report's headline numbers, and the recalibrated program
+loaded in Python (torch.export.load) and compared with the float64 reference."""
 import json
 import os
 import sys
@@ -19,9 +19,9 @@ for layer in report["layers"][:3]:
     print(f"  {layer['name']:<16} channels {layer['channels']:>4}  "
           f"var new/old median {layer['var_ratio']['median']:.3f}  "
           f"mean shift median {layer['mean_shift_in_std']['median']:.3f} std")
-model = torch.jit.load(os.path.join(out, "resnet18.recalibrated.pt"))
+program = torch.export.load(os.path.join(out, "resnet18.recalibrated.pt2"))
 reference = safetensors_io.load(os.path.join(fixtures, "ref", "resnet18.population.safetensors"))
-worst = reference_metric.worst_error(dict(model.named_buffers()), reference)
+worst = reference_metric.worst_error(dict(program.state_dict), reference)
 print(f"recalibrated model loads in Python; worst difference from the float64 reference: "
       f"{worst:.3f} of the 1e-5 tolerance over {len(reference)} buffers")
 sys.exit(0 if worst <= 1.0 else 1)

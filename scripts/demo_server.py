@@ -82,7 +82,7 @@ def main():
             sys.exit("the server answered a call without a token")
         except grpc.RpcError as error:
             print("without a token:", error.code().name)
-        model_path = os.path.join(args.fixtures, "models", "resnet18.traced_eval.pt")
+        model_path = os.path.join(args.fixtures, "models", "resnet18.exported_eval.pt2")
         blob = open(model_path, "rb").read()
 
         def upload():
@@ -108,7 +108,7 @@ def main():
                                              event.progress.batches_total))
             elif kind == "failure":
                 sys.exit("job failed: " + event.failure.message)
-        for artifact, name in ((recal_pb2.MODEL, "server.recalibrated.pt"),
+        for artifact, name in ((recal_pb2.MODEL, "server.recalibrated.pt2"),
                                (recal_pb2.BN_BUFFERS, "server.bn.safetensors"),
                                (recal_pb2.REPORT, "server.report.json")):
             with open(os.path.join(args.out, name), "wb") as f:
@@ -124,9 +124,9 @@ def main():
     sys.path.insert(0, os.path.join(ROOT, "tests", "fixtures"))
     import safetensors_io
     import reference as reference_metric
-    out = torch.jit.load(os.path.join(args.out, "server.recalibrated.pt"))
+    out = torch.export.load(os.path.join(args.out, "server.recalibrated.pt2"))
     reference = safetensors_io.load(os.path.join(args.fixtures, "ref", "resnet18.population.safetensors"))
-    worst = reference_metric.worst_error(dict(out.named_buffers()), reference)
+    worst = reference_metric.worst_error(dict(out.state_dict), reference)
     print("recalibrated through the server; worst difference from the float64 reference: "
           "%.3f of the 1e-5 tolerance" % worst)
     return 0 if worst <= 1.0 else 1

@@ -26,6 +26,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "server/data/batch_source.h"
+#include "server/data/normalization.h"
 #include "server/data_access/data_shape.h"
 #include "server/data_access/locate_objects.h"
 #include "server/data_access/object_storage.h"
@@ -227,6 +228,11 @@ ShardRun RunShard(const std::string& model, const recal::data::DataSpec& data, i
   }
   out.status = CheckDataUpFront(**run, data, batch_size, options, index == 0);
   if (!out.status.ok()) return out;
+  // Cast before the forward (the notes were said above): the layout suits the program's dtype.
+  const auto cast = [&](std::unique_ptr<recal::data::BatchSource> source) {
+    return recal::data::CastToModelDtypes(std::move(source), (*run)->inputs());
+  };
+  shard->source = cast(std::move(shard->source));
   auto on_progress = [&](const recal::engine::Progress& p) { progress(index, p); };
   if (shards > 1) {
     out.status = (*run)->RunShard([&] { return shard->source->Next(); }, on_progress);
@@ -237,7 +243,7 @@ ShardRun RunShard(const std::string& model, const recal::data::DataSpec& data, i
       if (opened++ > 0) {
         auto again = recal::data::OpenBatchSourceShard(data, batch_size, input, plan);
         if (!again.ok()) return again.status();
-        shard->source = std::move(again->source);
+        shard->source = cast(std::move(again->source));
       }
       return recal::engine::NextBatchFn([&] { return shard->source->Next(); });
     };

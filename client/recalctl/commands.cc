@@ -23,10 +23,56 @@ absl::StatusOr<v1::Artifact> ParseArtifact(const std::string& name) {
   return absl::InvalidArgumentError(absl::StrCat("--artifact must be model, bn or report, not '", name, "'"));
 }
 
+// Bytes the tenant has keep the name and version of their first upload (docs/models.md: a
+// model id names one model, so "delete this model" stays unambiguous): said even with -q,
+// since it is not what --name asked for.
+void NameKept(const v1::Model& model, const std::string& asked) {
+  const std::string stored = absl::StrCat(model.name(), ":", model.version());
+  std::fprintf(stderr,
+               "recalctl: these bytes are stored already as %s (%s) and keep that name: a model keeps the name of "
+               "its first upload, so it was not named '%s'. Use it as %s, or delete it (recalctl delete %s) and "
+               "upload it again under the new name\n",
+               stored.c_str(), model.id().c_str(), asked.c_str(), stored.c_str(), stored.c_str());
+}
+
+ConnectionFacts& Facts() {
+  static ConnectionFacts* const facts = new ConnectionFacts();
+  return *facts;
+}
+
+std::string Source(const std::string& from, absl::string_view what) {
+  return from.empty() ? absl::StrCat("the default: ", what, " is not set") : absl::StrCat("from ", from);
+}
+
+// What the user does next, where the status alone does not say it.
+std::string Hint(const absl::Status& status) {
+  const ConnectionFacts& facts = Facts();
+  const absl::string_view message = status.message();
+  if (IsUnreachable(status)) {
+    return absl::StrCat("; the address is ", Source(facts.server_from, "--server or RECAL_SERVER"),
+                        ". Is recal-server running there? Start one with `recal-server --listen=", facts.server,
+                        "` (build/bin/recal-server after a build), or point recalctl at yours: --server HOST:PORT "
+                        "or RECAL_SERVER=HOST:PORT");
+  }
+  if (absl::IsUnauthenticated(status)) {
+    if (facts.token_from.empty()) return "; recalctl sent no token: give --token or set RECAL_TOKEN";
+    return absl::StrCat("; recalctl sent the token ", Source(facts.token_from, ""),
+                        facts.token_from == "RECAL_TOKEN" ? " (--token overrides it)" : "",
+                        ": is it the one the server's --auth_file grants?");
+  }
+  if (absl::IsNotFound(status) && absl::StartsWith(message, "no model")) {
+    return " (`recalctl list --models` lists them)";
+  }
+  if (absl::IsNotFound(status) && absl::StartsWith(message, "no job")) return " (`recalctl list` lists your jobs)";
+  return "";
+}
+
 }  // namespace
 
+void SetConnectionFacts(ConnectionFacts facts) { Facts() = std::move(facts); }
+
 int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "recalctl: %s\n", std::string(status.message()).c_str());
+  std::fprintf(stderr, "recalctl: %s%s\n", std::string(status.message()).c_str(), Hint(status).c_str());
   return ExitCodeFor(status);
 }
 
@@ -54,6 +100,9 @@ int Upload(Context& ctx) {
   if (!uploaded.ok()) return Fail(uploaded.status());
   if (uploaded->already_present) {
     ctx.progress.Line("model " + uploaded->model.id() + " is on the server already; nothing sent");
+  }
+  if (const std::string name = ctx.args.Get("name"); !name.empty() && name != uploaded->model.name()) {
+    NameKept(uploaded->model, name);
   }
   Emit(ctx, uploaded->model, ModelText(uploaded->model));
   return kOk;
@@ -118,7 +167,7 @@ int List(Context& ctx) {
   if (auto s = ctx.args.ExpectPositional(0, "no arguments"); !s.ok()) return UsageError(s);
   auto page_size = ctx.args.GetInt("page_size", 0);
   if (!page_size.ok()) return UsageError(page_size.status());
-  if (ctx.args.GetBool("models")) {
+  if (ctx.args.GetBool("models") || ctx.args.Has("name")) {  // --name: a model's versions
     if (ctx.args.Has("state")) {
       return UsageError(absl::InvalidArgumentError("--state lists jobs, not models"));
     }
@@ -127,7 +176,6 @@ int List(Context& ctx) {
     Emit(ctx, *models, ModelsTable(*models));
     return kOk;
   }
-  if (ctx.args.Has("name")) return UsageError(absl::InvalidArgumentError("--name lists models: add --models"));
   std::vector<v1::JobState> states;
   for (const std::string& name : ctx.args.GetAll("state")) {
     v1::JobState state;

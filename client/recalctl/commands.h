@@ -19,7 +19,18 @@ struct Context {
   ProgressDisplay& progress;
 };
 
-// "recalctl: <message>" on stderr; the exit code for the status.
+// Where the connection's settings came from ("" for the default / none), for the hints
+// Fail adds to what the server or gRPC said.
+struct ConnectionFacts {
+  std::string server;       // the address
+  std::string server_from;  // "--server", "RECAL_SERVER" or ""
+  std::string token_from;   // "--token", "RECAL_TOKEN" or ""
+};
+void SetConnectionFacts(ConnectionFacts facts);
+
+// "recalctl: <message>" on stderr, with what to do where recalctl knows more than the
+// message (no server answered, a refused token, a model or job not found); the exit code
+// for the status.
 int Fail(const absl::Status& status);
 // The same for a usage error (exit code 2), with a pointer to --help.
 int UsageError(const absl::Status& status);

@@ -1,6 +1,7 @@
 // submit and run: the commands that build a job spec from flags.
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -128,7 +129,7 @@ void ShowProgress(ProgressDisplay& display, const std::string& model_path, const
   switch (p.phase) {
     case Progress::Phase::kUpload:
       if (p.model_already_present) {
-        display.Line("model is on the server already; upload skipped");
+        display.Line(absl::StrCat("model ", model_path, " is on the server already; upload skipped"));
       } else {
         display.Transfer("upload " + model_path, p.done, p.total);
       }
@@ -243,7 +244,10 @@ int Run(Context& ctx) {
   if (auto s = ctx.args.AllowOnly(With(kJobFlags, {"out", "bn_out", "report", "name"})); !s.ok()) {
     return UsageError(s);
   }
-  if (auto s = ctx.args.ExpectPositional(1, "one model file"); !s.ok()) return UsageError(s);
+  if (auto s = ctx.args.ExpectPositional(1, "one model file or stored model (name, name:version or digest)");
+      !s.ok()) {
+    return UsageError(s);
+  }
   RecalibrateOptions options;
   if (auto s = FillSpec(ctx.args, &options.job, &options.stream_normalisation); !s.ok()) return UsageError(s);
   if (!ctx.args.Has("out")) return UsageError(absl::InvalidArgumentError("'run' needs -o OUT (where the recalibrated model goes)"));
@@ -257,9 +261,16 @@ int Run(Context& ctx) {
   options.report_out = ctx.args.Get("report");
   const std::string& model_path = ctx.args.positional()[0];
   const std::string out = ctx.args.Get("out");
+  // A file is uploaded; anything else names a stored model, as submit's --model does.
+  std::error_code no_file;
+  if (!std::filesystem::exists(model_path, no_file)) options.stored_model = model_path;
 
   auto result = ctx.client.Recalibrate(model_path, data, options, out,
                                        [&](const Progress& p) { ShowProgress(ctx.progress, model_path, p); });
+  if (!result.ok() && !options.stored_model.empty() && absl::IsNotFound(result.status())) {
+    return Fail(absl::NotFoundError(
+        absl::StrCat(result.status().message(), ", and '", model_path, "' is no file here either")));
+  }
   if (!result.ok()) {
     // A job that ran and failed is still the answer: print it, then say why.
     if (std::optional<v1::Job> job = JobOfError(result.status())) {

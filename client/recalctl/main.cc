@@ -38,8 +38,9 @@ Commands:
                                                 sha256:<hex> or a digest prefix (6+ hex digits)
   get JOB                                       a job's state (why it waits, if queued),
                                                 progress and error
-  list [--state S]... [--models [--name N]] [--page_size N] [--page_token T]
-                                                jobs (or models, newest version first)
+  list [--state S]... [--models] [--name N] [--page_size N] [--page_token T]
+                                                jobs; --models: models, newest first;
+                                                --name N: that model's versions
   delete JOB | REF [--model]                    delete an ended job and its results (refused
                                                 while queued or running: cancel it first), or
                                                 a model (refused while a job uses it). JOB:
@@ -51,14 +52,17 @@ Commands:
   download JOB -o PATH [--artifact model|bn|report]
                                                 a succeeded job's result (resumes; sha256 checked)
   run MODEL --data SPEC -o OUT [--bn_out F.safetensors] [--report R.json] [--name N]
-      [JOB FLAGS]                               upload, submit, watch and download in one go
+      [JOB FLAGS]                               upload, submit, watch and download in one go;
+                                                MODEL: a file, or a stored model's REF (as
+                                                submit takes it: nothing is uploaded)
   report JOB [--top N | --all] [--warn_rel_error E] [--html PAGE.html]
   report --from REPORT.json [...]                a succeeded job's per-layer report as a table:
                                                 the run's facts, then the N (15) layers whose
                                                 mean moved most, with flags for rows worth a
                                                 look (unused, rel.err above E (0.05), zero-
                                                 variance channels); --html also writes one
-                                                self-contained page with plots across depth;
+                                                self-contained page with plots across depth
+                                                instead (its path on stdout);
                                                 --output=json prints the RunReport
   health [--service NAME]                       grpc.health.v1 Check; exit 0 only if SERVING
   token new --tenant T --role read|submit|admin
@@ -198,6 +202,11 @@ int Main(int argc, char** argv) {
 
   ClientOptions options;
   options.bearer_token = args->Get("token", Env("RECAL_TOKEN", ""));
+  const std::string server = args->Get("server", Env("RECAL_SERVER", "localhost:50051"));
+  // Where each came from, for the hints of error messages (commands.h).
+  const std::string server_from = args->Has("server") ? "--server" : Env("RECAL_SERVER", "").empty() ? "" : "RECAL_SERVER";
+  const std::string token_from = options.bearer_token.empty() ? "" : args->Has("token") ? "--token" : "RECAL_TOKEN";
+  SetConnectionFacts({server, server_from, token_from});
   options.tls_root_certs_file = args->Get("tls_ca", Env("RECAL_TLS_CA", ""));
   options.tls_client_cert_file = args->Get("tls_cert", Env("RECAL_TLS_CERT", ""));
   options.tls_client_key_file = args->Get("tls_key", Env("RECAL_TLS_KEY", ""));
@@ -210,7 +219,7 @@ int Main(int argc, char** argv) {
                                                      : "--tls_key needs --tls_cert (or RECAL_TLS_CERT)"));
   }
   options.deadline = absl::Seconds(*deadline);
-  auto client = Client::Connect(args->Get("server", Env("RECAL_SERVER", "localhost:50051")), options);
+  auto client = Client::Connect(server, options);
   // A TLS setting that cannot work (a certificate without its key, a file that is not PEM)
   // is the user's to fix, as any other bad flag; an unreadable file keeps its own code.
   if (!client.ok()) {

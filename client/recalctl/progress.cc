@@ -109,6 +109,8 @@ void ProgressDisplay::Event(const v1::JobEvent& event) {
       Line(absl::StrCat("job ", job_id_, ": ", event.summary().layers_recalibrated(),
                         " BatchNorm layers recalibrated from ", event.summary().batches(), " batches (",
                         event.summary().samples(), " samples); per layer: recalctl report ", job_id_));
+      // Said once a job, whatever the batches: what Recal did to the data (a cast).
+      for (const std::string& note : event.summary().notes()) Line(absl::StrCat("job ", job_id_, ": note: ", note));
       break;
     case v1::JobEvent::kFailure:
       Line(absl::StrCat("job ", job_id_, " failed: ", event.failure().message()));

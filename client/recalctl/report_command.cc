@@ -101,14 +101,17 @@ absl::StatusOr<ReportViewOptions> CheckArgs(const Args& args) {
   return ViewOptions(args);
 }
 
-// The report in hand: the page if asked for, then the table (or the JSON) on stdout.
+// The report in hand: with --html the page, and its path on stdout (the page holds the
+// table); else the table. --output=json: the RunReport either way.
 int Show(const Args& args, bool json, const ReportViewOptions& options, const v1::RunReport& report,
          const std::string& source) {
-  std::string text = ReportText(report, options);
+  std::string text;
   if (args.Has("html")) {
     const std::string html_path = args.Get("html");
     if (auto s = WriteFileAtomically(html_path, ReportHtml(report, options, source)); !s.ok()) return Fail(s);
-    absl::StrAppend(&text, "\nwrote: ", html_path, "\n");
+    text = absl::StrCat("wrote: ", html_path, "\n");
+  } else {
+    text = ReportText(report, options);
   }
   const std::string out = json ? ToJson(report) : text;
   std::fwrite(out.data(), 1, out.size(), stdout);

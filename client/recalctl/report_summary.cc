@@ -23,7 +23,7 @@ std::string ModulesName(v1::ModuleMode modules) {
 }
 
 std::string BatchesFact(const v1::RunReport& report) {
-  std::string text = absl::StrCat(report.batches(), " of ", report.batch_size());
+  std::string text = absl::StrCat(report.batches());
   if (report.stopped_early()) absl::StrAppend(&text, " (stopped early: target_rel_error reached)");
   return text;
 }
@@ -71,6 +71,7 @@ std::vector<std::pair<std::string, std::string>> HeaderFacts(const v1::RunReport
     facts.emplace_back("compute", absl::StrCat(report.compute_dtype().empty() ? "float32" : report.compute_dtype(),
                                                ", ", report.memory_format().empty() ? "auto" : report.memory_format()));
   }
+  facts.emplace_back("batch size", absl::StrCat(report.batch_size()));
   facts.emplace_back("batches", BatchesFact(report));
   facts.emplace_back("samples", absl::StrCat(report.samples()));
   if (report.shards() > 1) facts.emplace_back("shards", absl::StrCat(report.shards()));
@@ -86,6 +87,7 @@ std::vector<std::pair<std::string, std::string>> HeaderFacts(const v1::RunReport
     facts.emplace_back("quantizers", std::move(quantizers));
   }
   if (std::string passes = IterationsFact(report); !passes.empty()) facts.emplace_back("iterations", std::move(passes));
+  for (const std::string& note : report.notes()) facts.emplace_back("note", note);
   return facts;
 }
 

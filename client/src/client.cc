@@ -16,6 +16,8 @@ namespace {
 
 // Where a failed job rides on the status Recalibrate returns.
 constexpr char kJobPayloadUrl[] = "type.googleapis.com/recal.v1.Job";
+// Marks the UNAVAILABLE of a target where no server answered (IsUnreachable).
+constexpr char kUnreachablePayloadUrl[] = "recal.client/unreachable";
 
 int Millis(absl::Duration d) { return static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(d))); }
 
@@ -29,7 +31,17 @@ std::optional<v1::Job> JobOfError(const absl::Status& status) {
   return job;
 }
 
+bool IsUnreachable(const absl::Status& status) {
+  return absl::IsUnavailable(status) && status.GetPayload(kUnreachablePayloadUrl).has_value();
+}
+
 namespace client_internal {
+
+absl::Status UnreachableError(const std::string& target, absl::string_view detail) {
+  absl::Status status = absl::UnavailableError(absl::StrCat("no recal-server answered at ", target, " (", detail, ")"));
+  status.SetPayload(kUnreachablePayloadUrl, absl::Cord());
+  return status;
+}
 
 absl::Status JobError(const v1::Job& job) {
   absl::StatusCode code = job.state() == v1::CANCELLED ? absl::StatusCode::kCancelled

@@ -24,6 +24,9 @@ namespace client_internal {
 // job attached (JobOfError reads it back).
 absl::Status JobError(const v1::Job& job);
 
+// UNAVAILABLE for a target where no server answered (IsUnreachable reads the mark back).
+absl::Status UnreachableError(const std::string& target, absl::string_view detail);
+
 }  // namespace client_internal
 
 struct Client::Impl {
@@ -46,6 +49,11 @@ struct Client::Impl {
   // codes keep the server's own message.
   absl::Status Explain(const absl::Status& status) const {
     if (status.code() != absl::StatusCode::kUnavailable) return status;
+    // Not connected now: nothing answered at the target (a server that answered and then
+    // went away is reconnected to, and so not READY either, but only after the retries).
+    if (channel->GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY) {
+      return client_internal::UnreachableError(target, status.message());
+    }
     return absl::UnavailableError(
         absl::StrCat("recal-server at ", target, " is unavailable: ", status.message()));
   }

@@ -158,7 +158,16 @@ absl::StatusOr<RecalibrateResult> Client::Run(const std::string& model_path, con
   }
 
   RecalibrateResult result;
-  RECAL_ASSIGN_OR_RETURN(result.upload, UploadReporting(*this, model_path, options, on_progress));
+  if (options.stored_model.empty()) {
+    RECAL_ASSIGN_OR_RETURN(result.upload, UploadReporting(*this, model_path, options, on_progress));
+  } else {
+    RECAL_ASSIGN_OR_RETURN(result.upload.model, GetModel(options.stored_model));
+    result.upload.already_present = true;
+    Progress p;
+    p.phase = Progress::Phase::kUpload;
+    p.model_already_present = true;
+    Report(on_progress, p);
+  }
   spec.set_model_id(result.upload.model.id());
   RECAL_ASSIGN_OR_RETURN(const v1::Job submitted, Submit(spec));
   if (batches) RECAL_RETURN_IF_ERROR(PushLocalBatches(*this, submitted.id(), spec, *batches, on_progress));

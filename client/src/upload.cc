@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "client/src/client_impl.h"
+#include "common/model_archive.h"
 #include "common/sha256.h"
 #include "common/status_macros.h"
 
@@ -61,6 +62,8 @@ absl::StatusOr<UploadResult> Client::UploadModel(const std::string& path, const 
   if (!S_ISREG(st.st_mode)) {
     return absl::InvalidArgumentError(absl::StrCat("'", path, "' is not a regular file"));
   }
+  // What the server would refuse for its format (a state_dict) is refused before it is sent.
+  RECAL_RETURN_IF_ERROR(SniffModelArchive(path).status());
   const int64_t size = st.st_size;
   RECAL_ASSIGN_OR_RETURN(const std::string digest, Sha256OfFile(path));
 

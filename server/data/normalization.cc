@@ -1,12 +1,14 @@
 #include "server/data/normalization.h"
 
 #include <exception>
+#include <optional>
 #include <utility>
 
 #include <ATen/ATen.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "server/data/torch_dtype.h"
 #include "server/data/torch_error.h"
 
 namespace recal::data {
@@ -43,7 +45,62 @@ class NormalizedSource final : public BatchSource {
   const Normalization normalization_;
 };
 
+// torch's floating dtypes by the names a contract gives them.
+std::optional<c10::ScalarType> FloatingType(const std::string& name) {
+  if (name == "float32") return at::kFloat;
+  if (name == "float64") return at::kDouble;
+  if (name == "float16") return at::kHalf;
+  if (name == "bfloat16") return at::kBFloat16;
+  return std::nullopt;
+}
+
+class CastSource final : public BatchSource {
+ public:
+  CastSource(std::unique_ptr<BatchSource> inner, const ModelInputs& inputs,
+             std::function<void(const std::string&)> note)
+      : inner_(std::move(inner)), inputs_(inputs), note_(std::move(note)) {
+    for (const v1::ModelInput& input : inputs_) dtypes_.push_back(FloatingType(input.dtype()));
+  }
+
+  absl::StatusOr<std::optional<Batch>> Next() override {
+    absl::StatusOr<std::optional<Batch>> batch = inner_->Next();
+    if (!batch.ok() || !batch->has_value()) return batch;
+    if (first_) Note(**batch);
+    for (size_t i = 0; i < (*batch)->size() && i < dtypes_.size(); ++i) {
+      at::Tensor& input = (**batch)[i];
+      if (dtypes_[i] && input.is_floating_point() && input.scalar_type() != *dtypes_[i]) {
+        input = input.to(*dtypes_[i]);
+      }
+    }
+    return batch;
+  }
+
+  std::optional<int64_t> num_samples() const override { return inner_->num_samples(); }
+  std::string Describe() const override { return inner_->Describe(); }
+  int64_t skipped_files() const override { return inner_->skipped_files(); }
+
+ private:
+  void Note(const Batch& batch) {
+    first_ = false;
+    if (!note_) return;
+    std::vector<TensorShape> samples;
+    for (const at::Tensor& input : batch) samples.push_back({{}, ScalarTypeName(input.scalar_type())});
+    for (const std::string& line : CastNotes(inputs_, samples)) note_(line);
+  }
+
+  const std::unique_ptr<BatchSource> inner_;
+  const ModelInputs inputs_;
+  const std::function<void(const std::string&)> note_;
+  std::vector<std::optional<c10::ScalarType>> dtypes_;
+  bool first_ = true;
+};
+
 }  // namespace
+
+std::unique_ptr<BatchSource> CastToModelDtypes(std::unique_ptr<BatchSource> inner, const ModelInputs& inputs,
+                                               std::function<void(const std::string&)> note) {
+  return std::make_unique<CastSource>(std::move(inner), inputs, std::move(note));
+}
 
 absl::StatusOr<at::Tensor> ToModelInput(const at::Tensor& x, const Normalization& normalization) {
   if (!Converts(x.scalar_type())) return x;

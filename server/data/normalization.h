@@ -3,12 +3,15 @@
 // and normalised per channel. One implementation for tensor files and the client stream.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 
 #include "absl/status/statusor.h"
+#include "common/input_contract.h"
 #include "server/data/batch_source.h"
 
 namespace recal::data {
@@ -25,5 +28,14 @@ absl::StatusOr<at::Tensor> ToModelInput(const at::Tensor& x, const Normalization
 
 // ToModelInput on every tensor of every batch of `inner`.
 std::unique_ptr<BatchSource> Normalized(std::unique_ptr<BatchSource> inner, Normalization normalization);
+
+// Floating inputs of another floating dtype than the one `inputs` (a program's contract)
+// names are cast to it here, before the forward: the forward then sees the program's dtype,
+// so that its layout is chosen for that dtype (a float64 file for a float32 program runs
+// channels-last where float32 data does, not contiguous). `note` is called once per input it
+// casts, at its first batch, with common/input_contract.h's CastNotes line. Inputs with no
+// floating dtype in the contract (TorchScript's, token ids) pass as they are.
+std::unique_ptr<BatchSource> CastToModelDtypes(std::unique_ptr<BatchSource> inner, const ModelInputs& inputs,
+                                               std::function<void(const std::string&)> note = nullptr);
 
 }  // namespace recal::data

@@ -21,8 +21,9 @@ constexpr absl::string_view kIdPrefix = "sha256:";
 constexpr int kMaxCandidates = 10;
 
 // What the tenant does next when a reference finds nothing (only its own models are looked
-// at, so nothing here says whether another tenant has one).
-constexpr absl::string_view kListHint = "; ListModels lists your models with their names and versions";
+// at, so nothing here says whether another tenant has one). Worded for any client: each adds
+// its own command (recalctl: `recalctl list --models`).
+constexpr absl::string_view kListHint = "; list your models to see their names and versions";
 
 // "sha256:<hex> (name:version)", as a person picks a model from a list.
 std::string Describe(const v1::Model& model) {

@@ -4,6 +4,8 @@
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "server/jobs/model_registry.h"
+#include "server/jobs/store_retry.h"
+#include "server/log/log.h"
 
 namespace recal::jobs {
 namespace {
@@ -79,6 +81,21 @@ absl::Status StoredBytesQuota::ReserveResults(const v1::Job& job, const std::fil
     if (!error) bytes += static_cast<int64_t>(size);
   }
   return Reserve({job.tenant(), store::ResultsReservationKey(job.id()), bytes}, "this job's results", kResultsFix);
+}
+
+absl::Status StoredBytesQuota::ReserveResultsWhileHeld(const v1::Job& job, const std::filesystem::path& scratch,
+                                                       const ScratchFiles& files, const RunFlags& flags) {
+  bool warned = false;
+  return RetryWhileUnavailable([&] { return ReserveResults(job, scratch, files); },
+                               [&](const absl::Status& unavailable) {
+                                 const bool held = !flags.lease_lost && !flags.cancel;
+                                 if (held && !warned) {
+                                   log::Warning("job results not reserved yet: trying again while the lease holds",
+                                                {{"job_id", job.id()}, {"error", std::string(unavailable.message())}});
+                                   warned = true;
+                                 }
+                                 return held;
+                               });
 }
 
 }  // namespace recal::jobs

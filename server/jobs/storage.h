@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "recal/v1/recal.pb.h"
+#include "server/jobs/leases.h"
 #include "server/jobs/scratch.h"
 #include "server/store/blob_store.h"
 #include "server/store/metadata_store.h"
@@ -56,6 +57,11 @@ class StoredBytesQuota {
   // blob store (AdoptResults); they count until the job's row leaves RUNNING (the store drops
   // the reservation with the write that stores the results, or ends the job without them).
   absl::Status ReserveResults(const v1::Job& job, const std::filesystem::path& scratch, const ScratchFiles& files);
+  // ReserveResults, asked again every 500 ms while the store is away (UNAVAILABLE: a restart)
+  // and the run still holds its job (no lease lost, no cancel): the results are whole, and
+  // failing the job for the store's absence would only run it again once its lease is gone.
+  absl::Status ReserveResultsWhileHeld(const v1::Job& job, const std::filesystem::path& scratch,
+                                       const ScratchFiles& files, const RunFlags& flags);
 
  private:
   // `what`: these bytes in the refusal ("this upload"); `fix`: what the tenant does then.

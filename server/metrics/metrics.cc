@@ -7,6 +7,7 @@
 #include <prometheus/collectable.h>
 #include <prometheus/metric_family.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/version.h"
 #include "server/log/log.h"
@@ -86,16 +87,25 @@ class CallInterceptor : public grpc::experimental::Interceptor {
       }
       if (!status.ok() && status.error_code() != grpc::StatusCode::UNAUTHENTICATED) {
         grpc::ServerContextBase* context = info_->server_context();
-        log::Warning("call failed", {{"method", absl::StrCat("/", service_, "/", method_)},
-                                     {"peer", context ? context->peer() : std::string("unknown")},
-                                     {"code", code},
-                                     {"error", log::ClientValue(status.error_message())}});
+        log::Write(FailureLevel(status.error_code()), "call failed",
+                   {{"method", absl::StrCat("/", service_, "/", method_)},
+                    {"peer", context ? context->peer() : std::string("unknown")},
+                    {"code", code},
+                    {"error", log::ClientValue(status.error_message())}});
       }
     }
     methods->Proceed();
   }
 
  private:
+  // A lookup that finds nothing (GetModel, GetJob, GetUploadStatus ...) is an answer, not a
+  // fault: the clients ask for a model's digest before every upload to learn whether it is
+  // stored. INFO for those; a WARNING for every other failure.
+  log::Level FailureLevel(grpc::StatusCode code) const {
+    const bool lookup = service_ == "recal.v1.Recal" && absl::StartsWith(method_, "Get");
+    return code == grpc::StatusCode::NOT_FOUND && lookup ? log::Level::kInfo : log::Level::kWarning;
+  }
+
   static std::string CodeName(grpc::StatusCode code) {
     static const char* const kNames[] = {"OK",
                                          "CANCELLED",

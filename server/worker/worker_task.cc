@@ -170,6 +170,9 @@ absl::Status Recalibrate(const v1::Task& task, const TaskContext& context, const
   }
   auto run = engine::Recalibration::Create(context.model, options);
   if (!run.ok()) return run.status();
+  std::vector<std::string> notes;
+  data->source = data::CastToModelDtypes(std::move(data->source), (*run)->inputs(),
+                                         [&](const std::string& note) { notes.push_back(note); });
 
   const std::optional<int64_t> total = data->source->num_samples();
   absl::Status sent;
@@ -193,6 +196,7 @@ absl::Status Recalibrate(const v1::Task& task, const TaskContext& context, const
       auto again = OpenData(job, context, options, send);
       if (!again.ok()) return again.status();
       *data = *std::move(again);
+      data->source = data::CastToModelDtypes(std::move(data->source), (*run)->inputs());  // noted once, above
     }
     return engine::NextBatchFn([&] { return data->source->Next(); });
   };
@@ -204,6 +208,7 @@ absl::Status Recalibrate(const v1::Task& task, const TaskContext& context, const
   api::RunReport report = (*run)->Report();
   DescribeJob(job.plan(), &report);
   report.set_skipped_files(data->source->skipped_files());
+  report.mutable_notes()->Add(notes.begin(), notes.end());
   if (!shard) return WriteResults(**run, report, context, send);
   const std::string path = (std::filesystem::path(context.scratch) / "statistics.safetensors").string();
   if (absl::Status written = engine::WriteShardStatistics(path, (*run)->Statistics()); !written.ok()) return written;

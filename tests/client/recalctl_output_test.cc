@@ -219,10 +219,10 @@ TEST(ReportTableTest, TextHasTheHeaderThenTheRowsInShiftOrder) {
   top3.top = 3;
   const std::string text = ctl::ReportText(SampleReport(), top3);
   for (const char* fact :
-       {"model:     sha256:0123abcd (torchscript)\n", "estimator: batch_average\n", "modules:   eval\n",
-        "device:    cpu\n", "batches:   25 of 8\n", "samples:   200\n", "seconds:   2.50\n", "samples/s: 80.0\n",
-        "layers:    20 recalibrated, 1 unused, 1 excluded\n",
-        "rel.err:   25% after 2 batches, 9% after 25 (worst layer; median layer 1.1%)\n"}) {
+       {"model:      sha256:0123abcd (torchscript)\n", "estimator:  batch_average\n", "modules:    eval\n",
+        "device:     cpu\n", "batch size: 8\n", "batches:    25\n", "samples:    200\n", "seconds:    2.50\n",
+        "samples/s:  80.0\n", "layers:     20 recalibrated, 1 unused, 1 excluded\n",
+        "rel.err:    25% after 2 batches, 9% after 25 (worst layer; median layer 1.1%)\n"}) {
     EXPECT_THAT(text, HasSubstr(fact));
   }
   EXPECT_THAT(text, HasSubstr("the 3 of 22 layers that moved most"));
@@ -239,7 +239,7 @@ TEST(ReportTableTest, TextHasTheHeaderThenTheRowsInShiftOrder) {
   EXPECT_THAT(text, HasSubstr("rel.err > 5%"));
   v1::RunReport noisy = SampleReport();
   noisy.mutable_convergence(0)->set_max_rel_std_error(1.33);
-  EXPECT_THAT(ctl::ReportText(noisy, top3), HasSubstr("rel.err:   133% after 2 batches"));
+  EXPECT_THAT(ctl::ReportText(noisy, top3), HasSubstr("rel.err:    133% after 2 batches"));
   const size_t head = text.find("\nhead.bn ");
   ASSERT_NE(head, std::string::npos);
   EXPECT_THAT(text.substr(head, text.find('\n', head + 1) - head), HasSubstr("unused"));
@@ -350,7 +350,7 @@ TEST(ReportHtmlTest, ConvergenceSectionSaysWhyAReportHasNoHistory) {
   const std::string html = ctl::ReportHtml(sharded, {}, "job");
   EXPECT_EQ(Count(html, "<svg class=\"plot\""), 3);
   EXPECT_THAT(html, HasSubstr("No history: the batches ran in 3 shards"));
-  EXPECT_THAT(ctl::ReportText(sharded, {}), HasSubstr("rel.err:   not recorded for a merge of shards\n"));
+  EXPECT_THAT(ctl::ReportText(sharded, {}), HasSubstr("rel.err:    not recorded for a merge of shards\n"));
   v1::RunReport old = SampleReport();
   old.clear_convergence();
   EXPECT_THAT(ctl::ReportHtml(old, {}, "job"), HasSubstr("No history in this report"));

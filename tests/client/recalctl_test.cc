@@ -94,12 +94,41 @@ TEST(RecalctlUsageTest, AnUnreachableServerExitsWith3) {
   const std::string port = std::to_string(ClosedPort());
   const Result get = Recalctl({"get", "job-1", "--output=json", "--server=127.0.0.1:" + port});
   EXPECT_EQ(get.exit_code, 3) << get.err;
-  EXPECT_THAT(get.err, HasSubstr("unavailable"));
+  // Where it looked, where the address came from, and how to start a server or point elsewhere.
+  EXPECT_THAT(get.err, HasSubstr("no recal-server answered at 127.0.0.1:" + port));
+  EXPECT_THAT(get.err, HasSubstr("the address is from --server. Is recal-server running there? Start one with "
+                                 "`recal-server --listen=127.0.0.1:" + port + "`"));
+  EXPECT_THAT(get.err, HasSubstr("--server HOST:PORT or RECAL_SERVER=HOST:PORT"));
   EXPECT_TRUE(get.out.empty());
   // RECAL_SERVER is the default address.
   const Result health = Recalctl({"health"}, {"RECAL_SERVER=127.0.0.1:" + port});
   EXPECT_EQ(health.exit_code, 3) << health.err;
-  EXPECT_THAT(health.err, HasSubstr("127.0.0.1:" + port));
+  EXPECT_THAT(health.err, HasSubstr("no recal-server answered at 127.0.0.1:" + port));
+  EXPECT_THAT(health.err, HasSubstr("the address is from RECAL_SERVER"));
+}
+
+// What the server would refuse for its format is refused before any byte goes: with no
+// server at all, the refusal is the file's, not the connection's.
+TEST(RecalctlUsageTest, AStateDictIsRefusedBeforeItIsSent) {
+  TempDir tmp;
+  const std::string state_dict = tmp.File("weights.pt");
+  // What torch.save(model.state_dict(), "weights.pt") writes: a zip of data.pkl and storages.
+  ASSERT_EQ(std::system(("python3 -c \"import sys, zipfile; z = zipfile.ZipFile(sys.argv[1], 'w'); "
+                         "z.writestr('weights/data.pkl', 'x'); z.writestr('weights/data/0', '0')\" " + state_dict)
+                            .c_str()),
+            0);
+  const std::string closed = "--server=127.0.0.1:" + std::to_string(ClosedPort());
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"upload", state_dict, closed},
+           {"run", state_dict, "--data", "npy:x.npy", "-o", tmp.File("out.pt"), closed}}) {
+    const Result r = Recalctl(args);
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_THAT(r.err, HasSubstr(state_dict + ": a torch.save file (a state_dict or a pickled module), not a "
+                                              "model program"));
+    EXPECT_THAT(r.err, HasSubstr("torch.export.save(torch.export.export(model, example_inputs), 'model.pt2')"));
+    EXPECT_THAT(r.err, HasSubstr("nothing was sent"));
+    EXPECT_THAT(r.err, Not(HasSubstr("no recal-server answered")));
+  }
 }
 
 // `token new` needs no server: none runs, and the settings for one are ignored.
@@ -196,7 +225,7 @@ TEST(RecalctlReportTest, ReadsAReportFileSortsByMeanShiftAndCutsAtTop) {
   const std::string report = WriteSampleReport(tmp);
   const Result table = Recalctl({"report", "--from", report});
   ASSERT_EQ(table.exit_code, 0) << table.err;
-  EXPECT_THAT(table.out, HasSubstr("layers:    20 recalibrated, 1 unused, 1 excluded\n"));
+  EXPECT_THAT(table.out, HasSubstr("layers:     20 recalibrated, 1 unused, 1 excluded\n"));
   const std::vector<std::string> rows = TableRows(table.out);
   ASSERT_EQ(rows.size(), 15u) << table.out;
   EXPECT_EQ(rows[0], "layer17.bn");
@@ -224,7 +253,7 @@ TEST(RecalctlReportTest, ReadsAReportFileSortsByMeanShiftAndCutsAtTop) {
   const std::string page = tmp.File("report.html");
   const Result html = Recalctl({"report", "--from", report, "--html", page});
   ASSERT_EQ(html.exit_code, 0) << html.err;
-  EXPECT_THAT(html.out, HasSubstr("wrote: " + page));
+  EXPECT_EQ(html.out, "wrote: " + page + "\n");
   const std::string written = ReadBytes(page);
   EXPECT_THAT(written, HasSubstr("<svg class=\"plot\" id=\"var-ratio\""));
   EXPECT_THAT(written, HasSubstr("layer3.bn&lt;script&gt;"));
@@ -358,7 +387,7 @@ TEST_F(RecalctlTest, RefusedUploadsNameTheFileAndTheExportAndVersionNamesTheServ
   std::ofstream(junk, std::ios::binary) << "not a zip at all";
   const Result upload = Ctl({"upload", junk});
   EXPECT_NE(upload.exit_code, 0);
-  EXPECT_THAT(upload.err, HasSubstr("uploading '" + junk + "': model refused: not a model archive"));
+  EXPECT_THAT(upload.err, HasSubstr(junk + ": not a model archive (not a zip file"));  // refused before it is sent
   EXPECT_THAT(upload.err, HasSubstr("torch.export.save(torch.export.export(model, example_inputs)"));
   const Result version = Ctl({"--version"});
   EXPECT_EQ(version.exit_code, 0) << version.err;
@@ -397,6 +426,52 @@ TEST_F(RecalctlTest, ModelsHaveNamesAndVersionsThatEveryCommandTakes) {
   EXPECT_EQ(Ctl({"delete", "nobody"}).exit_code, 4);
 }
 
+// The first hour's rough edges (issue 48): a wrong token says where it came from; a stored
+// model runs by name; bytes stored under another name say they keep it; a name's versions
+// without --models; not found names the recalctl command; report --html prints the page's path.
+TEST_F(RecalctlTest, ErrorsSayWhatToDoAndStoredModelsRunByName) {
+  const std::string server = "--server=" + target();
+  const Result flag = Recalctl({"list", server, "--token", "recal_wrong"});
+  EXPECT_EQ(flag.exit_code, 1) << flag.err;
+  EXPECT_THAT(flag.err, HasSubstr("unknown token; recalctl sent the token from --token:"));
+  const Result env = Recalctl({"list", server}, {"RECAL_TOKEN=recal_wrong"});
+  EXPECT_THAT(env.err, HasSubstr("unknown token; recalctl sent the token from RECAL_TOKEN (--token overrides it)"));
+  EXPECT_THAT(Recalctl({"list", server}).err, HasSubstr("recalctl sent no token: give --token or set RECAL_TOKEN"));
+
+  ASSERT_EQ(Ctl({"upload", kModel, "--name", "rn18"}).exit_code, 0);
+  const Result renamed = Ctl({"upload", kModel, "--name", "other"});
+  EXPECT_EQ(renamed.exit_code, 0) << renamed.err;
+  EXPECT_EQ(Field(renamed.out, "reference"), "rn18:1");
+  EXPECT_THAT(renamed.err, HasSubstr("stored already as rn18:1"));
+  EXPECT_THAT(renamed.err, HasSubstr("so it was not named 'other'"));
+  const Result versions = Ctl({"list", "--name", "rn18"});  // no --models needed
+  EXPECT_EQ(versions.exit_code, 0) << versions.err;
+  EXPECT_THAT(versions.out, HasSubstr("rn18:1"));
+
+  const Result run = Ctl({"run", "rn18:1", "--data", "npy:data/resnet18.npy", "--batch_size", "8", "-o",
+                          tmp_.File("out.pt")});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_THAT(run.err, HasSubstr("model rn18:1 is on the server already; upload skipped"));
+  EXPECT_EQ(Field(run.out, "state"), "SUCCEEDED");
+  const Result nothing = Ctl({"run", "nosuch", "--data", "npy:data/resnet18.npy", "-o", tmp_.File("x.pt")});
+  EXPECT_EQ(nothing.exit_code, 4) << nothing.err;
+  EXPECT_THAT(nothing.err, HasSubstr("no model named 'nosuch'"));
+  EXPECT_THAT(nothing.err, HasSubstr("and 'nosuch' is no file here either (`recalctl list --models` lists them)"));
+  EXPECT_THAT(Ctl({"submit", "--model", "nosuch", "--data", "npy:data/resnet18.npy"}).err,
+              HasSubstr("(`recalctl list --models` lists them)"));
+  EXPECT_THAT(Ctl({"get", "job-0000000000000000"}).err, HasSubstr("(`recalctl list` lists your jobs)"));
+
+  const std::string job = Field(run.out, "id");
+  const Result table = Ctl({"report", job});
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("\nbatch size: 8\nbatches:    3\n"));
+  const std::string page = tmp_.File("report.html");
+  const Result html = Ctl({"report", job, "--html", page});
+  ASSERT_EQ(html.exit_code, 0) << html.err;
+  EXPECT_EQ(html.out, "wrote: " + page + "\n");  // the page holds the table
+  EXPECT_THAT(ReadBytes(page), HasSubstr("<svg"));
+}
+
 TEST_F(RecalctlTest, RunEndToEndMatchesTheReference) {
   const std::string out = tmp_.File("out.pt"), bn = tmp_.File("bn.safetensors"),
                     report = tmp_.File("report.json");
@@ -413,13 +488,16 @@ TEST_F(RecalctlTest, RunEndToEndMatchesTheReference) {
 
   EXPECT_THAT(run.err, HasSubstr("per layer: recalctl report " + job.id()));  // the summary says where to look
   // The job's report from the server reads as the file `run` downloaded.
-  const Result from_server = Ctl({"report", job.id(), "--html", tmp_.File("report.html")});
+  const Result from_server = Ctl({"report", job.id()});
   ASSERT_EQ(from_server.exit_code, 0) << from_server.err;
-  EXPECT_THAT(from_server.out, HasSubstr("layers:    20 recalibrated, 0 unused, 0 excluded\n"));
+  EXPECT_THAT(from_server.out, HasSubstr("layers:     20 recalibrated, 0 unused, 0 excluded\n"));
   EXPECT_EQ(TableRows(from_server.out).size(), 15u) << from_server.out;
-  const Result from_file = Ctl({"report", "--from", report, "--html", tmp_.File("report.html")});
+  const Result from_file = Ctl({"report", "--from", report});
   ASSERT_EQ(from_file.exit_code, 0) << from_file.err;
   EXPECT_EQ(from_server.out, from_file.out);
+  const Result html = Ctl({"report", job.id(), "--html", tmp_.File("report.html")});
+  ASSERT_EQ(html.exit_code, 0) << html.err;
+  EXPECT_EQ(html.out, "wrote: " + tmp_.File("report.html") + "\n");
   // resnet18: every one of its 20 layers is a point of each curve.
   EXPECT_THAT(ReadBytes(tmp_.File("report.html")), HasSubstr("data-series=\"max\" data-points=\"20\""));
   const Result json = Ctl({"report", job.id(), "--output=json"});

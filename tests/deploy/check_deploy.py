@@ -58,7 +58,8 @@ METRICS = {
     "recal_samples_processed_total", "recal_jobs_finished_total", "grpc_server_handled_total",
 }
 SHUTDOWN_TIMEOUT_S = 20  # recal-server --shutdown_timeout_seconds default
-OWN_LIBS = {"librecal_engine.so"}
+# The project's own shared libraries (the CUDA kernels' where the build had nvcc).
+OWN_LIBS = {"librecal_engine.so", "librecal_engine_cuda_kernels.so"}
 # A sanitizer build (scripts/sanitize.sh) links GCC's sanitizer runtimes, which no image ships.
 SANITIZER_RUNTIMES = re.compile(r"^lib(asan|ubsan|tsan|lsan)\.so")
 # Packages only the tests and benchmarks need: never in the image's build stage.
@@ -1584,7 +1585,8 @@ def check_api_without_worker(server, recalctl):
                 return
             junk = os.path.join(tmp, "junk.pt")
             with open(junk, "wb") as f:
-                f.write(b"not a TorchScript archive\n" * 40)
+                # A zip's magic and no directory: recalctl leaves the judgement to the server.
+                f.write(b"PK\x03\x04" + b"not a TorchScript archive\n" * 40)
             # The answer is UNAVAILABLE, which recalctl retries for 2 minutes before it gives up:
             # what the server answered is in its log (every failed call is).
             try:
@@ -1623,7 +1625,9 @@ def check_build_list(source):
         return
     with tempfile.TemporaryDirectory(prefix="recal-notests-") as tmp:
         # GoogleTest and Google Benchmark disabled: a find_package of either is then an error.
+        # Without the CUDA kernels, as the Dockerfile's build stage (no CUDA toolkit there).
         r = subprocess.run([cmake, "-S", source, "-B", tmp, "-G", "Ninja", "-DRECAL_BUILD_TESTS=OFF",
+                            "-DRECAL_CUDA_KERNELS=OFF",
                             "-DCMAKE_BUILD_TYPE=Release", "-DRECAL_VERSION=0.0.0-check",
                             "-DCMAKE_DISABLE_FIND_PACKAGE_GTest=ON", "-DCMAKE_DISABLE_FIND_PACKAGE_benchmark=ON"],
                            capture_output=True, text=True, timeout=300)

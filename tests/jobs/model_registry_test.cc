@@ -238,7 +238,7 @@ TEST_F(ModelRegistryTest, AnotherTenantsNamesPrefixesAndIdsAreNotFoundWithoutAHi
   // Worded exactly as for a prefix nobody has.
   EXPECT_EQ(models_->Resolve("attacker", prefix).status().message(),
             absl::StrCat("no model's digest starts with ", prefix,
-                         "; ListModels lists your models with their names and versions"));
+                         "; list your models to see their names and versions"));
   EXPECT_EQ(Resolved("victim", "secret-model"), "secret-model:1");  // still theirs
 }
 

@@ -19,6 +19,7 @@ import tempfile
 import threading
 import time
 import unittest
+import zipfile
 from unittest import mock
 
 import grpc
@@ -235,6 +236,66 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(calls, [], "a known model is not sent again")
         self.assertEqual(again.id, self.model.id)
         self.assertIn(self.model.id, [m.id for m in self.client.list_models()])
+
+    def test_a_file_the_server_would_refuse_is_refused_before_any_byte_is_sent(self):
+        """recal.archive reads the zip's records as the server does (a torch.save'd
+        state_dict: data.pkl only); the upload is refused before GetModel or UploadModel."""
+        calls = []
+        for name in ("GetModel", "UploadModel", "GetUploadStatus"):
+            self.wrap(name, lambda f, name=name: lambda *a, **k: calls.append(name) or f(*a, **k))
+        state_dict = os.path.join(self.dir, "weights.pt")
+        with zipfile.ZipFile(state_dict, "w") as z:  # what torch.save(model.state_dict()) writes
+            for record in ("data.pkl", ".format_version", "byteorder", "data/0", "version"):
+                z.writestr("weights/" + record, b"\x80\x02}q\x00.")
+        pickled = os.path.join(self.dir, "model.pkl")
+        with open(pickled, "wb") as f:
+            f.write(b"\x80\x04\x95" + bytes(64))
+        other_zip = os.path.join(self.dir, "notes.zip")
+        with zipfile.ZipFile(other_zip, "w") as z:
+            z.writestr("notes/readme.txt", "hello")
+        for path, why in ((state_dict, "a torch.save file (a state_dict or a pickled module), not a model program"),
+                          (pickled, "not a model archive (not a zip file"),
+                          (other_zip, "a zip file but not a model archive")):
+            with self.assertRaises(recal.RecalError) as caught:
+                self.client.upload_model(path)
+            self.assertEqual(caught.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+            self.assertTrue(caught.exception.message.startswith("%s: %s" % (path, why)), caught.exception.message)
+            self.assertIn("torch.export.save(torch.export.export(model, example_inputs), 'model.pt2')",
+                          caught.exception.message)
+            self.assertTrue(caught.exception.message.endswith("; nothing was sent"), caught.exception.message)
+        self.assertEqual(calls, [])
+        # Both formats the server takes pass the same reading.
+        self.assertEqual(recal.archive.model_format(RESNET), "torchscript")
+        exported = os.path.join(FIXTURES, "models", "resnet18.exported_train.pt2")
+        self.assertEqual(recal.archive.model_format(exported), "exported_program")
+
+    def test_float64_data_for_a_float32_program_is_cast_once_noted_and_keeps_the_fast_layout(self):
+        """MobileNetV2 (depthwise: channels-last where its data is float32) on the same samples
+        as float32 and as float64: the float64 job says once, in its report, that it casts, and
+        runs in the same layout. int64 data is refused at submit with the fix."""
+        source = np.load(os.path.join(FIXTURES, "data", "mobilenet_v2.npy"))[:8]
+        root = os.path.join(self.tmp, "root")
+        for dtype in ("float32", "float64", "int64"):
+            np.save(os.path.join(root, "mnv2_%s.npy" % dtype), source.astype(dtype))
+        program = os.path.join(FIXTURES, "models", "mobilenet_v2.exported_eval.pt2")
+        reports = {}
+        for dtype in ("float32", "float64"):
+            path = os.path.join(self.dir, dtype + ".json")
+            self.client.recalibrate(program, data="npy:%s/mnv2_%s.npy" % (root, dtype), batch_size=4, report=path)
+            reports[dtype] = recal.read_report(path)
+        self.assertEqual(list(reports["float32"].notes), [])
+        notes = list(reports["float64"].notes)
+        self.assertEqual(len(notes), 1, notes)  # two batches, one note
+        self.assertRegex(notes[0], r"^input '\w+': float64 data is cast to float32, the dtype the program was "
+                                   r"exported with$")
+        self.assertEqual(reports["float32"].memory_format, "channels_last")
+        self.assertEqual(reports["float64"].memory_format, "channels_last")
+        with self.assertRaises(recal.RecalError) as caught:
+            self.client.submit(self.client.upload_model(program), "npy:%s/mnv2_int64.npy" % root, batch_size=4)
+        self.assertEqual(caught.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("is int64, but the program takes float32", caught.exception.message)
+        self.assertIn("scale=255", caught.exception.message)
+        self.assertIn("x.astype(np.float32)", caught.exception.message)
 
     def test_upload_resumes_from_the_committed_size(self):
         # Break an upload off by hand after two chunks have been committed.

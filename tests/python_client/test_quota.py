@@ -107,8 +107,9 @@ def mount_tmpfs(directory, size):
 
 
 def garbage(path, size):
+    """`size` bytes the client sends (a zip's magic, no directory: the server judges it)."""
     with open(path, "wb") as f:
-        f.write(os.urandom(size))
+        f.write(b"PK\x03\x04" + os.urandom(size - 4))
     return path
 
 

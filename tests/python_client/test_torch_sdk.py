@@ -36,7 +36,7 @@ import torchvision
 import recal
 import recal.torch
 from recal import recal_pb2
-from test_client import ROOT, Server  # the server helper (auth on, .token); puts tests/fixtures on sys.path
+from test_client import ROOT, Server, _unused_port  # the server helper (auth on, .token); puts tests/fixtures on sys.path
 
 import reference  # noqa: E402 (tests/fixtures/reference.py: the float64 reference)
 
@@ -914,22 +914,59 @@ class TorchSdkTest(unittest.TestCase):
 
     # -------------------------------------------------------------------- the package
 
-    def test_import_recal_needs_no_torch(self):
+    def test_import_recal_needs_no_torch_and_recal_torch_says_which_extra_brings_it(self):
         code = ("import sys\n"
-                "class NoTorch:\n"
+                "class NoTorch:  # as Python finds nothing: ModuleNotFoundError naming torch\n"
                 "    def find_spec(self, name, path=None, target=None):\n"
                 "        if name == 'torch' or name.startswith('torch.'):\n"
-                "            raise ImportError('no torch here')\n"
+                "            raise ModuleNotFoundError('No module named %r' % name, name=name)\n"
                 "sys.meta_path.insert(0, NoTorch())\n"
                 "import recal\n"
                 "assert recal.Client and recal.tensor_message and 'torch' not in sys.modules\n"
-                "try:\n"
-                "    import recal.torch\n"
-                "except ImportError as e:\n"
-                "    print('recal.torch:', e)\n")
+                "for module in ('recal.torch', 'recal.lightning'):\n"
+                "    try:\n"
+                "        __import__(module)\n"
+                "    except ImportError as e:\n"
+                "        print('%s: %s' % (module, e))\n")
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
         self.assertEqual(result.returncode, 0, result.stderr)
-        self.assertIn("recal.torch: no torch here", result.stdout)
+        self.assertIn("recal.torch: recal.torch needs PyTorch, which this Python does not have: "
+                      "pip install 'recal[torch]'", result.stdout)
+        self.assertIn("recal.lightning: recal.torch needs PyTorch", result.stdout)
+        # The extras the messages name exist, and bring what they say.
+        import tomllib
+        with open(os.path.join(ROOT, "client", "python", "pyproject.toml"), "rb") as f:
+            extras = tomllib.load(f)["project"]["optional-dependencies"]
+        self.assertTrue(any(d.startswith("torch") for d in extras["torch"]), extras)
+        self.assertTrue(any(d.startswith("lightning") for d in extras["lightning"]), extras)
+
+    def test_a_misspelt_option_is_refused_before_the_export(self):
+        model = _seeded(SmallNet)
+        with mock.patch.object(recal.torch, "_export", side_effect=AssertionError("exported")), \
+                self.assertRaisesRegex(TypeError, "unknown recal.torch option 'estimater'; did you mean 'estimator'"):
+            recal.torch.recalibrate(model, _small_batches(3, (4,)), estimater="population", **self.options)
+        with self.assertRaisesRegex(TypeError, "'num_batch'; did you mean 'num_batches'"):
+            recal.torch.recalibrate(model, _small_batches(3, (4,)), num_batch=2, **self.options)
+        with self.assertRaisesRegex(TypeError, "'estimater'; did you mean 'estimator'"):
+            recal.torch.PreciseBN(10, model, [], 2, server=self.server.address, estimater="population")
+
+    def test_no_server_fails_before_the_export_and_shows_no_bar(self):
+        """A server that is not there: UNAVAILABLE within connect_seconds, no export spent on
+        it, and no progress bar sitting at 0/N meanwhile (it appears with the job's progress)."""
+        bars = []
+
+        class FakeTqdm:
+            def __init__(self, total, **kwargs):
+                bars.append(total)
+
+        address = "127.0.0.1:%d" % _unused_port()
+        with _tqdm_as(types.SimpleNamespace(tqdm=FakeTqdm)), \
+                mock.patch.object(recal.torch, "_export", side_effect=AssertionError("exported")), \
+                self.assertRaises(recal.RecalError) as caught:
+            recal.torch.recalibrate(_seeded(SmallNet), _small_batches(3, (4, 4)), server=address, token="")
+        self.assertEqual(caught.exception.code, grpc.StatusCode.UNAVAILABLE)
+        self.assertIn("Is recal-server running there?", caught.exception.message)
+        self.assertEqual(bars, [])
 
     def test_pip_install_into_a_fresh_virtualenv(self):
         """scripts/python-wheel.sh builds an sdist (carrying proto/, not the stubs) and from it a

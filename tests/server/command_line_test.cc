@@ -55,10 +55,16 @@ TEST(CommandLineTest, ServerListensOnLoopbackUnlessToldOtherwise) {
 }
 
 TEST(CommandLineTest, VersionNamesTheBuildAndItsLibTorch) {
-  for (const char* binary : {RECAL_SERVER_BIN, RECAL_RUN_BIN, RECAL_WORKER_BIN}) {
+  const testing::Result server = RunBinary(RECAL_SERVER_BIN, {"--version"});
+  EXPECT_EQ(server.exit_code, 0) << server.err;
+  EXPECT_THAT(server.out, ::testing::MatchesRegex("recal-server [^ ]+ \\(LibTorch [0-9][^ ]*\\)\n"));
+  // The programs that run models say which statistics kernels the GPU path has.
+  for (const char* binary : {RECAL_RUN_BIN, RECAL_WORKER_BIN}) {
     const testing::Result version = RunBinary(binary, {"--version"});
     EXPECT_EQ(version.exit_code, 0) << binary << ": " << version.err;
-    EXPECT_THAT(version.out, ::testing::MatchesRegex("recal-[a-z]+ [^ ]+ \\(LibTorch [0-9][^ ]*\\)\n")) << binary;
+    EXPECT_THAT(version.out, ::testing::MatchesRegex("recal-[a-z]+ [^ ]+ \\(LibTorch [0-9][^ ]*\\)\n"
+                                                     "GPU statistics: (Recal's CUDA kernel|ATen's kernels) .*\n"))
+        << binary;
   }
 }
 

@@ -276,7 +276,7 @@ TEST_F(ModelNamesTest, AnotherTenantsModelsNeverResolve) {
   const grpc::Status theirs = GetModel("b", secret.id().substr(7, 8), &model);
   const grpc::Status nobodys = GetModel("b", "12345678", &model);
   EXPECT_EQ(theirs.error_message(), absl::StrCat("no model's digest starts with ", secret.id().substr(7, 8),
-                                                 "; ListModels lists your models with their names and versions"));
+                                                 "; list your models to see their names and versions"));
   EXPECT_THAT(nobodys.error_message(), HasSubstr("no model's digest starts with 12345678"));
   // Team b's own "secret.pt" is its version 1, and team a's stays theirs.
   EXPECT_EQ(NameVersion(UploadAs("b", kEval2d, "secret.pt")), "secret.pt:1");

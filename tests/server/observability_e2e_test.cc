@@ -367,6 +367,31 @@ TEST_F(ObservabilityTest, WatchersThatGoAwayMidWaitLeaveTheWatchGaugeAtZero) {
             0);
 }
 
+TEST_F(ObservabilityTest, ALookupThatFindsNothingIsInfoAndOtherFailuresWarnings) {
+  Start({"--log_format=json"});
+  {  // what every client asks before an upload: are these bytes stored?
+    grpc::ClientContext context;
+    v1::GetModelRequest request;
+    request.set_id("sha256:" + std::string(64, 'a'));
+    v1::Model model;
+    EXPECT_EQ(stub_->GetModel(&context, request, &model).error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  std::string none;
+  EXPECT_EQ(Download("job-0000000000000000", &none).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(server_->Terminate(20), 0) << server_->log();
+  std::map<std::string, std::string> level_of;  // method -> level of its "call failed" line
+  std::istringstream lines(server_->log());
+  for (std::string line; std::getline(lines, line);) {
+    google::protobuf::Struct object;
+    ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(line, &object).ok()) << line;
+    const auto& fields = object.fields();
+    if (fields.at("msg").string_value() != "call failed") continue;
+    level_of[fields.at("method").string_value()] = fields.at("level").string_value();
+  }
+  EXPECT_EQ(level_of["/recal.v1.Recal/GetModel"], "info") << server_->log();
+  EXPECT_EQ(level_of["/recal.v1.Recal/DownloadResult"], "warning") << server_->log();
+}
+
 TEST_F(ObservabilityTest, MetricsCanBeTurnedOff) {
   Start({"--metrics_listen="});
   EXPECT_EQ(server_->metrics_port(), 0);

@@ -116,6 +116,9 @@ struct Progress {
 using ProgressCallback = std::function<void(const Progress&)>;
 
 struct RecalibrateOptions {
+  // A model the server stores, as a reference ("rn50", "rn50:2", "sha256:<hex>", a digest
+  // prefix): run it, upload nothing (the model path is then unused).
+  std::string stored_model;
   std::string model_name;  // default: the model file's name
   std::map<std::string, std::string> model_labels;
   // The job: spec.model_id and spec.data are filled in by Recalibrate; batch_size 0 = 32.
@@ -138,6 +141,12 @@ struct RecalibrateResult {
 // A job that ended FAILED or CANCELLED comes back from Recalibrate as an error status
 // (the job's own code and message) carrying the final Job; this returns it.
 std::optional<v1::Job> JobOfError(const absl::Status& status);
+
+// Whether an UNAVAILABLE status means that no server answered at the client's target at all
+// (nothing listens there, a refused TLS handshake), rather than one that answered and is
+// unavailable now (shutting down). A program can then say how to start one or where to
+// point the client.
+bool IsUnreachable(const absl::Status& status);
 
 class Client {
  public:

@@ -10,7 +10,7 @@ import uuid
 
 import grpc
 
-from recal import messages, specs, streams
+from recal import archive, messages, specs, streams
 from recal._proto.grpc.health.v1 import health_pb2, health_pb2_grpc
 from recal._proto.recal.v1 import recal_pb2, recal_pb2_grpc
 from recal.errors import RecalError
@@ -316,7 +316,10 @@ class Client:
 
         Nothing is sent when the server already has these bytes; an upload broken off
         earlier (by anyone) continues from the server's committed size; a connection lost
-        midway is resumed the same way."""
+        midway is resumed the same way. A file the server would refuse for its format (a
+        torch.save'd state_dict, a pickle, an ONNX file) is refused here, before any byte is
+        sent: RecalError(INVALID_ARGUMENT) naming it (recal.archive)."""
+        archive.model_format(path)
         size, digest = _file_digest(path)
         model_id = "sha256:" + digest
         try:

@@ -27,6 +27,7 @@ Numbers are finite decimals (255, -0.5, .5, 2e-3); integers are digits only. The
 and this one are tested against one table of cases, tests/data/data_spec_cases.json.
 """
 
+import difflib
 import math
 import re
 import struct
@@ -290,6 +291,15 @@ ENGINE_OPTIONS = ("estimator", "modules", "include", "exclude", "max_batches", "
                   "target_rel_error", "compute_dtype", "memory_format", "iterations")
 
 
+def check_names(given, known, what):
+    """TypeError for the first name of `given` not in `known`, naming the nearest known one
+    (a typo such as estimater is caught before anything is exported or sent)."""
+    for name in sorted(set(given) - set(known)):
+        near = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+        hint = "; did you mean %r?" % near[0] if near else ""
+        raise TypeError("unknown %s %r%s (expected one of %s)" % (what, name, hint, ", ".join(sorted(known))))
+
+
 def engine_options(**options):
     """EngineOptions from keyword arguments (None: the server's default):
     estimator "population" | "batch_average", modules "eval" | "train" | "as_saved",
@@ -300,10 +310,7 @@ def engine_options(**options):
     statistics of the one before: for quantization-aware Conv-BN, whose forward reads them;
     data the server reads, not a client stream). The names are those of the proto enums
     (report_pb2.Estimator, ModuleMode, ComputeDtype, MemoryFormat) in lowercase."""
-    unknown = sorted(set(options) - set(ENGINE_OPTIONS))
-    if unknown:
-        raise TypeError("unknown engine option(s) %s; expected %s"
-                        % (", ".join(unknown), ", ".join(ENGINE_OPTIONS)))
+    check_names(options, ENGINE_OPTIONS, "engine option")
     out = recal_pb2.EngineOptions()
     values = {k: v for k, v in options.items() if v is not None}
     if "estimator" in values:

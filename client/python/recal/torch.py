@@ -42,8 +42,17 @@ import warnings
 from collections.abc import Mapping
 
 import grpc
-import torch
 
+try:
+    import torch
+except ModuleNotFoundError as _missing:  # another module missing inside torch is torch's own error
+    if _missing.name != "torch":
+        raise
+    raise ModuleNotFoundError("recal.torch needs PyTorch, which this Python does not have: pip install "
+                              "'recal[torch]' (or torch itself, as pytorch.org says for your platform)",
+                              name="torch") from _missing
+
+from recal import specs
 from recal.client import Client
 from recal.errors import RecalError
 from recal._proto.recal.v1 import recal_pb2
@@ -590,30 +599,33 @@ def _progress_handler(progress, bar, total):
     """on_progress for the client: the caller's callback, and a tqdm bar when tqdm is
     installed (bar=None) or asked for (bar=True), else log lines (logger "recal.torch", INFO;
     bar=False: neither); returns (handler, close)."""
-    meter = None
+    tqdm = None
     if bar or bar is None:
         try:
             from tqdm import tqdm
         except ImportError:
             if bar:
                 warnings.warn("recal.torch: bar=True but tqdm is not installed")
-        else:
-            meter = tqdm(total=total, desc="recal", unit="batch")
-    lines = _ProgressLog() if meter is None and bar is not False else None
+    lines = _ProgressLog() if tqdm is None and bar is not False else None
+    # The bar appears with the job's first progress: before it (export, upload, a server
+    # that does not answer) a bar would sit at 0/N saying nothing true.
+    meter = []
 
     def handle(p):
-        if meter is not None:
-            if p.batches_total and meter.total != p.batches_total:
-                meter.total = p.batches_total
-            meter.update(p.batches_done - meter.n)
+        if tqdm is not None:
+            if not meter:
+                meter.append(tqdm(total=p.batches_total or total, desc="recal", unit="batch"))
+            if p.batches_total and meter[0].total != p.batches_total:
+                meter[0].total = p.batches_total
+            meter[0].update(p.batches_done - meter[0].n)
         if lines is not None:
             lines.update(p)
         if progress is not None:
             progress(p)
 
     def close():
-        if meter is not None:
-            meter.close()
+        if meter:
+            meter[0].close()
         if lines is not None:
             lines.close()
 
@@ -685,6 +697,21 @@ def _show_info_when_logging_is_unconfigured():
 
 _MANAGED = ("max_batches", "allow_short_data", "iterations")
 _MAX_ITERATIONS = 20  # common/request_limits.h kMaxIterations
+# What **engine_options may hold besides the engine's own options: the job's (submit's).
+_JOB_OPTIONS = ("priority", "timeout_seconds", "labels", "request_id", "batch_size")
+
+
+def check_options(options, also=()):
+    """TypeError for a name recalibrate() does not take (a typo such as estimater: "did you
+    mean 'estimator'?"), before anything is exported or sent. `also`: the caller's own
+    keyword names (recal.lightning's), offered as corrections too."""
+    own = [name for name in inspect.signature(recalibrate).parameters if name not in ("model", "data", "engine_options")]
+    engine = [name for name in specs.ENGINE_OPTIONS if name not in _MANAGED]
+    managed = sorted(set(options) & set(_MANAGED))
+    if managed:
+        raise TypeError("recal.torch.recalibrate sets %s itself (give num_batches; fewer batches "
+                        "are always allowed)" % ", ".join(managed))
+    specs.check_names(options, set(own + engine + list(_JOB_OPTIONS) + list(also)), "recal.torch option")
 
 
 def recalibrate(model, data, *, server=None, num_batches=200, input_fn=None, token=None, tls=False,
@@ -749,10 +776,7 @@ def recalibrate(model, data, *, server=None, num_batches=200, input_fn=None, tok
     ValueError / TypeError for data it cannot push (checked before anything is uploaded
     for the first batch).
     """
-    managed = sorted(set(engine_options) & set(_MANAGED))
-    if managed:
-        raise TypeError("recal.torch.recalibrate sets %s itself (give num_batches; fewer batches "
-                        "are always allowed)" % ", ".join(managed))
+    check_options(engine_options)
     if isinstance(num_batches, bool) or not isinstance(num_batches, int) or num_batches < 1:
         raise ValueError("num_batches must be a positive integer, not %r" % (num_batches,))
     if isinstance(iterations, bool) or not isinstance(iterations, int) or not 1 <= iterations <= _MAX_ITERATIONS:
@@ -838,6 +862,8 @@ def _raise_remote(outcome):
 def _export_and_upload(client, target, first, directory, export, scale, mean, std):
     """Exports `target` with the first batch (as the server's forward will see it) and
     uploads the archive: (_Archive, Model)."""
+    # A server that is not there fails in seconds, before the export's time is spent.
+    client._check_reachable()
     tensors, keys = first
     dtype = _floating_dtype(target) if isinstance(target, torch.nn.Module) else torch.float32
     archive = _export(target, _example(tensors, scale, mean, std, dtype), keys, directory, export)
@@ -1031,6 +1057,7 @@ class PreciseBN:
         self._model = model
         self._data_loader = data_loader
         self._num_iter = num_iter
+        check_options(options)
         self._options = dict(options, server=server, token=token)
         self._data_iter = None
         self.trainer = None

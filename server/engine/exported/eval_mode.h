@@ -12,8 +12,11 @@
 namespace recal::engine::exported {
 
 // Marks every proved mask in `graph` and the graphs nested in it: the multiply returns x
-// (Step::returns_argument), the draw, its division and the fresh tensor it fills are
-// eliminated. Returns how many masks it replaced.
+// itself (Step::returns_argument), the draw, its division and the fresh tensor it fills are
+// eliminated. x itself, not a copy: in eval mode drop_path and StochasticDepth return their
+// input object, so an in-place update of the product (`result += identity`, as in
+// torchvision's EfficientNet) updates x there too, and does here. Returns how many masks it
+// replaced.
 int ReplaceRandomMasks(Graph& graph);
 
 }  // namespace recal::engine::exported
