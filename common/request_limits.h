@@ -31,6 +31,7 @@ inline constexpr int64_t kMaxChannelValues = 4096;    // mean / std: one per cha
 inline constexpr int64_t kMaxShapeDims = 16;          // a synthetic sample's or a pushed tensor's shape
 inline constexpr int64_t kMaxPatternBytes = 1024;     // options.include / exclude (regular expressions)
 inline constexpr int64_t kMaxOptionBytes = 32;        // options.compute_dtype / memory_format
+inline constexpr int64_t kMaxIterations = 20;         // options.iterations: passes over the data
 inline constexpr int64_t kMaxStateFilters = 16;       // ListJobsRequest.states
 inline constexpr int64_t kMaxPushedInputs = 64;       // a pushed batch's positional inputs
 

@@ -14,6 +14,7 @@
 
 #include "common/command_line.h"
 #include "common/enum_names.h"
+#include "common/report_facts.h"
 #include "common/status_macros.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -60,6 +61,11 @@ ABSL_FLAG(std::string, exclude, "", "leave layers whose name matches this regex 
 ABSL_FLAG(double, target_rel_error, 0,
           "stop once every layer's statistics have this relative standard error (0: never)");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda:N | a comma-separated list (shards go round the list)");
+ABSL_FLAG(int32_t, iterations, 1,
+          "passes over the data, each after the first with the statistics of the one before in the model's "
+          "running buffers: for a forward that reads them (a quantization-aware Conv-BN scales its weight by "
+          "the running variance), where one pass is one re-estimation step; the report says how far each "
+          "moved them");
 ABSL_FLAG(int32_t, shards, 1,
           "split the batches into this many contiguous shards run side by side (threads, each on the "
           "next --device, --threads shared between them) and merged exactly");
@@ -105,6 +111,7 @@ absl::StatusOr<Options> OptionsFromFlags() {
   if (absl::GetFlag(FLAGS_max_batches) > 0) options.max_batches = absl::GetFlag(FLAGS_max_batches);
   options.allow_short_data = absl::GetFlag(FLAGS_allow_short_data);
   options.target_rel_error = absl::GetFlag(FLAGS_target_rel_error);
+  options.iterations = absl::GetFlag(FLAGS_iterations);
   options.device = absl::GetFlag(FLAGS_device);
   options.threads = absl::GetFlag(FLAGS_threads);
   const std::string format = absl::GetFlag(FLAGS_memory_format);
@@ -222,10 +229,27 @@ ShardRun RunShard(const std::string& model, const recal::data::DataSpec& data, i
   out.status = CheckDataUpFront(**run, data, batch_size, options, index == 0);
   if (!out.status.ok()) return out;
   // Cast before the forward (the notes were said above): the layout suits the program's dtype.
-  const auto source = recal::data::CastToModelDtypes(std::move(shard->source), (*run)->inputs());
-  out.status = (*run)->RunShard([&] { return source->Next(); },
-                                [&](const recal::engine::Progress& p) { progress(index, p); });
-  out.skipped_files = source->skipped_files();
+  const auto cast = [&](std::unique_ptr<recal::data::BatchSource> source) {
+    return recal::data::CastToModelDtypes(std::move(source), (*run)->inputs());
+  };
+  shard->source = cast(std::move(shard->source));
+  auto on_progress = [&](const recal::engine::Progress& p) { progress(index, p); };
+  if (shards > 1) {
+    out.status = (*run)->RunShard([&] { return shard->source->Next(); }, on_progress);
+  } else {
+    // The whole data, once per pass (--iterations): each pass after the first reads it again.
+    int opened = 0;
+    auto open_pass = [&]() -> absl::StatusOr<recal::engine::NextBatchFn> {
+      if (opened++ > 0) {
+        auto again = recal::data::OpenBatchSourceShard(data, batch_size, input, plan);
+        if (!again.ok()) return again.status();
+        shard->source = cast(std::move(again->source));
+      }
+      return recal::engine::NextBatchFn([&] { return shard->source->Next(); });
+    };
+    out.status = (*run)->RunPasses(open_pass, on_progress);
+  }
+  out.skipped_files = shard->source->skipped_files();
   out.run = *std::move(run);
   return out;
 }
@@ -249,6 +273,10 @@ absl::Status RunMain() {
   }
   const int shards = absl::GetFlag(FLAGS_shards);
   if (shards < 1) return absl::InvalidArgumentError("--shards must be at least 1");
+  if (shards > 1 && options->iterations > 1) {
+    return absl::InvalidArgumentError("--iterations with --shards: each pass needs the statistics of the whole "
+                                      "data before the next starts; give one or the other");
+  }
   const std::vector<std::string> devices = absl::StrSplit(options->device, ',', absl::SkipEmpty());
   if (devices.empty()) return absl::InvalidArgumentError("--device is empty");
   const int threads = options->threads > 0 ? options->threads : static_cast<int>(std::thread::hardware_concurrency());
@@ -311,6 +339,12 @@ absl::Status RunMain() {
       report.layers_recalibrated(), report.unused_layers_size(), report.batches(), report.samples(),
       report.skipped_files() > 0 ? absl::StrCat(" (", report.skipped_files(), " bad files skipped)") : "",
       report.seconds(), report.memory_format(), report.compute_dtype(), out);
+  if (const std::string quantizers = recal::QuantizersFact(report); !quantizers.empty()) {
+    std::cerr << "recal-run: quantizers: " << quantizers << "\n";
+  }
+  if (const std::string passes = recal::IterationsFact(report); !passes.empty()) {
+    std::cerr << "recal-run: statistics moved by " << passes << "\n";
+  }
   return absl::OkStatus();
 }
 

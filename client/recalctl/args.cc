@@ -50,6 +50,7 @@ constexpr FlagInfo kFlags[] = {
     {"shards", true},
     {"compute_dtype", true},
     {"memory_format", true},
+    {"iterations", true},
     {"timeout", true},
     {"scale", true},
     {"mean", true},

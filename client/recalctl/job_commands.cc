@@ -14,6 +14,7 @@
 #include "client/recalctl/exit_codes.h"
 #include "client/recalctl/output.h"
 #include "common/enum_names.h"
+#include "common/request_limits.h"
 #include "common/status_macros.h"
 #include "recal/data.h"
 
@@ -25,7 +26,7 @@ namespace {
 const std::vector<std::string> kJobFlags = {
     "data", "stream", "batch_size", "max_batches", "estimator", "modules", "include", "exclude",
     "target_rel_error", "allow_short_data", "priority", "timeout", "label", "scale", "mean", "std", "shards",
-    "compute_dtype", "memory_format"};
+    "compute_dtype", "memory_format", "iterations"};
 // clang-format on
 
 std::vector<std::string> With(std::vector<std::string> flags, std::initializer_list<const char*> more) {
@@ -54,6 +55,10 @@ absl::Status FillSpec(const Args& args, v1::JobSpec* spec, v1::ClientStreamSourc
   RECAL_ASSIGN_OR_RETURN(const double timeout, args.GetDouble("timeout", 0));
   RECAL_ASSIGN_OR_RETURN(const double target, args.GetDouble("target_rel_error", 0));
   RECAL_ASSIGN_OR_RETURN(const int64_t shards, args.GetInt("shards", 1));
+  RECAL_ASSIGN_OR_RETURN(const int64_t iterations, args.GetInt("iterations", 1));
+  if (iterations < 1 || iterations > limits::kMaxIterations) {
+    return absl::InvalidArgumentError(absl::StrCat("--iterations must be 1 to ", limits::kMaxIterations));
+  }
   if (shards < 1) return absl::InvalidArgumentError("--shards must be at least 1");
   if (shards > 1) spec->set_shards(static_cast<int32_t>(shards));
   if (batch_size < 1) return absl::InvalidArgumentError("--batch_size must be at least 1");
@@ -66,6 +71,7 @@ absl::Status FillSpec(const Args& args, v1::JobSpec* spec, v1::ClientStreamSourc
   v1::EngineOptions* options = spec->mutable_options();
   options->set_max_batches(max_batches);
   options->set_target_rel_error(target);
+  if (iterations > 1) options->set_iterations(static_cast<int32_t>(iterations));
   options->set_allow_short_data(args.GetBool("allow_short_data"));
   options->set_include(args.Get("include"));
   options->set_exclude(args.Get("exclude"));

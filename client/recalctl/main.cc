@@ -79,6 +79,8 @@ Job flags (submit, run):
   --compute_dtype float32|bfloat16|float16   the forward's precision (autocast);
                        statistics stay float64  --memory_format
                        auto|contiguous|channels_last
+  --iterations K       K passes over the data, each with the statistics of the one before
+                       (quantization-aware Conv-BN reads them); not with --stream or --shards
   --shards K           run as K shards on any workers, merged exactly; with --stream,
                        the local batches are pushed by K concurrent streams, one per shard
   --stream             SPEC names a LOCAL npy:/safetensors: file (float32, float16, uint8),

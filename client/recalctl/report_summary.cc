@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/report_facts.h"
 
 namespace recal::ctl {
 namespace {
@@ -82,6 +83,10 @@ std::vector<std::pair<std::string, std::string>> HeaderFacts(const v1::RunReport
   if (std::string convergence = ConvergenceFact(report); !convergence.empty()) {
     facts.emplace_back("rel.err", std::move(convergence));
   }
+  if (std::string quantizers = QuantizersFact(report); !quantizers.empty()) {
+    facts.emplace_back("quantizers", std::move(quantizers));
+  }
+  if (std::string passes = IterationsFact(report); !passes.empty()) facts.emplace_back("iterations", std::move(passes));
   for (const std::string& note : report.notes()) facts.emplace_back("note", note);
   return facts;
 }

@@ -39,6 +39,17 @@ torch::jit::Value* ReplaceBatchNorm(Graph& graph, Node* node, int64_t collector)
   return observed;
 }
 
+// The observing quantizer `node` as recal::frozen_fake_quantize: the same inputs, nothing
+// written (server/engine/quantizers.h).
+void FreezeObserver(Graph& graph, Node* node) {
+  torch::jit::WithInsertPoint guard(node);
+  std::vector<torch::jit::NamedValue> args(node->inputs().begin(), node->inputs().end());
+  torch::jit::Value* frozen = graph.insert(c10::Symbol::fromQualString(kFrozenFakeQuantizeOp), args);
+  frozen->setType(node->output()->type());
+  node->output()->replaceAllUsesWith(frozen);
+  node->destroy();
+}
+
 int CountNodes(Block* block) {
   int count = 0;
   ForEachNode(block, [&](Node*) { ++count; });
@@ -81,10 +92,14 @@ absl::StatusOr<RewriteCounts> InstrumentForward(torch::jit::Module& module, int6
   torch::jit::Inline(*graph);
 
   std::vector<Node*> batch_norms;
+  std::vector<Node*> observers;
   RewriteCounts counts;
   const bool fix_dropout = mode == v1::EVAL || mode == v1::TRAIN;
   bool frozen_statistics = false;
   ForEachNode(graph->block(), [&](Node* node) {
+    const QuantizerKind quantizer = QuantizerKindOf(node->kind().toQualString());
+    if (quantizer != QuantizerKind::kNone && quantizer != QuantizerKind::kDequantize) ++counts.quantizers.quantizers;
+    if (quantizer == QuantizerKind::kObserving) observers.push_back(node);
     if (node->kind() == c10::Symbol::fromQualString("aten::batch_norm")) {
       // Inputs: input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn.
       if (node->input(3)->node()->kind() == c10::prim::Constant &&
@@ -109,6 +124,8 @@ absl::StatusOr<RewriteCounts> InstrumentForward(torch::jit::Module& module, int6
         "the model's BatchNorm statistics are constants, not buffers (a frozen model, "
         "torch.jit.freeze): they cannot be written back; export the model before freezing");
   }
+  for (Node* node : observers) FreezeObserver(*graph, node);
+  counts.quantizers.observers_frozen = static_cast<int>(observers.size());
   std::vector<torch::jit::Value*> observed;
   for (Node* node : batch_norms) observed.push_back(ReplaceBatchNorm(*graph, node, collector));
   counts.batch_norms = static_cast<int>(batch_norms.size());

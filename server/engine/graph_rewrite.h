@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "recal/v1/report.pb.h"
+#include "server/engine/quantizers.h"
 
 namespace recal::engine {
 
@@ -14,10 +15,14 @@ struct RewriteCounts {
   int batch_norms = 0;  // aten::batch_norm nodes now calling recal::observed_batch_norm
   int dropouts = 0;     // dropout-like nodes whose `train` argument was fixed by the mode
   int nodes_cut = 0;    // nodes (nested ones included) the forward no longer runs
+  // Quantizer nodes; the observing ones (aten::fused_moving_avg_obs_fake_quant) now call
+  // recal::frozen_fake_quantize (server/engine/quantizers.h).
+  QuantizerCounts quantizers;
 };
 
 // Inlines `forward` and replaces each aten::batch_norm with recal::observed_batch_norm bound
-// to `collector`; with mode EVAL or TRAIN fixes the `train` argument of dropout-like nodes
+// to `collector`, and each aten::fused_moving_avg_obs_fake_quant with
+// recal::frozen_fake_quantize; with mode EVAL or TRAIN fixes the `train` argument of dropout-like nodes
 // (traced models bake the mode in as a constant). Must run before the first forward: an
 // executor built earlier would never see the rewrite. Fails if there is no BatchNorm, or if
 // its statistics are constants (a frozen model).

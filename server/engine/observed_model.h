@@ -18,6 +18,7 @@
 #include "recal/v1/report.pb.h"
 #include "server/engine/graph_validation.h"
 #include "server/engine/model_file.h"
+#include "server/engine/quantizers.h"
 
 namespace recal::engine {
 
@@ -48,6 +49,13 @@ class ObservedModel {
   // feeds no BatchNorm. Before the first Forward. Returns the number of nodes no longer run;
   // INVALID_ARGUMENT when there is no BatchNorm to observe.
   virtual absl::StatusOr<int> Observe(Collector* collector, v1::ModuleMode modules, bool end_at_last_batch_norm) = 0;
+
+  // The model's quantizers (server/engine/quantizers.h) as its forward runs them: after
+  // Observe, its observing ones held still.
+  virtual QuantizerCounts Quantizers() const = 0;
+  // The buffers its quantizers read besides the activation (scales, zero points, observers'
+  // ranges and switches), by state_dict key: no forward may change them.
+  virtual NamedTensors QuantizerState() const = 0;
 
   // The 4-d parameters (convolution weights), and laying them out in `format` in place.
   virtual std::vector<at::Tensor> ConvolutionWeights() const = 0;

@@ -62,6 +62,11 @@ struct Options {
   // true: the forward ends at the last observed BatchNorm (InstrumentForward); false only
   // so that bench/forward_levers and the tests can compare with the whole forward.
   bool end_at_last_batch_norm = true;
+  // Passes over the data (1 to limits::kMaxIterations), each after the first with the
+  // statistics of the one before written into the model's running buffers: a forward that
+  // reads them (a quantization-aware Conv-BN scales its weight by the running variance) makes
+  // one pass one re-estimation step. Recalibration::RunPasses runs them.
+  int iterations = 1;
   // true: the copy of the archive that WriteModel writes is loaded on a thread of its own
   // while this run instruments and feeds the observed copy, so the load is off the critical
   // path; false for a run that never writes the model (inspection, shards that hand over

@@ -14,7 +14,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
+#include "common/status_macros.h"
 #include "common/data_spec.h"
+#include "common/request_limits.h"
 #include "common/formats/safetensors.h"
 #include "server/engine/autocast_scope.h"
 #include "server/engine/collector.h"
@@ -126,6 +128,9 @@ std::string DtypeMismatch(const std::vector<at::Tensor>& args, const ObservedMod
   return "";
 }
 
+// The largest value of `values`, 0 when there is none.
+double MaxOf(const at::Tensor& values) { return values.numel() > 0 ? values.max().item<double>() : 0.0; }
+
 }  // namespace
 
 Options ShardOptions(Options options, int shards, int64_t batches) {
@@ -152,6 +157,10 @@ absl::StatusOr<std::unique_ptr<Recalibration>> Recalibration::Create(const std::
   if (options.target_rel_error < 0) {
     return absl::InvalidArgumentError("target_rel_error must not be negative");
   }
+  if (options.iterations < 1 || options.iterations > limits::kMaxIterations) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("iterations must be 1 to ", limits::kMaxIterations, " (passes over the data)"));
+  }
   if (options.threads > 0) at::set_num_threads(options.threads);
 
   std::unique_ptr<Recalibration> run(new Recalibration(model_path, options));
@@ -166,10 +175,16 @@ absl::StatusOr<std::unique_ptr<Recalibration>> Recalibration::Create(const std::
   }
   run->collector_ = std::make_unique<Collector>(std::move(buffer_names), *included);
   for (const auto& [mean, var] : run->model_->BatchNormBuffers()) run->collector_->DeclareLayer(mean, var);
+  for (const auto& layer : run->collector_->layers()) {
+    for (const std::string& key : {layer->mean_key, layer->var_key}) {
+      if (auto buffer = run->Buffer(key); buffer.ok()) run->uploaded_.emplace(key, buffer->clone());
+    }
+  }
   if (options.memory_format != MemoryFormat::kAuto) run->SetMemoryFormat(options.memory_format);
   auto cut = run->model_->Observe(run->collector_.get(), options.modules, options.end_at_last_batch_norm);
   if (!cut.ok()) return cut.status();
   run->forward_nodes_cut_ = *cut;
+  for (const auto& [key, tensor] : run->model_->QuantizerState()) run->quantizer_state_.emplace_back(key, tensor.clone());
   return run;
 }
 
@@ -197,6 +212,8 @@ absl::Status Recalibration::Feed(const std::vector<at::Tensor>& inputs) {
   }
   ++batches_;
   samples_ += inputs[0].size(0);
+  // An observer inside the graph moves at the first batch if it moves at all.
+  if (batches_ == 1 && pass_ == 1) RECAL_RETURN_IF_ERROR(CheckQuantizersHeld());
   // A host sync per kept point: every batch for the first 128, ever more rarely after.
   if (convergence_.Wants(batches_)) {
     if (auto point = CurrentConvergencePoint()) convergence_.Add(*point);
@@ -294,6 +311,99 @@ absl::Status Recalibration::Run(const NextBatchFn& next_batch,
   return Finish();
 }
 
+absl::Status Recalibration::RunPasses(const OpenPassFn& open_pass,
+                                      const std::function<void(const Progress&)>& on_progress,
+                                      const std::atomic<bool>* cancelled) {
+  int64_t earlier_batches = 0, earlier_samples = 0;
+  std::function<void(const Progress&)> progress;
+  if (on_progress) {
+    progress = [&](const Progress& p) {
+      Progress all = p;
+      all.batches += earlier_batches;
+      all.samples += earlier_samples;
+      all.max_batches = p.max_batches * options_.iterations;
+      on_progress(all);
+    };
+  }
+  for (int pass = 1; pass <= options_.iterations; ++pass) {
+    if (pass > 1) {
+      earlier_batches += batches_;
+      earlier_samples += samples_;
+      RECAL_RETURN_IF_ERROR(NextPass());
+    }
+    RECAL_ASSIGN_OR_RETURN(NextBatchFn next, open_pass());
+    RECAL_RETURN_IF_ERROR(Run(next, progress, cancelled));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Recalibration::NextPass() {
+  RECAL_RETURN_IF_ERROR(Finish());
+  iteration_steps_.push_back(PassMovement());
+  {
+    at::NoGradGuard no_grad;
+    for (const auto& layer : collector_->layers()) {
+      if (!layer->stats.has_estimate(options_.estimator)) continue;
+      RECAL_ASSIGN_OR_RETURN(at::Tensor mean, Buffer(layer->mean_key));
+      RECAL_ASSIGN_OR_RETURN(at::Tensor var, Buffer(layer->var_key));
+      mean.copy_(layer->stats.mean(options_.estimator));
+      var.copy_(layer->stats.var(options_.estimator));
+    }
+  }
+  collector_->ResetStatistics();
+  ++pass_;
+  batches_ = samples_ = 0;
+  seconds_ = 0;
+  stopped_early_ = false;
+  convergence_ = ConvergenceHistory();
+  return absl::OkStatus();
+}
+
+v1::IterationStep Recalibration::PassMovement() const {
+  v1::IterationStep step;
+  step.set_iteration(pass_);
+  double worst = -1;
+  for (const auto& layer : collector_->layers()) {
+    auto previous_mean = Buffer(layer->mean_key);
+    auto previous_var = Buffer(layer->var_key);
+    if (!layer->stats.has_estimate(options_.estimator) || !previous_mean.ok() || !previous_var.ok()) continue;
+    const at::Tensor mean = layer->stats.mean(options_.estimator).cpu();
+    const at::Tensor var = layer->stats.var(options_.estimator).cpu();
+    const at::Tensor live = var > 0;
+    const double shift = MaxOf(((mean - previous_mean->to(at::kDouble).cpu()).abs() / var.sqrt()).masked_select(live));
+    const double change = MaxOf((var / previous_var->to(at::kDouble).cpu() - 1).abs().masked_select(live));
+    step.set_max_mean_shift_in_std(std::max(step.max_mean_shift_in_std(), shift));
+    step.set_max_var_change(std::max(step.max_var_change(), change));
+    if (std::max(shift, change) > worst) {
+      worst = std::max(shift, change);
+      step.set_worst_layer(layer->name);
+    }
+  }
+  return step;
+}
+
+absl::Status Recalibration::CheckQuantizersHeld() const {
+  std::map<std::string, at::Tensor> now;
+  for (const auto& [key, tensor] : model_->QuantizerState()) now.emplace(key, tensor);
+  for (const auto& [key, held] : quantizer_state_) {
+    auto found = now.find(key);
+    if (found != now.end() && found->second.equal(held)) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model's quantizer state '", key, "' changed during the forward: an observer runs inside the model's "
+        "graph (a traced torch.ao FakeQuantize records its observer's updates), and Recal re-estimates BatchNorm "
+        "with every quantizer fixed, as the model holds it. Export the model with torch.export (its "
+        "fused_moving_avg_obs_fake_quant quantizers run with their observers held still), or trace it after "
+        "torch.ao.quantization.disable_observer"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<at::Tensor> Recalibration::Uploaded(const std::string& key) const {
+  auto found = uploaded_.find(key);
+  if (found == uploaded_.end()) return Buffer(key);
+  return found->second;
+}
+
 absl::Status Recalibration::RunShard(const NextBatchFn& next_batch,
                                      const std::function<void(const Progress&)>& on_progress,
                                      const std::atomic<bool>* cancelled) {
@@ -385,6 +495,7 @@ absl::Status Recalibration::Finish() const {
   if (!any_recalibrated) {
     return absl::InvalidArgumentError("every BatchNorm layer that ran is left out by include/exclude");
   }
+  RECAL_RETURN_IF_ERROR(CheckQuantizersHeld());
   return CheckStatisticsFitBuffers();
 }
 
@@ -411,8 +522,8 @@ absl::Status Recalibration::CheckStatisticsFitBuffers() const {
 NamedTensors Recalibration::FinalBuffers() const {
   NamedTensors buffers;
   for (const auto& layer : collector_->layers()) {
-    auto old_mean = Buffer(layer->mean_key);
-    auto old_var = Buffer(layer->var_key);
+    auto old_mean = Uploaded(layer->mean_key);
+    auto old_var = Uploaded(layer->var_key);
     if (!old_mean.ok() || !old_var.ok()) continue;
     if (!layer->stats.has_estimate(options_.estimator)) {  // excluded, unused or never measured
       buffers.emplace_back(layer->mean_key, old_mean->cpu());
@@ -501,9 +612,18 @@ v1::RunReport Recalibration::Report() const {
        convergence_.Points(final_point_needed ? CurrentConvergencePoint() : std::nullopt)) {
     *report.add_convergence() = point;
   }
+  const QuantizerCounts quantizers = model_->Quantizers();
+  if (quantizers.quantizers > 0) {
+    report.mutable_quantizers()->set_count(quantizers.quantizers);
+    report.mutable_quantizers()->set_observers_frozen(quantizers.observers_frozen);
+  }
+  if (options_.iterations > 1) {
+    for (const v1::IterationStep& step : iteration_steps_) *report.add_iterations() = step;
+    if (batches_ > 0) *report.add_iterations() = PassMovement();
+  }
   for (const auto& layer : collector_->layers()) {
-    auto old_mean = Buffer(layer->mean_key);
-    auto old_var = Buffer(layer->var_key);
+    auto old_mean = Uploaded(layer->mean_key);
+    auto old_var = Uploaded(layer->var_key);
     if (!old_mean.ok() || !old_var.ok()) continue;
     v1::LayerReport* out = report.add_layers();
     DescribeLayer(*layer, *old_mean, *old_var, options_.estimator, batches_, out);

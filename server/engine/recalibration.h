@@ -32,6 +32,8 @@ class Collector;
 
 // The next batch (its positional inputs), std::nullopt when the data has ended.
 using NextBatchFn = std::function<absl::StatusOr<std::optional<std::vector<at::Tensor>>>()>;
+// The batches of one pass over the data, from its start (each call a new pass).
+using OpenPassFn = std::function<absl::StatusOr<NextBatchFn>()>;
 
 struct Progress {
   int64_t batches = 0;
@@ -57,6 +59,16 @@ class Recalibration {
   absl::Status Run(const NextBatchFn& next_batch,
                    const std::function<void(const Progress&)>& on_progress = nullptr,
                    const std::atomic<bool>* cancelled = nullptr);
+
+  // Options::iterations passes (Run each), `open_pass` giving each its batches; before each
+  // pass after the first, NextPass. Progress counts the batches of every pass.
+  absl::Status RunPasses(const OpenPassFn& open_pass,
+                         const std::function<void(const Progress&)>& on_progress = nullptr,
+                         const std::atomic<bool>* cancelled = nullptr);
+  // Writes the statistics measured so far into the model's running buffers (what its forward
+  // reads from now on), notes how far they moved (the report's iterations), and starts the
+  // next pass: statistics, batches, samples and convergence from zero.
+  absl::Status NextPass();
 
   // Sharded runs. Each shard feeds its batches (RunShard: Run without Finish, since one
   // shard may see no batch or not reach every layer) and hands over Statistics(); one
@@ -119,6 +131,13 @@ class Recalibration {
   void SetMemoryFormat(MemoryFormat format);
   // The error summary after the batches so far (std::nullopt while no layer has one).
   std::optional<v1::ConvergencePoint> CurrentConvergencePoint() const;
+  // How far this pass's statistics are from the running buffers' (what the pass read).
+  v1::IterationStep PassMovement() const;
+  // OK when no quantizer's scale, zero point or observer state changed since the model was
+  // loaded; INVALID_ARGUMENT naming the buffer otherwise.
+  absl::Status CheckQuantizersHeld() const;
+  // The layer's running_mean / running_var as uploaded.
+  absl::StatusOr<at::Tensor> Uploaded(const std::string& key) const;
 
   std::string model_path_;
   Options options_;
@@ -127,6 +146,12 @@ class Recalibration {
   std::unique_ptr<Collector> collector_;
   std::unique_ptr<ObservedModel> model_;
   std::map<std::string, at::Tensor> buffers_;  // model_->buffers() by key
+  // BatchNorm buffers as uploaded (NextPass overwrites the model's), by key.
+  std::map<std::string, at::Tensor> uploaded_;
+  // Copies of what model_->QuantizerState() held at load.
+  NamedTensors quantizer_state_;
+  int pass_ = 1;
+  std::vector<v1::IterationStep> iteration_steps_;  // passes before this one
   int64_t batches_ = 0;
   int64_t samples_ = 0;
   double seconds_ = 0;

@@ -105,10 +105,28 @@ class ScriptModel final : public ObservedModel {
     try {
       RECAL_ASSIGN_OR_RETURN(RewriteCounts counts, InstrumentForward(observed_, reinterpret_cast<int64_t>(collector),
                                                                      modules, end_at_last_batch_norm));
+      quantizers_ = counts.quantizers;
       return counts.nodes_cut;
     } catch (const std::exception& e) {
       return TorchErrorStatus("cannot instrument the model's BatchNorm layers", e);
     }
+  }
+
+  QuantizerCounts Quantizers() const override { return quantizers_; }
+
+  // Every buffer of every fake-quantize module (torch.ao's FakeQuantizeBase: its switches,
+  // scale and zero point, and its observer's range below it), found by those buffers: a
+  // script module keeps no Python class to ask.
+  NamedTensors QuantizerState() const override {
+    NamedTensors state;
+    for (const auto& sub : observed_.named_modules()) {
+      const torch::jit::Module& m = sub.value;
+      if (!(m.hasattr("fake_quant_enabled") && m.hasattr("observer_enabled") && m.hasattr("scale"))) continue;
+      for (const auto& buffer : m.named_buffers(/*recurse=*/true)) {
+        state.emplace_back(sub.name.empty() ? buffer.name : absl::StrCat(sub.name, ".", buffer.name), buffer.value);
+      }
+    }
+    return state;
   }
 
   std::vector<at::Tensor> ConvolutionWeights() const override {
@@ -141,6 +159,7 @@ class ScriptModel final : public ObservedModel {
   std::string path_;
   const ModelInputs inputs_;
   NamedTensors buffers_;
+  QuantizerCounts quantizers_;
   std::shared_future<absl::StatusOr<torch::jit::Module>> output_copy_;
 };
 

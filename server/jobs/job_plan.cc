@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/data_source.h"
 #include "common/enum_names.h"
+#include "common/request_limits.h"
 #include "common/status_macros.h"
 #include "server/data_access/data_shape.h"
 #include "server/jobs/resolved_data_source.h"
@@ -48,7 +49,30 @@ absl::StatusOr<worker::v1::EnginePlan> PlanEngine(const v1::EngineOptions& optio
   RECAL_ASSIGN_OR_RETURN(const v1::MemoryFormat format,
                          NamedValue<v1::MemoryFormat>("options.memory_format", options.memory_format()));
   plan.set_memory_format(format);
+  plan.set_iterations(options.iterations());
   return plan;
+}
+
+// Passes over the data: the worker reads it again for each, so it must be data the worker
+// can read again, whole, in one task.
+absl::Status CheckIterations(const v1::JobSpec& spec) {
+  const int32_t iterations = spec.options().iterations();
+  if (iterations < 0 || iterations > limits::kMaxIterations) {
+    return absl::InvalidArgumentError(absl::StrCat("options.iterations is ", iterations, ": give 1 to ",
+                                                   limits::kMaxIterations, " (0: one pass)"));
+  }
+  if (iterations <= 1) return absl::OkStatus();
+  if (spec.data().has_client_stream()) {
+    return absl::InvalidArgumentError(
+        "options.iterations > 1 reads the data once per pass, and a client stream is pushed once: give data the "
+        "server reads, or run one job per pass with the statistics of the one before loaded into the model "
+        "(recal.torch.recalibrate(..., iterations=K) does)");
+  }
+  if (spec.shards() > 1) {
+    return absl::InvalidArgumentError("options.iterations > 1 with shards: each pass needs the statistics of the "
+                                      "whole data before the next starts; give one or the other");
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -57,6 +81,7 @@ absl::StatusOr<worker::v1::JobPlan> PlanJob(const v1::JobSpec& spec, const std::
   worker::v1::JobPlan plan;
   plan.set_model_id(spec.model_id());
   plan.set_batch_size(spec.batch_size());
+  RECAL_RETURN_IF_ERROR(CheckIterations(spec));
   RECAL_ASSIGN_OR_RETURN(*plan.mutable_engine(), PlanEngine(spec.options()));
   RECAL_ASSIGN_OR_RETURN(*plan.mutable_data(), ResolveDataSource(spec.data(), data_roots));
   return plan;

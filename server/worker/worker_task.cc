@@ -46,6 +46,7 @@ engine::Options EngineOptionsOf(const v1::Task& task) {
   if (o.max_batches() > 0) options.max_batches = o.max_batches();
   options.allow_short_data = o.allow_short_data();
   options.target_rel_error = o.target_rel_error();
+  if (o.iterations() > 0) options.iterations = o.iterations();
   options.device = job.device().empty() ? "cpu" : job.device();
   options.threads = job.threads();
   options.compute_dtype = engine::ComputeDtypeOf(o.compute_dtype());
@@ -173,8 +174,7 @@ absl::Status Recalibrate(const v1::Task& task, const TaskContext& context, const
   data->source = data::CastToModelDtypes(std::move(data->source), (*run)->inputs(),
                                          [&](const std::string& note) { notes.push_back(note); });
 
-  data::BatchSource& source = *data->source;
-  const std::optional<int64_t> total = source.num_samples();
+  const std::optional<int64_t> total = data->source->num_samples();
   absl::Status sent;
   auto on_progress = [&](const engine::Progress& p) {
     v1::Event event;
@@ -188,14 +188,26 @@ absl::Status Recalibrate(const v1::Task& task, const TaskContext& context, const
     progress->set_rel_std_error(p.rel_std_error);
     if (sent.ok()) sent = send(event);
   };
-  auto next = [&] { return source.Next(); };
-  absl::Status ran = shard ? (*run)->RunShard(next, on_progress) : (*run)->Run(next, on_progress);
+  // Each pass after the first (options.iterations) reads the data again from its start; the
+  // plan never holds iterations > 1 for a client stream or a shard (job_plan.cc).
+  int opened = 0;
+  auto open_pass = [&]() -> absl::StatusOr<engine::NextBatchFn> {
+    if (opened++ > 0) {
+      auto again = OpenData(job, context, options, send);
+      if (!again.ok()) return again.status();
+      *data = *std::move(again);
+      data->source = data::CastToModelDtypes(std::move(data->source), (*run)->inputs());  // noted once, above
+    }
+    return engine::NextBatchFn([&] { return data->source->Next(); });
+  };
+  absl::Status ran = shard ? (*run)->RunShard([&] { return data->source->Next(); }, on_progress)
+                           : (*run)->RunPasses(open_pass, on_progress);
   if (!sent.ok()) return sent;
   if (!ran.ok()) return ran;
 
   api::RunReport report = (*run)->Report();
   DescribeJob(job.plan(), &report);
-  report.set_skipped_files(source.skipped_files());
+  report.set_skipped_files(data->source->skipped_files());
   report.mutable_notes()->Add(notes.begin(), notes.end());
   if (!shard) return WriteResults(**run, report, context, send);
   const std::string path = (std::filesystem::path(context.scratch) / "statistics.safetensors").string();

@@ -20,7 +20,8 @@ For every manifest line (all families, every TorchScript and torch.export varian
   - the report (protobuf JSON, snake_case names) has "layers" with name, channels, samples,
     calls, used for every layer, matching the reference; "unused_layers" lists exactly the
     manifest's unused layers; calls_per_forward matches the manifest's exceptions (else 1).
-Also: both estimators for resnet18 and twice; --modules train/as_saved, --threads 2,
+Also: both estimators for resnet18 and twice; --iterations 2 on the quantization-aware qat_fx;
+--modules train/as_saved, --threads 2,
 --include/--exclude and --max_batches on small families; and failure paths, which must
 exit non-zero with a one-line stderr reason and leave no output file: corrupt archive,
 truncated archive, wrong channel count, NaN data (message names the layer), missing model
@@ -219,6 +220,12 @@ def check_report(path, line, layers, errors):
     if not isinstance(rl, list):
         errors.append("report: no \"layers\" list")
         return
+    # Quantization-aware families: every quantizer counted, all held still.
+    quantizers = rep.get("quantizers") or {}
+    if line.family in models.QAT_FAMILIES and _int(quantizers.get("count", 0)) < 1:
+        errors.append("report: quantizers %r, want a count" % (quantizers,))
+    if line.family not in models.QAT_FAMILIES and quantizers:
+        errors.append("report: quantizers %r in a model without" % (quantizers,))
     for i, layer in enumerate(rl):
         missing = [k for k in ("name", "channels", "samples", "calls", "used") if k not in layer]
         if missing:
@@ -414,6 +421,18 @@ def plan(args, lines, work):
     if line:
         tag = "resnet18.scripted_train.threads2"
         cases.append(Case(tag, base(line, threads=2), True, wdir(tag), line))
+
+    # Quantization-aware models: two passes (--iterations 2), the second on the statistics of
+    # the first, against the reference of two passes (reference.reference_passes).
+    for variant in ("exported_train", "traced_eval"):
+        line = by.get(("qat_fx", variant))
+        if line:
+            two = line.refs["population"].replace(".population.", ".population.iterations2.")
+            tensors, _, rtol = load_ref(two)
+            _, layers, _ = load_ref(line.refs["population"])
+            tag = "qat_fx.%s.iterations_2" % variant
+            cases.append(Case(tag, base(line, ["--iterations", "2"]), True, wdir(tag), line,
+                              ref=(tensors, layers, rtol), report="parse"))
 
     # two_input: independent branches, so excluding one leaves the other exact.
     line = by.get(("two_input", "scripted_eval"))

@@ -62,7 +62,7 @@ absl::Status CreateStatus(const std::string& path) {
 void ExpectRefused(const std::string& path, const std::string& says) {
   const absl::Status status = CreateStatus(path);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-  EXPECT_THAT(status.message(), ::testing::HasSubstr(says));
+  EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr(says));
 }
 
 }  // namespace recal::engine::testing

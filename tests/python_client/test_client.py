@@ -156,10 +156,11 @@ def _assert_consecutive(test, events, after_seq=0):
     test.assertEqual([e.seq for e in events[1:]], list(range(after_seq + 1, after_seq + len(events))))
 
 
-def _worst_reference_error(bn, family="resnet18"):
+def _worst_reference_error(bn, family="resnet18", which="population"):
     """max over channels of |Δvar|/var and |Δmean|/max(|mean|, std) against the float64
-    reference for the family (ResNet-18 on data/resnet18.npy by default)."""
-    reference = safetensors_io.load(os.path.join(FIXTURES, "ref", "%s.population.safetensors" % family),
+    reference for the family (ResNet-18 on data/resnet18.npy by default; `which`: the
+    reference file's estimator part, "population.iterations2" for two passes)."""
+    reference = safetensors_io.load(os.path.join(FIXTURES, "ref", "%s.%s.safetensors" % (family, which)),
                                     as_numpy=True)
     worst = 0.0
     for key, ref in reference.items():
@@ -572,6 +573,43 @@ class ClientTest(unittest.TestCase):
             state = torch.export.load(out).state_dict
             for key, value in bn.items():
                 np.testing.assert_array_equal(state[key].numpy(), value, err_msg=key)
+
+    def test_quantization_aware_programs_run_with_their_quantizers_held_and_iterate(self):
+        import torch
+
+        # torch.ao's FX QAT and torchao's pt2e after convert_pt2e: the observers stay as they
+        # were uploaded, every buffer but the running statistics comes back byte for byte.
+        for family, variant in (("qat_fx", "exported_train"), ("qat_pt2e_converted", "exported_eval")):
+            model = os.path.join(FIXTURES, "models", "%s.%s.pt2" % (family, variant))
+            out, bn_out, report = (os.path.join(self.dir, family + n) for n in (".pt2", ".safetensors", ".json"))
+            job = self.client.recalibrate(model, data="npy:data/%s.npy" % family, out=out, bn_out=bn_out,
+                                          report=report, batch_size=12)
+            self.assertEqual(job.state, recal.SUCCEEDED, job.error.message)
+            self.assertLessEqual(_worst_reference_error(safetensors_io.load(bn_out, as_numpy=True), family), 1e-5)
+            with open(report) as f:
+                quantizers = json.load(f)["quantizers"]
+            self.assertGreater(quantizers["count"], 0)
+            uploaded, result = torch.export.load(model).state_dict, torch.export.load(out).state_dict
+            for key, value in uploaded.items():
+                if not key.endswith(("running_mean", "running_var")):
+                    self.assertEqual(result[key].dtype, value.dtype, key)
+                    self.assertTrue(torch.equal(result[key], value), key)
+        # Two passes, the second on the statistics of the first (the QAT ConvBn reads them).
+        model = os.path.join(FIXTURES, "models", "qat_fx.exported_train.pt2")
+        bn_out, report = os.path.join(self.dir, "two.safetensors"), os.path.join(self.dir, "two.json")
+        job = self.client.recalibrate(model, data="npy:data/qat_fx.npy", bn_out=bn_out, report=report,
+                                      batch_size=12, iterations=2)
+        self.assertEqual(job.state, recal.SUCCEEDED, job.error.message)
+        bn = safetensors_io.load(bn_out, as_numpy=True)
+        self.assertLessEqual(_worst_reference_error(bn, "qat_fx", "population.iterations2"), 1e-5)
+        with open(report) as f:
+            self.assertEqual([step["iteration"] for step in json.load(f)["iterations"]], [1, 2])
+        # A client stream is pushed once: refused at submit, saying what to do instead.
+        with self.assertRaises(recal.RecalError) as refused:
+            self.client.submit(self.client.upload_model(model), recal_pb2.ClientStreamSource(), batch_size=12,
+                               iterations=2)
+        self.assertEqual(refused.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("client stream is pushed once", str(refused.exception))
 
     def test_exported_programs_that_cannot_be_recalibrated_are_refused_at_upload(self):
         no_batchnorm = os.path.join(FIXTURES, "models", "no_batchnorm.exported_eval.pt2")

@@ -330,6 +330,54 @@ class TorchSdkTest(unittest.TestCase):
         self.assertMatchesReference(model, _reference(original, [(x,) for (x,) in loader]))
         self.assertTrue(all(m.training for m in model.modules()))
 
+    # ------------------------------------------------------------- quantization-aware models
+
+    def _qat_family(self, family):
+        """(model, its DataLoader, the batches) of a quantization-aware fixture family."""
+        import models  # tests/fixtures/models.py
+
+        model, _ = models.build(family)
+        inputs, batch_size = models.make_data(family)
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(inputs[0]), batch_size=batch_size)
+        return model, loader, [(x,) for (x,) in loader]
+
+    def _qat_state(self, model, family):
+        """({BatchNorm statistics key: tensor}, {every other buffer: tensor}) of the model."""
+        import models
+
+        keys = set(models.bn_state_keys(model, family))
+        buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
+        return ({k: v for k, v in buffers.items() if k in keys},
+                {k: v for k, v in buffers.items() if k not in keys})
+
+    def test_a_pt2e_qat_graphmodule_is_exported_as_it_is_its_quantizers_held(self):
+        # torchao's prepare_qat_pt2e gives a GraphModule whose train() / eval() torch refuses:
+        # exported as it is, its fused quantizers stay in the program, run frozen.
+        model, loader, batches = self._qat_family("qat_pt2e")
+        ref = reference.reference_all(copy.deepcopy(model), batches)[0]["population"]
+        _, observers = self._qat_state(model, "qat_pt2e")
+        result = recal.torch.recalibrate(model, loader, **self.options)
+        self.assertEqual((result.export, result.export_error), ("export", ""))
+        self.assertGreater(result.report.quantizers.count, 0)
+        self.assertEqual(result.report.quantizers.observers_frozen, result.report.quantizers.count)
+        statistics, others = self._qat_state(model, "qat_pt2e")
+        self.assertLessEqual(reference.worst_error(statistics, ref, RTOL), 1.0)
+        for key, value in observers.items():  # scales, zero points, ranges: as they were
+            self.assertTrue(torch.equal(others[key], value), key)
+
+    def test_iterations_run_a_job_per_pass_on_the_statistics_of_the_pass_before(self):
+        model, loader, batches = self._qat_family("qat_fx")
+        two = reference.reference_passes(copy.deepcopy(model), batches, 2)
+        result = recal.torch.recalibrate(model, loader, iterations=2, **self.options)
+        self.assertEqual(len(result.iterations), 2)
+        self.assertGreater(result.iterations[0].max_var_change, result.iterations[1].max_var_change)
+        self.assertGreater(result.iterations[1].max_var_change, 0)
+        self.assertIs(result.report, result.iterations[1].report)
+        statistics, _ = self._qat_state(model, "qat_fx")
+        self.assertLessEqual(reference.worst_error(statistics, two, RTOL), 1.0)
+        with self.assertRaisesRegex(ValueError, "an iterator is read once"):
+            recal.torch.recalibrate(model, iter(loader), iterations=2, **self.options)
+
     def test_two_inputs_through_input_fn_travel_compact_and_stop_at_num_batches(self):
         model = _seeded(TwoInputs)
         g = torch.Generator().manual_seed(2)

@@ -288,7 +288,7 @@ _MODULES = _option_names(report_pb2.ModuleMode)
 _COMPUTE_DTYPES = _option_names(report_pb2.ComputeDtype)
 _MEMORY_FORMATS = _option_names(report_pb2.MemoryFormat)
 ENGINE_OPTIONS = ("estimator", "modules", "include", "exclude", "max_batches", "allow_short_data",
-                  "target_rel_error", "compute_dtype", "memory_format")
+                  "target_rel_error", "compute_dtype", "memory_format", "iterations")
 
 
 def check_names(given, known, what):
@@ -306,7 +306,9 @@ def engine_options(**options):
     include / exclude (regular expressions searched in layer names), max_batches,
     allow_short_data, target_rel_error, compute_dtype "float32" | "bfloat16" | "float16"
     (the forward's precision, under autocast; statistics stay float64), memory_format
-    "auto" | "contiguous" | "channels_last". The names are those of the proto enums
+    "auto" | "contiguous" | "channels_last", iterations (passes over the data, each with the
+    statistics of the one before: for quantization-aware Conv-BN, whose forward reads them;
+    data the server reads, not a client stream). The names are those of the proto enums
     (report_pb2.Estimator, ModuleMode, ComputeDtype, MemoryFormat) in lowercase."""
     check_names(options, ENGINE_OPTIONS, "engine option")
     out = recal_pb2.EngineOptions()

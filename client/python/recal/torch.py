@@ -59,7 +59,7 @@ from recal._proto.recal.v1 import recal_pb2
 from recal.messages import parse_report
 from recal.safetensors_reader import read_safetensors
 
-__all__ = ["recalibrate", "Result", "ShortDataWarning", "PreciseBN", "do_precise_bn"]
+__all__ = ["recalibrate", "Result", "Pass", "ShortDataWarning", "PreciseBN", "do_precise_bn"]
 
 _log = logging.getLogger(__name__)
 _BatchNorm = torch.nn.modules.batchnorm._BatchNorm
@@ -86,6 +86,8 @@ class Result:
         short_data: fewer than num_batches (a ShortDataWarning said so too).
     buffers: the state_dict keys loaded into the model. ranks: processes whose batches went
         into the job.
+    iterations: with iterations=K > 1, one Pass per job, in order: how far it moved the
+        statistics from those it started with (report and job above are the last pass's).
     """
 
     report: object
@@ -98,6 +100,18 @@ class Result:
     short_data: bool
     buffers: tuple
     ranks: int
+    iterations: tuple = ()
+
+
+@dataclasses.dataclass
+class Pass:
+    """One pass of recalibrate(iterations=K): its job's RunReport, and the worst channel's
+    |new mean - old mean| / new std and |new var / old var - 1| over its layers (old: what
+    the pass started with, the previous pass's statistics)."""
+
+    report: object
+    max_mean_shift_in_std: float
+    max_var_change: float
 
 
 # ----------------------------------------------------------------------------- the model
@@ -681,7 +695,8 @@ def _show_info_when_logging_is_unconfigured():
 
 # --------------------------------------------------------------------------- recalibrate
 
-_MANAGED = ("max_batches", "allow_short_data")
+_MANAGED = ("max_batches", "allow_short_data", "iterations")
+_MAX_ITERATIONS = 20  # common/request_limits.h kMaxIterations
 # What **engine_options may hold besides the engine's own options: the job's (submit's).
 _JOB_OPTIONS = ("priority", "timeout_seconds", "labels", "request_id", "batch_size")
 
@@ -702,7 +717,7 @@ def check_options(options, also=()):
 def recalibrate(model, data, *, server=None, num_batches=200, input_fn=None, token=None, tls=False,
                 tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None, timeout=None,
                 progress=None, bar=None, export="auto", shard=None, scale=None, mean=None, std=None,
-                **engine_options):
+                iterations=1, **engine_options):
     """Recalibrates the BatchNorm statistics of `model` in place on recal-server and returns
     a Result (result.report is the job's RunReport).
 
@@ -740,6 +755,13 @@ def recalibrate(model, data, *, server=None, num_batches=200, input_fn=None, tok
         | "as_saved"), include, exclude, target_rel_error; also priority, timeout_seconds,
         labels, request_id, and batch_size (what the report says; default the first
         batch's size, which must be within the server's --max_batch_size).
+    iterations: K passes, each a job over the same first num_batches batches of `data`
+        (which must be iterable again: a DataLoader or a list, not an iterator), each after
+        the first run on the model with the statistics of the one before loaded (a job's
+        data is pushed once: the engine option iterations needs data the server reads). For
+        models whose forward reads the running statistics (torch.ao's QAT ConvBn modules
+        scale their weight by the running variance before fake-quantizing it), where one
+        pass is one re-estimation step; result.iterations says how far each moved them.
     shard: (rank, world). With torch.distributed initialised and world > 1 every rank calls
         this with its own batches: rank 0 exports the model (with its first batch), uploads
         it and submits one job of `world` shards; every rank pushes its own batches into its
@@ -757,6 +779,11 @@ def recalibrate(model, data, *, server=None, num_batches=200, input_fn=None, tok
     check_options(engine_options)
     if isinstance(num_batches, bool) or not isinstance(num_batches, int) or num_batches < 1:
         raise ValueError("num_batches must be a positive integer, not %r" % (num_batches,))
+    if isinstance(iterations, bool) or not isinstance(iterations, int) or not 1 <= iterations <= _MAX_ITERATIONS:
+        raise ValueError("iterations must be an integer from 1 to %d, not %r" % (_MAX_ITERATIONS, iterations))
+    if iterations > 1 and iter(data) is data:
+        raise ValueError("recal.torch: iterations=%d reads the data once per pass, and an iterator is read "
+                         "once: give a DataLoader or a list" % iterations)
     if bool(mean) != bool(std):
         raise ValueError("give mean and std together")
     target = _unwrap(model)
@@ -766,11 +793,36 @@ def recalibrate(model, data, *, server=None, num_batches=200, input_fn=None, tok
                    tls_key=tls_key, tls_server_name=tls_server_name, timeout=timeout)
     job_options = dict(num_batches=num_batches, progress=progress, bar=bar, export=export,
                        scale=scale, mean=mean, std=std, options=engine_options)
+    if world == 1 and iterations > 1:
+        return _passes(target, lambda: _local_batches(data, input_fn, target), connect, iterations, job_options)
     if world == 1:
         outcome = _run(target, local, connect, **job_options)
         return _finish(target, outcome, ranks=1)
+    if iterations > 1:
+        raise ValueError("recal.torch: iterations > 1 with torch.distributed: run the passes in one process")
 
     return _finish(target, _run_sharded(target, local, connect, rank, world, group, **job_options), ranks=world)
+
+
+def _pass_movement(report):
+    """(worst mean shift in std, worst |var ratio - 1|) over the report's layers."""
+    shift = change = 0.0
+    for layer in report.layers:
+        if layer.used and not layer.excluded and layer.HasField("var_ratio"):
+            shift = max(shift, layer.mean_shift_in_std.max)
+            change = max(change, abs(layer.var_ratio.max - 1), abs(layer.var_ratio.min - 1))
+    return shift, change
+
+
+def _passes(target, batches_of_a_pass, connect, iterations, job_options):
+    """recalibrate(iterations=K): K jobs, each loading its statistics into `target` before the
+    next exports it; the last pass's Result with every pass's movement."""
+    passes = []
+    for _ in range(iterations):
+        result = _finish(target, _run(target, batches_of_a_pass(), connect, **job_options), ranks=1)
+        shift, change = _pass_movement(result.report)
+        passes.append(Pass(report=result.report, max_mean_shift_in_std=shift, max_var_change=change))
+    return dataclasses.replace(result, iterations=tuple(passes))
 
 
 def _connect(connect):

@@ -16,6 +16,7 @@
 #include "server/engine/exported/interpreter.h"
 #include "server/engine/exported/program_plan.h"
 #include "server/engine/exported/pt2_archive.h"
+#include "server/engine/exported/quantizers.h"
 #include "server/engine/exported/serialized_types.h"
 
 namespace recal::engine::exported {
@@ -54,6 +55,8 @@ class ExportedModel final : public ObservedModel {
   const NamedTensors& buffers() const override { return buffers_; }
   std::vector<std::pair<at::Tensor, at::Tensor>> BatchNormBuffers() const override;
   absl::StatusOr<int> Observe(Collector* collector, v1::ModuleMode modules, bool end_at_last_batch_norm) override;
+  QuantizerCounts Quantizers() const override { return CountQuantizers(plan_); }
+  NamedTensors QuantizerState() const override;
   std::vector<at::Tensor> ConvolutionWeights() const override;
   void LayOutWeights(at::MemoryFormat format) override;
   void Forward(const std::vector<at::Tensor>& inputs) override;
@@ -267,6 +270,22 @@ void ExportedModel::Schedule(bool end_at_last_batch_norm) {
     if (last_use[s] >= 0) release_[last_use[s]].push_back(s);
   }
   run_ = std::move(run);
+}
+
+NamedTensors ExportedModel::QuantizerState() const {
+  // The program's own steps: a quantizer in a nested graph reads its operands' slots, not
+  // the state's (the fused ones there run frozen all the same).
+  std::set<Slot> read;
+  for (const Step& step : plan_.steps) {
+    for (Slot s : QuantizerParameterSlots(step)) read.insert(s);
+  }
+  NamedTensors state;
+  for (const GraphInput& input : plan_.inputs) {
+    if (input.kind == GraphInput::Kind::kBuffer && read.count(input.slot) > 0) {
+      state.emplace_back(input.name, state_[input.slot].toTensor());
+    }
+  }
+  return state;
 }
 
 std::vector<at::Tensor> ExportedModel::ConvolutionWeights() const {

@@ -13,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "server/engine/dropout_ops.h"
+#include "server/engine/exported/quantizers.h"
 #include "server/engine/exported/serialized_types.h"
 
 namespace recal::engine::exported {
@@ -22,7 +23,8 @@ using nlohmann::json;
 
 // Operators that only exported graphs hold (TorchScript has no equivalent node), beside the
 // allowlist TorchScript graphs are checked against: shape queries and assertions on
-// symbolic sizes, and the decomposed forms of BatchNorm, dropout and .to().
+// symbolic sizes, and the decomposed forms of BatchNorm, dropout and .to(). The quantize /
+// dequantize operators of converted pt2e programs (kQuantizedDecomposedOps) are allowed too.
 constexpr const char* kExportOnlyOps[] = {
     "aten::sym_size",          "aten::sym_numel",          "aten::sym_stride",
     "aten::sym_storage_offset", "aten::_assert_tensor_metadata", "aten::_assert_scalar",
@@ -322,6 +324,7 @@ class OperatorPolicy {
   explicit OperatorPolicy(const GraphPolicy& policy) : trusted_(policy.trusted) {
     for (const std::string& op : AllowedOperators()) allowed_.insert(op);
     allowed_.insert(std::begin(kExportOnlyOps), std::end(kExportOnlyOps));
+    allowed_.insert(std::begin(kQuantizedDecomposedOps), std::end(kQuantizedDecomposedOps));
     allowed_.insert(policy.extra_allowed_ops.begin(), policy.extra_allowed_ops.end());
   }
   bool Allows(const std::string& op) const { return trusted_ || allowed_.count(op) > 0; }
@@ -514,6 +517,7 @@ absl::StatusOr<Step> PlanNode(const json& node, PlanContext& context, int depth,
                                         "and shape operators run; an administrator can allow more with --extra_allowed_ops)"));
   }
   RECAL_RETURN_IF_ERROR(PlanOperator(node, parts[0], parts[1], parts[2], slots, context.device, step));
+  if (absl::Status quantizer = PlanQuantizer(step); !quantizer.ok()) return NodeError(node, quantizer.message());
   if (step.batch_norm == BatchNormForm::kNone && absl::StrContains(parts[1], "batch_norm") &&
       step.op->schema().argumentIndexWithName("running_mean")) {
     return NodeError(node, "a BatchNorm form Recal cannot observe");

@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/engine/graph_validation.h"
+#include "server/engine/quantizers.h"
 
 namespace recal::engine::exported {
 
@@ -78,6 +79,9 @@ struct Step {
   bool writes_argument = false;  // an in-place operator: it runs even when its result is unused
   bool dropout = false;          // its `train` argument follows Options::modules
   bool random = false;           // draws random numbers (dropout, bernoulli, rand, ...)
+  // A quantizer (server/engine/quantizers.h); an observing one runs as
+  // recal::frozen_fake_quantize (exported/quantizers.h).
+  QuantizerKind quantizer = QuantizerKind::kNone;
   // Part of a random mask that eval mode does not compute (eval_mode.h): never runs.
   bool eliminated = false;
   // Returns its argument at this index instead of calling its operator: the multiply that

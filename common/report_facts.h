@@ -1,0 +1,38 @@
+// Facts of a RunReport said the same way by recal-run and recalctl: its quantizers and how
+// far each pass moved the statistics.
+//
+// Header-only, as common/enum_names.h and for the same reason: recalctl carries the generated
+// protobuf code as objects of its own.
+#pragma once
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "recal/v1/report.pb.h"
+
+namespace recal {
+
+// "12, frozen (8 observers held still)": the quantizers ran with the scales and zero points
+// the model holds. Empty for a model without.
+inline std::string QuantizersFact(const v1::RunReport& report) {
+  if (!report.has_quantizers() || report.quantizers().count() == 0) return "";
+  const v1::Quantizers& q = report.quantizers();
+  return absl::StrCat(q.count(), ", frozen (", q.observers_frozen(), " observer",
+                      q.observers_frozen() == 1 ? "" : "s", " held still)");
+}
+
+// "pass 1: 0.83 std / 45% (layer1.0.bn1); pass 2: 0.0021 std / 0.1% (...)": the worst channel's
+// mean shift and variance change of each pass. Empty for a run of one pass.
+inline std::string IterationsFact(const v1::RunReport& report) {
+  std::string text;
+  for (const v1::IterationStep& step : report.iterations()) {
+    absl::StrAppend(&text, text.empty() ? "" : "; ",
+                    absl::StrFormat("pass %d: %.2g std / %.2g%%", step.iteration(), step.max_mean_shift_in_std(),
+                                    100 * step.max_var_change()),
+                    step.worst_layer().empty() ? "" : absl::StrCat(" (", step.worst_layer(), ")"));
+  }
+  return text;
+}
+
+}  // namespace recal
