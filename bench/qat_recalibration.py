@@ -5,7 +5,7 @@ BatchNorm re-estimation by Recal, by fvcore's update_bn_stats and by AIMET-style
 averaging, with the time each took.
 
     .venv/bin/python bench/qat_recalibration.py [--bin build/bin/recal-run] [--threads 2]
-        [--seed 0] [--epochs 4] [--keep DIR]
+        [--seed 0] [--epochs 4] [--weight_bits 4] [--per_tensor] [--keep DIR]
 
 The task (`shapes10`) is generated, not downloaded: 32x32 images of ten shapes (disk, square,
 ring, frame, two bars, two diagonals, plus, cross) at random positions, sizes, intensities,
@@ -154,17 +154,20 @@ def accuracy(model, images, labels):
         return (model(images).argmax(1) == labels).float().mean().item()
 
 
-def quantization_aware(model, example):
-    """prepare_qat_fx at uint8 activations, int4 per-channel symmetric weights."""
+def quantization_aware(model, example, weight_bits=4, per_channel=True):
+    """prepare_qat_fx at uint8 activations, `weight_bits` symmetric weights (per channel or
+    per tensor)."""
     from torch.ao.quantization import FusedMovingAvgObsFakeQuantize, QConfig, QConfigMapping
     from torch.ao.quantization.observer import MovingAverageMinMaxObserver, MovingAveragePerChannelMinMaxObserver
     from torch.ao.quantization.quantize_fx import prepare_qat_fx
 
     activation = FusedMovingAvgObsFakeQuantize.with_args(observer=MovingAverageMinMaxObserver, quant_min=0,
                                                          quant_max=255, dtype=torch.quint8)
-    weight = FusedMovingAvgObsFakeQuantize.with_args(observer=MovingAveragePerChannelMinMaxObserver, quant_min=-8,
-                                                     quant_max=7, dtype=torch.qint8,
-                                                     qscheme=torch.per_channel_symmetric)
+    half = 2 ** (weight_bits - 1)
+    observer = MovingAveragePerChannelMinMaxObserver if per_channel else MovingAverageMinMaxObserver
+    weight = FusedMovingAvgObsFakeQuantize.with_args(
+        observer=observer, quant_min=-half, quant_max=half - 1, dtype=torch.qint8,
+        qscheme=torch.per_channel_symmetric if per_channel else torch.per_tensor_symmetric)
     mapping = QConfigMapping().set_global(QConfig(activation=activation, weight=weight))
     return prepare_qat_fx(copy.deepcopy(model).train(), mapping, example)
 
@@ -236,11 +239,11 @@ def measure(name, method, model, calibration, test):
     return name, accuracy(candidate, *test), seconds if method is not None else None
 
 
-def starting_points(float_model, train_set, calibration, g):
+def starting_points(float_model, train_set, calibration, g, weight_bits, per_channel):
     """{"init": the QAT model after quantization initialisation, "qat": after an epoch of QAT}."""
     from torch.ao.quantization import enable_observer
 
-    init = quantization_aware(float_model, (calibration[0][:2],))
+    init = quantization_aware(float_model, (calibration[0][:2],), weight_bits, per_channel)
     observe(init, calibration, on=True)
     qat = copy.deepcopy(init)
     qat.apply(enable_observer)
@@ -262,6 +265,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--keep", default="", help="keep the exported programs and data here")
+    ap.add_argument("--weight_bits", type=int, default=4, choices=range(2, 9))
+    ap.add_argument("--per_tensor", action="store_true", help="one weight scale per layer, not per channel")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(args.seed)
@@ -273,7 +278,7 @@ def main():
     train(float_model, *train_set, epochs=args.epochs, lr=0.1, g=g)
     float_accuracy = accuracy(float_model, *test)
     print("float32 ResNet-8 trained in %.0f s: test accuracy %.4f" % (time.time() - t0, float_accuracy), flush=True)
-    points = starting_points(float_model, train_set, calibration, g)
+    points = starting_points(float_model, train_set, calibration, g, args.weight_bits, not args.per_tensor)
 
     work = args.keep or tempfile.mkdtemp(prefix="recal-qat-bench-")
     os.makedirs(work, exist_ok=True)
@@ -291,9 +296,9 @@ def main():
             print("  %s / %s: %.4f" % (point, name, rows[-1][2]), flush=True)
 
     print()
-    print("ResNet-8 on shapes10, uint8 activations / int4 weights (per channel), test accuracy of 2,000 "
+    print("ResNet-8 on shapes10, uint8 activations / int%d weights (per %s), test accuracy of 2,000 "
           "images; float32 model: %.1f%%; 512 calibration samples in 8 batches of 64, %d threads"
-          % (100 * float_accuracy, args.threads))
+          % (args.weight_bits, "tensor" if args.per_tensor else "channel", 100 * float_accuracy, args.threads))
     print()
     print("| starting point | BatchNorm statistics | test accuracy | seconds |")
     print("|---|---|---|---|")

@@ -576,6 +576,7 @@ class ClientTest(unittest.TestCase):
 
     def test_quantization_aware_programs_run_with_their_quantizers_held_and_iterate(self):
         import torch
+        import torch.ao.quantization.fx._decomposed  # noqa: F401  (torch.export.load needs quantized_decomposed)
 
         # torch.ao's FX QAT and torchao's pt2e after convert_pt2e: the observers stay as they
         # were uploaded, every buffer but the running statistics comes back byte for byte.
