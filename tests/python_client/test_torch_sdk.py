@@ -1014,6 +1014,8 @@ class TorchSdkTest(unittest.TestCase):
                 "import recal\n"
                 "assert 'torch' not in sys.modules\n"
                 "import recal.torch, torch\n"
+                "import recal.lightning\n"
+                "assert recal.lightning.__file__.startswith(sys.prefix), recal.lightning.__file__\n"
                 "model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))\n"
                 "data = [torch.randn(4, 3, 8, 8) for _ in range(2)]\n"
                 "result = recal.torch.recalibrate(model, data, server=sys.argv[1], num_batches=2,\n"
