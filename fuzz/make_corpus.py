@@ -588,34 +588,34 @@ def node(target, inputs, outputs=("relu",)):
             "outputs": [{"as_tensor": {"name": n}} for n in outputs]}
 
 
-def tensor(name):
+def tensor_arg(name):
     return {"as_tensor": {"name": name}}
 
 
 def program_plan_seeds():
     # Hand-made, small (committed): one accepted of each kind, and the refusals.
-    relu = node("torch.ops.aten.relu.default", [("self", tensor("x"))])
+    relu = node("torch.ops.aten.relu.default", [("self", tensor_arg("x"))])
     yield "relu.json", program([relu])
     yield "dynamic.json", program([relu], sizes=({"as_expr": {"expr_str": "2*s0 + 1"}},))
-    size = node("torch.ops.aten.sym_size.int", [("self", tensor("x")), ("dim", {"as_int": 0})], ["s"])
+    size = node("torch.ops.aten.sym_size.int", [("self", tensor_arg("x")), ("dim", {"as_int": 0})], ["s"])
     size["outputs"] = [{"as_sym_int": {"as_name": "s"}}]
     mul = node("_operator.mul", [("a", {"as_sym_int": {"as_name": "s"}}), ("b", {"as_int": 2})], ["m"])
     mul["outputs"] = [{"as_sym_int": {"as_name": "m"}}]
     yield "sym_mul.json", program([size, mul, relu])
-    yield "add_scalar.json", program([node("torch.ops.aten.add.Tensor", [("self", tensor("x")), ("other", {"as_float": 1.5})])])
-    yield "used_before_made.json", program([node("torch.ops.aten.relu.default", [("self", tensor("y"))])])
-    yield "not_allowed.json", program([node("torch.ops.aten.save.default", [("self", tensor("x"))])])
-    yield "no_such_op.json", program([node("torch.ops.aten.nope.default", [("self", tensor("x"))])])
+    yield "add_scalar.json", program([node("torch.ops.aten.add.Tensor", [("self", tensor_arg("x")), ("other", {"as_float": 1.5})])])
+    yield "used_before_made.json", program([node("torch.ops.aten.relu.default", [("self", tensor_arg("y"))])])
+    yield "not_allowed.json", program([node("torch.ops.aten.save.default", [("self", tensor_arg("x"))])])
+    yield "no_such_op.json", program([node("torch.ops.aten.nope.default", [("self", tensor_arg("x"))])])
     yield "wrong_type.json", program([node("torch.ops.aten.relu.default", [("self", {"as_int": 1})])])
     yield "nodes_not_list.json", b'{"graph_module":{"graph":{"nodes":5,"tensor_values":{}},"signature":{"input_specs":[]}}}'
     yield "deep.json", b"[" * 70 + b"]" * 70
     yield "not_json.json", b'{"graph_module":'
-    region = {"as_graph": {"name": "g", "graph": {"inputs": [tensor("a")], "outputs": [tensor("r")],
-                                                  "nodes": [node("torch.ops.aten.relu.default", [("self", tensor("a"))], ["r"])]}}}
+    region = {"as_graph": {"name": "g", "graph": {"inputs": [tensor_arg("a")], "outputs": [tensor_arg("r")],
+                                                  "nodes": [node("torch.ops.aten.relu.default", [("self", tensor_arg("a"))], ["r"])]}}}
     yield "no_grad.json", program([node("torch.ops.higher_order.wrap_with_set_grad_enabled",
-                                        [("", {"as_bool": False}), ("", region), ("", tensor("x"))])])
+                                        [("", {"as_bool": False}), ("", region), ("", tensor_arg("x"))])])
     yield "cond.json", program([node("torch.ops.higher_order.cond",
-                                     [("", {"as_bool": True}), ("", region), ("", region), ("", {"as_tensors": [tensor("x")]})])])
+                                     [("", {"as_bool": True}), ("", region), ("", region), ("", {"as_tensors": [tensor_arg("x")]})])])
     # The fixtures' programs, compacted; the smallest also as torch wrote it.
     files = pt2_files()
     for name, data in files:
