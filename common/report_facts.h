@@ -1,14 +1,16 @@
-// Facts of a RunReport said the same way by recal-run and recalctl: its quantizers and how
-// far each pass moved the statistics.
+// Facts of a RunReport said the same way by recal-run and recalctl: its quantizers, how far
+// each pass moved the statistics, and what the folded model folded.
 //
 // Header-only, as common/enum_names.h and for the same reason: recalctl carries the generated
 // protobuf code as objects of its own.
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "recal/v1/report.pb.h"
 
 namespace recal {
@@ -33,6 +35,21 @@ inline std::string IterationsFact(const v1::RunReport& report) {
                     step.worst_layer().empty() ? "" : absl::StrCat(" (", step.worst_layer(), ")"));
   }
   return text;
+}
+
+// "folded 52 BatchNorm layers into the layers before them; kept 1 in eval mode: 'bn2' (it
+// follows relu, not a convolution or linear layer)". Empty without a folded model.
+inline std::string FoldFact(const v1::RunReport& report) {
+  if (!report.has_fold()) return "";
+  const v1::BatchNormFold& fold = report.fold();
+  std::string text = absl::StrCat("folded ", fold.folded_size(), " BatchNorm layer", fold.folded_size() == 1 ? "" : "s",
+                                  " into the layers before them");
+  if (fold.kept_size() == 0) return text;
+  std::vector<std::string> kept;
+  for (const v1::BatchNormFold::Kept& layer : fold.kept()) {
+    kept.push_back(absl::StrCat("'", layer.name(), "' (", layer.reason(), ")"));
+  }
+  return absl::StrCat(text, "; kept ", fold.kept_size(), " in eval mode: ", absl::StrJoin(kept, ", "));
 }
 
 }  // namespace recal

@@ -4,7 +4,8 @@
 // and constants' configs, every record's size against the archive), then every weight and
 // constant as a tensor (Load, through one RecordCache as LoadExportedModel does), then what a
 // finished job writes: the same archive with those tensors (WithTensors), read back as
-// ExportedModel::CheckReloads reads it.
+// ExportedModel::CheckReloads reads it; and the archive folded (fold_batch_norm.cc: its
+// program's JSON edited), read back.
 //
 // Contract: garbage is refused with INVALID_ARGUMENT and a message, never an exception, a
 // crash or a read past the input; an archive that opens holds one program (a JSON object);
@@ -20,6 +21,7 @@
 #include <ATen/Parallel.h>
 
 #include "fuzz/fuzz_util.h"
+#include "server/engine/exported/fold_batch_norm.h"
 #include "server/engine/exported/pt2_archive.h"
 #include "server/engine/model_file.h"
 
@@ -106,5 +108,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto b = Bits(*after);
     FUZZ_CHECK(a.has_value() == b.has_value() && (!a || at::equal(*a, *b)), "the bytes of ", name, " changed");
   }
+  // Folding edits what it read: refused with a message, or an archive that reads back.
+  auto folded = recal::engine::exported::FoldProgramBatchNorms(*archive);
+  if (!folded.ok()) {
+    CheckRefusal(folded.status(), "FoldProgramBatchNorms");
+    return 0;
+  }
+  auto folded_archive = Pt2Archive::Read(recal::engine::BytesReader(folded->bytes), recal::engine::exported::ArchiveLimits{});
+  FUZZ_CHECK(folded_archive.ok(), "the folded archive does not read back: ", folded_archive.status().ToString());
+  FUZZ_CHECK(!folded->folded.empty(), "a fold that folded nothing");
   return 0;
 }

@@ -31,6 +31,7 @@
 #include "server/data_access/locate_objects.h"
 #include "server/data_access/object_storage.h"
 #include "server/engine/batch_moments.h"
+#include "server/engine/folded_model.h"
 #include "server/engine/recalibration.h"
 #include "server/engine/report.h"
 #include "server/s3/s3_flags.h"
@@ -45,6 +46,9 @@ ABSL_FLAG(std::string, data, "",
           "images:DIR[?resize=R&crop=C&mean=M,M,M&std=S,S,S&samples=N&seed=S&shuffle=0|1&on_bad=fail|skip]");
 ABSL_FLAG(std::string, out, "", "where to write the recalibrated model (in the format it came in)");
 ABSL_FLAG(std::string, bn_out, "", "optional: the BatchNorm buffers alone, as .safetensors");
+ABSL_FLAG(std::string, folded_out, "",
+          "optional (torch.export programs): the recalibrated model in eval mode with each BatchNorm that directly "
+          "follows a convolution or linear layer folded into it, as .pt2 (docs/exported-programs.md)");
 ABSL_FLAG(std::string, report, "", "optional: the report, as JSON");
 ABSL_FLAG(int64_t, batch_size, 32, "samples per forward pass");
 ABSL_FLAG(int64_t, max_batches, 0,
@@ -185,6 +189,24 @@ absl::Status CheckOutName(const std::string& model, const std::string& out) {
   return absl::OkStatus();
 }
 
+// A folded model is made of exported programs only (server/engine/folded_model.h): said
+// before the data runs, not after.
+absl::Status CheckFoldedOut(const std::string& model, const std::string& folded_out) {
+  if (folded_out.empty()) return absl::OkStatus();
+  RECAL_ASSIGN_OR_RETURN(auto file, recal::engine::OpenModelFile(model));
+  RECAL_ASSIGN_OR_RETURN(const recal::engine::ModelFormat format, recal::engine::DetectModelFormat(file));
+  if (format != recal::engine::ModelFormat::kExportedProgram) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--folded_out: ", model, " is TorchScript; a folded model is made of torch.export programs only "
+        "(export the model with torch.export.export and save it with torch.export.save)"));
+  }
+  if (absl::EndsWith(folded_out, ".pt") || absl::EndsWith(folded_out, ".pth")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--folded_out ", folded_out, ": the folded model is a PT2 archive: name it .pt2"));
+  }
+  return absl::OkStatus();
+}
+
 // The data against the model's input contract before any batch runs (each batch is checked
 // again as it comes), and what the engine will cast, said once.
 absl::Status CheckDataUpFront(const recal::engine::Recalibration& run, const recal::data::DataSpec& data,
@@ -263,6 +285,8 @@ absl::Status RunMain() {
   }
   RECAL_ASSIGN_OR_RETURN(const recal::data::DataSpec data, recal::data::ParseDataSpec(data_flag));
   RECAL_RETURN_IF_ERROR(CheckOutName(model, out));
+  const std::string folded_out = absl::GetFlag(FLAGS_folded_out);
+  RECAL_RETURN_IF_ERROR(CheckFoldedOut(model, folded_out));
   const int64_t batch_size = absl::GetFlag(FLAGS_batch_size);
   if (batch_size < 1) return absl::InvalidArgumentError("--batch_size must be at least 1");
   auto options = OptionsFromFlags();
@@ -330,6 +354,9 @@ absl::Status RunMain() {
   report.set_skipped_files(skipped_files);
   report.set_shards(shards);
   report.set_device(options->device);  // shard 0's report: every device the shards ran on
+  if (!folded_out.empty()) {
+    RECAL_RETURN_IF_ERROR(recal::engine::WriteFoldedModel(out, folded_out, &report));
+  }
   if (const std::string path = absl::GetFlag(FLAGS_report); !path.empty()) {
     if (absl::Status s = recal::engine::WriteReportJson(path, report); !s.ok()) return s;
   }
@@ -339,6 +366,7 @@ absl::Status RunMain() {
       report.layers_recalibrated(), report.unused_layers_size(), report.batches(), report.samples(),
       report.skipped_files() > 0 ? absl::StrCat(" (", report.skipped_files(), " bad files skipped)") : "",
       report.seconds(), report.memory_format(), report.compute_dtype(), out);
+  if (report.has_fold()) std::cerr << "recal-run: " << recal::FoldFact(report) << "; wrote " << folded_out << "\n";
   if (const std::string quantizers = recal::QuantizersFact(report); !quantizers.empty()) {
     std::cerr << "recal-run: quantizers: " << quantizers << "\n";
   }
@@ -354,7 +382,7 @@ int main(int argc, char** argv) {
   recal::ParseCommandLineOrExit(
       argc, argv, "recal-run",
       "recalibrates the BatchNorm statistics of a TorchScript model or torch.export program on local data\n"
-      "  recal-run --model M.pt|M.pt2 --data npy:X.npy --out OUT.pt|OUT.pt2 [--bn_out BN.safetensors] "
+      "  recal-run --model M.pt|M.pt2 --data npy:X.npy --out OUT.pt|OUT.pt2 [--bn_out BN.safetensors] [--folded_out FOLDED.pt2] "
       "[--report R.json] [options]",
       recal::engine::GpuStatisticsBuild());
   absl::Status status = RunMain();

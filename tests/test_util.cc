@@ -61,10 +61,12 @@ int RunPython(const std::string& script, const std::string& dir) {
   return rc;
 }
 
+int RunFixturesPython(const std::string& script, const std::string& dir) {
+  return RunPython(absl::StrCat("import sys\nsys.path.insert(0, '", RECAL_TEST_FIXTURES_SOURCE_DIR, "')\n", script), dir);
+}
+
 int MakeImageFolders(const std::string& dir) {
-  return RunPython(absl::StrCat("import sys\nsys.path.insert(0, '", RECAL_TEST_FIXTURES_SOURCE_DIR,
-                                "')\nimport image_folders\nimage_folders.make(sys.argv[1])\n"),
-                   dir);
+  return RunFixturesPython("import image_folders\nimage_folders.make(sys.argv[1])\n", dir);
 }
 
 std::string NpyFile(absl::string_view dict, absl::string_view data, int major_version) {

@@ -44,6 +44,9 @@ std::string ReadBytes(const std::string& path);
 // Runs `script` with RECAL_PYTHON; the script gets the directory as sys.argv[1]. Returns
 // the exit status (0 = success).
 int RunPython(const std::string& script, const std::string& dir);
+// RunPython with tests/fixtures first on sys.path: its modules (exported_programs, reference,
+// image_folders, ...) import by name.
+int RunFixturesPython(const std::string& script, const std::string& dir);
 
 // Small image folders for image-folder jobs, made by tests/fixtures/image_folders.py with
 // RECAL_PYTHON and PIL; returns RunPython's status. Under `dir`:

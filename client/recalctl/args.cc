@@ -51,6 +51,7 @@ constexpr FlagInfo kFlags[] = {
     {"compute_dtype", true},
     {"memory_format", true},
     {"iterations", true},
+    {"fold_batch_norm", false},
     {"timeout", true},
     {"scale", true},
     {"mean", true},
@@ -58,6 +59,7 @@ constexpr FlagInfo kFlags[] = {
     {"request_id", true},
     {"out", true},
     {"bn_out", true},
+    {"folded_out", true},
     {"report", true},
     // report
     {"top", true},

@@ -20,7 +20,8 @@ absl::StatusOr<v1::Artifact> ParseArtifact(const std::string& name) {
   if (lower == "model") return v1::MODEL;
   if (lower == "bn" || lower == "bn_buffers") return v1::BN_BUFFERS;
   if (lower == "report") return v1::REPORT;
-  return absl::InvalidArgumentError(absl::StrCat("--artifact must be model, bn or report, not '", name, "'"));
+  if (lower == "folded") return v1::FOLDED;
+  return absl::InvalidArgumentError(absl::StrCat("--artifact must be model, bn, report or folded, not '", name, "'"));
 }
 
 // Bytes the tenant has keep the name and version of their first upload (docs/models.md: a

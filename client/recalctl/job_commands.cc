@@ -26,7 +26,7 @@ namespace {
 const std::vector<std::string> kJobFlags = {
     "data", "stream", "batch_size", "max_batches", "estimator", "modules", "include", "exclude",
     "target_rel_error", "allow_short_data", "priority", "timeout", "label", "scale", "mean", "std", "shards",
-    "compute_dtype", "memory_format", "iterations"};
+    "compute_dtype", "memory_format", "iterations", "fold_batch_norm"};
 // clang-format on
 
 std::vector<std::string> With(std::vector<std::string> flags, std::initializer_list<const char*> more) {
@@ -73,6 +73,7 @@ absl::Status FillSpec(const Args& args, v1::JobSpec* spec, v1::ClientStreamSourc
   options->set_target_rel_error(target);
   if (iterations > 1) options->set_iterations(static_cast<int32_t>(iterations));
   options->set_allow_short_data(args.GetBool("allow_short_data"));
+  options->set_fold_batch_norm(args.GetBool("fold_batch_norm"));
   options->set_include(args.Get("include"));
   options->set_exclude(args.Get("exclude"));
   // Checked by the server against the same proto enums (v1::ComputeDtype, v1::MemoryFormat).
@@ -241,7 +242,7 @@ int Submit(Context& ctx) {
 }
 
 int Run(Context& ctx) {
-  if (auto s = ctx.args.AllowOnly(With(kJobFlags, {"out", "bn_out", "report", "name"})); !s.ok()) {
+  if (auto s = ctx.args.AllowOnly(With(kJobFlags, {"out", "bn_out", "folded_out", "report", "name"})); !s.ok()) {
     return UsageError(s);
   }
   if (auto s = ctx.args.ExpectPositional(1, "one model file or stored model (name, name:version or digest)");
@@ -258,6 +259,7 @@ int Run(Context& ctx) {
   if (!source.ok()) return UsageError(source.status());
   options.model_name = ctx.args.Get("name");
   options.bn_out = ctx.args.Get("bn_out");
+  options.folded_out = ctx.args.Get("folded_out");
   options.report_out = ctx.args.Get("report");
   const std::string& model_path = ctx.args.positional()[0];
   const std::string out = ctx.args.Get("out");

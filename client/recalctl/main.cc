@@ -49,9 +49,9 @@ Commands:
                                                 unfinished uploads) against its quota
   watch JOB [--after_seq N]                     follow a job to its end (reconnects); prints it
   cancel JOB                                    cancel a queued or running job
-  download JOB -o PATH [--artifact model|bn|report]
+  download JOB -o PATH [--artifact model|bn|report|folded]
                                                 a succeeded job's result (resumes; sha256 checked)
-  run MODEL --data SPEC -o OUT [--bn_out F.safetensors] [--report R.json] [--name N]
+  run MODEL --data SPEC -o OUT [--bn_out F.safetensors] [--folded_out F.pt2] [--report R.json] [--name N]
       [JOB FLAGS]                               upload, submit, watch and download in one go;
                                                 MODEL: a file, or a stored model's REF (as
                                                 submit takes it: nothing is uploaded)
@@ -81,6 +81,8 @@ Job flags (submit, run):
                        auto|contiguous|channels_last
   --iterations K       K passes over the data, each with the statistics of the one before
                        (quantization-aware Conv-BN reads them); not with --stream or --shards
+  --fold_batch_norm    also make the folded model (artifact folded; torch.export programs):
+                       each BatchNorm after a convolution or linear layer folded into it
   --shards K           run as K shards on any workers, merged exactly; with --stream,
                        the local batches are pushed by K concurrent streams, one per shard
   --stream             SPEC names a LOCAL npy:/safetensors: file (float32, float16, uint8),

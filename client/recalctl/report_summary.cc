@@ -87,6 +87,7 @@ std::vector<std::pair<std::string, std::string>> HeaderFacts(const v1::RunReport
     facts.emplace_back("quantizers", std::move(quantizers));
   }
   if (std::string passes = IterationsFact(report); !passes.empty()) facts.emplace_back("iterations", std::move(passes));
+  if (std::string fold = FoldFact(report); !fold.empty()) facts.emplace_back("folded", std::move(fold));
   for (const std::string& note : report.notes()) facts.emplace_back("note", note);
   return facts;
 }

@@ -98,6 +98,7 @@ absl::StatusOr<std::vector<DownloadResult>> DownloadResults(Client& client, cons
                                                             const ProgressCallback& on_progress) {
   std::vector<std::pair<v1::Artifact, std::string>> wanted = {{v1::MODEL, out_path}};
   if (!options.bn_out.empty()) wanted.emplace_back(v1::BN_BUFFERS, options.bn_out);
+  if (!options.folded_out.empty()) wanted.emplace_back(v1::FOLDED, options.folded_out);
   if (!options.report_out.empty()) wanted.emplace_back(v1::REPORT, options.report_out);
   std::vector<DownloadResult> downloads;
   for (const auto& [artifact, path] : wanted) {
@@ -148,6 +149,8 @@ absl::StatusOr<RecalibrateResult> Client::Run(const std::string& model_path, con
                                               const ProgressCallback& on_progress) {
   if (out_path.empty()) return absl::InvalidArgumentError("no output path for the recalibrated model");
   v1::JobSpec spec = options.job;
+  // A folded model to download is one the job must make.
+  if (!options.folded_out.empty()) spec.mutable_options()->set_fold_batch_norm(true);
   if (spec.batch_size() == 0) spec.set_batch_size(kDefaultBatchSize);
   *spec.mutable_data() = source;
 

@@ -344,7 +344,11 @@ absl::StatusOr<store::ResultRef> JobManager::Result(const Caller& caller, const 
         absl::StrCat("job ", id, " is ", v1::JobState_Name(job->state()), "; results exist once it has SUCCEEDED"));
   }
   if (artifact == v1::ARTIFACT_UNSPECIFIED) {
-    return absl::InvalidArgumentError("artifact must be MODEL, BN_BUFFERS or REPORT");
+    return absl::InvalidArgumentError("artifact must be MODEL, BN_BUFFERS, REPORT or FOLDED");
+  }
+  if (artifact == v1::FOLDED && !job->spec().options().fold_batch_norm()) {
+    return absl::NotFoundError(absl::StrCat("job ", id, " made no folded model: submit it with options.fold_batch_norm "
+                                            "(recalctl --fold_batch_norm) to have one"));
   }
   return repository_.Result(id, artifact);
 }

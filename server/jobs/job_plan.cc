@@ -50,6 +50,7 @@ absl::StatusOr<worker::v1::EnginePlan> PlanEngine(const v1::EngineOptions& optio
                          NamedValue<v1::MemoryFormat>("options.memory_format", options.memory_format()));
   plan.set_memory_format(format);
   plan.set_iterations(options.iterations());
+  plan.set_fold_batch_norm(options.fold_batch_norm());
   return plan;
 }
 

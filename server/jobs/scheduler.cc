@@ -281,7 +281,7 @@ absl::StatusOr<JobOutputs> Scheduler::Execute(const v1::Job& job, const std::str
   JobOutputs outputs;
   RECAL_ASSIGN_OR_RETURN(outputs.report, std::move(report));
   progress.Finish();
-  const ScratchFiles& files = job.parent_id().empty() ? JobFiles() : ShardFiles();
+  const ScratchFiles files = job.parent_id().empty() ? JobFiles(job.spec()) : ShardFiles();
   RECAL_RETURN_IF_ERROR(sources_.models->stored_bytes().ReserveResultsWhileHeld(job, scratch->path(), files, flags));
   RECAL_ASSIGN_OR_RETURN(outputs.results, AdoptResults(*blobs_, scratch->path(), files));
   return outputs;

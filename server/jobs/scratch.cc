@@ -20,10 +20,11 @@ Scratch::~Scratch() {
   std::filesystem::remove_all(path_, ignored);
 }
 
-const ScratchFiles& JobFiles() {
-  static const ScratchFiles* const files =
-      new ScratchFiles{{v1::MODEL, "model.pt"}, {v1::BN_BUFFERS, "bn.safetensors"}, {v1::REPORT, "report.json"}};
-  return *files;
+ScratchFiles JobFiles(const v1::JobSpec& spec) {
+  ScratchFiles files{{v1::MODEL, "model.pt"}, {v1::BN_BUFFERS, "bn.safetensors"}, {v1::REPORT, "report.json"}};
+  // The worker's name for it (server/worker/worker_task.cc).
+  if (spec.options().fold_batch_norm()) files.emplace_back(v1::FOLDED, "folded.pt2");
+  return files;
 }
 
 const ScratchFiles& ShardFiles() {

@@ -33,7 +33,8 @@ class Scratch {
 // What a run leaves in its scratch directory, by artifact: a job's or a merge's results, and
 // a shard's statistics.
 using ScratchFiles = std::vector<std::pair<v1::Artifact, std::string>>;
-const ScratchFiles& JobFiles();
+// A job's results; the folded model only where its spec asked for one.
+ScratchFiles JobFiles(const v1::JobSpec& spec);
 const ScratchFiles& ShardFiles();
 
 // What a job's run ends with: its results in the blob store and the worker's report.

@@ -23,6 +23,7 @@
 #include "server/data/batch_source.h"
 #include "server/data/normalization.h"
 #include "server/data/torch_error.h"
+#include "server/engine/folded_model.h"
 #include "server/engine/recalibration.h"
 #include "server/engine/report.h"
 #include "server/worker/pushed_batches.h"
@@ -111,10 +112,13 @@ absl::StatusOr<OpenedData> OpenData(const v1::Recalibrate& job, const TaskContex
   return OpenedData{*std::move(source), std::nullopt};
 }
 
-absl::Status WriteResults(const engine::Recalibration& run, const api::RunReport& report, const TaskContext& context,
-                          const EventSink& send) {
+absl::Status WriteResults(const engine::Recalibration& run, const v1::EnginePlan& plan, api::RunReport report,
+                          const TaskContext& context, const EventSink& send) {
   const std::filesystem::path scratch(context.scratch);
   absl::Status written = run.WriteModel((scratch / "model.pt").string());
+  if (written.ok() && plan.fold_batch_norm()) {
+    written = engine::WriteFoldedModel((scratch / "model.pt").string(), (scratch / "folded.pt2").string(), &report);
+  }
   if (written.ok()) written = run.WriteBatchNormBuffers((scratch / "bn.safetensors").string());
   if (written.ok()) written = engine::WriteReportJson((scratch / "report.json").string(), report);
   if (!written.ok()) return written;
@@ -152,7 +156,7 @@ absl::Status Merge(const v1::Task& task, const TaskContext& context, const Event
   api::RunReport report = (*run)->Report();
   DescribeJob(job.plan(), &report);
   report.set_shards(job.merge_size());
-  return WriteResults(**run, report, context, send);
+  return WriteResults(**run, job.plan().engine(), report, context, send);
 }
 
 absl::Status Recalibrate(const v1::Task& task, const TaskContext& context, const EventSink& send) {
@@ -209,7 +213,7 @@ absl::Status Recalibrate(const v1::Task& task, const TaskContext& context, const
   DescribeJob(job.plan(), &report);
   report.set_skipped_files(data->source->skipped_files());
   report.mutable_notes()->Add(notes.begin(), notes.end());
-  if (!shard) return WriteResults(**run, report, context, send);
+  if (!shard) return WriteResults(**run, job.plan().engine(), report, context, send);
   const std::string path = (std::filesystem::path(context.scratch) / "statistics.safetensors").string();
   if (absl::Status written = engine::WriteShardStatistics(path, (*run)->Statistics()); !written.ok()) return written;
   v1::Event done;

@@ -572,6 +572,24 @@ TEST_F(RecalctlTest, ComputeDtypeAndMemoryFormatReachTheWorkerAndTheReport) {
   EXPECT_EQ(half.exit_code, 0) << half.err;
 }
 
+TEST_F(RecalctlTest, FoldedOutDownloadsTheFoldedProgramAndTheReportSaysWhatWasFolded) {
+  const std::string program = kFixtures + "/models/resnet18.exported_train.pt2";
+  const std::string folded = tmp_.File("folded.pt2");
+  const Result run = Ctl({"run", program, "--data", "npy:data/resnet18.npy", "-o", tmp_.File("out.pt2"),
+                          "--folded_out", folded, "--batch_size", "8", "--output=json"});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const v1::Job job = Parse<v1::Job>(run);
+  EXPECT_TRUE(job.spec().options().fold_batch_norm());
+  EXPECT_THAT(ReadBytes(folded).substr(0, 2), "PK");
+  const Result report = Ctl({"report", job.id()});
+  ASSERT_EQ(report.exit_code, 0) << report.err;
+  EXPECT_THAT(report.out, HasSubstr("folded 20 BatchNorm layers into the layers before them"));
+  const Result again = Ctl({"download", job.id(), "--artifact", "folded", "-o", tmp_.File("again.pt2")});
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_EQ(ReadBytes(tmp_.File("again.pt2")), ReadBytes(folded));
+  EXPECT_EQ(Ctl({"download", job.id(), "--artifact", "foldd", "-o", tmp_.File("x")}).exit_code, 2);
+}
+
 TEST_F(RecalctlTest, FailedAndCancelledJobsHaveTheirExitCodes) {
   const Result failed = Ctl({"run", kModel, "--data", "npy:data/bn1d_2d.npy", "-o", tmp_.File("out.pt"),
                              "--batch_size", "8", "--output=json"});

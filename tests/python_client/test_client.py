@@ -574,6 +574,29 @@ class ClientTest(unittest.TestCase):
             for key, value in bn.items():
                 np.testing.assert_array_equal(state[key].numpy(), value, err_msg=key)
 
+    def test_folded_out_downloads_the_eval_mode_program_folded(self):
+        import torch
+
+        import exported_programs  # tests/fixtures
+
+        model = os.path.join(FIXTURES, "models", "resnet18.exported_train.pt2")
+        out, folded, report = (os.path.join(self.dir, "fold" + n) for n in (".pt2", ".folded.pt2", ".json"))
+        job = self.client.recalibrate(model, data="npy:data/resnet18.npy", out=out, folded_out=folded, report=report,
+                                      batch_size=8)
+        self.assertEqual(job.state, recal.SUCCEEDED, job.error.message)
+        with open(report) as f:
+            self.assertEqual(len(json.load(f)["fold"]["folded"]), 20)
+        program = torch.export.load(folded)
+        self.assertEqual(exported_programs.bn_calls(program.graph), [])
+        x = torch.randn(2, 3, 64, 64)  # the fixture's static resolution
+        want = exported_programs.eval_module(torch.export.load(out))(x)
+        self.assertLess(((program.module()(x) - want).abs().max() / want.abs().max()).item(), 1e-4)
+        # The artifact by name, and a job that did not ask for it.
+        self.client.download(job, os.path.join(self.dir, "again.pt2"), "folded")
+        plain = self.client.recalibrate(model, data="npy:data/resnet18.npy", batch_size=8)
+        with self.assertRaisesRegex(recal.RecalError, "fold_batch_norm"):
+            self.client.download(plain, os.path.join(self.dir, "none.pt2"), "folded")
+
     def test_quantization_aware_programs_run_with_their_quantizers_held_and_iterate(self):
         import torch
         import torch.ao.quantization.fx._decomposed  # noqa: F401  (torch.export.load needs quantized_decomposed)

@@ -10,6 +10,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "common/sha256.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -111,6 +112,50 @@ TEST_F(ServerTest, RecalibratesAFixtureModelToTheFloat64Reference) {
   EXPECT_THAT(report, HasSubstr("\"layers_recalibrated\": 20"));
   // Resuming a download from an offset gives the rest.
   EXPECT_EQ(Download(*stub_, job.id(), v1::MODEL, &status, 1000), model.substr(1000));
+}
+
+TEST_F(ServerTest, FoldedModelIsTheEvalModeModelFolded) {
+  v1::Model model;
+  ASSERT_TRUE(Upload(*stub_, ReadBytes(kFixtures + "/models/resnet18.exported_train.pt2"), &model).ok());
+  v1::SubmitJobRequest request = NpyJob(model.id(), "data/resnet18.npy", 8);
+  request.mutable_spec()->mutable_options()->set_fold_batch_norm(true);
+  const v1::Job job = Submit(request);
+  ASSERT_EQ(WaitForState(*stub_, job.id(), v1::SUCCEEDED).state(), v1::SUCCEEDED);
+  grpc::Status status;
+  WriteBytes(tmp_.File("out.pt2"), Download(*stub_, job.id(), v1::MODEL, &status));
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  WriteBytes(tmp_.File("folded.pt2"), Download(*stub_, job.id(), v1::FOLDED, &status));
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_THAT(Download(*stub_, job.id(), v1::REPORT, &status), HasSubstr("\"fold\""));
+  // PyTorch runs both: the recalibrated program in eval mode, and the folded one.
+  EXPECT_EQ(RunFixturesPython(R"(import torch
+import exported_programs as ep
+d = sys.argv[1]
+folded = torch.export.load(d + '/folded.pt2')
+assert not ep.bn_calls(folded.graph), 'BatchNorm left in the folded ResNet-18'
+x = torch.randn(4, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+want = ep.eval_module(torch.export.load(d + '/out.pt2'))(x)
+got = folded.module()(x)
+sys.exit(0 if ((got - want).abs().max() / want.abs().max()).item() < 1e-4 else 1)
+)",
+                              tmp_.path()),
+            0);
+
+  // A job that did not ask has no folded model, and says how to get one.
+  const v1::Job plain = Submit(NpyJob(model.id(), "data/resnet18.npy", 8));
+  ASSERT_EQ(WaitForState(*stub_, plain.id(), v1::SUCCEEDED).state(), v1::SUCCEEDED);
+  Download(*stub_, plain.id(), v1::FOLDED, &status);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(status.error_message(), HasSubstr("fold_batch_norm"));
+
+  // TorchScript cannot be folded: the job fails saying so, and the server goes on.
+  v1::SubmitJobRequest script = NpyJob(UploadModel(), "data/resnet18.npy", 8);
+  script.mutable_spec()->mutable_options()->set_fold_batch_norm(true);
+  const v1::Job failed = WaitForState(*stub_, Submit(script).id(), v1::FAILED);
+  EXPECT_EQ(failed.state(), v1::FAILED);
+  EXPECT_THAT(failed.error().message(), HasSubstr("torch.export programs only"));
+  EXPECT_EQ(failed.error().code(), grpc::StatusCode::FAILED_PRECONDITION);
+  UploadModel();
 }
 
 TEST_F(ServerTest, HostileModelsAreRefusedAtUploadNamingTheOperatorTensorOrLimit) {

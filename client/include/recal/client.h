@@ -129,13 +129,15 @@ struct RecalibrateOptions {
   bool stream = false;
   v1::ClientStreamSource stream_normalisation;
   std::string bn_out;      // optional: also download the BatchNorm buffers (safetensors)
+  // optional: also download the folded model (a PT2 archive); needs job.options().fold_batch_norm
+  std::string folded_out;
   std::string report_out;  // optional: also download the report (JSON)
 };
 
 struct RecalibrateResult {
   UploadResult upload;
   v1::Job job;                            // SUCCEEDED
-  std::vector<DownloadResult> downloads;  // model, then bn / report when asked for
+  std::vector<DownloadResult> downloads;  // model, then bn / folded / report when asked for
 };
 
 // A job that ended FAILED or CANCELLED comes back from Recalibrate as an error status

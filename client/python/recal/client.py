@@ -460,7 +460,8 @@ class Client:
 
     def download(self, job_id, path, artifact="model"):
         """Downloads an artifact of a SUCCEEDED job: "model" (the recalibrated model, in
-        the format it was uploaded in: TorchScript or a torch.export PT2 archive), "bn" (the BatchNorm buffers, safetensors) or "report" (JSON).
+        the format it was uploaded in: TorchScript or a torch.export PT2 archive), "bn" (the BatchNorm buffers, safetensors), "report" (JSON) or "folded" (the folded model
+        of a job submitted with fold_batch_norm=True, a PT2 archive).
 
         Writes PATH.part, resumes from its size after a broken stream (and in a later call
         after a broken-off one), checks the size and sha256 the server gives, fsyncs and
@@ -611,25 +612,28 @@ class Client:
     # ----------------------------------------------------------------------- all in one
 
     def recalibrate(self, model_path, data, out=None, batch_size=32, max_batches=None, bn_out=None,
-                    report=None, on_progress=None, on_queued=None, **options):
+                    report=None, on_progress=None, on_queued=None, folded_out=None, **options):
         """Uploads `model_path` (unless the server has it), runs a job on `data` (a spec as in
         submit(), server-side paths), waits for it and downloads the recalibrated model to
-        `out`, the BatchNorm buffers to `bn_out` and the JSON report to `report` (each when
+        `out`, the BatchNorm buffers to `bn_out`, the folded model to `folded_out` (which
+        submits with fold_batch_norm=True) and the JSON report to `report` (each when
         given; the report with ints as ints, as recal.to_json writes it, where the server's
         artifact, which download() keeps byte for byte, has int64s as strings). Other keyword
         arguments go to submit() (engine options, priority, timeout_seconds, labels,
         request_id). Returns the final Job; raises RecalError (with
         .code and .job) if the job FAILED or was CANCELLED."""
         model = self.upload_model(model_path)
+        if folded_out is not None:
+            options["fold_batch_norm"] = True
         job = self.submit(model, data, batch_size=batch_size, max_batches=max_batches, **options)
-        return self._results(self.wait(job, on_progress, on_queued), out, bn_out, report)
+        return self._results(self.wait(job, on_progress, on_queued), out, bn_out, report, folded_out)
 
-    def _results(self, job, out, bn_out, report):
+    def _results(self, job, out, bn_out, report, folded_out=None):
         """The ended `job` once it SUCCEEDED (RecalError otherwise), its artifacts downloaded
         to the paths given."""
         if job.state != recal_pb2.SUCCEEDED:
             raise RecalError.from_job(job)
-        for target, artifact in ((out, "model"), (bn_out, "bn"), (report, "report")):
+        for target, artifact in ((out, "model"), (bn_out, "bn"), (folded_out, "folded"), (report, "report")):
             if target is not None:
                 self.download(job, target, artifact)
         if report is not None:

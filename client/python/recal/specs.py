@@ -288,7 +288,7 @@ _MODULES = _option_names(report_pb2.ModuleMode)
 _COMPUTE_DTYPES = _option_names(report_pb2.ComputeDtype)
 _MEMORY_FORMATS = _option_names(report_pb2.MemoryFormat)
 ENGINE_OPTIONS = ("estimator", "modules", "include", "exclude", "max_batches", "allow_short_data",
-                  "target_rel_error", "compute_dtype", "memory_format", "iterations")
+                  "target_rel_error", "compute_dtype", "memory_format", "iterations", "fold_batch_norm")
 
 
 def check_names(given, known, what):
@@ -308,7 +308,9 @@ def engine_options(**options):
     (the forward's precision, under autocast; statistics stay float64), memory_format
     "auto" | "contiguous" | "channels_last", iterations (passes over the data, each with the
     statistics of the one before: for quantization-aware Conv-BN, whose forward reads them;
-    data the server reads, not a client stream). The names are those of the proto enums
+    data the server reads, not a client stream), fold_batch_norm (also make the "folded"
+    artifact: the model in eval mode with each BatchNorm after a convolution or linear layer
+    folded into it; torch.export programs). The names are those of the proto enums
     (report_pb2.Estimator, ModuleMode, ComputeDtype, MemoryFormat) in lowercase."""
     check_names(options, ENGINE_OPTIONS, "engine option")
     out = recal_pb2.EngineOptions()
@@ -337,7 +339,7 @@ def job_state(value):
 
 
 _ARTIFACTS = {"model": recal_pb2.MODEL, "bn": recal_pb2.BN_BUFFERS,
-              "bn_buffers": recal_pb2.BN_BUFFERS, "report": recal_pb2.REPORT}
+              "bn_buffers": recal_pb2.BN_BUFFERS, "report": recal_pb2.REPORT, "folded": recal_pb2.FOLDED}
 
 
 def artifact(value):

@@ -695,7 +695,9 @@ def _show_info_when_logging_is_unconfigured():
 
 # --------------------------------------------------------------------------- recalibrate
 
-_MANAGED = ("max_batches", "allow_short_data", "iterations")
+# The engine options recalibrate() sets from its own arguments (iterations is one of those
+# arguments: given to recal.lightning's callback, it reaches recalibrate() by name).
+_MANAGED = ("max_batches", "allow_short_data")
 _MAX_ITERATIONS = 20  # common/request_limits.h kMaxIterations
 # What **engine_options may hold besides the engine's own options: the job's (submit's).
 _JOB_OPTIONS = ("priority", "timeout_seconds", "labels", "request_id", "batch_size")

@@ -76,6 +76,8 @@ absl::StatusOr<Pt2Archive> Pt2Archive::Read(std::shared_ptr<ReadAdapter> file, c
   }
   RECAL_ASSIGN_OR_RETURN(json program, archive.ReadJson(model));
   archive.program_ = std::make_shared<const json>(std::move(program));
+  archive.program_record_ = model;
+  archive.weights_config_record_ = absl::StrCat(kWeightsDir, model_name, "_weights_config.json");
   for (const char* legacy : {"data/weights/", "data/constants/"}) {
     if (std::find(records.begin(), records.end(), absl::StrCat(legacy, model_name, ".pt")) !=
         records.end()) {
@@ -83,8 +85,7 @@ absl::StatusOr<Pt2Archive> Pt2Archive::Read(std::shared_ptr<ReadAdapter> file, c
                      "of torch 2.6 or later");
     }
   }
-  RECAL_RETURN_IF_ERROR(archive.ReadPayloadConfig(
-      absl::StrCat(kWeightsDir, model_name, "_weights_config.json"), kWeightsDir, &archive.weights_));
+  RECAL_RETURN_IF_ERROR(archive.ReadPayloadConfig(archive.weights_config_record_, kWeightsDir, &archive.weights_));
   RECAL_RETURN_IF_ERROR(archive.ReadPayloadConfig(
       absl::StrCat(kConstantsDir, model_name, "_constants_config.json"), kConstantsDir,
       &archive.constants_));
@@ -198,12 +199,21 @@ absl::StatusOr<at::Tensor> Pt2Archive::Load(const StoredTensor& stored, RecordCa
 
 absl::StatusOr<std::string> Pt2Archive::WithTensors(
     const std::vector<std::pair<std::string, at::Tensor>>& values) const {
+  ArchiveEdit edit;
+  edit.values = values;
+  return Rewritten(edit);
+}
+
+absl::StatusOr<std::string> Pt2Archive::Rewritten(const ArchiveEdit& edit) const {
   std::map<std::string, std::vector<std::pair<const StoredTensor*, at::Tensor>>> by_record;
-  for (const auto& [name, value] : values) {
+  for (const auto& [name, value] : edit.values) {
     const StoredTensor* stored = Find(name);
     if (stored == nullptr) return absl::InternalError(absl::StrCat("no tensor ", name, " in the archive"));
     by_record[stored->record].emplace_back(stored, value);
   }
+  std::map<std::string, std::string> replaced_json;
+  if (edit.program) replaced_json[program_record_] = edit.program->dump();
+  if (edit.weights_config) replaced_json[weights_config_record_] = edit.weights_config->dump();
   std::string out;
   try {
     PyTorchStreamWriter writer([&out](const void* data, size_t n) {
@@ -211,7 +221,11 @@ absl::StatusOr<std::string> Pt2Archive::WithTensors(
       return n;
     });
     for (const std::string& name : reader_->getAllRecords()) {
-      if (name == kSerializationId) continue;
+      if (name == kSerializationId || edit.dropped_records.count(name) > 0) continue;
+      if (auto json_text = replaced_json.find(name); json_text != replaced_json.end()) {
+        writer.writeRecord(name, json_text->second.data(), json_text->second.size());
+        continue;
+      }
       auto [data, size] = reader_->getRecord(name);
       auto changed = by_record.find(name);
       if (changed != by_record.end()) {
@@ -222,6 +236,10 @@ absl::StatusOr<std::string> Pt2Archive::WithTensors(
         }
       }
       writer.writeRecord(name, data.get(), size);
+    }
+    for (const auto& [path_name, value] : edit.added_weights) {
+      const at::Tensor bytes = value.contiguous().cpu();
+      writer.writeRecord(absl::StrCat(kWeightsDir, path_name), bytes.data_ptr(), bytes.nbytes());
     }
     writer.writeEndOfFile();
   } catch (const std::exception& e) {

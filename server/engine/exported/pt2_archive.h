@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -44,6 +46,17 @@ struct StoredTensor {
   TensorView view;
 };
 
+// What a new archive changes of an old one (Pt2Archive::Rewritten).
+struct ArchiveEdit {
+  std::optional<nlohmann::json> program;         // replaces models/<name>.json
+  std::optional<nlohmann::json> weights_config;  // replaces the weights' config
+  // Stored tensors given new values of their own dtype and shape.
+  std::vector<std::pair<std::string, at::Tensor>> values;
+  // Records added under data/weights/ (by path_name), each a tensor's bytes in order.
+  std::map<std::string, at::Tensor> added_weights;
+  std::set<std::string> dropped_records;  // record names (StoredTensor::record)
+};
+
 class Pt2Archive {
  public:
   // INVALID_ARGUMENT naming what is wrong: not a PT2 archive, several programs in it,
@@ -72,6 +85,10 @@ class Pt2Archive {
   // The archive with the named tensors (weights or constants) given new values of their
   // own dtype and shape, every other record copied as it is. torch.export.load reads it.
   absl::StatusOr<std::string> WithTensors(const std::vector<std::pair<std::string, at::Tensor>>& values) const;
+  // The archive with `edit` applied, every other record copied as it is.
+  absl::StatusOr<std::string> Rewritten(const ArchiveEdit& edit) const;
+  // The weights' config as stored ({"config": {name: {path_name, tensor_meta, ...}}}).
+  absl::StatusOr<nlohmann::json> WeightsConfig() const { return ReadJson(weights_config_record_); }
 
  private:
   Pt2Archive() = default;
@@ -87,6 +104,8 @@ class Pt2Archive {
   std::shared_ptr<caffe2::serialize::PyTorchStreamReader> reader_;
   ArchiveLimits limits_;
   std::shared_ptr<const nlohmann::json> program_;
+  std::string program_record_;         // models/<name>.json
+  std::string weights_config_record_;  // data/weights/<name>_weights_config.json
   std::map<std::string, StoredTensor> weights_;
   std::map<std::string, StoredTensor> constants_;
 };
