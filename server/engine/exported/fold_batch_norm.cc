@@ -135,6 +135,8 @@ class ProgramFolder {
   absl::Status AddBias(const Fold& fold, const at::Tensor& bias);
   absl::Status SwitchToEval();
   void DropBatchCounts();
+  // What read a folded BatchNorm's output reads its layer's: one pass over the graph.
+  void ApplyRenames();
   void DropUnusedState(const std::set<std::string>& folded_keys);
   absl::StatusOr<at::Tensor> Stored(const std::string& key) const;
 
@@ -147,7 +149,19 @@ class ProgramFolder {
   std::map<std::string, StateInput> state_;  // placeholder -> the state it holds
   std::map<std::string, int> record_users_;  // record -> how many stored tensors view it
   std::set<size_t> removed_nodes_;
+  std::map<std::string, std::string> renamed_;  // a folded BatchNorm's output -> its layer's
 };
+
+void ProgramFolder::ApplyRenames() {
+  const auto rename = [this](json& name) {
+    if (!name.is_string()) return;
+    auto found = renamed_.find(name.get<std::string>());
+    if (found != renamed_.end()) name = found->second;
+  };
+  for (json& node : nodes()) ForEachTensorRead(node["inputs"], rename);
+  ForEachTensorRead(graph()["outputs"], rename);
+  ForEachTensorRead(program_["graph_module"]["signature"]["output_specs"], rename);
+}
 
 void ProgramFolder::IndexGraph() {
   made_by_.clear();
@@ -279,17 +293,7 @@ absl::Status ProgramFolder::Apply(const Fold& fold) {
     RECAL_RETURN_IF_ERROR(AddBias(fold, folded_bias));
   }
   removed_nodes_.insert(fold.batch_norm_node);
-  for (json& node : nodes()) {
-    ForEachTensorRead(node["inputs"], [&](json& name) {
-      if (name == fold.output) name = fold.input;
-    });
-  }
-  ForEachTensorRead(graph()["outputs"], [&](json& name) {
-    if (name == fold.output) name = fold.input;
-  });
-  ForEachTensorRead(program_["graph_module"]["signature"]["output_specs"], [&](json& name) {
-    if (name == fold.output) name = fold.input;
-  });
+  renamed_[fold.output] = fold.input;
   for (const json& output : nodes()[fold.batch_norm_node]["outputs"]) {
     if (const std::optional<std::string> made = TensorName(&output)) graph()["tensor_values"].erase(*made);
   }
@@ -395,11 +399,12 @@ void ProgramFolder::DropBatchCounts() {
     counters.insert(*made);
     increments.push_back(i);
   }
+  IndexGraph();
   for (auto i = increments.rbegin(); i != increments.rend(); ++i) {
-    IndexGraph();
     const std::string made = *TensorName(&nodes()[*i]["outputs"][0]);
     if (reads_[made] > 0) continue;
     removed_nodes_.insert(*i);
+    --reads_[*TensorName(Argument(nodes()[*i], "self"))];
     graph()["tensor_values"].erase(made);
   }
 }
@@ -433,14 +438,20 @@ absl::StatusOr<FoldedModel> ProgramFolder::Run() {
   RECAL_RETURN_IF_ERROR(weights_config_.status());
   for (const auto& [name, stored] : archive_.weights()) ++record_users_[stored.record];
   for (const auto& [name, stored] : archive_.constants()) ++record_users_[stored.record];
+  // Read with at(): a const operator[] of a missing key is undefined (the fuzzer found it).
+  if (!input_specs().is_array() || !graph()["inputs"].is_array() || input_specs().size() != graph()["inputs"].size()) {
+    return absl::InvalidArgumentError("PT2 archive: the program's signature does not match its graph's inputs");
+  }
   for (size_t spec = 0; spec < input_specs().size(); ++spec) {
-    const json& entry = input_specs()[spec];
+    const json& entry = input_specs().at(spec);
     if (entry.contains("parameter")) {
-      state_[entry["parameter"]["arg"]["name"].get<std::string>()] = {
-          entry["parameter"]["parameter_name"].get<std::string>(), true, spec};
-    } else if (entry.contains("buffer") && entry["buffer"].value("persistent", true)) {
-      state_[entry["buffer"]["arg"]["name"].get<std::string>()] = {entry["buffer"]["buffer_name"].get<std::string>(),
-                                                                  false, spec};
+      const json& parameter = entry.at("parameter");
+      state_[parameter.at("arg").at("name").get<std::string>()] = {parameter.at("parameter_name").get<std::string>(),
+                                                                   true, spec};
+    } else if (entry.contains("buffer") && entry.at("buffer").value("persistent", true)) {
+      const json& buffer = entry.at("buffer");
+      state_[buffer.at("arg").at("name").get<std::string>()] = {buffer.at("buffer_name").get<std::string>(), false,
+                                                                spec};
     }
   }
   IndexGraph();
@@ -456,6 +467,8 @@ absl::StatusOr<FoldedModel> ProgramFolder::Run() {
       continue;
     }
     const Fold& fold = std::get<Fold>(planned);
+    // The counts of reads stay right for what later folds check: a removed BatchNorm read
+    // only its own input and state, which no other fold reads.
     RECAL_RETURN_IF_ERROR(Apply(fold));
     result.folded.push_back(fold.name);
     for (const std::optional<std::string>& key : {std::optional<std::string>(fold.mean_key),
@@ -464,7 +477,6 @@ absl::StatusOr<FoldedModel> ProgramFolder::Run() {
                                                   std::optional<std::string>(fold.name + ".num_batches_tracked")}) {
       if (key) folded_keys.insert(*key);
     }
-    IndexGraph();
   }
   if (result.folded.empty()) {
     std::vector<std::string> reasons;
@@ -473,6 +485,7 @@ absl::StatusOr<FoldedModel> ProgramFolder::Run() {
         "no BatchNorm of the program directly follows a convolution or linear layer it can be folded into (",
         reasons.empty() ? "it has none" : absl::StrJoin(reasons, "; "), ")"));
   }
+  ApplyRenames();
   RECAL_RETURN_IF_ERROR(SwitchToEval());
   DropUnusedState(folded_keys);
   json kept_nodes = json::array();
