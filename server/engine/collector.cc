@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <tuple>
+#include <utility>
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
@@ -278,6 +279,7 @@ void Collector::ResetStatistics() {
     layer->nonfinite = at::Tensor();
   }
   called_.clear();
+  batch_flags_.clear();
 }
 
 void Collector::BeginBatch(int64_t index) {
@@ -287,21 +289,24 @@ void Collector::BeginBatch(int64_t index) {
   called_.clear();
 }
 
-absl::Status Collector::EndBatch() {
+void Collector::EndBatch() {
   std::lock_guard<std::mutex> lock(mu_);
+  BatchFlags batch{batch_index_, {}, {}};
   std::vector<at::Tensor> flags;
   for (Layer* layer : called_) {
-    if (layer->nonfinite.defined()) flags.push_back(layer->nonfinite.view({1}));
+    if (!layer->nonfinite.defined()) continue;  // every call saw no value: nothing measured
+    batch.layers.push_back(layer);
+    flags.push_back(layer->nonfinite);
   }
-  if (flags.empty() || !at::cat(flags).any().item<bool>()) return absl::OkStatus();
-  for (Layer* layer : called_) {
-    if (layer->nonfinite.defined() && layer->nonfinite.item<bool>()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the batch statistics of BatchNorm layer '", layer->name, "' in batch ",
-                       batch_index_, " are not finite (NaN or Inf in its input)"));
-    }
-  }
-  return absl::OkStatus();
+  // One tensor per batch, so that a tick copies few pieces; float64, so that it joins the
+  // relative errors in the tick's one copy.
+  if (!flags.empty()) batch.flags = at::stack(flags).to(at::kDouble);
+  batch_flags_.push_back(std::move(batch));
+}
+
+std::vector<BatchFlags> Collector::TakeBatchFlags() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::exchange(batch_flags_, {});
 }
 
 }  // namespace recal::engine

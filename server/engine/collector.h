@@ -28,12 +28,21 @@ struct Layer {
   int64_t calls = 0;          // executions, excluded layers included
   int64_t refined_calls = 0;  // executions whose statistics were recomputed in float64
   LayerStats stats;
-  // On the layer's device, so that checking costs one host sync per batch, not per call:
-  // whether some call in the current batch saw a NaN or Inf.
+  // On the layer's device, so that checking costs no host sync per call (nor per batch: the
+  // progress tick reads them, BatchFlags): whether some call in the current batch saw a NaN
+  // or Inf.
   at::Tensor nonfinite;
   // Where the device kernel leaves a call's mean and 1/sqrt(var + eps) for the normalisation
   // (batch_moments.h): made at the first call, reused by every later one.
   at::Tensor batch_mean, batch_invstd;
+};
+
+// One batch's non-finite flags, left on the device until a progress tick reads them on the
+// host (Recalibration): reading them at once would stall the host every batch on a GPU.
+struct BatchFlags {
+  int64_t batch = 0;
+  std::vector<const Layer*> layers;  // the recalibrated layers it measured, in execution order
+  at::Tensor flags;                  // float64 [layers.size()]: nonzero where a call saw a NaN or Inf
 };
 
 class Collector {
@@ -52,16 +61,18 @@ class Collector {
                      const at::Tensor& running_var, bool training, double momentum, double eps,
                      bool cudnn_enabled);
 
-  // Brackets one forward pass. EndBatch fails, naming the first layer (in execution
-  // order) and the batch, if non-finite activations reached any BatchNorm.
+  // Brackets one forward pass. EndBatch keeps the batch's per-layer non-finite flags, on the
+  // device and without a host sync, for TakeBatchFlags.
   void BeginBatch(int64_t index);
-  absl::Status EndBatch();
+  void EndBatch();
+  // The flags of the batches ended since the last call, oldest first.
+  std::vector<BatchFlags> TakeBatchFlags();
 
-  // Forgets every call recorded so far (the layers stay known): for a first batch that
-  // failed part-way and runs again.
+  // Forgets every call recorded so far (the layers stay known), flags not taken included:
+  // for a first batch that failed part-way and runs again, and for the next pass.
   void ResetStatistics();
 
-  // Diagnosis of a batch that EndBatch failed, run again with this on: every observed call
+  // Diagnosis of a batch whose flags showed a NaN or Inf, run again with this on: every observed call
   // checks its input at once (a host sync per call) and the first non-finite one found, in
   // execution order, is described with its layer, batch and position.
   void set_locate_nonfinite(bool on);
@@ -91,6 +102,7 @@ class Collector {
   std::unordered_map<const void*, Layer*> by_mean_buffer_;
   int64_t batch_index_ = 0;
   std::vector<Layer*> called_;  // layers in the order the current batch first called them
+  std::vector<BatchFlags> batch_flags_;  // ended batches' flags, not taken yet
   bool locate_nonfinite_ = false;
   std::string nonfinite_location_;
 };

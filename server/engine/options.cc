@@ -54,4 +54,9 @@ std::string ComputeDtypeName(ComputeDtype dtype) {
   return "unknown";
 }
 
+int64_t ProgressTickBatches(const Options& options, bool on_cpu) {
+  if (options.progress_tick_batches > 0) return options.progress_tick_batches;
+  return on_cpu ? 1 : kGpuProgressTickBatches;
+}
+
 }  // namespace recal::engine

@@ -72,7 +72,21 @@ struct Options {
   // path; false for a run that never writes the model (inspection, shards that hand over
   // their statistics), which then does not pay for it.
   bool preload_output_copy = true;
+  // Batches between progress ticks, where the host reads what the batches left on the device
+  // (non-finite flags, convergence points, the error that progress reports and
+  // target_rel_error judges): 0 picks ProgressTickBatches(device); the tests set it to run
+  // the GPU's schedule on the CPU. The first batch and the last of a pass always tick.
+  int64_t progress_tick_batches = 0;
 };
+
+// The progress tick on a GPU, in batches: each tick waits for the GPU to drain (a host
+// synchronisation), so it comes every few batches rather than every one; counted in batches,
+// never in time, so that what a run computes and where it stops do not depend on timing.
+inline constexpr int64_t kGpuProgressTickBatches = 8;
+
+// Options::progress_tick_batches when it is 0: every batch on the CPU (a sync costs nothing
+// there), kGpuProgressTickBatches elsewhere.
+int64_t ProgressTickBatches(const Options& options, bool on_cpu);
 
 // fvcore's default number of batches for precise BN (common/data_spec.h).
 inline constexpr int64_t kDefaultMaxBatches = data::kDefaultMaxBatches;

@@ -6,11 +6,15 @@
 #include <future>
 #include <regex>
 #include <unordered_map>
+#include <utility>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
+#include <c10/core/Event.h>
 #include <c10/core/InferenceMode.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
@@ -131,6 +135,51 @@ std::string DtypeMismatch(const std::vector<at::Tensor>& args, const ObservedMod
 // The largest value of `values`, 0 when there is none.
 double MaxOf(const at::Tensor& values) { return values.numel() > 0 ? values.max().item<double>() : 0.0; }
 
+// `parts` (float64, 1-d) on the host, in one copy: a progress tick's one host synchronisation.
+absl::StatusOr<std::vector<double>> ToHost(const std::vector<at::Tensor>& parts) {
+  if (parts.empty()) return std::vector<double>();
+  try {
+    std::vector<at::Tensor> on_one_device;
+    for (const at::Tensor& part : parts) on_one_device.push_back(part.to(parts.front().device()));
+    const at::Tensor all = at::cat(on_one_device).cpu().contiguous();
+    return std::vector<double>(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
+  } catch (const std::exception& e) {
+    // A kernel's failure since the last tick surfaces here, where the host waits for it.
+    return TorchErrorStatus("reading the batches' checks from the device", e);
+  }
+}
+
+// A stream of the GPU's pool for copying batches to `device`; none on the CPU.
+absl::StatusOr<std::optional<c10::Stream>> CopyStream(const c10::Device& device) {
+  if (!device.is_cuda()) return std::nullopt;
+  try {
+    return c10::impl::VirtualGuardImpl(device.type()).getStreamFromGlobalPool(device);
+  } catch (const std::exception& e) {
+    return TorchErrorStatus(absl::StrCat("a copy stream on ", device.str()), e);
+  }
+}
+
+// `input`, pinned host memory, copied to `device` on `copy` rather than on the stream the
+// forward runs on: between progress ticks the host runs ahead of the GPU, so this copy runs
+// while the GPU still computes the batch before, where on the compute stream it would wait
+// for it. The compute stream waits for the copy (an event); record_stream tells the caching
+// allocator that the compute stream uses the tensor, so that its memory, allocated on the
+// copy stream, is not handed out again before the forward has read it. The pinned source is
+// kept by the caching host allocator until the copy stream has copied it.
+at::Tensor CopyOnStream(const at::Tensor& input, const c10::Device& device, const c10::Stream& copy) {
+  const c10::Stream compute = c10::impl::VirtualGuardImpl(device.type()).getStream(device);
+  at::Tensor arg;
+  {
+    c10::StreamGuard on_copy_stream(copy);
+    arg = input.to(device, /*non_blocking=*/true);
+  }
+  c10::Event copied(device.type());
+  copied.record(copy);
+  copied.block(compute);
+  arg.record_stream(compute);
+  return arg;
+}
+
 }  // namespace
 
 Options ShardOptions(Options options, int shards, int64_t batches) {
@@ -157,6 +206,9 @@ absl::StatusOr<std::unique_ptr<Recalibration>> Recalibration::Create(const std::
   if (options.target_rel_error < 0) {
     return absl::InvalidArgumentError("target_rel_error must not be negative");
   }
+  if (options.progress_tick_batches < 0) {
+    return absl::InvalidArgumentError("progress_tick_batches must not be negative (0: the device's default)");
+  }
   if (options.iterations < 1 || options.iterations > limits::kMaxIterations) {
     return absl::InvalidArgumentError(
         absl::StrCat("iterations must be 1 to ", limits::kMaxIterations, " (passes over the data)"));
@@ -165,6 +217,8 @@ absl::StatusOr<std::unique_ptr<Recalibration>> Recalibration::Create(const std::
 
   std::unique_ptr<Recalibration> run(new Recalibration(model_path, options));
   run->device_ = *device;
+  run->tick_batches_ = ProgressTickBatches(options, device->is_cpu());
+  RECAL_ASSIGN_OR_RETURN(run->copy_stream_, CopyStream(*device));
   auto model = LoadObservedModel(model_path, {*device, options.graph_policy, options.preload_output_copy});
   if (!model.ok()) return model.status();
   run->model_ = std::move(*model);
@@ -189,7 +243,13 @@ absl::StatusOr<std::unique_ptr<Recalibration>> Recalibration::Create(const std::
 }
 
 absl::Status Recalibration::Feed(const std::vector<at::Tensor>& inputs) {
+  return FeedBatch(inputs, /*want_error=*/false).status();
+}
+
+absl::StatusOr<std::optional<double>> Recalibration::FeedBatch(const std::vector<at::Tensor>& inputs,
+                                                               bool want_error) {
   const auto start = std::chrono::steady_clock::now();
+  held_args_.clear();  // the batch before's: its tick has passed, or never comes for it now
   if (inputs.empty() || inputs[0].dim() == 0) {
     return absl::InvalidArgumentError("a batch needs at least one input with a batch dimension");
   }
@@ -198,28 +258,97 @@ absl::Status Recalibration::Feed(const std::vector<at::Tensor>& inputs) {
   }
   if (absl::Status fits = CheckInputs(inputs); !fits.ok()) return fits;
   std::vector<at::Tensor> args;
-  absl::Status forward = memory_format_ == MemoryFormat::kAuto ? FirstForward(inputs, args)
-                                                               : Forward(args = Arguments(inputs));
-  if (!forward.ok()) return forward;
-  if (absl::Status finite = collector_->EndBatch(); !finite.ok()) {
-    // Checking every call's input at once would cost a host sync per call on every batch;
-    // the failed batch alone runs again to say where the first NaN or Inf is.
-    collector_->set_locate_nonfinite(true);
-    absl::Status again = Forward(args);
-    const std::string location = collector_->nonfinite_location();
-    collector_->set_locate_nonfinite(false);
-    return again.ok() && !location.empty() ? absl::InvalidArgumentError(location) : finite;
+  if (memory_format_ == MemoryFormat::kAuto) {
+    RECAL_RETURN_IF_ERROR(FirstForward(inputs, args));
+  } else {
+    RECAL_ASSIGN_OR_RETURN(args, Arguments(inputs));
+    RECAL_RETURN_IF_ERROR(Forward(args, batches_));
   }
+  collector_->EndBatch();
+  held_args_ = std::move(args);
+  tick_pending_ = true;
   ++batches_;
   samples_ += inputs[0].size(0);
+  // The point is taken now, on the device; the tick reads it. Every batch for the first 128,
+  // ever more rarely after.
+  if (convergence_.Wants(batches_)) pending_points_.push_back({batches_, samples_, LayerRelStdErrorTensor()});
+  std::optional<double> error;
+  if (TickDue()) {
+    RECAL_ASSIGN_OR_RETURN(error, ReadTick(want_error));
+  }
   // An observer inside the graph moves at the first batch if it moves at all.
   if (batches_ == 1 && pass_ == 1) RECAL_RETURN_IF_ERROR(CheckQuantizersHeld());
-  // A host sync per kept point: every batch for the first 128, ever more rarely after.
-  if (convergence_.Wants(batches_)) {
-    if (auto point = CurrentConvergencePoint()) convergence_.Add(*point);
-  }
   seconds_ += Seconds(start);
-  return absl::OkStatus();
+  return error;
+}
+
+bool Recalibration::TickDue() const {
+  return batches_ == 1 || batches_ % tick_batches_ == 0 ||
+         batches_ >= options_.max_batches.value_or(kDefaultMaxBatches);
+}
+
+absl::Status Recalibration::Tick() { return TickIfPending(/*want_error=*/false).status(); }
+
+absl::StatusOr<std::optional<double>> Recalibration::TickIfPending(bool want_error) {
+  if (!tick_pending_) return std::nullopt;
+  const auto start = std::chrono::steady_clock::now();
+  RECAL_ASSIGN_OR_RETURN(const double error, ReadTick(want_error));
+  seconds_ += Seconds(start);
+  return error;
+}
+
+absl::StatusOr<double> Recalibration::ReadTick(bool want_error) {
+  tick_pending_ = false;
+  const std::vector<BatchFlags> flags = collector_->TakeBatchFlags();
+  const std::vector<PendingPoint> points = std::exchange(pending_points_, {});
+  at::Tensor now;  // the layers' errors after the last batch: its point's, if it has one
+  if (want_error) {
+    now = !points.empty() && points.back().batches == batches_ ? points.back().errors : LayerRelStdErrorTensor();
+  }
+  std::vector<at::Tensor> parts;
+  for (const BatchFlags& batch : flags) {
+    if (batch.flags.defined()) parts.push_back(batch.flags);
+  }
+  for (const PendingPoint& point : points) {
+    if (point.errors.defined()) parts.push_back(point.errors);
+  }
+  if (now.defined()) parts.push_back(now);
+  RECAL_ASSIGN_OR_RETURN(const std::vector<double> host, ToHost(parts));
+  const double* next = host.data();
+  for (const BatchFlags& batch : flags) {
+    if (!batch.flags.defined()) continue;
+    for (size_t i = 0; i < batch.layers.size(); ++i) {
+      if (next[i] != 0) return NonFiniteError(batch, i);
+    }
+    next += batch.layers.size();
+  }
+  for (const PendingPoint& point : points) {
+    const int64_t n = point.errors.defined() ? point.errors.numel() : 0;
+    if (auto added = ConvergencePointOf(point.batches, point.samples, std::vector<double>(next, next + n))) {
+      convergence_.Add(*added);  // it keeps the same points as a tick after every batch would
+    }
+    next += n;
+  }
+  held_args_.clear();
+  const int64_t n = now.defined() ? now.numel() : 0;
+  return n == 0 ? 0.0 : *std::max_element(next, next + n);
+}
+
+absl::Status Recalibration::NonFiniteError(const BatchFlags& batch, size_t layer) {
+  const std::string what = absl::StrCat("the batch statistics of BatchNorm layer '", batch.layers[layer]->name,
+                                        "' in batch ", batch.batch, " are not finite (NaN or Inf in its input)");
+  if (batch.batch != batches_ - 1 || held_args_.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, "; found by the check after batch ", batches_ - 1, " (on this device the statistics are checked every ",
+        tick_batches_, " batches), when batch ", batch.batch, "'s inputs were no longer held to say where in them"));
+  }
+  // Checking every call's input at once would cost a host sync per call on every batch;
+  // the failed batch alone runs again to say where the first NaN or Inf is.
+  collector_->set_locate_nonfinite(true);
+  absl::Status again = Forward(held_args_, batch.batch);
+  const std::string location = collector_->nonfinite_location();
+  collector_->set_locate_nonfinite(false);
+  return absl::InvalidArgumentError(again.ok() && !location.empty() ? location : what);
 }
 
 absl::Status Recalibration::CheckInputs(const std::vector<at::Tensor>& inputs) const {
@@ -232,17 +361,22 @@ absl::Status Recalibration::CheckInputs(const std::vector<at::Tensor>& inputs) c
   return absl::InvalidArgumentError(absl::StrCat("batch ", batches_, ": ", fits.message()));
 }
 
-std::vector<at::Tensor> Recalibration::Arguments(const std::vector<at::Tensor>& inputs) const {
+absl::StatusOr<std::vector<at::Tensor>> Recalibration::Arguments(const std::vector<at::Tensor>& inputs) const {
   std::vector<at::Tensor> args;
   args.reserve(inputs.size());
-  for (const at::Tensor& input : inputs) {
-    // Pinned batches (the input pipeline pins them for CUDA) copy without blocking the host;
-    // the caching host allocator keeps their memory until the copy is done.
-    at::Tensor arg = input.to(device_, /*non_blocking=*/device_.is_cuda() && input.is_pinned());
-    if (memory_format_ == MemoryFormat::kChannelsLast && arg.dim() == 4 && arg.is_floating_point()) {
-      arg = arg.contiguous(at::MemoryFormat::ChannelsLast);
+  try {
+    for (const at::Tensor& input : inputs) {
+      // Pinned batches (the input pipeline pins them for CUDA) copy without blocking the
+      // host; the caching host allocator keeps their memory until the copy is done.
+      at::Tensor arg = copy_stream_ && input.is_pinned() ? CopyOnStream(input, device_, *copy_stream_)
+                                                         : input.to(device_);
+      if (memory_format_ == MemoryFormat::kChannelsLast && arg.dim() == 4 && arg.is_floating_point()) {
+        arg = arg.contiguous(at::MemoryFormat::ChannelsLast);
+      }
+      args.emplace_back(std::move(arg));
     }
-    args.emplace_back(std::move(arg));
+  } catch (const std::exception& e) {
+    return TorchErrorStatus(absl::StrCat("copying batch ", batches_, " to ", device_.str()), e);
   }
   return args;
 }
@@ -255,17 +389,19 @@ void Recalibration::SetMemoryFormat(MemoryFormat format) {
 
 absl::Status Recalibration::FirstForward(const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>& args) {
   SetMemoryFormat(AutoMemoryFormat(device_, inputs, *model_));
-  absl::Status forward = Forward(args = Arguments(inputs));
+  RECAL_ASSIGN_OR_RETURN(args, Arguments(inputs));
+  absl::Status forward = Forward(args, batches_);
   if (forward.ok() || memory_format_ == MemoryFormat::kContiguous) return forward;
   // Code that views activations as contiguous (x.view(n, -1) on (N, C, H, W)) fails
   // channels-last: what auto picks must not fail a model that runs as it was saved.
   collector_->ResetStatistics();
   SetMemoryFormat(MemoryFormat::kContiguous);
-  return Forward(args = Arguments(inputs));
+  RECAL_ASSIGN_OR_RETURN(args, Arguments(inputs));
+  return Forward(args, batches_);
 }
 
-absl::Status Recalibration::Forward(const std::vector<at::Tensor>& args) {
-  collector_->BeginBatch(batches_);
+absl::Status Recalibration::Forward(const std::vector<at::Tensor>& args, int64_t batch) {
+  collector_->BeginBatch(batch);
   try {
     // Inference mode also skips the version counters and view tracking that no-grad keeps
     // for every tensor the forward makes; the accumulators stay ordinary tensors (Moments).
@@ -279,19 +415,24 @@ absl::Status Recalibration::Forward(const std::vector<at::Tensor>& args) {
     model_->Forward(args);
   } catch (const std::exception& e) {
     const std::string mismatch = DtypeMismatch(args, *model_);
-    return TorchErrorStatus(absl::StrCat("forward failed on batch ", batches_, mismatch.empty() ? "" : ": ", mismatch),
+    return TorchErrorStatus(absl::StrCat("forward failed on batch ", batch, mismatch.empty() ? "" : ": ", mismatch),
                             e);
   }
   return absl::OkStatus();
 }
 
-std::vector<double> Recalibration::LayerRelStdErrors() const {
+at::Tensor Recalibration::LayerRelStdErrorTensor() const {
   std::vector<at::Tensor> errors;
   for (const auto& layer : collector_->layers()) {
     if (layer->stats.samples() > 0) errors.push_back(layer->stats.RelStdErrorTensor().view({1}));
   }
-  if (errors.empty()) return {};
-  const at::Tensor all = at::cat(errors).cpu().contiguous();  // one host sync
+  return errors.empty() ? at::Tensor() : at::cat(errors);
+}
+
+std::vector<double> Recalibration::LayerRelStdErrors() const {
+  const at::Tensor errors = LayerRelStdErrorTensor();
+  if (!errors.defined()) return {};
+  const at::Tensor all = errors.cpu().contiguous();  // one host sync
   return std::vector<double>(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
 }
 
@@ -351,6 +492,9 @@ absl::Status Recalibration::NextPass() {
     }
   }
   collector_->ResetStatistics();
+  tick_pending_ = false;
+  pending_points_.clear();
+  held_args_.clear();
   ++pass_;
   batches_ = samples_ = 0;
   seconds_ = 0;
@@ -409,22 +553,29 @@ absl::Status Recalibration::RunShard(const NextBatchFn& next_batch,
                                      const std::atomic<bool>* cancelled) {
   const int64_t limit = options_.max_batches.value_or(kDefaultMaxBatches);
   const bool check_precision = options_.target_rel_error > 0;
+  const bool want_error = check_precision || on_progress != nullptr;
   while (batches_ < limit) {
     if (cancelled && cancelled->load()) return absl::CancelledError("cancelled");
     auto batch = next_batch();
     if (!batch.ok()) return batch.status();
+    // Progress and the precision target are judged at progress ticks only (on a GPU every
+    // few batches): a batch that ticks, or the end of the data after one that did not.
+    std::optional<double> error;
+    if (*batch) {
+      RECAL_ASSIGN_OR_RETURN(error, FeedBatch(**batch, want_error));
+    } else {
+      RECAL_ASSIGN_OR_RETURN(error, TickIfPending(want_error));
+    }
+    if (error && on_progress) on_progress({batches_, samples_, limit, seconds_, *error});
+    if (error && check_precision && batches_ >= options_.min_batches_for_target &&
+        *error <= options_.target_rel_error) {
+      stopped_early_ = batches_ < limit;
+      break;
+    }
     if (!*batch) {
       if (options_.max_batches && !options_.allow_short_data) {
         return data::ShortDataError(batches_, samples_, limit);
       }
-      break;
-    }
-    if (absl::Status fed = Feed(**batch); !fed.ok()) return fed;
-    const bool judge = check_precision && batches_ >= options_.min_batches_for_target;
-    const double rel = (judge || on_progress) ? RelStdError() : 0;
-    if (on_progress) on_progress({batches_, samples_, limit, seconds_, rel});
-    if (judge && rel <= options_.target_rel_error) {
-      stopped_early_ = batches_ < limit;
       break;
     }
   }

@@ -14,6 +14,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <c10/core/Stream.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -29,6 +30,7 @@
 namespace recal::engine {
 
 class Collector;
+struct BatchFlags;
 
 // The next batch (its positional inputs), std::nullopt when the data has ended.
 using NextBatchFn = std::function<absl::StatusOr<std::optional<std::vector<at::Tensor>>>()>;
@@ -51,11 +53,21 @@ class Recalibration {
                                                                const Options& options);
   ~Recalibration();
 
-  // One forward pass over one batch, accumulating every BatchNorm's statistics.
+  // One forward pass over one batch, accumulating every BatchNorm's statistics. What the
+  // batch leaves on the device (its non-finite flags, its convergence point) is read at a
+  // progress tick (Options::progress_tick_batches): Feed ticks at the first batch, every
+  // tick-th and at max_batches; a caller that stops feeding elsewhere calls Tick() (RunShard
+  // does). On the CPU every batch ticks, so every Feed returns its own batch's verdict.
   absl::Status Feed(const std::vector<at::Tensor>& inputs);
+  // Reads, in one copy to the host, what the batches fed since the last tick left on the
+  // device: fails naming the first batch and layer whose statistics are not finite, and adds
+  // their convergence points. Nothing to do when the last batch fed ticked.
+  absl::Status Tick();
 
   // Feeds batches until the data ends, max_batches is reached or the statistics are precise
-  // enough (Options). `cancelled` is checked between batches. Then Finish().
+  // enough (Options). `cancelled` is checked between batches. Then Finish(). `on_progress`
+  // is called, and target_rel_error judged, at progress ticks only: after every batch on
+  // the CPU, every Options::progress_tick_batches on a GPU, and after the last batch.
   absl::Status Run(const NextBatchFn& next_batch,
                    const std::function<void(const Progress&)>& on_progress = nullptr,
                    const std::atomic<bool>* cancelled = nullptr);
@@ -122,12 +134,28 @@ class Recalibration {
   absl::Status CheckStatisticsFitBuffers() const;
   // INVALID_ARGUMENT naming the batch when `inputs` do not fit the model's contract.
   absl::Status CheckInputs(const std::vector<at::Tensor>& inputs) const;
-  // One forward pass of the observed model over batch number batches_.
-  absl::Status Forward(const std::vector<at::Tensor>& args);
+  // One forward pass of the observed model over batch number `batch`.
+  absl::Status Forward(const std::vector<at::Tensor>& args, int64_t batch);
   // The forward of the first batch, for auto memory format falling back to contiguous.
   absl::Status FirstForward(const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>& args);
   // A batch on the device, its 4-d floating-point inputs in memory_format_.
-  std::vector<at::Tensor> Arguments(const std::vector<at::Tensor>& inputs) const;
+  absl::StatusOr<std::vector<at::Tensor>> Arguments(const std::vector<at::Tensor>& inputs) const;
+  // Feed; at a progress tick, the worst layer's relative standard error when `want_error`
+  // (0 otherwise); std::nullopt where the batch did not tick.
+  absl::StatusOr<std::optional<double>> FeedBatch(const std::vector<at::Tensor>& inputs, bool want_error);
+  // Whether the batch just fed ticks: the first, every tick_batches_-th, the last of a pass.
+  bool TickDue() const;
+  // The tick after a last batch that did not tick (the data ended); std::nullopt with
+  // nothing pending. Its time counts in seconds_.
+  absl::StatusOr<std::optional<double>> TickIfPending(bool want_error);
+  // The tick itself: one copy to the host of every pending flag and error (FeedBatch).
+  absl::StatusOr<double> ReadTick(bool want_error);
+  // The error for the first non-finite `layer` of `batch`; where `batch` is the last one fed,
+  // after running it again to say where the first NaN or Inf is.
+  absl::Status NonFiniteError(const BatchFlags& batch, size_t layer);
+  // Each recalibrated layer's relative standard error, on the device (undefined while none
+  // has samples): float64 [layers with samples].
+  at::Tensor LayerRelStdErrorTensor() const;
   void SetMemoryFormat(MemoryFormat format);
   // The error summary after the batches so far (std::nullopt while no layer has one).
   std::optional<v1::ConvergencePoint> CurrentConvergencePoint() const;
@@ -158,6 +186,24 @@ class Recalibration {
   bool stopped_early_ = false;
   int forward_nodes_cut_ = 0;
   ConvergenceHistory convergence_;
+  // Batches between progress ticks (ProgressTickBatches).
+  int64_t tick_batches_ = 1;
+  // Whether a batch was fed since the last tick.
+  bool tick_pending_ = false;
+  // A convergence point the next tick adds: the layers' errors after `batches` batches, left
+  // on the device (LayerRelStdErrorTensor).
+  struct PendingPoint {
+    int64_t batches = 0;
+    int64_t samples = 0;
+    at::Tensor errors;
+  };
+  std::vector<PendingPoint> pending_points_;
+  // The last batch fed, on the device, until its tick has passed: what a non-finite batch
+  // runs again to locate its first NaN or Inf. Released as the next batch comes, before its
+  // copy to the device.
+  std::vector<at::Tensor> held_args_;
+  // Where pinned batches are copied to a GPU (Arguments); none on the CPU.
+  std::optional<c10::Stream> copy_stream_;
 };
 
 }  // namespace recal::engine
