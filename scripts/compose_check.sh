@@ -85,11 +85,24 @@ done
 if [ -z "$work" ]; then work=$(mktemp -d /tmp/compose-check.XXXXXX); fi
 mkdir -p "$work"
 work=$(cd "$work" && pwd)
+# podman-compose 1.0.3's `down -v` removes the named volumes only: the images' VOLUMEs
+# (/var/lib/recal, /prometheus) are removed here too.
+teardown() {
+  local ids volumes=""
+  ids=$(podman ps -a -q --filter "label=io.podman.compose.project=$project")
+  if [ -n "$ids" ]; then
+    # shellcheck disable=SC2086
+    volumes=$(podman inspect -f '{{range .Mounts}}{{if eq .Type "volume"}}{{.Name}} {{end}}{{end}}' $ids)
+  fi
+  compose down -v >>"$work/down.log" 2>&1 || say "down failed: $work/down.log"
+  # shellcheck disable=SC2086
+  [ -z "${volumes// /}" ] || podman volume rm $volumes >>"$work/down.log" 2>&1 || true
+}
 cleanup() {
   local rc=$?
   if [ "$keep" -eq 0 ]; then
-    say "tearing down (podman-compose down -v)"
-    compose down -v >"$work/down.log" 2>&1 || say "down failed: $work/down.log"
+    say "tearing down (podman-compose down -v, and the containers' anonymous volumes)"
+    teardown
     rm -rf "$work"
   else
     say "kept: the cluster (podman-compose -p $project -f $compose_file down -v) and $work"
@@ -139,19 +152,20 @@ step "image: postgres:15 stand-in" standin_build postgres "$pg_image"
 step "image: prometheus stand-in" standin_build prometheus "$prom_image"
 
 # The api image holds no LibTorch and every library its binaries link.
-ldd_api=$(podman run --rm --entrypoint sh "$api_image" -c 'ldd /usr/local/bin/recal-server /usr/local/bin/recalctl')
+ldd_api=$(podman run --rm --no-healthcheck --entrypoint sh "$api_image" -c 'ldd /usr/local/bin/recal-server /usr/local/bin/recalctl')
 if grep -q "not found" <<<"$ldd_api"; then fail "api image: a library is missing: $(grep 'not found' <<<"$ldd_api" | sort -u | tr '\n' ' ')"
 elif grep -q -E "libtorch|libc10" <<<"$ldd_api"; then fail "api image: recal-server links LibTorch"
 else pass "api image: ldd of recal-server and recalctl finds every library, none of LibTorch"; fi
-if podman run --rm --entrypoint sh "$api_image" -c 'test -e /usr/local/bin/recal-worker'; then
+if podman run --rm --no-healthcheck --entrypoint sh "$api_image" -c 'test -e /usr/local/bin/recal-worker'; then
   fail "api image: holds recal-worker"
 fi
 
 # ---- secrets, data and model
 mkdir -p "$work/calibration" "$work/client/out"
-token_out=$(podman run --rm --entrypoint recalctl "$api_image" token new --tenant compose-check --role submit)
+token_out=$(podman run --rm --no-healthcheck --entrypoint recalctl "$api_image" token new --tenant compose-check --role submit)
 token=$(sed -n 1p <<<"$token_out")
 sed -n 2p <<<"$token_out" >"$work/auth.txt"
+(umask 077 && echo "$token" >"$work/token")  # for a look at a --keep cluster by hand
 head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$work/pg_password.txt"
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$work/internal_token.txt"
 # Compose mounts file secrets as they are: readable by uid 10001 (and the stand-in's postgres).
@@ -188,19 +202,29 @@ chmod 0644 "$work/calibration/calib.npy"
 export RECAL_AUTH_FILE=$work/auth.txt RECAL_PG_PASSWORD_FILE=$work/pg_password.txt \
   RECAL_INTERNAL_TOKEN_FILE=$work/internal_token.txt RECAL_CALIBRATION_DIR=$work/calibration \
   RECAL_VERSION=$version
-# recalctl from the api image, on the host's network: through the published ports.
+# recalctl from the api image, on the host's network: through the published ports. A call
+# that finds no server (exit 3: on a loaded host a connection can time out) is tried again, up
+# to 5 times; submits carry a --request_id, so that a retried one makes no second job.
 recalctl() {
-  podman run --rm --network host --entrypoint recalctl -e RECAL_TOKEN="$token" \
-    -v "$work/client:/w" "$api_image" "$@"
+  local try rc
+  for try in 1 2 3 4 5; do
+    rc=0
+    podman run --rm --no-healthcheck --network host --entrypoint recalctl -e RECAL_TOKEN="$token" \
+      -v "$work/client:/w" "$api_image" "$@" || rc=$?
+    [ "$rc" -eq 3 ] || return "$rc"
+    say "recalctl $1 $2 $3: no server answered (try $try of 5)" >&2
+    sleep 3
+  done
+  return "$rc"
 }
 
 # ---- the cluster
 for port in 50051 50052 9090; do
-  if ss -ltnH "sport = :$port" | grep -q .; then die "port $port is taken on this host (the compose file publishes it)"; fi
+  if ss -ltnH "sport = :$port" | grep . >/dev/null; then die "port $port is taken on this host (the compose file publishes it)"; fi
 done
-if podman ps -a --format '{{.Names}}' | grep -q "^${project}_"; then
+if podman ps -a --format '{{.Names}}' | grep "^${project}_" >/dev/null; then
   say "a $project cluster is left from an earlier run: removing it"
-  compose down -v >"$work/down-before.log" 2>&1 || true
+  teardown
 fi
 services=(postgres api-1 api-2 worker-1 worker-2)
 wait_healthy() {
@@ -281,60 +305,79 @@ say "recal_build_info: $build_info"
 [ "$(grep -o "@" <<<"$build_info" | wc -l)" -eq 4 ] && pass "recal_build_info from all four" \
   || fail "recal_build_info: $build_info"
 
-# ---- a worker SIGKILLed mid-job
-# About 60 s of work at job 1's speed, on synthetic data of the same shape.
+# ---- a worker SIGKILLed mid-job, while the other runs a job of its own
+# Two jobs of about 60 s each at job 1's speed (synthetic data of the same shape), one on each
+# worker (each has --cpu_workers=1). The worker running job 2 is SIGKILLed and started again:
+# job 2's lease runs out and it runs again (attempt 2); job 3, on the other worker, must not
+# be disturbed by the restarted worker (attempt 1: a worker takes back only expired leases).
 batches=$(awk -v s="$sps" 'BEGIN { b = int(s * 60 / 16); if (b < 30) b = 30; if (b > 2000) b = 2000; print b }')
-job2=$(recalctl --server "$api2" --output json submit --model resnet18 --data "synthetic:3x96x96,seed=1" \
-  --batch_size 16 --max_batches "$batches" | jq -r '.id')
-say "job 2 $job2: $batches batches of 16 (submitted through api-2)"
-job2_get() { recalctl --server "$api1" --output json get "$job2"; }
-victim="" t_kill=0
+submit_long() {  # submit_long API SEED
+  recalctl --server "$1" --output json submit --model resnet18 --data "synthetic:3x96x96,seed=$2" \
+    --batch_size 16 --max_batches "$batches" --request_id "compose-check-$$-$2" | jq -r '.id'
+}
+job2=$(submit_long "$api2" 1)
+job3=$(submit_long "$api1" 2)
+say "jobs 2 ($job2, through api-2) and 3 ($job3, through api-1): $batches batches of 16 each"
+get_job() { recalctl --server "$api1" --output json get "$1"; }
+started_on() {  # started_on JOB ATTEMPT: the worker whose log says it started it
+  local s
+  for s in worker-1 worker-2; do
+    if podman logs "$(ctr "$s")" 2>&1 | grep "job started job_id=$1 .*attempt=$2\b" >/dev/null; then echo "$s"; return; fi
+  done
+}
+victim="" other=""
 wait_running() {
   local i j
-  for i in $(seq 1 120); do
-    j=$(job2_get)
-    if [ "$(jq -r '.state' <<<"$j")" = RUNNING ] && [ "$(jq -r '.progress.batchesDone // 0' <<<"$j")" -ge 3 ]; then
-      for s in worker-1 worker-2; do
-        if podman logs "$(ctr "$s")" 2>&1 | grep "job started" | grep -q "$job2"; then victim=$s; fi
-      done
-      [ -n "$victim" ] && { say "job 2 running on $victim: $(jq -c '.progress' <<<"$j")"; return 0; }
+  for i in $(seq 1 180); do
+    j=$(get_job "$job2")
+    victim=$(started_on "$job2" 1) other=$(started_on "$job3" 1)
+    if [ -n "$victim" ] && [ -n "$other" ] && [ "$(jq -r '.progress.batchesDone // 0' <<<"$j")" -ge 3 ]; then
+      say "job 2 running on $victim: $(jq -c '.progress | {batchesDone, batchesTotal, samplesPerSecond}' <<<"$j")"
+      say "job 3 running on $other"
+      return 0
     fi
     sleep 1
   done
-  die "job 2 did not start running: $(job2_get | jq -c '{state, progress}')"
+  die "jobs 2 and 3 did not both start running: $(get_job "$job2" | jq -c '{state, progress}') $(get_job "$job3" | jq -c '{state, progress}')"
 }
-step "job 2 running, some batches done" wait_running
+step "jobs 2 and 3 running, one on each worker" wait_running
 t_kill=$SECONDS
 podman kill "$(ctr "$victim")" >/dev/null
-say "podman kill $(ctr "$victim") (SIGKILL): $(podman inspect -f '{{.State.Status}} exit {{.State.ExitCode}}' "$(ctr "$victim")")"
+say "podman kill $(ctr "$victim") (SIGKILL): $(podman inspect -f '{{.State.Status}}, exit code {{.State.ExitCode}}' "$(ctr "$victim")")"
 sleep 5
-# restart: unless-stopped may have started it already; otherwise start it by hand.
+# restart: unless-stopped does not restart a container podman killed (podman 4.3): start it.
 if [ "$(podman inspect -f '{{.State.Running}}' "$(ctr "$victim")")" != true ]; then
   podman start "$(ctr "$victim")" >/dev/null
   say "podman start $(ctr "$victim")"
 else
   say "$(ctr "$victim") was restarted by its restart policy"
 fi
-watch2() {
-  recalctl --server "$api1" -q --deadline 600 --output json watch "$job2" >"$work/job2.json" || true
+watch_job() {  # watch_job JOB: through api-1, to its end
+  recalctl --server "$api1" -q --deadline 900 --output json watch "$1" >/dev/null || true
 }
-step "job 2 to its end after the kill (watch through api-1)" watch2
+step "job 2 to its end after the kill (watch through api-1)" watch_job "$job2"
 t_done=$((SECONDS - t_kill))
-state=$(job2_get | jq -r '.state') attempts=$(job2_get | jq -r '.attempts')
-runner=""
-for s in worker-1 worker-2; do
-  if podman logs --since "$((t_done + 5))s" "$(ctr "$s")" 2>&1 | grep "job started" | grep -q "$job2"; then runner+="$s "; fi
-done
-say "job 2: $state, attempts $attempts, $t_done s from the kill to its end; attempt 2 on: ${runner:-?}"
-[ "$state" = SUCCEEDED ] && [ "$attempts" = 2 ] && pass "job 2 SUCCEEDED as attempt 2 after its worker was killed" \
-  || fail "job 2 after the kill: $state, attempts $attempts"
+step "job 3 to its end" watch_job "$job3"
+j2=$(get_job "$job2") j3=$(get_job "$job3")
+say "job 2: $(jq -r .state <<<"$j2"), attempts $(jq -r .attempts <<<"$j2"), $t_done s from the kill to its end; attempt 2 on $(started_on "$job2" 2)"
+say "job 3: $(jq -r .state <<<"$j3"), attempts $(jq -r .attempts <<<"$j3")"
+podman logs "$(ctr "$victim")" 2>&1 | grep -E "re-queued" | sed 's/^/  /' || true
+[ "$(jq -r .state <<<"$j2")" = SUCCEEDED ] && [ "$(jq -r .attempts <<<"$j2")" = 2 ] \
+  && pass "job 2 SUCCEEDED as attempt 2 after its worker was killed" \
+  || fail "job 2 after the kill: $(jq -c '{state, attempts, error}' <<<"$j2")"
+[ "$(jq -r .state <<<"$j3")" = SUCCEEDED ] && [ "$(jq -r .attempts <<<"$j3")" = 1 ] \
+  && pass "job 3 SUCCEEDED as attempt 1 on $other: the restarted worker left it alone" \
+  || fail "job 3, on the worker that was not killed: $(jq -c '{state, attempts, error}' <<<"$j3")"
+if podman logs "$(ctr "$victim")" 2>&1 | grep "re-queued at start-up job_id=$job3" >/dev/null; then
+  fail "the restarted $victim took back job 3, which $other was running (its lease live)"
+fi
 step "all five healthy again" wait_healthy
 
 # ---- the figures
 echo
 say "images (podman images, uncompressed):"
 for image in "$api_image" "$worker_image" "$pg_image" "$prom_image" debian:bookworm-slim; do
-  podman images --format '{{.Repository}}:{{.Tag}}\t{{.Size}}' "$image" | head -1 | sed 's/^/  /'
+  podman images --format '{{.Repository}}:{{.Tag}}\t{{.Size}}' "$image" | awk 'NR == 1 { print "  " $0 }'
 done
 say "times:"
 printf '  %s\n' "${summary[@]}"
