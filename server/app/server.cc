@@ -5,7 +5,6 @@
 #include <chrono>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "common/status_macros.h"
 #include "server/app/access.h"
 #include "server/app/worker_options.h"
@@ -49,7 +48,6 @@ absl::Status Server::BuildAll() {
   RECAL_RETURN_IF_ERROR(OpenStorage());
   RECAL_RETURN_IF_ERROR(StartLocalWorkers());
   jobs::JobManagerOptions job_options = JobOptions();
-  job_options.scheduler.recover_all_at_start = absl::StartsWith(store_spec_, "sqlite:");
   job_options.client_streams = true;
   RECAL_RETURN_IF_ERROR(StartJobs(job_options));
   return Serve(/*serves_api=*/true);

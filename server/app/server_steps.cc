@@ -7,6 +7,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/server_builder.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
@@ -149,6 +150,10 @@ jobs::JobManagerOptions Server::JobOptions() const {
   options.scheduler.stream_idle = options_.stream_idle;
   options.scheduler.metrics = metrics_.get();
   options.scheduler.max_attempts = std::max(1, options_.max_attempts);
+  // Only a process alone on its store (role all on an SQLite file) may take back every job left
+  // running at start; any other takes back only expired leases. A worker that took them all
+  // would stop the runs of the other workers (their leases are live) each time it starts.
+  options.scheduler.recover_all_at_start = options_.role == Role::kAll && absl::StartsWith(store_spec_, "sqlite:");
   options.relay_wait = options_.relay_wait;
   options.max_batch_size = options_.max_batch_size;
   options.max_batch_bytes = options_.max_batch_bytes;

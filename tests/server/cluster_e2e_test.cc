@@ -5,7 +5,8 @@
 // inspection, no worker up). Jobs submitted through
 // either replica run on both workers, a watch through the other replica sees them through, and
 // a worker killed with SIGKILL mid-job loses the job to the other worker once its lease runs
-// out: it completes there as attempt 2. The database cut off, and PostgreSQL itself crashed
+// out: it completes there as attempt 2; a worker started mid-run leaves the running job alone
+// (it takes back expired leases only). The database cut off, and PostgreSQL itself crashed
 // (SIGKILL) and started again mid-run: every job succeeds once, and no process is restarted.
 // Client-stream jobs (ClusterStreamTest): pushes through either replica are relayed to the
 // worker process running the job; its internal endpoint refuses callers without the cluster
@@ -228,6 +229,34 @@ TEST_F(ClusterTest, JobsFromEitherReplicaRunOnBothWorkersAndAKilledWorkersJobFin
   v1::ListJobsResponse listed;
   EXPECT_EQ(workers_[1 - running_on]->Stub(token_)->ListJobs(&c2, v1::ListJobsRequest(), &listed).error_code(),
             grpc::StatusCode::UNIMPLEMENTED);
+}
+
+// A worker that starts (a restarted container) takes back only the jobs whose lease has run
+// out: the job another worker is running, its lease renewed, stays that worker's. (Workers
+// once took back every running job at start, stopping the other workers' runs:
+// scripts/compose_check.sh found it.)
+TEST_F(ClusterTest, AWorkerThatStartsLeavesTheJobsOfLiveWorkersAlone) {
+  v1::Model resnet;
+  ASSERT_TRUE(Upload(*Api(0), ReadBytes(kFixtures + "/models/resnet18.traced_eval.pt"), &resnet).ok());
+  v1::SubmitJobRequest request = LongJob(resnet.id());
+  request.mutable_spec()->mutable_options()->set_max_batches(40);
+  grpc::ClientContext context;
+  v1::Job job;
+  ASSERT_TRUE(Api(0)->SubmitJob(&context, request, &job).ok());
+  WaitForState(*Api(1), job.id(), v1::RUNNING, 60);
+  int running_on = -1;
+  for (int i = 0; i < 100 && running_on < 0; ++i) {
+    running_on = WorkerThatStarted(job.id(), 1);
+    if (running_on < 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_GE(running_on, 0);
+  workers_.push_back(Start("worker-3", "worker"));
+  ASSERT_TRUE(workers_.back()->ok());
+  EXPECT_THAT(workers_.back()->log(), ::testing::Not(::testing::HasSubstr("re-queued at start-up")));
+  const v1::Job done = WaitForState(*Api(1), job.id(), v1::SUCCEEDED, 180);
+  EXPECT_EQ(done.state(), v1::SUCCEEDED) << done.error().message();
+  EXPECT_EQ(done.attempts(), 1);
+  EXPECT_EQ(WorkerThatStarted(job.id(), 2), -1);
 }
 
 TEST_F(ClusterTest, AShardedJobRunsOnBothWorkersAndAKilledWorkersShardIsRedoneAlone) {
