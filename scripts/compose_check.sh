@@ -5,14 +5,18 @@
 # deploy/docker-compose.cluster.yml with podman-compose (PostgreSQL, two api replicas, two
 # workers, Prometheus), waits until every service is healthy, runs one job end to end through
 # an api replica with recalctl (a real torchvision ResNet-18 and data made by the project
-# venv; the result checked in Python), checks that Prometheus scrapes every recal process,
-# then starts a longer job, SIGKILLs the worker container running it, starts it again, and
-# checks that the job still SUCCEEDS as attempt 2 (docs/cluster.md, "Dead workers": its lease
-# runs out, it goes back to the queue with its attempts counted and runs on a worker). Prints
-# the image sizes and every step's time, tears everything down, exits 1 on any failed check.
+# venv; the result checked in Python) and the same data again pushed by the client through the
+# other replica (--stream: relayed to the worker with the cluster secret; the same statistics,
+# byte for byte), checks that Prometheus scrapes every recal process, then runs two longer
+# jobs, one on each worker, SIGKILLs the container of the worker running the first, starts it
+# again, and checks that the first still SUCCEEDS as attempt 2 (docs/cluster.md, "Dead
+# workers": its lease runs out, it goes back to the queue with its attempts counted and runs
+# on a worker) and the second as attempt 1 (a worker that starts takes back expired leases
+# only). Prints the image sizes and every step's time, tears everything down, exits 1 on any
+# failed check.
 #
 # Run by hand, as root, on a Linux host with podman (not in CI: a cold build of the worker
-# image takes 15-30 minutes and downloads the torch wheel's 4 GB). Set up as
+# image takes half an hour or more on 2 cores and downloads the torch wheel's 4 GB). Set up as
 # ../shared/container-notes.md says where there is no Docker Hub:
 #   apt-get install podman buildah runc debootstrap podman-compose
 #   /etc/containers/containers.conf (default_ulimits, runtime = "runc" where needed)
@@ -192,6 +196,7 @@ model = torchvision.models.resnet18(num_classes=10).train()
 x = torch.randn(96, 3, 96, 96)
 torch.jit.trace(model, x[:2]).save(f"{work}/client/resnet18.traced_train.pt")
 np.save(f"{work}/calibration/calib.npy", x.numpy())
+np.save(f"{work}/client/calib.npy", x.numpy())  # the client's copy, for --stream
 EOF
 }
 step "model and data (torchvision ResNet-18, 96x3x96x96)" make_model
@@ -281,6 +286,20 @@ EOF
 }
 if check_result; then pass "job 1's model: bn1.running_mean matches the data's conv1 mean"; else fail "job 1's result"; fi
 sps=$(jq -r '.samples_per_second // 0' "$work/client/out/report.json")
+
+# ---- the same data pushed by the client through api-2 (--stream): api-2 relays the batches to
+# the worker running the job over its internal endpoint, with the cluster secret.
+job_stream() {
+  recalctl --server "$api2" -q --deadline 120 run resnet18 --stream --data npy:/w/calib.npy \
+    --batch_size 16 -o /w/out/stream.pt --bn_out /w/out/stream_bn.safetensors --output json \
+    >"$work/job_stream.json" || { cat "$work/job_stream.json"; die "recalctl run --stream through api-2"; }
+}
+step "job 1 again, its batches pushed through api-2 (--stream)" job_stream
+if cmp -s "$work/client/out/bn.safetensors" "$work/client/out/stream_bn.safetensors"; then
+  pass "the streamed job's BN buffers are byte-identical to job 1's"
+else
+  fail "the streamed job's BN buffers differ from job 1's"
+fi
 
 # ---- Prometheus scrapes every recal process
 wait_targets() {
