@@ -24,8 +24,10 @@
 #
 # usage: scripts/compose_check.sh [--reuse-images] [--make-base] [--python PY] [--keep]
 #                                 [--work DIR] [--host-ca FILE] [--version V]
-#   --reuse-images  build no image that exists already (default: build all six; podman's
-#                   layer cache makes an unchanged rebuild take seconds)
+#   --reuse-images  build no image that exists already (default: build all four; the same
+#                   tree builds again in seconds from podman's layer cache, a changed one
+#                   compiles again with ccache and copies the wheel's libraries again:
+#                   18 min here)
 #   --make-base     make debian:bookworm-slim with debootstrap --variant=minbase first (when
 #                   it does not exist), from the mirror of the host's apt sources
 #   --python PY     a python with torch and torchvision, which makes the model and data and
@@ -37,7 +39,6 @@
 #   --version V     the images' RECAL_VERSION (default compose-check)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-repo=$PWD
 
 reuse=0 make_base=0 keep=0 python=.venv/bin/python work="" host_ca=${PIP_CERT:-} version=compose-check
 while [ $# -gt 0 ]; do
@@ -120,7 +121,7 @@ make_base() {
   podman image exists debian:bookworm-slim && return 0
   command -v debootstrap >/dev/null || die "debootstrap is not installed"
   local mirror rootfs=$work/rootfs
-  mirror=$(grep -h -o -m1 -E 'https?://[^ ]+/debian/?( |$)' /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null | head -1 | tr -d ' ')
+  mirror=$(grep -h -o -m1 -E 'https?://[^ ]+/debian/?( |$)' /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null | head -1 | tr -d ' ' || true)
   debootstrap --variant=minbase bookworm "$rootfs" "${mirror:-http://deb.debian.org/debian}" >"$work/debootstrap.log"
   rm -f "$rootfs/etc/apt/sources.list"
   cp /etc/apt/sources.list.d/*.sources "$rootfs/etc/apt/sources.list.d/" 2>/dev/null || cp /etc/apt/sources.list "$rootfs/etc/apt/"
@@ -264,7 +265,7 @@ job1() {
 step "job 1: recalctl run through api-1" job1
 job1_id=$(jq -r '.id' "$work/job1.json")
 state=$(recalctl --server "$api2" --output json get "$job1_id" | jq -r '.state')
-[ "$state" = SUCCEEDED ] && pass "job 1 $job1_id SUCCEEDED (read through api-2)" || fail "job 1 through api-2: $state"
+if [ "$state" = SUCCEEDED ]; then pass "job 1 $job1_id SUCCEEDED (read through api-2)"; else fail "job 1 through api-2: $state"; fi
 check_result() {
   # The first BatchNorm's new running_mean is the mean of conv1's output over the data: exact
   # for any estimator, and independent of the rest of the network.
@@ -321,8 +322,8 @@ step "Prometheus: every target up" wait_targets
 build_info=$(curl -sf "$prom/api/v1/query" --data-urlencode 'query=recal_build_info' |
   jq -r '[.data.result[].metric | "\(.role)@\(.instance) \(.version)"] | sort | join(", ")')
 say "recal_build_info: $build_info"
-[ "$(grep -o "@" <<<"$build_info" | wc -l)" -eq 4 ] && pass "recal_build_info from all four" \
-  || fail "recal_build_info: $build_info"
+if [ "$(grep -o "@" <<<"$build_info" | wc -l)" -eq 4 ]; then pass "recal_build_info from all four"
+else fail "recal_build_info: $build_info"; fi
 
 # ---- a worker SIGKILLed mid-job, while the other runs a job of its own
 # Two jobs of about 60 s each at job 1's speed (synthetic data of the same shape), one on each
@@ -381,12 +382,16 @@ j2=$(get_job "$job2") j3=$(get_job "$job3")
 say "job 2: $(jq -r .state <<<"$j2"), attempts $(jq -r .attempts <<<"$j2"), $t_done s from the kill to its end; attempt 2 on $(started_on "$job2" 2)"
 say "job 3: $(jq -r .state <<<"$j3"), attempts $(jq -r .attempts <<<"$j3")"
 podman logs "$(ctr "$victim")" 2>&1 | grep -E "re-queued" | sed 's/^/  /' || true
-[ "$(jq -r .state <<<"$j2")" = SUCCEEDED ] && [ "$(jq -r .attempts <<<"$j2")" = 2 ] \
-  && pass "job 2 SUCCEEDED as attempt 2 after its worker was killed" \
-  || fail "job 2 after the kill: $(jq -c '{state, attempts, error}' <<<"$j2")"
-[ "$(jq -r .state <<<"$j3")" = SUCCEEDED ] && [ "$(jq -r .attempts <<<"$j3")" = 1 ] \
-  && pass "job 3 SUCCEEDED as attempt 1 on $other: the restarted worker left it alone" \
-  || fail "job 3, on the worker that was not killed: $(jq -c '{state, attempts, error}' <<<"$j3")"
+if [ "$(jq -r .state <<<"$j2")" = SUCCEEDED ] && [ "$(jq -r .attempts <<<"$j2")" = 2 ]; then
+  pass "job 2 SUCCEEDED as attempt 2 after its worker was killed"
+else
+  fail "job 2 after the kill: $(jq -c '{state, attempts, error}' <<<"$j2")"
+fi
+if [ "$(jq -r .state <<<"$j3")" = SUCCEEDED ] && [ "$(jq -r .attempts <<<"$j3")" = 1 ]; then
+  pass "job 3 SUCCEEDED as attempt 1 on $other: the restarted worker left it alone"
+else
+  fail "job 3, on the worker that was not killed: $(jq -c '{state, attempts, error}' <<<"$j3")"
+fi
 if podman logs "$(ctr "$victim")" 2>&1 | grep "re-queued at start-up job_id=$job3" >/dev/null; then
   fail "the restarted $victim took back job 3, which $other was running (its lease live)"
 fi
