@@ -5,14 +5,18 @@
 # deploy/docker-compose.cluster.yml with podman-compose (PostgreSQL, two api replicas, two
 # workers, Prometheus), waits until every service is healthy, runs one job end to end through
 # an api replica with recalctl (a real torchvision ResNet-18 and data made by the project
-# venv; the result checked in Python), checks that Prometheus scrapes every recal process,
-# then starts a longer job, SIGKILLs the worker container running it, starts it again, and
-# checks that the job still SUCCEEDS as attempt 2 (docs/cluster.md, "Dead workers": its lease
-# runs out, it goes back to the queue with its attempts counted and runs on a worker). Prints
-# the image sizes and every step's time, tears everything down, exits 1 on any failed check.
+# venv; the result checked in Python) and the same data again pushed by the client through the
+# other replica (--stream: relayed to the worker with the cluster secret; the same statistics,
+# byte for byte), checks that Prometheus scrapes every recal process, then runs two longer
+# jobs, one on each worker, SIGKILLs the container of the worker running the first, starts it
+# again, and checks that the first still SUCCEEDS as attempt 2 (docs/cluster.md, "Dead
+# workers": its lease runs out, it goes back to the queue with its attempts counted and runs
+# on a worker) and the second as attempt 1 (a worker that starts takes back expired leases
+# only). Prints the image sizes and every step's time, tears everything down, exits 1 on any
+# failed check.
 #
 # Run by hand, as root, on a Linux host with podman (not in CI: a cold build of the worker
-# image takes 15-30 minutes and downloads the torch wheel's 4 GB). Set up as
+# image takes half an hour or more on 2 cores and downloads the torch wheel's 4 GB). Set up as
 # ../shared/container-notes.md says where there is no Docker Hub:
 #   apt-get install podman buildah runc debootstrap podman-compose
 #   /etc/containers/containers.conf (default_ulimits, runtime = "runc" where needed)
@@ -20,8 +24,10 @@
 #
 # usage: scripts/compose_check.sh [--reuse-images] [--make-base] [--python PY] [--keep]
 #                                 [--work DIR] [--host-ca FILE] [--version V]
-#   --reuse-images  build no image that exists already (default: build all six; podman's
-#                   layer cache makes an unchanged rebuild take seconds)
+#   --reuse-images  build no image that exists already (default: build all four; the same
+#                   tree builds again in seconds from podman's layer cache, a changed one
+#                   compiles again with ccache and copies the wheel's libraries again:
+#                   18 min here)
 #   --make-base     make debian:bookworm-slim with debootstrap --variant=minbase first (when
 #                   it does not exist), from the mirror of the host's apt sources
 #   --python PY     a python with torch and torchvision, which makes the model and data and
@@ -33,7 +39,6 @@
 #   --version V     the images' RECAL_VERSION (default compose-check)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-repo=$PWD
 
 reuse=0 make_base=0 keep=0 python=.venv/bin/python work="" host_ca=${PIP_CERT:-} version=compose-check
 while [ $# -gt 0 ]; do
@@ -116,7 +121,7 @@ make_base() {
   podman image exists debian:bookworm-slim && return 0
   command -v debootstrap >/dev/null || die "debootstrap is not installed"
   local mirror rootfs=$work/rootfs
-  mirror=$(grep -h -o -m1 -E 'https?://[^ ]+/debian/?( |$)' /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null | head -1 | tr -d ' ')
+  mirror=$(grep -h -o -m1 -E 'https?://[^ ]+/debian/?( |$)' /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null | head -1 | tr -d ' ' || true)
   debootstrap --variant=minbase bookworm "$rootfs" "${mirror:-http://deb.debian.org/debian}" >"$work/debootstrap.log"
   rm -f "$rootfs/etc/apt/sources.list"
   cp /etc/apt/sources.list.d/*.sources "$rootfs/etc/apt/sources.list.d/" 2>/dev/null || cp /etc/apt/sources.list "$rootfs/etc/apt/"
@@ -192,6 +197,7 @@ model = torchvision.models.resnet18(num_classes=10).train()
 x = torch.randn(96, 3, 96, 96)
 torch.jit.trace(model, x[:2]).save(f"{work}/client/resnet18.traced_train.pt")
 np.save(f"{work}/calibration/calib.npy", x.numpy())
+np.save(f"{work}/client/calib.npy", x.numpy())  # the client's copy, for --stream
 EOF
 }
 step "model and data (torchvision ResNet-18, 96x3x96x96)" make_model
@@ -259,7 +265,7 @@ job1() {
 step "job 1: recalctl run through api-1" job1
 job1_id=$(jq -r '.id' "$work/job1.json")
 state=$(recalctl --server "$api2" --output json get "$job1_id" | jq -r '.state')
-[ "$state" = SUCCEEDED ] && pass "job 1 $job1_id SUCCEEDED (read through api-2)" || fail "job 1 through api-2: $state"
+if [ "$state" = SUCCEEDED ]; then pass "job 1 $job1_id SUCCEEDED (read through api-2)"; else fail "job 1 through api-2: $state"; fi
 check_result() {
   # The first BatchNorm's new running_mean is the mean of conv1's output over the data: exact
   # for any estimator, and independent of the rest of the network.
@@ -282,6 +288,20 @@ EOF
 if check_result; then pass "job 1's model: bn1.running_mean matches the data's conv1 mean"; else fail "job 1's result"; fi
 sps=$(jq -r '.samples_per_second // 0' "$work/client/out/report.json")
 
+# ---- the same data pushed by the client through api-2 (--stream): api-2 relays the batches to
+# the worker running the job over its internal endpoint, with the cluster secret.
+job_stream() {
+  recalctl --server "$api2" -q --deadline 120 run resnet18 --stream --data npy:/w/calib.npy \
+    --batch_size 16 -o /w/out/stream.pt --bn_out /w/out/stream_bn.safetensors --output json \
+    >"$work/job_stream.json" || { cat "$work/job_stream.json"; die "recalctl run --stream through api-2"; }
+}
+step "job 1 again, its batches pushed through api-2 (--stream)" job_stream
+if cmp -s "$work/client/out/bn.safetensors" "$work/client/out/stream_bn.safetensors"; then
+  pass "the streamed job's BN buffers are byte-identical to job 1's"
+else
+  fail "the streamed job's BN buffers differ from job 1's"
+fi
+
 # ---- Prometheus scrapes every recal process
 wait_targets() {
   local i json up total
@@ -302,8 +322,8 @@ step "Prometheus: every target up" wait_targets
 build_info=$(curl -sf "$prom/api/v1/query" --data-urlencode 'query=recal_build_info' |
   jq -r '[.data.result[].metric | "\(.role)@\(.instance) \(.version)"] | sort | join(", ")')
 say "recal_build_info: $build_info"
-[ "$(grep -o "@" <<<"$build_info" | wc -l)" -eq 4 ] && pass "recal_build_info from all four" \
-  || fail "recal_build_info: $build_info"
+if [ "$(grep -o "@" <<<"$build_info" | wc -l)" -eq 4 ]; then pass "recal_build_info from all four"
+else fail "recal_build_info: $build_info"; fi
 
 # ---- a worker SIGKILLed mid-job, while the other runs a job of its own
 # Two jobs of about 60 s each at job 1's speed (synthetic data of the same shape), one on each
@@ -362,12 +382,16 @@ j2=$(get_job "$job2") j3=$(get_job "$job3")
 say "job 2: $(jq -r .state <<<"$j2"), attempts $(jq -r .attempts <<<"$j2"), $t_done s from the kill to its end; attempt 2 on $(started_on "$job2" 2)"
 say "job 3: $(jq -r .state <<<"$j3"), attempts $(jq -r .attempts <<<"$j3")"
 podman logs "$(ctr "$victim")" 2>&1 | grep -E "re-queued" | sed 's/^/  /' || true
-[ "$(jq -r .state <<<"$j2")" = SUCCEEDED ] && [ "$(jq -r .attempts <<<"$j2")" = 2 ] \
-  && pass "job 2 SUCCEEDED as attempt 2 after its worker was killed" \
-  || fail "job 2 after the kill: $(jq -c '{state, attempts, error}' <<<"$j2")"
-[ "$(jq -r .state <<<"$j3")" = SUCCEEDED ] && [ "$(jq -r .attempts <<<"$j3")" = 1 ] \
-  && pass "job 3 SUCCEEDED as attempt 1 on $other: the restarted worker left it alone" \
-  || fail "job 3, on the worker that was not killed: $(jq -c '{state, attempts, error}' <<<"$j3")"
+if [ "$(jq -r .state <<<"$j2")" = SUCCEEDED ] && [ "$(jq -r .attempts <<<"$j2")" = 2 ]; then
+  pass "job 2 SUCCEEDED as attempt 2 after its worker was killed"
+else
+  fail "job 2 after the kill: $(jq -c '{state, attempts, error}' <<<"$j2")"
+fi
+if [ "$(jq -r .state <<<"$j3")" = SUCCEEDED ] && [ "$(jq -r .attempts <<<"$j3")" = 1 ]; then
+  pass "job 3 SUCCEEDED as attempt 1 on $other: the restarted worker left it alone"
+else
+  fail "job 3, on the worker that was not killed: $(jq -c '{state, attempts, error}' <<<"$j3")"
+fi
 if podman logs "$(ctr "$victim")" 2>&1 | grep "re-queued at start-up job_id=$job3" >/dev/null; then
   fail "the restarted $victim took back job 3, which $other was running (its lease live)"
 fi
