@@ -123,6 +123,17 @@ class ClusterTest : public ::testing::Test {
     }
     return -1;
   }
+  // Submits `request` through replica 0 and waits until a worker has started it (attempt 1).
+  void SubmitUntilRunning(const v1::SubmitJobRequest& request, v1::Job* job, int* running_on) {
+    grpc::ClientContext context;
+    ASSERT_TRUE(Api(0)->SubmitJob(&context, request, job).ok());
+    WaitForState(*Api(1), job->id(), v1::RUNNING, 60);
+    for (int i = 0; i < 100 && *running_on < 0; ++i) {
+      *running_on = WorkerThatStarted(job->id(), 1);
+      if (*running_on < 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ASSERT_GE(*running_on, 0);
+  }
 
   // Cuts the cluster off its database (no new connections, the open ones ended) or lets it back.
   void SetDatabaseReachable(bool reachable) {
@@ -201,16 +212,9 @@ TEST_F(ClusterTest, JobsFromEitherReplicaRunOnBothWorkersAndAKilledWorkersJobFin
   // A longer job; its worker dies mid-run.
   v1::SubmitJobRequest long_job = LongJob(resnet.id());
   long_job.mutable_spec()->mutable_options()->set_max_batches(24);
-  grpc::ClientContext context;
   v1::Job job;
-  ASSERT_TRUE(Api(0)->SubmitJob(&context, long_job, &job).ok());
-  WaitForState(*Api(1), job.id(), v1::RUNNING, 60);
   int running_on = -1;
-  for (int i = 0; i < 100 && running_on < 0; ++i) {
-    running_on = WorkerThatStarted(job.id(), 1);
-    if (running_on < 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  ASSERT_GE(running_on, 0);
+  ASSERT_NO_FATAL_FAILURE(SubmitUntilRunning(long_job, &job, &running_on));
   const auto killed_at = std::chrono::steady_clock::now();
   workers_[running_on]->Kill();
   const v1::Job done = WaitForState(*Api(1), job.id(), v1::SUCCEEDED, 180);
@@ -240,16 +244,9 @@ TEST_F(ClusterTest, AWorkerThatStartsLeavesTheJobsOfLiveWorkersAlone) {
   ASSERT_TRUE(Upload(*Api(0), ReadBytes(kFixtures + "/models/resnet18.traced_eval.pt"), &resnet).ok());
   v1::SubmitJobRequest request = LongJob(resnet.id());
   request.mutable_spec()->mutable_options()->set_max_batches(40);
-  grpc::ClientContext context;
   v1::Job job;
-  ASSERT_TRUE(Api(0)->SubmitJob(&context, request, &job).ok());
-  WaitForState(*Api(1), job.id(), v1::RUNNING, 60);
   int running_on = -1;
-  for (int i = 0; i < 100 && running_on < 0; ++i) {
-    running_on = WorkerThatStarted(job.id(), 1);
-    if (running_on < 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  ASSERT_GE(running_on, 0);
+  ASSERT_NO_FATAL_FAILURE(SubmitUntilRunning(request, &job, &running_on));
   workers_.push_back(Start("worker-3", "worker"));
   ASSERT_TRUE(workers_.back()->ok());
   EXPECT_THAT(workers_.back()->log(), ::testing::Not(::testing::HasSubstr("re-queued at start-up")));

@@ -10,12 +10,14 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "common/status_macros.h"
+#include "server/engine/dropout_ops.h"
 #include "server/engine/torch_error.h"
 
 namespace recal::engine::exported {
@@ -33,12 +35,6 @@ const std::set<std::string> kSwitchableForms = {"batch_norm.default", "native_ba
 // Layers whose output channel is the weight's first dimension.
 const std::set<std::string> kLinearLayers = {"conv1d.default", "conv2d.default", "conv3d.default",
                                              "convolution.default", "linear.default"};
-const std::set<std::string> kDropouts = {"dropout.default", "feature_dropout.default", "alpha_dropout.default",
-                                         "feature_alpha_dropout.default", "native_dropout.default"};
-// Random draws that eval mode cannot switch off by an argument (stochastic depth's masks).
-const std::set<std::string> kRandomOps = {"bernoulli", "rand", "randn", "randint", "randperm", "normal", "uniform",
-                                          "multinomial", "exponential", "geometric", "cauchy", "log_normal",
-                                          "random"};
 
 // "batch_norm.default" of "torch.ops.aten.batch_norm.default"; "" for other namespaces.
 std::string AtenOp(const json& node) {
@@ -50,11 +46,13 @@ std::string OpName(const std::string& aten_op) { return aten_op.substr(0, aten_o
 
 bool IsBatchNorm(const std::string& aten_op) { return absl::StrContains(OpName(aten_op), "batch_norm"); }
 
+// A random draw, as the planner tells one (program_plan.cc): the dispatcher's tag.
 bool IsRandom(const std::string& aten_op) {
-  std::string name = OpName(aten_op);
-  if (absl::EndsWith(name, "_like")) name = name.substr(0, name.size() - 5);
-  if (absl::EndsWith(name, "_")) name.pop_back();
-  return kRandomOps.count(name) > 0;
+  const size_t dot = aten_op.find('.');
+  const std::string overload = dot == std::string::npos ? "" : aten_op.substr(dot + 1);
+  const auto op = c10::Dispatcher::singleton().findSchema(
+      {absl::StrCat("aten::", OpName(aten_op)), overload == "default" ? "" : overload});
+  return op.has_value() && op->hasTag(at::Tag::nondeterministic_seeded);
 }
 
 // The argument named `name` of `node`; nullptr when the node leaves it at its default.
@@ -369,7 +367,7 @@ absl::Status ProgramFolder::SwitchToEval() {
         }
         *training = json{{"as_bool", false}};
       }
-    } else if (kDropouts.count(op) > 0) {
+    } else if (IsDropoutOp(absl::StrCat("aten::", OpName(op)))) {
       if (json* train = Argument(node, "train")) *train = json{{"as_bool", false}};
     } else if (IsRandom(op)) {
       return absl::FailedPreconditionError(absl::StrCat(
