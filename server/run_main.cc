@@ -171,9 +171,7 @@ class ProgressPrinter {
 // The result is written in the format the model came in: a PT2 archive named .pt (or
 // TorchScript named .pt2) would mislead whoever loads it by its name. Other names are the
 // user's to choose.
-absl::Status CheckOutName(const std::string& model, const std::string& out) {
-  RECAL_ASSIGN_OR_RETURN(auto file, recal::engine::OpenModelFile(model));
-  RECAL_ASSIGN_OR_RETURN(const recal::engine::ModelFormat format, recal::engine::DetectModelFormat(file));
+absl::Status CheckOutName(recal::engine::ModelFormat format, const std::string& out) {
   const bool exported = format == recal::engine::ModelFormat::kExportedProgram;
   const absl::string_view stem(out.data(), out.rfind('.') == std::string::npos ? out.size() : out.rfind('.'));
   if (exported && (absl::EndsWith(out, ".pt") || absl::EndsWith(out, ".pth"))) {
@@ -191,10 +189,9 @@ absl::Status CheckOutName(const std::string& model, const std::string& out) {
 
 // A folded model is made of exported programs only (server/engine/folded_model.h): said
 // before the data runs, not after.
-absl::Status CheckFoldedOut(const std::string& model, const std::string& folded_out) {
+absl::Status CheckFoldedOut(const std::string& model, recal::engine::ModelFormat format,
+                            const std::string& folded_out) {
   if (folded_out.empty()) return absl::OkStatus();
-  RECAL_ASSIGN_OR_RETURN(auto file, recal::engine::OpenModelFile(model));
-  RECAL_ASSIGN_OR_RETURN(const recal::engine::ModelFormat format, recal::engine::DetectModelFormat(file));
   if (format != recal::engine::ModelFormat::kExportedProgram) {
     return absl::FailedPreconditionError(absl::StrCat(
         "--folded_out: ", model, " is TorchScript; a folded model is made of torch.export programs only "
@@ -284,9 +281,12 @@ absl::Status RunMain() {
     return absl::InvalidArgumentError("--model, --data and --out are required (see --help)");
   }
   RECAL_ASSIGN_OR_RETURN(const recal::data::DataSpec data, recal::data::ParseDataSpec(data_flag));
-  RECAL_RETURN_IF_ERROR(CheckOutName(model, out));
+  // The format is told from the bytes once: both outputs are named for it.
+  RECAL_ASSIGN_OR_RETURN(auto model_file, recal::engine::OpenModelFile(model));
+  RECAL_ASSIGN_OR_RETURN(const recal::engine::ModelFormat format, recal::engine::DetectModelFormat(model_file));
+  RECAL_RETURN_IF_ERROR(CheckOutName(format, out));
   const std::string folded_out = absl::GetFlag(FLAGS_folded_out);
-  RECAL_RETURN_IF_ERROR(CheckFoldedOut(model, folded_out));
+  RECAL_RETURN_IF_ERROR(CheckFoldedOut(model, format, folded_out));
   const int64_t batch_size = absl::GetFlag(FLAGS_batch_size);
   if (batch_size < 1) return absl::InvalidArgumentError("--batch_size must be at least 1");
   auto options = OptionsFromFlags();
