@@ -261,7 +261,7 @@ absl::StatusOr<v1::Job> Scheduler::SucceedWhileLeased(const std::string& id, con
 }
 
 absl::StatusOr<JobOutputs> Scheduler::Execute(const v1::Job& job, const std::string& device, RunFlags& flags) {
-  RECAL_ASSIGN_OR_RETURN(const std::unique_ptr<Scratch> scratch, Scratch::Make(*blobs_, job.id()));
+  RECAL_ASSIGN_OR_RETURN(const std::unique_ptr<Scratch> scratch, Scratch::Make(*blobs_, job));
   RECAL_ASSIGN_OR_RETURN(const RecalibrationTask task,
                          BuildTask(sources_, job, TaskPurpose::Run(device), scratch->path(), flags.cancel));
   const double timeout = options_.TimeoutFor(job.spec());

@@ -6,10 +6,22 @@
 
 namespace recal::jobs {
 
-absl::StatusOr<std::unique_ptr<Scratch>> Scratch::Make(const store::BlobStore& blobs, const std::string& job_id) {
-  std::filesystem::path path = std::filesystem::path(blobs.scratch_dir()) / job_id;
+namespace {
+
+std::filesystem::path AttemptDir(const store::BlobStore& blobs, const std::string& job_id, int attempt) {
+  return std::filesystem::path(blobs.scratch_dir()) / absl::StrCat(job_id, ".attempt-", attempt);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Scratch>> Scratch::Make(const store::BlobStore& blobs, const v1::Job& job) {
+  std::error_code ignored;
+  // Attempts count from 1; a job that never counted one (a test's) is attempt 0.
+  for (int earlier = 0; earlier <= job.attempts(); ++earlier) {
+    std::filesystem::remove_all(AttemptDir(blobs, job.id(), earlier), ignored);
+  }
+  std::filesystem::path path = AttemptDir(blobs, job.id(), job.attempts());
   std::error_code error;
-  std::filesystem::remove_all(path, error);
   std::filesystem::create_directories(path, error);
   if (error) return absl::InternalError(absl::StrCat("cannot create ", path.string(), ": ", error.message()));
   return std::unique_ptr<Scratch>(new Scratch(std::move(path)));

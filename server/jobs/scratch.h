@@ -17,11 +17,14 @@
 
 namespace recal::jobs {
 
-// A job's scratch directory (under the blob store's scratch_dir()), emptied of what an
-// earlier attempt left; removed when this goes.
+// The scratch directory of one attempt at a job (under the blob store's scratch_dir(), which
+// workers share on a file: blob store), removed when this goes. One per attempt, not per job:
+// a run that lost its lease and ends late removes its own directory, never the files of the
+// attempt that took the job over. Making attempt N removes what attempts before N left (a
+// killed process's), since none of them can still store a result.
 class Scratch {
  public:
-  static absl::StatusOr<std::unique_ptr<Scratch>> Make(const store::BlobStore& blobs, const std::string& job_id);
+  static absl::StatusOr<std::unique_ptr<Scratch>> Make(const store::BlobStore& blobs, const v1::Job& job);
   ~Scratch();
   const std::filesystem::path& path() const { return path_; }
 

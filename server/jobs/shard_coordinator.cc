@@ -116,7 +116,7 @@ absl::StatusOr<bool> ShardCoordinator::AllSucceeded(const v1::Job& job, const st
 
 absl::StatusOr<JobOutputs> ShardCoordinator::Merge(const v1::Job& job, const std::vector<v1::Job>& shards,
                                                    RunFlags& flags, absl::Time deadline) {
-  RECAL_ASSIGN_OR_RETURN(const std::unique_ptr<Scratch> scratch, Scratch::Make(*sources_.blobs, job.id()));
+  RECAL_ASSIGN_OR_RETURN(const std::unique_ptr<Scratch> scratch, Scratch::Make(*sources_.blobs, job));
   RECAL_ASSIGN_OR_RETURN(const RecalibrationTask task,
                          BuildTask(sources_, job, TaskPurpose::Merge(shards), scratch->path(), flags.cancel));
   RunHooks hooks;

@@ -10,6 +10,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "server/store/local_blob_store.h"
 #include "tests/jobs/fake_runner.h"
 
@@ -92,7 +93,10 @@ TEST_F(JobManagerTest, SucceededRunsLeaveTheirFilesAsResultsAndTheirProgressAsEv
   auto model = jobs_->Result(caller_, job.id(), v1::MODEL);
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_EQ(testing::ReadBytes(blobs_->PathOf(model->sha256)), "bytes of model.pt");
-  EXPECT_TRUE(fs::is_empty(blobs_->scratch_dir()) || !fs::exists(fs::path(blobs_->scratch_dir()) / job.id()));
+  // Nothing of the run is left in scratch (its directory is <job>.attempt-<n>).
+  for (const auto& entry : fs::directory_iterator(blobs_->scratch_dir())) {
+    EXPECT_FALSE(absl::StartsWith(entry.path().filename().string(), job.id())) << entry.path();
+  }
 }
 
 TEST_F(JobManagerTest, ARunnerFailureFailsTheJobWithItsMessageAndTheNextJobRuns) {

@@ -55,7 +55,7 @@ class SchedulerTest : public ::testing::Test {
     runner_.recalibrate = [this](const RecalibrationTask& task, const RunHooks& hooks) -> absl::StatusOr<v1::RunReport> {
       {
         std::lock_guard<std::mutex> lock(mu_);
-        ran_.push_back(std::filesystem::path(task.scratch_dir).filename().string());
+        ran_.push_back(std::filesystem::path(task.scratch_dir).stem().string());
       }
       if (!gate_.Wait(hooks.cancel)) return absl::CancelledError("stopped");
       WriteResults(task);
@@ -113,7 +113,7 @@ class SchedulerTest : public ::testing::Test {
   Gate gate_;
   int next_id_ = 0;
   std::mutex mu_;
-  std::vector<std::string> ran_;  // the jobs the runner was given, in order (scratch is named after the job)
+  std::vector<std::string> ran_;  // the jobs the runner was given, in order (scratch is named <job>.attempt-<n>)
 };
 
 TEST_F(SchedulerTest, OneDeviceRunsOneJobAtATimeHighestPriorityFirstFifoWithin) {

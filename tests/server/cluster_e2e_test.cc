@@ -123,6 +123,22 @@ class ClusterTest : public ::testing::Test {
     }
     return -1;
   }
+  // The pid of worker `i`'s recal-server (found by its data dir), 0 if none.
+  pid_t WorkerPid(int i) {
+    const std::string data_dir = std::string("--data_dir=") + tmp_.File(i == 0 ? "worker-1" : "worker-2");
+    for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+      const std::string name = entry.path().filename();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::ifstream file(entry.path() / "cmdline", std::ios::binary);
+      std::vector<std::string> args;
+      for (std::string arg; std::getline(file, arg, '\0');) args.push_back(arg);
+      if (!args.empty() && absl::EndsWith(args[0], "recal-server") &&
+          std::find(args.begin(), args.end(), data_dir) != args.end()) {
+        return static_cast<pid_t>(std::stoi(name));
+      }
+    }
+    return 0;
+  }
   // Submits `request` through replica 0 and waits until a worker has started it (attempt 1).
   void SubmitUntilRunning(const v1::SubmitJobRequest& request, v1::Job* job, int* running_on) {
     grpc::ClientContext context;
@@ -254,6 +270,41 @@ TEST_F(ClusterTest, AWorkerThatStartsLeavesTheJobsOfLiveWorkersAlone) {
   EXPECT_EQ(done.state(), v1::SUCCEEDED) << done.error().message();
   EXPECT_EQ(done.attempts(), 1);
   EXPECT_EQ(WorkerThatStarted(job.id(), 2), -1);
+}
+
+// A worker frozen (SIGSTOP) past its lease loses its job to the other worker (attempt 2).
+// Woken, it abandons its run, and removing its scratch files leaves the attempt that took
+// over alone. (Both once used one scratch directory per job on the shared blob store: the
+// late cleanup deleted the second attempt's files, and it failed.)
+TEST_F(ClusterTest, AWorkerWokenPastItsLeaseLeavesTheAttemptThatTookItsJobOverAlone) {
+  v1::Model resnet;
+  ASSERT_TRUE(Upload(*Api(0), ReadBytes(kFixtures + "/models/resnet18.traced_eval.pt"), &resnet).ok());
+  v1::SubmitJobRequest request = LongJob(resnet.id());
+  request.mutable_spec()->mutable_options()->set_max_batches(48);
+  v1::Job job;
+  int frozen = -1;
+  ASSERT_NO_FATAL_FAILURE(SubmitUntilRunning(request, &job, &frozen));
+  const pid_t frozen_pid = WorkerPid(frozen);
+  ASSERT_GT(frozen_pid, 0);
+  ASSERT_EQ(::kill(frozen_pid, SIGSTOP), 0);
+  int took_over = -1;
+  for (int i = 0; i < 600 && took_over < 0; ++i) {
+    took_over = WorkerThatStarted(job.id(), 2);
+    if (took_over < 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(::kill(frozen_pid, SIGCONT), 0);
+  ASSERT_EQ(took_over, 1 - frozen) << "the job was not taken over within 60 s of its worker freezing";
+  for (int i = 0; i < 300 && !absl::StrContains(workers_[frozen]->log(), "job run abandoned"); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_THAT(workers_[frozen]->log(), ::testing::HasSubstr("job run abandoned"));
+  const v1::Job done = WaitForState(*Api(1), job.id(), v1::SUCCEEDED, 180);
+  EXPECT_EQ(done.state(), v1::SUCCEEDED) << done.error().message();
+  EXPECT_EQ(done.attempts(), 2);
+  EXPECT_EQ(WorkerThatStarted(job.id(), 3), -1);
+  grpc::Status downloaded;
+  EXPECT_FALSE(Download(*Api(0), job.id(), v1::MODEL, &downloaded).empty());
+  EXPECT_TRUE(downloaded.ok()) << downloaded.error_message();
 }
 
 TEST_F(ClusterTest, AShardedJobRunsOnBothWorkersAndAKilledWorkersShardIsRedoneAlone) {
@@ -634,23 +685,6 @@ class ClusterStreamTest : public ClusterTest {
     return engine::testing::WorstRelativeError(
         engine::testing::ReadSafetensors(path),
         engine::testing::ReadSafetensors(kFixtures + "/ref/resnet18.population.safetensors"));
-  }
-
-  // The pid of worker `i`'s recal-server (found by its data dir), 0 if none.
-  pid_t WorkerPid(int i) {
-    const std::string data_dir = std::string("--data_dir=") + tmp_.File(i == 0 ? "worker-1" : "worker-2");
-    for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-      const std::string name = entry.path().filename();
-      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-      std::ifstream file(entry.path() / "cmdline", std::ios::binary);
-      std::vector<std::string> args;
-      for (std::string arg; std::getline(file, arg, '\0');) args.push_back(arg);
-      if (!args.empty() && absl::EndsWith(args[0], "recal-server") &&
-          std::find(args.begin(), args.end(), data_dir) != args.end()) {
-        return static_cast<pid_t>(std::stoi(name));
-      }
-    }
-    return 0;
   }
 
   std::string other_token_;
