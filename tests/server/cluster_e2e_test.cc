@@ -6,7 +6,8 @@
 // either replica run on both workers, a watch through the other replica sees them through, and
 // a worker killed with SIGKILL mid-job loses the job to the other worker once its lease runs
 // out: it completes there as attempt 2; a worker started mid-run leaves the running job alone
-// (it takes back expired leases only). The database cut off, and PostgreSQL itself crashed
+// (it takes back expired leases only); a worker frozen past its lease and woken leaves the
+// attempt that took its job over alone. The database cut off, and PostgreSQL itself crashed
 // (SIGKILL) and started again mid-run: every job succeeds once, and no process is restarted.
 // Client-stream jobs (ClusterStreamTest): pushes through either replica are relayed to the
 // worker process running the job; its internal endpoint refuses callers without the cluster
