@@ -193,9 +193,8 @@ absl::Status CheckFoldedOut(const std::string& model, recal::engine::ModelFormat
                             const std::string& folded_out) {
   if (folded_out.empty()) return absl::OkStatus();
   if (format != recal::engine::ModelFormat::kExportedProgram) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--folded_out: ", model, " is TorchScript; a folded model is made of torch.export programs only "
-        "(export the model with torch.export.export and save it with torch.export.save)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("--folded_out: ", model, " is TorchScript; ", recal::kFoldNeedsExportedProgram));
   }
   if (absl::EndsWith(folded_out, ".pt") || absl::EndsWith(folded_out, ".pth")) {
     return absl::InvalidArgumentError(

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
+#include "common/report_facts.h"
 #include "recal/v1/report.pb.h"
 #include "common/status_macros.h"
 #include "server/engine/exported/fold_batch_norm.h"
@@ -13,15 +14,7 @@ namespace recal::engine {
 absl::StatusOr<FoldedModel> FoldBatchNorms(const std::string& path) {
   RECAL_ASSIGN_OR_RETURN(std::shared_ptr<ReadAdapter> file, OpenModelFile(path));
   RECAL_ASSIGN_OR_RETURN(const ModelFormat format, DetectModelFormat(file));
-  if (format != ModelFormat::kExportedProgram) {
-    // LibTorch's pass for TorchScript (torch.jit's FoldConvBatchNorm) folds a convolution
-    // that is also called without its BatchNorm, changing that call's output (measured: 3.2
-    // off on a small net), and asserts on such traced modules: Recal does not hand it on.
-    return absl::FailedPreconditionError(
-        "a folded model is made of torch.export programs only: export the model with torch.export.export "
-        "and save it with torch.export.save (TorchScript's own folding pass changes the output of a "
-        "convolution that is also called without its BatchNorm)");
-  }
+  if (format != ModelFormat::kExportedProgram) return absl::FailedPreconditionError(kFoldNeedsExportedProgram);
   RECAL_ASSIGN_OR_RETURN(const exported::Pt2Archive archive, exported::Pt2Archive::Read(file, {}));
   return exported::FoldProgramBatchNorms(archive);
 }

@@ -32,14 +32,15 @@ bool InspectionSlots::TenantFits(const std::string& tenant, int tenant_limit) co
   return it == running_by_tenant_.end() || it->second < tenant_limit;
 }
 
-bool InspectionSlots::MayStart(std::list<Waiter>::const_iterator self) const {
-  if (!TenantFits(self->tenant, self->tenant_limit) || !HostFits(self->memory_bytes)) return false;
+InspectionSlots::Blocker InspectionSlots::BlockerOf(std::list<Waiter>::const_iterator self) const {
+  if (!TenantFits(self->tenant, self->tenant_limit)) return Blocker::kTenantBound;
+  if (!HostFits(self->memory_bytes)) return Blocker::kHostBound;
   // Arrival order among the waiters that could start: an earlier one whose tenant is at its
   // own bound waits for that tenant, not for the host, so it does not hold up this one.
   for (auto it = waiting_.begin(); it != self; ++it) {
-    if (TenantFits(it->tenant, it->tenant_limit) && HostFits(it->memory_bytes)) return false;
+    if (TenantFits(it->tenant, it->tenant_limit) && HostFits(it->memory_bytes)) return Blocker::kEarlierWaiter;
   }
-  return true;
+  return Blocker::kNothing;
 }
 
 absl::StatusOr<InspectionSlots::Slot> InspectionSlots::Acquire(const std::string& tenant, int64_t memory_bytes,
@@ -55,19 +56,27 @@ absl::StatusOr<InspectionSlots::Slot> InspectionSlots::Acquire(const std::string
   }
   auto self = waiting_.insert(waiting_.end(), Waiter{tenant, memory_bytes, tenant_limit});
   const absl::Time deadline = absl::Now() + bounds_.max_wait;
-  while (!shut_down_ && !MayStart(self)) {
+  // The bound that last held it back: what a refusal names. At the deadline it may be behind
+  // an earlier waiter that a slot just freed has not woken yet; the bound is still the cause.
+  Blocker bound = tenant_limit > 0 ? Blocker::kTenantBound : Blocker::kHostBound;
+  auto blocked = [&] {
+    const Blocker blocker = BlockerOf(self);
+    if (blocker == Blocker::kTenantBound || blocker == Blocker::kHostBound) bound = blocker;
+    return blocker != Blocker::kNothing;
+  };
+  while (!shut_down_ && blocked()) {
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) break;
     changed_.wait_for(lock, absl::ToChronoNanoseconds(left));
   }
-  const bool may_start = !shut_down_ && MayStart(self);
+  const bool may_start = !shut_down_ && !blocked();
   waiting_.erase(self);
   // Leaving the queue may let the waiter behind start.
   changed_.notify_all();
   if (shut_down_) return absl::UnavailableError("the server is shutting down; retry the upload later");
   if (!may_start) {
     ++refused_;
-    const bool tenant_bound = !TenantFits(tenant, tenant_limit);
+    const bool tenant_bound = bound == Blocker::kTenantBound;
     return absl::ResourceExhaustedError(absl::StrCat(
         tenant_bound ? absl::StrCat("tenant ", tenant, " already has ", tenant_limit,
                                     " inspections running (max_concurrent_inspections in the auth file, or "

@@ -66,10 +66,13 @@ class InspectionSlots {
     int64_t memory_bytes;
     int tenant_limit;  // 0: none
   };
+  // What keeps a waiter from starting now.
+  enum class Blocker { kNothing, kTenantBound, kHostBound, kEarlierWaiter };
   bool HostFits(int64_t memory_bytes) const;
   bool TenantFits(const std::string& tenant, int tenant_limit) const;
-  // Whether `self` is the first waiter whose tenant is below its bound, and the host fits it.
-  bool MayStart(std::list<Waiter>::const_iterator self) const;
+  // kNothing when `self` is the first waiter whose tenant is below its bound, and the host
+  // fits it.
+  Blocker BlockerOf(std::list<Waiter>::const_iterator self) const;
   void Give(const std::string& tenant, int64_t memory_bytes);
 
   const InspectionBounds bounds_;

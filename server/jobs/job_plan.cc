@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/data_source.h"
 #include "common/enum_names.h"
+#include "common/report_facts.h"
 #include "common/request_limits.h"
 #include "common/status_macros.h"
 #include "server/data_access/data_shape.h"
@@ -89,6 +90,14 @@ absl::StatusOr<worker::v1::JobPlan> PlanJob(const v1::JobSpec& spec, const std::
 }
 
 absl::Status CheckPlanFitsModel(const worker::v1::JobPlan& plan, const v1::Model& model) {
+  // The inspection marks TorchScript's inputs any_shape (an exported program declares them);
+  // a model stored before contracts were read says nothing, and its worker refuses instead.
+  const bool torchscript = !model.inputs().empty() && model.inputs(0).any_shape();
+  if (plan.engine().fold_batch_norm() && torchscript) {
+    return absl::FailedPreconditionError(absl::StrCat("options.fold_batch_norm: model ", model.id(),
+                                                      " is TorchScript; ", kFoldNeedsExportedProgram,
+                                                      "; or submit without fold_batch_norm"));
+  }
   const std::optional<data::DataSpec> data = data::DataSpecOfSource(plan.data());
   if (!data) return absl::OkStatus();  // a client stream: its batches are checked as they come
   const int64_t max_batches = plan.engine().max_batches() > 0 ? plan.engine().max_batches() : data::kDefaultMaxBatches;

@@ -25,7 +25,8 @@ absl::StatusOr<worker::v1::JobPlan> PlanJob(const v1::JobSpec& spec, const std::
 // (server/data_access/data_shape.h): INVALID_ARGUMENT naming the data, the input, the
 // dimension, what the data gives, what the model was exported for and the fix. What is not
 // known here (client streams, torch: files, objects in a bucket, a model stored before
-// contracts) the worker checks on every batch, with the same words.
+// contracts) the worker checks on every batch, with the same words. And a folded model asked
+// of TorchScript: FAILED_PRECONDITION (only torch.export programs are folded).
 absl::Status CheckPlanFitsModel(const worker::v1::JobPlan& plan, const v1::Model& model);
 
 // The spec's path (a tensor file's, an image folder's), or "" for data that has none.

@@ -148,13 +148,16 @@ sys.exit(0 if ((got - want).abs().max() / want.abs().max()).item() < 1e-4 else 1
   EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_THAT(status.error_message(), HasSubstr("fold_batch_norm"));
 
-  // TorchScript cannot be folded: the job fails saying so, and the server goes on.
+  // TorchScript cannot be folded: refused at submit, before a worker is spent, saying what to
+  // do instead; the server goes on.
   v1::SubmitJobRequest script = NpyJob(UploadModel(), "data/resnet18.npy", 8);
   script.mutable_spec()->mutable_options()->set_fold_batch_norm(true);
-  const v1::Job failed = WaitForState(*stub_, Submit(script).id(), v1::FAILED);
-  EXPECT_EQ(failed.state(), v1::FAILED);
-  EXPECT_THAT(failed.error().message(), HasSubstr("torch.export programs only"));
-  EXPECT_EQ(failed.error().code(), grpc::StatusCode::FAILED_PRECONDITION);
+  grpc::ClientContext context;
+  v1::Job refused;
+  const grpc::Status submitted = stub_->SubmitJob(&context, script, &refused);
+  EXPECT_EQ(submitted.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(submitted.error_message(), HasSubstr("is TorchScript"));
+  EXPECT_THAT(submitted.error_message(), HasSubstr("torch.export.save"));
   UploadModel();
 }
 
