@@ -38,10 +38,10 @@ inline std::string IterationsFact(const v1::RunReport& report) {
 }
 
 // Why a TorchScript model gets no folded model, said by the server at submit (where the
-// upload's inspection says TorchScript), by recal-run and by the engine. LibTorch's pass for TorchScript
-// (torch.jit's FoldConvBatchNorm) folds a convolution that is also called without its
-// BatchNorm, changing that call's output (measured: 3.2 off on a small net), and asserts on
-// such traced modules: Recal does not hand it on.
+// upload's inspection says TorchScript), by recal-run and by the engine. LibTorch's pass for
+// TorchScript (torch.jit's FoldConvBatchNorm) folds a convolution that is also called without
+// its BatchNorm, changing that call's output (measured: 3.2 off on a small net), and asserts
+// on such traced modules: Recal does not hand it on.
 inline constexpr char kFoldNeedsExportedProgram[] =
     "a folded model is made of torch.export programs only: export the model with torch.export.export "
     "and save it with torch.export.save (TorchScript's own folding pass changes the output of a convolution "

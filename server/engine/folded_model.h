@@ -22,15 +22,15 @@ struct KeptBatchNorm {
 };
 
 struct FoldedModel {
-  std::string bytes;                // the archive, in the format the model came in
+  std::string bytes;                // the folded program, a PT2 archive
   std::vector<std::string> folded;  // the layers folded, in graph order
   std::vector<KeptBatchNorm> kept;
 };
 
 // The folded form of the recalibrated model at `path` (what Recalibration::WriteModel wrote).
-// FAILED_PRECONDITION, with every layer's reason, when no BatchNorm can be folded, or when
-// the model cannot run in eval mode as a file (an exported program that draws random numbers
-// other than dropout); INVALID_ARGUMENT when `path` is no model.
+// FAILED_PRECONDITION, with every layer's reason, when no BatchNorm can be folded, when the
+// model cannot run in eval mode as a file (an exported program that draws random numbers
+// other than dropout), or when it is TorchScript; INVALID_ARGUMENT when `path` is no model.
 absl::StatusOr<FoldedModel> FoldBatchNorms(const std::string& path);
 
 // Folds the model at `model_path` into `folded_path` (written whole or not at all) and says

@@ -127,8 +127,9 @@ absl::StatusOr<JobOutputs> ShardCoordinator::Merge(const v1::Job& job, const std
   outputs.report.set_seconds(SecondsBetween(job.start_time(), NowTimestamp()));
   // The merge ran on the CPU; the statistics come from where the shards ran.
   outputs.report.set_device(ShardDevices(shards));
-  RECAL_RETURN_IF_ERROR(sources_.models->stored_bytes().ReserveResultsWhileHeld(job, scratch->path(), JobFiles(job.spec()), flags));
-  RECAL_ASSIGN_OR_RETURN(outputs.results, AdoptResults(*sources_.blobs, scratch->path(), JobFiles(job.spec())));
+  const ScratchFiles files = JobFiles(job.spec());
+  RECAL_RETURN_IF_ERROR(sources_.models->stored_bytes().ReserveResultsWhileHeld(job, scratch->path(), files, flags));
+  RECAL_ASSIGN_OR_RETURN(outputs.results, AdoptResults(*sources_.blobs, scratch->path(), files));
   return outputs;
 }
 
