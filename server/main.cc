@@ -64,6 +64,9 @@ ABSL_FLAG(std::string, blobs, "",
           "configured by the --s3_* flags; staged uploads and a cache of models stay under DATA_DIR/s3-blobs)");
 ABSL_FLAG(int64_t, blob_part_bytes, int64_t{64} << 20,
           "--blobs=s3://: blobs larger than this are sent as multipart uploads of parts this size (at least 5 MiB)");
+ABSL_FLAG(int64_t, blob_cache_bytes, int64_t{16} << 30,
+          "--blobs=s3://: what the models fetched for this host's jobs may take under DATA_DIR/s3-blobs/cache; the "
+          "least recently used go first, never one a job is running (0: no bound)");
 ABSL_FLAG(std::vector<std::string>, data_root, {},
           "directories jobs may read data from (comma-separated, and the flag may repeat): PATH for every "
           "tenant, TENANT=PATH for one; nothing else is readable. s3://BUCKET/PREFIX: objects in a bucket, read "
@@ -170,6 +173,7 @@ void ParseAccessAndStorageFlags(recal::app::ServerOptions& options) {
   options.store = absl::GetFlag(FLAGS_store);
   options.blobs = absl::GetFlag(FLAGS_blobs);
   options.blob_part_bytes = absl::GetFlag(FLAGS_blob_part_bytes);
+  options.blob_cache_bytes = absl::GetFlag(FLAGS_blob_cache_bytes);
   options.s3 = recal::s3::S3SettingsFromFlags();
   options.internal_token_file = absl::GetFlag(FLAGS_internal_token_file);
   options.internal_listen = absl::GetFlag(FLAGS_internal_listen);

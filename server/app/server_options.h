@@ -41,6 +41,7 @@ struct ServerOptions {
   std::string store;  // empty: sqlite:DATA_DIR/recal.db
   std::string blobs;  // empty: file:DATA_DIR
   int64_t blob_part_bytes = int64_t{64} << 20;
+  int64_t blob_cache_bytes = int64_t{16} << 30;
   s3::S3Settings s3;  // object storage for s3:// blobs and data roots
   jobs::DataRoots data_roots;
 

@@ -43,7 +43,8 @@ absl::Status Server::OpenStorage() {
       store::OpenBlobStore({.spec = options_.blobs,
                             .data_dir = options_.data_dir,
                             .object_storage = [this] { return data::ObjectStorageOptions(options_.s3); },
-                            .part_bytes = options_.blob_part_bytes}));
+                            .part_bytes = options_.blob_part_bytes,
+                            .cache_bytes = options_.blob_cache_bytes}));
   // The endpoint may come up after the server: jobs fail UNAVAILABLE until it does.
   if (!opened.reachable.ok()) {
     log::Warning(absl::StrCat("recal-server: blob store not reachable yet: ", opened.reachable.message()));

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@ namespace recal::jobs {
 struct RecalibrationTask {
   worker::v1::JobPlan plan;  // as stored with the job (job_plan.h)
   std::string model_path;    // the stored archive
+  std::shared_ptr<void> model_hold;  // keeps model_path's file for as long as the task lives
   std::vector<std::string> data_roots;  // the job's tenant's: all the worker may read of the data
   std::string device;
   std::string scratch_dir;  // receives model.pt, bn.safetensors and report.json

@@ -12,12 +12,12 @@ namespace {
 
 // Blobs in a bucket: the model is fetched here, and an endpoint still away after the client's
 // bounded retries fails the job (UNAVAILABLE) instead of holding the worker.
-absl::StatusOr<std::string> ModelPath(const TaskSources& sources, const v1::Job& job, const std::string& model_id,
-                                      const std::atomic<bool>& cancel) {
+absl::StatusOr<store::BlobStore::HeldFile> ModelFile(const TaskSources& sources, const v1::Job& job,
+                                                     const std::string& model_id, const std::atomic<bool>& cancel) {
   auto digest_of_model = [&] { return sources.models->DigestOf(job.tenant(), model_id); };
   auto still_ours = [&](const absl::Status&) { return !cancel; };
   RECAL_ASSIGN_OR_RETURN(const std::string digest, RetryWhileUnavailable(digest_of_model, still_ours));
-  return sources.blobs->LocalPath(digest);
+  return sources.blobs->HoldLocalPath(digest);
 }
 
 // The shards' statistics into `scratch`, as the merge reads them (in shard order); their names.
@@ -71,7 +71,9 @@ absl::StatusOr<RecalibrationTask> BuildTask(const TaskSources& sources, const v1
   // Checked for a merge too, though it reads no data (the plan names the data in its report):
   // data that left the roots since the shards ran fails the job as it would fail a shard.
   RECAL_RETURN_IF_ERROR(CheckStillUnderRoots(task.plan.data(), data_roots));
-  RECAL_ASSIGN_OR_RETURN(task.model_path, ModelPath(sources, job, task.plan.model_id(), cancel));
+  RECAL_ASSIGN_OR_RETURN(store::BlobStore::HeldFile model, ModelFile(sources, job, task.plan.model_id(), cancel));
+  task.model_path = std::move(model.path);
+  task.model_hold = std::move(model.hold);
   task.device = purpose.device;
   task.scratch_dir = scratch.string();
   if (purpose.merged_shards != nullptr) {

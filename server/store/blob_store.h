@@ -49,6 +49,13 @@ class BlobStore {
   // (the sandboxed worker opens the model by path). For object storage the blob is fetched
   // into a local cache first (verified by its digest). NOT_FOUND when absent.
   virtual absl::StatusOr<std::string> LocalPath(const std::string& sha256_hex) = 0;
+  // LocalPath's file, kept until `hold` goes: for what opens it again later (a job's run), where
+  // a store that keeps a bounded cache of local copies (S3BlobStore) could remove it meanwhile.
+  struct HeldFile {
+    std::string path;
+    std::shared_ptr<void> hold;
+  };
+  virtual absl::StatusOr<HeldFile> HoldLocalPath(const std::string& sha256_hex);
 
   // Stores `bytes` and returns their hex digest.
   virtual absl::StatusOr<std::string> Put(absl::string_view bytes) = 0;

@@ -25,6 +25,7 @@ absl::StatusOr<OpenedBlobStore> OpenBlobStore(const BlobStoreSettings& settings)
     store_options.location = *std::move(location);
     store_options.local_dir = absl::StrCat(settings.data_dir, "/s3-blobs");
     store_options.part_bytes = settings.part_bytes;
+    store_options.cache_bytes = settings.cache_bytes;
     absl::StatusOr<std::unique_ptr<S3BlobStore>> store = S3BlobStore::Open(*std::move(client), store_options);
     if (!store.ok()) return store.status();
     opened.reachable = (*store)->Probe();

@@ -20,6 +20,7 @@ struct BlobStoreSettings {
   // only for s3://, so that credentials are looked up only where a bucket is used.
   std::function<absl::StatusOr<s3::S3ClientOptions>()> object_storage;
   int64_t part_bytes = int64_t{64} << 20;  // multipart part size for s3://
+  int64_t cache_bytes = 0;                 // s3://: the bound on the models cached on this host
 };
 
 struct OpenedBlobStore {

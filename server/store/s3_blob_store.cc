@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <mutex>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -19,7 +20,6 @@ namespace {
 using internal::CheckAdoptable;
 using internal::DirectoryOf;
 using internal::EnsureDirectory;
-using internal::Exists;
 using internal::FsyncDirectory;
 using internal::UnlinkIfPresent;
 
@@ -78,7 +78,7 @@ S3BlobStore::S3BlobStore(std::unique_ptr<s3::S3Client> client, S3BlobStoreOption
     : client_(std::move(client)),
       options_(std::move(options)),
       scratch_dir_(absl::StrCat(options_.local_dir, "/tmp")),
-      cache_dir_(absl::StrCat(options_.local_dir, "/cache/sha256")),
+      cache_(absl::StrCat(options_.local_dir, "/cache/sha256"), options_.cache_bytes),
       uploads_(absl::StrCat(options_.local_dir, "/uploads")) {}
 
 absl::StatusOr<std::unique_ptr<S3BlobStore>> S3BlobStore::Open(std::unique_ptr<s3::S3Client> client,
@@ -89,6 +89,10 @@ absl::StatusOr<std::unique_ptr<S3BlobStore>> S3BlobStore::Open(std::unique_ptr<s
   if (options.part_bytes < kMinPartBytes) {
     return absl::InvalidArgumentError(absl::StrCat("multipart part size ", options.part_bytes,
                                                    " is below S3's minimum of ", kMinPartBytes, " bytes"));
+  }
+  if (options.cache_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--blob_cache_bytes=", options.cache_bytes,
+                                                   " is negative: give the bytes the model cache may take, or 0 for no bound"));
   }
   while (options.local_dir.size() > 1 && options.local_dir.back() == '/') options.local_dir.pop_back();
   const std::string& root = options.local_dir;
@@ -113,8 +117,10 @@ std::string S3BlobStore::KeyOf(const std::string& sha256_hex) const {
   return absl::StrCat(options_.location.prefix, "blobs/sha256/", sha256_hex);
 }
 
-std::string S3BlobStore::CachePathOf(const std::string& sha256_hex) const {
-  return absl::StrCat(cache_dir_, "/", sha256_hex);
+void S3BlobStore::TrimCache() {
+  // A trim that fails (an entry that cannot be removed) leaves the cache over its bound until
+  // the next one; the fetch or upload that came in is not the worse for it.
+  cache_.Trim().IgnoreError();
 }
 
 absl::Status S3BlobStore::Named(const absl::Status& status, const std::string& sha256_hex) const {
@@ -144,9 +150,9 @@ absl::StatusOr<std::unique_ptr<BlobReader>> S3BlobStore::OpenReader(const std::s
 
 absl::StatusOr<std::string> S3BlobStore::LocalPath(const std::string& sha256_hex) {
   RECAL_RETURN_IF_ERROR(ValidateDigest(sha256_hex));
-  std::string path = CachePathOf(sha256_hex);
-  // Only whole, verified files are ever renamed to this name.
-  if (Exists(path)) return path;
+  // Only whole, verified files are ever renamed to an entry's name.
+  if (std::optional<std::string> found = cache_.Find(sha256_hex)) return *std::move(found);
+  std::string path = cache_.PathOf(sha256_hex);
   RECAL_ASSIGN_OR_RETURN(AtomicFileWriter writer, AtomicFileWriter::Open(path));
   Sha256 hash;
   absl::Status got = client_->GetObject(options_.location.bucket, KeyOf(sha256_hex), [&](absl::string_view piece) {
@@ -159,7 +165,16 @@ absl::StatusOr<std::string> S3BlobStore::LocalPath(const std::string& sha256_hex
                                             " does not hold the blob its key names: its bytes hash to ", actual));
   }
   RECAL_RETURN_IF_ERROR(writer.Commit());
+  TrimCache();
   return path;
+}
+
+absl::StatusOr<BlobStore::HeldFile> S3BlobStore::HoldLocalPath(const std::string& sha256_hex) {
+  RECAL_RETURN_IF_ERROR(ValidateDigest(sha256_hex));
+  // Held before it is looked up or fetched: no trim can come between.
+  std::shared_ptr<void> hold = cache_.Hold(sha256_hex);
+  RECAL_ASSIGN_OR_RETURN(std::string path, LocalPath(sha256_hex));
+  return HeldFile{std::move(path), std::move(hold)};
 }
 
 absl::StatusOr<bool> S3BlobStore::Stored(const std::string& sha256_hex) const {
@@ -198,7 +213,7 @@ absl::StatusOr<std::string> S3BlobStore::AdoptFile(const std::string& path) {
 absl::Status S3BlobStore::Remove(const std::string& sha256_hex) {
   RECAL_RETURN_IF_ERROR(ValidateDigest(sha256_hex));
   RECAL_RETURN_IF_ERROR(client_->DeleteObject(options_.location.bucket, KeyOf(sha256_hex)));
-  return UnlinkIfPresent(CachePathOf(sha256_hex));
+  return cache_.Remove(sha256_hex);
 }
 
 absl::StatusOr<int64_t> S3BlobStore::UploadedSize(const std::string& owner, const std::string& sha256_hex) const {
@@ -212,7 +227,7 @@ absl::Status S3BlobStore::AppendUpload(const std::string& owner, const std::stri
 
 absl::StatusOr<std::string> S3BlobStore::CommitUpload(const std::string& owner, const std::string& sha256_hex,
                                                       int64_t expected_size) {
-  const std::string cached = CachePathOf(sha256_hex);
+  const std::string cached = cache_.PathOf(sha256_hex);
   absl::StatusOr<bool> committed = uploads_.Commit(owner, sha256_hex, expected_size, [&](const std::string& verified) {
     // Into the bucket first: the staged file is dropped only once the blob is stored, so a
     // failure here (the endpoint down) leaves the upload whole, to be committed again.
@@ -223,7 +238,10 @@ absl::StatusOr<std::string> S3BlobStore::CommitUpload(const std::string& owner, 
     return FsyncDirectory(DirectoryOf(cached));
   });
   if (!committed.ok()) return committed.status();
-  if (*committed) return cached;
+  if (*committed) {
+    TrimCache();
+    return cached;
+  }
   // A repeated commit (after a crash between the upload and the reply, or racing another
   // client's commit of the same bytes) succeeds.
   absl::StatusOr<std::string> stored = LocalPath(sha256_hex);

@@ -27,8 +27,9 @@
 //  - The sandboxed worker reads its model from a local file and has no network: LocalPath
 //    fetches the object into the cache (one streamed GET, resumed within the retry policy on
 //    the first ETag), verifies its SHA-256, then renames it into place (atomic), so that a
-//    cache entry is always whole and right. Entries leave with Remove; the cache is not bounded
-//    otherwise (a cache entry is never wrong, only disk: delete the directory when no job runs).
+//    cache entry is always whole and right. The cache is bounded (cache_bytes: the least
+//    recently used entries leave first, never one a run holds; blob_cache.h), and Remove drops
+//    an entry at once.
 //  - Downloads read with ranged GETs pinned to the object's ETag (OpenReader / ReadAt, a read-
 //    ahead window of a few MiB), so that a client's download resumes at any offset without the
 //    server holding the blob. Has and SizeOf are HEADs; Remove is a DELETE (and drops the cache
@@ -47,6 +48,7 @@
 
 #include "server/s3/s3_client.h"
 #include "server/s3/s3_config.h"
+#include "server/store/blob_cache.h"
 #include "server/store/blob_store.h"
 #include "server/store/upload_staging.h"
 
@@ -59,6 +61,8 @@ struct S3BlobStoreOptions {
   int64_t part_bytes = int64_t{64} << 20;
   // Bytes a reader fetches per GET at least (downloads ask for 1 MiB at a time).
   int64_t read_ahead_bytes = int64_t{8} << 20;
+  // What the cached blobs may take on this host's disk; 0: no bound.
+  int64_t cache_bytes = 0;
 };
 
 class S3BlobStore : public BlobStore {
@@ -78,6 +82,7 @@ class S3BlobStore : public BlobStore {
   absl::StatusOr<int64_t> SizeOf(const std::string& sha256_hex) const override;
   absl::StatusOr<std::unique_ptr<BlobReader>> OpenReader(const std::string& sha256_hex) const override;
   absl::StatusOr<std::string> LocalPath(const std::string& sha256_hex) override;
+  absl::StatusOr<HeldFile> HoldLocalPath(const std::string& sha256_hex) override;
   absl::StatusOr<std::string> Put(absl::string_view bytes) override;
   absl::StatusOr<std::string> AdoptFile(const std::string& path) override;
   absl::Status Remove(const std::string& sha256_hex) override;
@@ -101,7 +106,8 @@ class S3BlobStore : public BlobStore {
 
  private:
   S3BlobStore(std::unique_ptr<s3::S3Client> client, S3BlobStoreOptions options);
-  std::string CachePathOf(const std::string& sha256_hex) const;
+  // After an entry came into the cache.
+  void TrimCache();
   // Whether the blob's object is there (a HEAD); UNAVAILABLE when the endpoint does not answer.
   absl::StatusOr<bool> Stored(const std::string& sha256_hex) const;
   // The file at `path` (hashed: `sha256_hex`) as the blob's object, unless it is there already.
@@ -112,7 +118,7 @@ class S3BlobStore : public BlobStore {
   std::unique_ptr<s3::S3Client> client_;
   const S3BlobStoreOptions options_;
   const std::string scratch_dir_;
-  const std::string cache_dir_;
+  BlobCache cache_;
   UploadStaging uploads_;
 };
 

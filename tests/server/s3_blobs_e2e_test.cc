@@ -3,7 +3,8 @@
 // installed): models and results round-trip through the bucket and match the same job on local
 // blobs byte for byte, downloads resume at an offset, a server killed -9 in the middle of a
 // result's multipart upload leaves nothing half-written in the bucket, and an endpoint that stops
-// mid-job fails that job with UNAVAILABLE while the server stays up.
+// mid-job fails that job with UNAVAILABLE while the server stays up; the model cache keeps to
+// --blob_cache_bytes.
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -149,6 +150,39 @@ TEST_F(S3BlobsServerTest, ModelsAndResultsRoundTripThroughTheBucketAndMatchLocal
 
   // The credentials are the server's configuration; they never appear in what it says.
   EXPECT_THAT(server.log(), ::testing::Not(HasSubstr(moto_->credentials.secret_access_key)));
+}
+
+// --blob_cache_bytes: once the cached models pass the bound, the least recently used goes
+// (the test ages the entry rather than waiting out the cache's grace of a minute); a job on
+// the dropped model fetches it again from the bucket.
+TEST_F(S3BlobsServerTest, TheModelCacheKeepsToItsBoundAndAJobFetchesADroppedModelAgain) {
+  std::vector<std::string> flags = Flags();
+  flags.push_back("--blob_cache_bytes=1");
+  ServerProcess server(tmp_.File("data"), flags);
+  ASSERT_TRUE(server.ok()) << server.log();
+  auto stub = server.Stub();
+  const std::string cache = tmp_.File("data/s3-blobs/cache/sha256");
+  v1::Model mobilenet;
+  grpc::Status uploaded = Upload(*stub, ReadBytes(kMobileNet), &mobilenet);
+  ASSERT_TRUE(uploaded.ok()) << uploaded.error_message();
+  const std::string entry = cache + "/" + *Sha256OfFile(kMobileNet);
+  ASSERT_TRUE(std::filesystem::exists(entry));
+  const auto two_hours_ago = std::filesystem::file_time_type::clock::now() - std::chrono::hours(2);
+  std::filesystem::last_write_time(entry, two_hours_ago);
+
+  const std::string other = kFixtures + "/models/functional.traced_train.pt";
+  v1::Model small;
+  uploaded = Upload(*stub, ReadBytes(other), &small);
+  ASSERT_TRUE(uploaded.ok()) << uploaded.error_message();
+  EXPECT_FALSE(std::filesystem::exists(entry)) << "the least recently used model stayed over the bound";
+  EXPECT_TRUE(std::filesystem::exists(cache + "/" + *Sha256OfFile(other))) << "the new entry is within the grace";
+
+  grpc::ClientContext context;
+  v1::Job job;
+  ASSERT_TRUE(stub->SubmitJob(&context, NpyJob(mobilenet.id(), "data/mobilenet_v2.npy", 8), &job).ok());
+  const v1::Job done = WaitForState(*stub, job.id(), v1::SUCCEEDED, 300);
+  EXPECT_EQ(done.state(), v1::SUCCEEDED) << done.error().message() << "\n" << server.log();
+  EXPECT_EQ(ReadBytes(entry), ReadBytes(kMobileNet)) << "fetched again, verified";
 }
 
 TEST_F(S3BlobsServerTest, AServerKilledMidUploadOfAResultLeavesNothingHalfWritten) {

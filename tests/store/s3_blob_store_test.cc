@@ -3,6 +3,7 @@
 // the objects go, the local cache and its verification, the errors of a missing bucket,
 // refused credentials and a stopped endpoint, and --blobs parsing (open_blob_store.h).
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 
 #include <memory>
@@ -66,12 +67,14 @@ class S3BlobStoreTest : public ::testing::Test {
     return s3::testing::FastClientOptions(moto_->server->endpoint(), moto_->credentials);
   }
 
-  std::unique_ptr<S3BlobStore> Open(s3::S3ClientOptions options, const std::string& bucket) {
+  std::unique_ptr<S3BlobStore> Open(s3::S3ClientOptions options, const std::string& bucket,
+                                    int64_t cache_bytes = 0) {
     auto client = s3::S3Client::Create(std::move(options));
     EXPECT_TRUE(client.ok()) << client.status();
     S3BlobStoreOptions store_options;
     store_options.location = {bucket, kPrefix};
     store_options.local_dir = dir_.File("local");
+    store_options.cache_bytes = cache_bytes;
     auto store = S3BlobStore::Open(*std::move(client), store_options);
     EXPECT_TRUE(store.ok()) << store.status();
     return store.ok() ? *std::move(store) : nullptr;
@@ -111,6 +114,51 @@ TEST_F(S3BlobStoreTest, LocalPathFetchesOnceIntoTheCacheAndRemoveDropsIt) {
   ASSERT_TRUE(store->Remove(hex).ok());
   EXPECT_FALSE(FileExists(*path));
   EXPECT_TRUE(absl::IsNotFound(store->LocalPath(hex).status()));
+}
+
+// Marks a cache entry as last used `age` ago (a test cannot wait out the cache's grace).
+void Age(const std::string& path, absl::Duration age) {
+  const timespec used = absl::ToTimespec(absl::Now() - age);
+  const timespec times[2] = {used, used};
+  ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, 0), 0) << path;
+}
+
+TEST_F(S3BlobStoreTest, TheCacheKeepsToItsBoundButNeverDropsTheModelOfARunningJob) {
+  auto store = Open(Options(), bucket_, 250);
+  const std::string running = *store->Put(std::string(100, 'r'));
+  const std::string idle = *store->Put(std::string(100, 'i'));
+  const std::string next = *store->Put(std::string(100, 'n'));
+  absl::StatusOr<BlobStore::HeldFile> held = store->HoldLocalPath(running);
+  ASSERT_TRUE(held.ok()) << held.status();
+  ASSERT_TRUE(store->LocalPath(idle).ok());
+  Age(held->path, absl::Hours(2));  // used longest ago, but held
+  Age(dir_.File("local/cache/sha256/" + idle), absl::Hours(1));
+  // 300 bytes once the third comes: the idle entry goes, the held one stays.
+  ASSERT_TRUE(store->LocalPath(next).ok());
+  EXPECT_TRUE(FileExists(held->path));
+  EXPECT_FALSE(FileExists(dir_.File("local/cache/sha256/" + idle)));
+  // Released, it is the one to go when the idle model is fetched again (verified as ever).
+  held->hold.reset();
+  Age(dir_.File("local/cache/sha256/" + next), absl::Minutes(30));
+  absl::StatusOr<std::string> again = store->LocalPath(idle);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(ReadBytes(*again), std::string(100, 'i'));
+  EXPECT_FALSE(FileExists(held->path));
+  EXPECT_TRUE(FileExists(dir_.File("local/cache/sha256/" + next)));
+  // The bucket keeps every blob: a dropped entry is only fetched again.
+  EXPECT_TRUE(store->Has(running));
+}
+
+TEST_F(S3BlobStoreTest, ANegativeCacheBoundIsRefusedNamingTheFlag) {
+  auto client = s3::S3Client::Create(Options());
+  ASSERT_TRUE(client.ok()) << client.status();
+  S3BlobStoreOptions store_options;
+  store_options.location = {bucket_, kPrefix};
+  store_options.local_dir = dir_.File("local");
+  store_options.cache_bytes = -1;
+  auto store = S3BlobStore::Open(*std::move(client), store_options);
+  EXPECT_TRUE(absl::IsInvalidArgument(store.status())) << store.status();
+  EXPECT_NE(store.status().message().find("--blob_cache_bytes"), absl::string_view::npos) << store.status();
 }
 
 TEST_F(S3BlobStoreTest, AnObjectThatIsNotItsDigestNeverReachesTheCache) {
