@@ -1,11 +1,13 @@
 // The control plane on SQLite and on PostgreSQL, side by side in one run: SubmitJob and
 // GetJob calls per second through an api process (no workers: the store is all they touch),
-// tiny jobs per second end to end with two workers, and the failover time of a job whose
-// worker is killed (kill -9 to RUNNING again on the other worker). PostgreSQL is a
+// from one client and from --clients at once, tiny jobs per second end to end with two
+// workers, and the failover time of a job whose worker is killed (kill -9 to RUNNING again on
+// the other worker). PostgreSQL runs twice: with one connection per process
+// (--store_connections=1, as before the pool) and with the default pool. PostgreSQL is a
 // throwaway server started here (fsync off, as in the tests: this compares the code paths,
 // not the disks). Prints one table.
 //
-//   build/bin/control_plane_bench [--jobs 24] [--calls 400] [--lease_seconds 3]
+//   build/bin/control_plane_bench [--jobs 24] [--calls 400] [--clients 8] [--lease_seconds 3]
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -21,11 +23,13 @@
 #include "common/command_line.h"
 #include "tests/server/calls.h"
 #include "tests/server/server_process.h"
+#include "server/store/metadata_store.h"
 #include "tests/store/postgres_server.h"
 #include "tests/test_util.h"
 
 ABSL_FLAG(int, jobs, 24, "tiny jobs per configuration");
 ABSL_FLAG(int, calls, 400, "SubmitJob and GetJob calls per configuration");
+ABSL_FLAG(int, clients, 8, "client threads calling at once in the concurrent phase");
 ABSL_FLAG(int, lease_seconds, 3, "the workers' lease (failover waits for it to run out)");
 ABSL_FLAG(std::string, fixtures, "build/fixtures", "the fixtures directory (bn1d_2d model and data)");
 
@@ -37,18 +41,20 @@ using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
 
 struct Row {
-  double submits_per_s = 0, gets_per_s = 0, jobs_per_s = 0, failover_s = 0;
+  double submits_per_s = 0, gets_per_s = 0, concurrent_submits_per_s = 0, concurrent_gets_per_s = 0,
+         jobs_per_s = 0, failover_s = 0;
 };
 
 class Cluster {
  public:
-  Cluster(const std::string& dir, const std::string& store, int workers, int lease_seconds)
+  Cluster(const std::string& dir, const std::string& store, int connections, int workers, int lease_seconds)
       : token_(recal::testing::NewToken()) {
     std::filesystem::create_directories(dir);
     std::ofstream(dir + "/auth.txt") << recal::testing::AuthLine(token_, "default", "admin");
     const std::vector<std::string> shared = {"--store=" + store, "--blobs=file:" + dir + "/blobs",
                                              "--data_root=" + absl::GetFlag(FLAGS_fixtures),
                                              "--auth_file=" + dir + "/auth.txt",
+                                             absl::StrCat("--store_connections=", connections),
                                              absl::StrCat("--lease_seconds=", lease_seconds)};
     auto flags = shared;
     flags.push_back("--role=api");
@@ -75,14 +81,29 @@ class Cluster {
   std::vector<std::unique_ptr<ServerProcess>> workers_;
 };
 
+// `calls` calls of `call` split between `clients` threads, each with its own channel: calls/s.
+template <typename Call>
+double CallsPerSecond(const Cluster& cluster, int clients, int calls, const Call& call) {
+  std::vector<std::thread> threads;
+  const auto start = Clock::now();
+  for (int c = 0; c < clients; ++c) {
+    threads.emplace_back([&, c] {
+      auto stub = cluster.Stub();
+      for (int i = c; i < calls; i += clients) call(*stub, i);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  return calls / Seconds(start);
+}
+
 // `calls_store` and `jobs_store`: two empty stores (the call phase leaves hundreds of queued jobs).
-Row Measure(const std::string& dir, const std::string& calls_store, const std::string& jobs_store) {
+Row Measure(const std::string& dir, const std::string& calls_store, const std::string& jobs_store, int connections) {
   Row row;
   const std::string fixtures = absl::GetFlag(FLAGS_fixtures);
   const int calls = absl::GetFlag(FLAGS_calls), jobs = absl::GetFlag(FLAGS_jobs);
   {
     // The API alone: no worker takes the jobs, so every call is the API and the store.
-    Cluster api_only(dir + "/calls", calls_store, 0, absl::GetFlag(FLAGS_lease_seconds));
+    Cluster api_only(dir + "/calls", calls_store, connections, 0, absl::GetFlag(FLAGS_lease_seconds));
     if (!api_only.ok()) return row;
     auto stub = api_only.Stub();
     recal::v1::Model model;
@@ -109,9 +130,22 @@ Row Measure(const std::string& dir, const std::string& calls_store, const std::s
       stub->GetJob(&context, request, &job).IgnoreError();
     }
     row.gets_per_s = calls / Seconds(start);
+    const int clients = absl::GetFlag(FLAGS_clients);
+    row.concurrent_submits_per_s = CallsPerSecond(api_only, clients, calls, [&](recal::v1::Recal::Stub& s, int) {
+      grpc::ClientContext context;
+      recal::v1::Job job;
+      s.SubmitJob(&context, recal::testing::NpyJob(model.id(), "data/bn1d_2d.npy", 8), &job).IgnoreError();
+    });
+    row.concurrent_gets_per_s = CallsPerSecond(api_only, clients, calls, [&](recal::v1::Recal::Stub& s, int i) {
+      grpc::ClientContext context;
+      recal::v1::GetJobRequest request;
+      request.set_id(ids[i % ids.size()]);
+      recal::v1::Job job;
+      s.GetJob(&context, request, &job).IgnoreError();
+    });
   }
   {
-    Cluster cluster(dir + "/jobs", jobs_store, 2, absl::GetFlag(FLAGS_lease_seconds));
+    Cluster cluster(dir + "/jobs", jobs_store, connections, 2, absl::GetFlag(FLAGS_lease_seconds));
     if (!cluster.ok()) return row;
     auto stub = cluster.Stub();
     recal::v1::Model model;
@@ -174,21 +208,32 @@ int main(int argc, char** argv) {
     return 1;
   }
   recal::testing::TempDir tmp;
-  const Row sqlite = Measure(tmp.File("sqlite"), "sqlite:" + tmp.File("calls.db"), "sqlite:" + tmp.File("jobs.db"));
-  auto calls = (*postgres)->NewDatabase();
-  auto jobs = (*postgres)->NewDatabase();
-  if (!calls.ok() || !jobs.ok()) return 1;
-  const Row pg = Measure(tmp.File("postgres"), *calls, *jobs);
+  const int pool = recal::store::kDefaultStoreConnections;
+  const Row sqlite = Measure(tmp.File("sqlite"), "sqlite:" + tmp.File("calls.db"), "sqlite:" + tmp.File("jobs.db"), pool);
+  Row pg[2];
+  for (int k = 0; k < 2; ++k) {
+    auto calls = (*postgres)->NewDatabase();
+    auto jobs = (*postgres)->NewDatabase();
+    if (!calls.ok() || !jobs.ok()) return 1;
+    pg[k] = Measure(tmp.File(absl::StrCat("postgres", k)), *calls, *jobs, k == 0 ? 1 : pool);
+  }
   std::printf("control plane: 1 api process (+2 worker processes, 1 CPU worker each, for jobs), lease %d s; "
-              "%d calls, %d tiny jobs (bn1d_2d, 4 batches)\n",
-              absl::GetFlag(FLAGS_lease_seconds), absl::GetFlag(FLAGS_calls), absl::GetFlag(FLAGS_jobs));
-  std::printf("%-34s %12s %12s %10s\n", "", "SQLite", "PostgreSQL", "PG/SQLite");
-  auto line = [](const char* what, double a, double b) {
-    std::printf("%-34s %12.1f %12.1f %10.2f\n", what, a, b, a > 0 ? b / a : 0);
+              "%d calls (from 1 client, then from %d at once), %d tiny jobs (bn1d_2d, 4 batches)\n",
+              absl::GetFlag(FLAGS_lease_seconds), absl::GetFlag(FLAGS_calls), absl::GetFlag(FLAGS_clients),
+              absl::GetFlag(FLAGS_jobs));
+  const std::string pooled = absl::StrCat("PG, ", pool, " conns");
+  std::printf("%-40s %10s %10s %12s %10s %10s\n", "", "SQLite", "PG, 1 conn", pooled.c_str(), "PG/SQLite",
+              "pool/1");
+  auto line = [&](const char* what, double Row::*field) {
+    const double a = sqlite.*field, one = pg[0].*field, many = pg[1].*field;
+    std::printf("%-40s %10.1f %10.1f %12.1f %10.2f %10.2f\n", what, a, one, many, a > 0 ? many / a : 0,
+                one > 0 ? many / one : 0);
   };
-  line("SubmitJob calls/s (no workers)", sqlite.submits_per_s, pg.submits_per_s);
-  line("GetJob calls/s", sqlite.gets_per_s, pg.gets_per_s);
-  line("tiny jobs/s end to end (2 workers)", sqlite.jobs_per_s, pg.jobs_per_s);
-  line("failover s (kill -9 to RUNNING again)", sqlite.failover_s, pg.failover_s);
+  line("SubmitJob calls/s, 1 client (no workers)", &Row::submits_per_s);
+  line("GetJob calls/s, 1 client", &Row::gets_per_s);
+  line("SubmitJob calls/s, clients at once", &Row::concurrent_submits_per_s);
+  line("GetJob calls/s, clients at once", &Row::concurrent_gets_per_s);
+  line("tiny jobs/s end to end (2 workers)", &Row::jobs_per_s);
+  line("failover s (kill -9 to RUNNING again)", &Row::failover_s);
   return 0;
 }

@@ -38,6 +38,9 @@ ABSL_FLAG(std::string, data_dir, "./recal-data", "where models, results and the 
 ABSL_FLAG(std::string, store, "",
           "the metadata store: sqlite:PATH (default: DATA_DIR/recal.db) or postgresql://USER@HOST:PORT/DB "
           "(libpq URI; a password is better kept in PGPASSFILE than in the URI)");
+ABSL_FLAG(int, store_connections, recal::store::kDefaultStoreConnections,
+          "--store=postgresql://...: the connections this process opens to it at most; a call holds one for its "
+          "transaction, so one waiting on a lock holds up no other while one is free");
 ABSL_FLAG(std::string, role, "all",
           "all: API and workers in one process (the default); api: the API only (stateless, any number of "
           "replicas); worker: runs jobs only (serves health). api and worker share --store and --blobs");
@@ -171,6 +174,7 @@ void ParseAccessAndStorageFlags(recal::app::ServerOptions& options) {
   options.reflection = absl::GetFlag(FLAGS_reflection);
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
   options.store = absl::GetFlag(FLAGS_store);
+  options.store_connections = absl::GetFlag(FLAGS_store_connections);
   options.blobs = absl::GetFlag(FLAGS_blobs);
   options.blob_part_bytes = absl::GetFlag(FLAGS_blob_part_bytes);
   options.blob_cache_bytes = absl::GetFlag(FLAGS_blob_cache_bytes);

@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "server/jobs/resolved_data_source.h"
 #include "server/s3/s3_config.h"
+#include "server/store/metadata_store.h"
 
 namespace recal::app {
 
@@ -39,6 +40,7 @@ struct ServerOptions {
   // Where things live.
   std::string data_dir = "./recal-data";
   std::string store;  // empty: sqlite:DATA_DIR/recal.db
+  int store_connections = store::kDefaultStoreConnections;  // PostgreSQL's pool
   std::string blobs;  // empty: file:DATA_DIR
   int64_t blob_part_bytes = int64_t{64} << 20;
   int64_t blob_cache_bytes = int64_t{16} << 30;

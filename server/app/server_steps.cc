@@ -51,7 +51,7 @@ absl::Status Server::OpenStorage() {
   }
   blobs_ = std::move(opened.store);
   MakeDiskFloor();
-  RECAL_ASSIGN_OR_RETURN(metadata_, store::OpenMetadataStore(store_spec_));
+  RECAL_ASSIGN_OR_RETURN(metadata_, store::OpenMetadataStore(store_spec_, options_.store_connections));
   return absl::OkStatus();
 }
 

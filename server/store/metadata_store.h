@@ -318,8 +318,13 @@ class MetadataStore {
 
 };
 
-// "sqlite:PATH" (or a bare PATH) or "postgresql://USER@HOST:PORT/DB" (any libpq URI).
-// Creates the schema, or migrates an older one, before it returns.
-absl::StatusOr<std::unique_ptr<MetadataStore>> OpenMetadataStore(const std::string& spec);
+// The connections a PostgreSQL store opens at most (--store_connections).
+inline constexpr int kDefaultStoreConnections = 4;
+
+// "sqlite:PATH" (or a bare PATH) or "postgresql://USER@HOST:PORT/DB" (any libpq URI), with a
+// pool of up to `postgres_connections` (PostgreSQL only). Creates the schema, or migrates an
+// older one, before it returns.
+absl::StatusOr<std::unique_ptr<MetadataStore>> OpenMetadataStore(const std::string& spec,
+                                                                 int postgres_connections = kDefaultStoreConnections);
 
 }  // namespace recal::store

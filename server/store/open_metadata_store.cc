@@ -7,10 +7,10 @@
 
 namespace recal::store {
 
-absl::StatusOr<std::unique_ptr<MetadataStore>> OpenMetadataStore(const std::string& spec) {
+absl::StatusOr<std::unique_ptr<MetadataStore>> OpenMetadataStore(const std::string& spec, int postgres_connections) {
   absl::string_view rest = spec;
   if (absl::StartsWith(spec, "postgresql://") || absl::StartsWith(spec, "postgres://")) {
-    auto postgres = PostgresMetadataStore::Open(spec);
+    auto postgres = PostgresMetadataStore::Open(spec, postgres_connections);
     if (!postgres.ok()) return postgres.status();
     return std::unique_ptr<MetadataStore>(*std::move(postgres));
   }

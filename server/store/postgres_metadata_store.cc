@@ -1,12 +1,15 @@
 #include "server/store/postgres_metadata_store.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -185,10 +188,14 @@ absl::StatusOr<std::vector<v1::Job>> ParseJobs(const Result& r) {  // columns: i
 // Also answers CreateJob's queries (internal::JobCreation), inside the transaction CreateJob
 // holds on the connection.
 struct PostgresMetadataStore::Impl final : internal::JobCreationQueries {
-  Impl(Connection conn, std::string uri) : conn(std::move(conn)), uri(std::move(uri)) {}
-  std::mutex mu;  // guards conn: one connection, one statement at a time
-  Connection conn;
-  const std::string uri;  // for the change watch's own connection
+  Impl(Connection first, std::string uri, int max_connections)
+      : uri(std::move(uri)), max_connections_(std::max(max_connections, 1)) {
+    idle_.push_back(std::make_unique<Connection>(std::move(first)));
+    opened_ = 1;
+  }
+  const std::string uri;  // for the pool's connections and the change watch's own
+  // The connection the calling thread's Run holds (one per call, for the whole of `op`).
+  Connection& conn() { return *ThisThreadsConnection(); }
   // Inside a write transaction: watchers in every process are told at COMMIT.
   absl::Status Notify() { return Exec("NOTIFY recal_jobs").status(); }
 
@@ -199,7 +206,7 @@ struct PostgresMetadataStore::Impl final : internal::JobCreationQueries {
   auto Run(Op op) -> decltype(op());
 
   absl::StatusOr<Result> Exec(const std::string& sql, const Params& params = Params()) {
-    return conn.Exec(sql, params);
+    return conn().Exec(sql, params);
   }
   absl::Status MigrateSchema();
   // Gives every model a name and a version (rows::NumberVersions) and indexes them.
@@ -253,11 +260,81 @@ struct PostgresMetadataStore::Impl final : internal::JobCreationQueries {
                                                    const ClaimChange& change, ClaimKind kind,
                                                    const MaxRunningJobs& max_running,
                                                    const std::set<std::string>& at_bound, std::string* full);
+
+ private:
+  // A connection taken from the pool for one Run, given back when this goes.
+  class Lease {
+   public:
+    Lease(Impl* pool, std::unique_ptr<Connection> conn);
+    Lease(Lease&& other) noexcept : pool_(std::exchange(other.pool_, nullptr)), conn_(std::move(other.conn_)) {}
+    Lease& operator=(Lease&&) = delete;
+    ~Lease();
+    Connection& conn() { return *conn_; }
+
+   private:
+    Impl* pool_;
+    std::unique_ptr<Connection> conn_;
+  };
+  // An idle connection, or a new one while fewer than max_connections_ are open; else waits
+  // for one to be given back. UNAVAILABLE when a new one does not come up.
+  absl::StatusOr<Lease> Take();
+  void GiveBack(std::unique_ptr<Connection> conn);
+  static Connection*& ThisThreadsConnection();
+
+  const int max_connections_;
+  std::mutex mu_;  // guards idle_ and opened_
+  std::condition_variable given_back_;
+  std::vector<std::unique_ptr<Connection>> idle_;
+  int opened_ = 0;
 };
+
+Connection*& PostgresMetadataStore::Impl::ThisThreadsConnection() {
+  thread_local Connection* held = nullptr;
+  return held;
+}
+
+PostgresMetadataStore::Impl::Lease::Lease(Impl* pool, std::unique_ptr<Connection> conn)
+    : pool_(pool), conn_(std::move(conn)) {}
+
+PostgresMetadataStore::Impl::Lease::~Lease() {
+  if (pool_ == nullptr) return;
+  ThisThreadsConnection() = nullptr;  // Run does not nest: a thread holds one connection at most
+  pool_->GiveBack(std::move(conn_));
+}
+
+absl::StatusOr<PostgresMetadataStore::Impl::Lease> PostgresMetadataStore::Impl::Take() {
+  std::unique_lock<std::mutex> lock(mu_);
+  given_back_.wait(lock, [&] { return !idle_.empty() || opened_ < max_connections_; });
+  if (!idle_.empty()) {
+    std::unique_ptr<Connection> conn = std::move(idle_.back());
+    idle_.pop_back();
+    return Lease(this, std::move(conn));
+  }
+  ++opened_;
+  lock.unlock();
+  absl::StatusOr<Connection> opened = Connection::Open(uri);
+  if (!opened.ok()) {
+    lock.lock();
+    --opened_;
+    given_back_.notify_one();
+    return opened.status();
+  }
+  return Lease(this, std::make_unique<Connection>(*std::move(opened)));
+}
+
+void PostgresMetadataStore::Impl::GiveBack(std::unique_ptr<Connection> conn) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    idle_.push_back(std::move(conn));
+  }
+  given_back_.notify_one();
+}
 
 template <typename Op>
 auto PostgresMetadataStore::Impl::Run(Op op) -> decltype(op()) {
-  std::lock_guard<std::mutex> lock(mu);
+  RECAL_ASSIGN_OR_RETURN(Lease lease, Take());
+  Connection& conn = lease.conn();
+  ThisThreadsConnection() = &conn;
   bool reconnected = false;
   if (!conn.ok()) {
     RECAL_RETURN_IF_ERROR(conn.Reconnect());
@@ -274,7 +351,7 @@ auto PostgresMetadataStore::Impl::Run(Op op) -> decltype(op()) {
 }
 
 absl::Status PostgresMetadataStore::Impl::MigrateSchema() {
-  RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&conn));
+  RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&conn()));
   // Processes that start at once on a fresh database would otherwise all find no schema,
   // and all but one would fail creating it.
   RECAL_RETURN_IF_ERROR(Exec("SELECT pg_advisory_xact_lock($1)", Params().Int64(kSchemaLockKey)).status());
@@ -289,12 +366,12 @@ absl::Status PostgresMetadataStore::Impl::MigrateSchema() {
   if (version == kSchemaVersion) return absl::OkStatus();  // rolls back the empty transaction
   if (version != 0 && (version < 2 || version > kSchemaVersion)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "database ", conn.where(), " has schema version ", version, " but this recal-server knows only ",
+        "database ", conn().where(), " has schema version ", version, " but this recal-server knows only ",
         kSchemaVersion, "; run a matching server or point --store elsewhere"));
   }
-  if (version == 0) RECAL_RETURN_IF_ERROR(conn.ExecScript(kSchemaV2));
+  if (version == 0) RECAL_RETURN_IF_ERROR(conn().ExecScript(kSchemaV2));
   if (version < 3) {
-    RECAL_RETURN_IF_ERROR(conn.ExecScript(kJobsV3));
+    RECAL_RETURN_IF_ERROR(conn().ExecScript(kJobsV3));
     // Waiting jobs are claimed by priority: give the column theirs.
     RECAL_ASSIGN_OR_RETURN(Result queued,
                            Exec("SELECT id, proto FROM jobs WHERE state = $1", Params().Int64(v1::QUEUED)));
@@ -306,15 +383,15 @@ absl::Status PostgresMetadataStore::Impl::MigrateSchema() {
     }
   }
   // Every existing job stays top-level and uncoordinated: the columns' defaults.
-  if (version < 4) RECAL_RETURN_IF_ERROR(conn.ExecScript(kJobsV4));
-  if (version < 5) RECAL_RETURN_IF_ERROR(conn.ExecScript(kWorkerEndpointsV5));
-  if (version < 6) RECAL_RETURN_IF_ERROR(conn.ExecScript(kJobsV6));
+  if (version < 4) RECAL_RETURN_IF_ERROR(conn().ExecScript(kJobsV4));
+  if (version < 5) RECAL_RETURN_IF_ERROR(conn().ExecScript(kWorkerEndpointsV5));
+  if (version < 6) RECAL_RETURN_IF_ERROR(conn().ExecScript(kJobsV6));
   if (version < 7) {
-    RECAL_RETURN_IF_ERROR(conn.ExecScript(kModelsV7));
+    RECAL_RETURN_IF_ERROR(conn().ExecScript(kModelsV7));
     RECAL_RETURN_IF_ERROR(NumberModels());
   }
-  if (version < 8) RECAL_RETURN_IF_ERROR(conn.ExecScript(kJobsV8));
-  RECAL_RETURN_IF_ERROR(conn.ExecScript(kReservationsV9));
+  if (version < 8) RECAL_RETURN_IF_ERROR(conn().ExecScript(kJobsV8));
+  RECAL_RETURN_IF_ERROR(conn().ExecScript(kReservationsV9));
   RECAL_RETURN_IF_ERROR(Exec("DELETE FROM schema_version").status());
   RECAL_RETURN_IF_ERROR(
       Exec("INSERT INTO schema_version(version) VALUES($1)", Params().Int64(kSchemaVersion)).status());
@@ -369,9 +446,15 @@ absl::StatusOr<bool> PostgresMetadataStore::Impl::InsertModel(const v1::Model& m
   return r.Affected() > 0;
 }
 
-absl::StatusOr<std::unique_ptr<PostgresMetadataStore>> PostgresMetadataStore::Open(const std::string& uri) {
+absl::StatusOr<std::unique_ptr<PostgresMetadataStore>> PostgresMetadataStore::Open(const std::string& uri,
+                                                                                   int max_connections) {
+  if (max_connections < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--store_connections=", max_connections,
+                                                   ": a PostgreSQL store needs at least 1 connection"));
+  }
+  // The first connection now: a store that cannot be reached fails the open, not the first call.
   RECAL_ASSIGN_OR_RETURN(Connection conn, Connection::Open(uri));
-  auto impl = std::make_unique<Impl>(std::move(conn), uri);
+  auto impl = std::make_unique<Impl>(std::move(conn), uri, max_connections);
   RECAL_RETURN_IF_ERROR(impl->Run([&] { return impl->MigrateSchema(); }));
   return std::unique_ptr<PostgresMetadataStore>(new PostgresMetadataStore(std::move(impl)));
 }
@@ -385,7 +468,7 @@ absl::StatusOr<v1::Model> PostgresMetadataStore::PutModel(const v1::Model& model
   RECAL_RETURN_IF_ERROR(CheckNewModel(model));
   const std::string name = StoredModelName(model);
   return impl_->Run([&]() -> absl::StatusOr<v1::Model> {
-    RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn));
+    RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn()));
     RECAL_RETURN_IF_ERROR(impl_->DeleteReservation(model.tenant(), UploadReservationOf(model)));
     // The name's row, locked until COMMIT: uploads under one name in any process take turns,
     // so that each gets a version of its own.
@@ -498,7 +581,7 @@ absl::StatusOr<ModelPage> PostgresMetadataStore::ListModels(const std::string& t
 
 absl::Status PostgresMetadataStore::DeleteModel(const std::string& tenant, const std::string& id) {
   return impl_->Run([&]() -> absl::Status {
-    RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn));
+    RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn()));
     RECAL_ASSIGN_OR_RETURN(Result r, impl_->Exec("DELETE FROM models WHERE tenant = $1 AND id = $2",
                                                  Params().Text(tenant).Text(id)));
     if (r.Affected() == 0) return absl::NotFoundError(absl::StrCat("no model '", id, "'"));
@@ -508,7 +591,7 @@ absl::Status PostgresMetadataStore::DeleteModel(const std::string& tenant, const
 
 absl::StatusOr<int64_t> PostgresMetadataStore::DeleteModelUnlessUsed(const std::string& tenant, const std::string& id) {
   return impl_->Run([&]() -> absl::StatusOr<int64_t> {
-    RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn));
+    RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn()));
     RECAL_RETURN_IF_ERROR(impl_->ReadCommitted());
     // The row lock conflicts with CreateJob's FOR SHARE on the model: a job being stored
     // with it is committed before the count below (which then sees it), or waits for this
@@ -647,7 +730,7 @@ absl::StatusOr<v1::Job> PostgresMetadataStore::CreateJob(const v1::Job& job, boo
   RECAL_ASSIGN_OR_RETURN(const internal::JobCreation creation,
                          internal::JobCreation::Check(job, events, children, quota, plan));
   return impl_->Run([&]() -> absl::StatusOr<v1::Job> {
-    RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn));
+    RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn()));
     // What the rules read after waiting (on the tenant's lock, on a model row another
     // transaction holds) must be what that one committed.
     if (internal::Limits(quota) || quota.model_must_exist) RECAL_RETURN_IF_ERROR(impl_->ReadCommitted());
@@ -793,7 +876,7 @@ absl::Status PostgresMetadataStore::Impl::InsertResult(const std::string& job_id
 
 absl::StatusOr<v1::JobEvent> PostgresMetadataStore::UpdateJob(const v1::Job& job, v1::JobEvent event) {
   return impl_->Run([&]() -> absl::StatusOr<v1::JobEvent> {
-    RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn));
+    RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn()));
     RECAL_RETURN_IF_ERROR(impl_->WriteJob(job));
     RECAL_ASSIGN_OR_RETURN(v1::JobEvent stored, impl_->InsertEvent(job.id(), event));
     RECAL_RETURN_IF_ERROR(impl_->Notify());
@@ -806,7 +889,7 @@ absl::Status PostgresMetadataStore::CommitJob(const v1::Job& job, std::vector<v1
                                               const std::map<v1::Artifact, ResultRef>& results,
                                               int64_t expected_version) {
   return impl_->Run([&]() -> absl::Status {
-    RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn));
+    RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn()));
     RECAL_RETURN_IF_ERROR(impl_->WriteJob(job, expected_version));
     for (const auto& [artifact, ref] : results) RECAL_RETURN_IF_ERROR(impl_->InsertResult(job.id(), artifact, ref));
     for (const v1::JobEvent& event : events) RECAL_RETURN_IF_ERROR(impl_->InsertEvent(job.id(), event).status());
@@ -817,7 +900,7 @@ absl::Status PostgresMetadataStore::CommitJob(const v1::Job& job, std::vector<v1
 
 absl::StatusOr<v1::JobEvent> PostgresMetadataStore::AppendEvent(const std::string& job_id, v1::JobEvent event) {
   return impl_->Run([&]() -> absl::StatusOr<v1::JobEvent> {
-    RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn));
+    RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn()));
     RECAL_ASSIGN_OR_RETURN(const bool exists, impl_->LockJob(job_id));
     if (!exists) return absl::NotFoundError(absl::StrCat("no job '", job_id, "' to add an event to"));
     RECAL_ASSIGN_OR_RETURN(v1::JobEvent stored, impl_->InsertEvent(job_id, event));
@@ -859,7 +942,7 @@ absl::StatusOr<std::vector<v1::JobEvent>> PostgresMetadataStore::EventsAfter(con
 absl::Status PostgresMetadataStore::PutResult(const std::string& job_id, v1::Artifact artifact,
                                               const ResultRef& ref) {
   return impl_->Run([&]() -> absl::Status {
-    RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn));
+    RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn()));
     RECAL_ASSIGN_OR_RETURN(const bool exists, impl_->JobExists(job_id));
     if (!exists) return absl::NotFoundError(absl::StrCat("no job '", job_id, "' to store a result for"));
     RECAL_RETURN_IF_ERROR(impl_->InsertResult(job_id, artifact, ref));
@@ -922,7 +1005,7 @@ absl::StatusOr<TenantUsage> PostgresMetadataStore::Usage(const std::string& tena
 absl::StatusOr<ReserveOutcome> PostgresMetadataStore::Reserve(const Reservation& r, int64_t limit, int64_t now_ms) {
   RECAL_RETURN_IF_ERROR(CheckReservation(r));
   return impl_->Run([&]() -> absl::StatusOr<ReserveOutcome> {
-    RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn));
+    RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn()));
     // As CreateJob's quotas (LockTenant): reservers of one tenant, in any process, take turns
     // on its advisory lock, and READ COMMITTED lets the count made once it is held see every
     // reservation and row the previous holder committed. Writes that turn a reservation into
@@ -1000,7 +1083,7 @@ absl::StatusOr<StoredJob> PostgresMetadataStore::ReadJob(const std::string& id) 
 
 absl::StatusOr<std::vector<ResultRef>> PostgresMetadataStore::DeleteJob(const std::string& id) {
   return impl_->Run([&]() -> absl::StatusOr<std::vector<ResultRef>> {
-    RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn));
+    RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn()));
     RECAL_RETURN_IF_ERROR(impl_->ReadCommitted());
     // The job's row and its shards' rows locked: no claim or state change of them commits
     // between the check and the delete.
@@ -1060,7 +1143,7 @@ absl::StatusOr<std::optional<v1::Job>> PostgresMetadataStore::Impl::ClaimOnce(
     const std::string& owner, int64_t lease_until_ms, const ClaimChange& change, ClaimKind kind,
     const MaxRunningJobs& max_running, const std::set<std::string>& at_bound, std::string* full) {
   const bool bounded = kind == ClaimKind::kRun && max_running;
-  RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&conn));
+  RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&conn()));
   // Each statement sees what was committed before it: the count below, made once the
   // tenant's lock is held, sees the claims of the lock's previous holders.
   if (bounded) RECAL_RETURN_IF_ERROR(ReadCommitted());
@@ -1245,7 +1328,7 @@ std::unique_ptr<ChangeWatch> PostgresMetadataStore::WatchChanges(std::function<v
 absl::Status PostgresMetadataStore::PutWorkerEndpoint(const std::string& owner, const std::string& address,
                                                       int64_t now_ms) {
   return impl_->Run([&]() -> absl::Status {
-    RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn));
+    RECAL_ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(&impl_->conn()));
     RECAL_RETURN_IF_ERROR(impl_->Exec("INSERT INTO worker_endpoints(owner, address, updated_ms) VALUES($1, $2, $3) "
                                       "ON CONFLICT(owner) DO UPDATE SET address = EXCLUDED.address, "
                                       "updated_ms = EXCLUDED.updated_ms",

@@ -1,8 +1,10 @@
 // The cluster-mode metadata store: one PostgreSQL database shared by several recal-server
 // processes. Behaves as SqliteMetadataStore through the interface (same semantics, same
 // messages); what differs underneath:
-//  - Each store object holds one connection behind a mutex, so one process issues one
-//    statement at a time (enough for now; a pool is the next step).
+//  - Each store object keeps a pool of up to max_connections connections, opened as calls
+//    need them: a call holds one for its whole transaction, so a call waiting on a row or
+//    advisory lock (another process's claim, a tenant's quota) holds up only the calls that
+//    find every connection taken. Transactions of one process are as apart as those of two.
 //  - A connection found broken is reopened once and the work redone, unless COMMIT had
 //    already gone out (then the outcome is unknown and the call fails with UNAVAILABLE).
 //  - Event seq stays dense and unique across processes: the job row is locked (UPDATE or
@@ -24,7 +26,8 @@ class PostgresMetadataStore final : public MetadataStore {
   // Connects to a libpq URI ("postgresql://USER:PASSWORD@HOST:PORT/DB?sslmode=...") and
   // creates the schema if the database has none. Several processes may open a fresh
   // database at once. UNAVAILABLE when the server cannot be reached.
-  static absl::StatusOr<std::unique_ptr<PostgresMetadataStore>> Open(const std::string& uri);
+  static absl::StatusOr<std::unique_ptr<PostgresMetadataStore>> Open(const std::string& uri,
+                                                                     int max_connections = kDefaultStoreConnections);
   ~PostgresMetadataStore() override;
 
   absl::StatusOr<v1::Model> PutModel(const v1::Model& model) override;

@@ -1,16 +1,20 @@
 // What only the PostgreSQL backend has: URIs, lost connections, schema versions in the
-// database, text it cannot hold.
+// database, text it cannot hold, a pool of connections.
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "server/store/metadata_store.h"
+#include "server/store/postgres_metadata_store.h"
+#include "server/store/postgres_util.h"
 #include "tests/store/metadata_test_util.h"
 #include "tests/store/postgres_server.h"
 
@@ -27,6 +31,7 @@ using ::recal::store::test::Ids;
 using ::recal::store::test::MakeJob;
 using ::recal::store::test::OpenDb;
 using ::recal::store::test::StateEvent;
+using ::recal::store::internal::pg::Connection;
 using ::recal::testing::PostgresServer;
 
 class PostgresMetadataStoreTest : public ::testing::Test {
@@ -71,6 +76,82 @@ TEST_F(PostgresMetadataStoreTest, ReconnectsWhenTheServerDropsTheConnection) {
   ASSERT_TRUE(event.ok()) << event.status();
   EXPECT_EQ(event->seq(), 1);
   EXPECT_EQ(db->EventsAfter("j", 0, 0)->size(), 1u);
+}
+
+// Another process's transaction holds the row of job "locked" (SELECT ... FOR UPDATE) until
+// Release; an AppendEvent to it waits on that lock.
+class LockedJob {
+ public:
+  explicit LockedJob(const std::string& uri) : conn_(Connection::Open(uri)) {
+    EXPECT_TRUE(conn_.ok()) << conn_.status();
+    EXPECT_TRUE(conn_->Exec("BEGIN").ok());
+    EXPECT_TRUE(conn_->Exec("SELECT id FROM jobs WHERE id = 'locked' FOR UPDATE").ok());
+  }
+  void Release() { EXPECT_TRUE(conn_->Exec("COMMIT").ok()); }
+  // Whether a session of the database waits on a lock now.
+  bool SomeoneWaits() {
+    auto r = conn_->Exec("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                         "AND wait_event_type = 'Lock'");
+    return r.ok() && r->Int64(0, 0) > 0;
+  }
+
+ private:
+  absl::StatusOr<Connection> conn_;
+};
+
+// An AppendEvent stuck behind `locked`, and then, on another thread, the calls a busy api
+// replica makes meanwhile (a read and a write of another job): whether those ended within
+// `wait`. Releases the lock and joins before it returns.
+bool OtherCallsEndWhileOneWaitsOnALock(MetadataStore& db, LockedJob& lock, absl::Duration wait) {
+  absl::Notification appended;
+  std::thread stuck([&] {
+    EXPECT_TRUE(db.AppendEvent("locked", StateEvent(v1::QUEUED)).ok());
+    appended.Notify();
+  });
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (!lock.SomeoneWaits() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_TRUE(lock.SomeoneWaits()) << "the AppendEvent never waited on the row lock";
+  absl::Notification others_done;
+  std::thread others([&] {
+    EXPECT_TRUE(db.GetJob("free").ok());
+    EXPECT_TRUE(db.AppendEvent("free", StateEvent(v1::QUEUED)).ok());
+    others_done.Notify();
+  });
+  const bool ended = others_done.WaitForNotificationWithTimeout(wait);
+  EXPECT_FALSE(appended.HasBeenNotified()) << "the lock did not hold the AppendEvent";
+  lock.Release();
+  stuck.join();
+  others.join();
+  EXPECT_TRUE(appended.HasBeenNotified());
+  return ended;
+}
+
+TEST_F(PostgresMetadataStoreTest, ACallWaitingOnALockHoldsUpNoOtherCallOfTheProcess) {
+  auto db = OpenDb(uri_);
+  ASSERT_NE(db, nullptr);
+  ASSERT_TRUE(db->CreateJob(MakeJob("locked", v1::QUEUED), nullptr).ok());
+  ASSERT_TRUE(db->CreateJob(MakeJob("free", v1::QUEUED), nullptr).ok());
+  LockedJob lock(uri_);
+  EXPECT_TRUE(OtherCallsEndWhileOneWaitsOnALock(*db, lock, absl::Seconds(60)))
+      << "a call waiting on a lock held up the store's other calls";
+  EXPECT_EQ(db->EventsAfter("locked", 0, 0)->size(), 1u);
+  EXPECT_EQ(db->EventsAfter("free", 0, 0)->size(), 1u);
+}
+
+TEST_F(PostgresMetadataStoreTest, AStoreOfOneConnectionTakesTurns) {
+  absl::StatusOr<std::unique_ptr<PostgresMetadataStore>> opened = PostgresMetadataStore::Open(uri_, 1);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  std::unique_ptr<MetadataStore> db = *std::move(opened);
+  ASSERT_TRUE(db->CreateJob(MakeJob("locked", v1::QUEUED), nullptr).ok());
+  ASSERT_TRUE(db->CreateJob(MakeJob("free", v1::QUEUED), nullptr).ok());
+  LockedJob lock(uri_);
+  EXPECT_FALSE(OtherCallsEndWhileOneWaitsOnALock(*db, lock, absl::Seconds(2)))
+      << "a store of one connection ran two calls at once";
+  // Sixteen calls at once all go through the one connection.
+  std::vector<std::thread> callers;
+  for (int i = 0; i < 16; ++i) callers.emplace_back([&] { EXPECT_TRUE(db->GetJob("free").ok()); });
+  for (std::thread& caller : callers) caller.join();
+  EXPECT_TRUE(absl::IsInvalidArgument(PostgresMetadataStore::Open(uri_, 0).status()));
 }
 
 TEST_F(PostgresMetadataStoreTest, ADatabaseWithANewerSchemaIsRefused) {
