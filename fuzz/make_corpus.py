@@ -459,10 +459,11 @@ def model_ref_seeds():
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 fixtures_dir = os.path.join(REPO, "build", "fixtures", "models")  # main() sets --fixtures
 # Small ones of tests/fixtures/exported_programs.py: each BatchNorm form (eval, train, core
-# ATen), dropout, two inputs, a torch.cond and torch.no_grad / autocast regions.
+# ATen), dropout, two inputs, a torch.cond, torch.no_grad / autocast regions, and stochastic
+# depth in train mode (Bernoulli masks, which eval mode rewrites).
 PT2_FIXTURES = ["bn1d_3d.exported_eval", "bn1d_2d.exported_train", "functional.exported_core_eval",
                 "dropout.exported_train", "two_input.exported_eval", "cond_bn.exported_eval",
-                "regions.exported_eval"]
+                "regions.exported_eval", "stochastic_depth.exported_train"]
 # tests/fixtures/crafted_archives.py: a weight's record cut short (refused by Read).
 CRAFTED_PT2 = os.path.join("..", "..", "crafted_archives", "truncated_weight_8.pt2")
 

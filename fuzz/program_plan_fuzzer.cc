@@ -13,14 +13,20 @@
 // placeholders, results, of nested graphs too), a BatchNorm step's argument positions lie
 // among its arguments, an operator step has one argument per schema argument, a higher-order
 // step as many operands as each of its graphs takes; the input contract lists the plan's
-// tensor user inputs, in order, with their dtypes.
+// tensor user inputs, in order, with their dtypes. Eval mode's rewrite of the plan
+// (ReplaceRandomMasks, eval_mode.cc: proved random masks eliminated, their multiply returning
+// the activation) leaves every graph runnable: no step that still runs, and no result, reads
+// a slot that only eliminated steps fill; a multiply returns a value its graph holds; a second
+// rewrite finds nothing left to replace.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <ATen/Parallel.h>
 #include <c10/core/Device.h>
 
 #include "fuzz/fuzz_util.h"
+#include "server/engine/exported/eval_mode.h"
 #include "server/engine/exported/input_contract.h"
 #include "server/engine/exported/program_plan.h"
 #include "server/engine/exported/pt2_archive.h"
@@ -79,6 +85,35 @@ void CheckGraph(const Graph& graph, int depth) {
   }
 }
 
+// After ReplaceRandomMasks: what still runs reads only values that something still running
+// (or the graph's caller) fills.
+void CheckRunnable(const Graph& graph) {
+  std::vector<bool> filled_by_running(static_cast<size_t>(graph.slots), false);
+  std::vector<bool> filled_by_eliminated(static_cast<size_t>(graph.slots), false);
+  for (const Step& step : graph.steps) {
+    for (const auto& slots : step.outputs) {
+      for (Slot s : slots) {
+        if (s != kNoSlot) (step.eliminated ? filled_by_eliminated : filled_by_running)[s] = true;
+      }
+    }
+  }
+  auto lost = [&](Slot s) { return s != kNoSlot && filled_by_eliminated[s] && !filled_by_running[s]; };
+  for (const Step& step : graph.steps) {
+    const std::string node = "node '" + step.name + "' (" + step.target + ")";
+    if (step.returns_argument) {
+      FUZZ_CHECK(!step.eliminated, node, ": eliminated and returning its argument");
+      const int i = *step.returns_argument;
+      FUZZ_CHECK(0 <= i && static_cast<size_t>(i) < step.arguments.size() &&
+                     step.arguments[i].kind == ArgumentSource::Kind::kSlot,
+                 node, ": returns argument ", i, ", not a value of its graph");
+    }
+    if (step.eliminated) continue;
+    for (Slot s : exported::SlotsRead(step)) FUZZ_CHECK(!lost(s), node, " reads slot ", s, " of an eliminated step");
+    for (const Graph& nested : step.subgraphs) CheckRunnable(nested);
+  }
+  for (Slot s : graph.results) FUZZ_CHECK(!lost(s), "the graph returns slot ", s, " of an eliminated step");
+}
+
 void CheckContract(const exported::Plan& plan, const recal::ModelInputs& contract) {
   int next = 0;
   for (const exported::GraphInput& input : plan.inputs) {
@@ -117,5 +152,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   CheckGraph(*plan, 0);
   if (contract.ok()) CheckContract(*plan, *contract);
+  exported::ReplaceRandomMasks(*plan);
+  CheckRunnable(*plan);
+  FUZZ_CHECK(exported::ReplaceRandomMasks(*plan) == 0, "a second rewrite found more masks");
   return 0;
 }

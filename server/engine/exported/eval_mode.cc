@@ -6,7 +6,6 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "server/engine/exported/interpreter.h"
 
 namespace recal::engine::exported {
 namespace {

@@ -260,20 +260,4 @@ void RunStep(const Step& step, std::vector<c10::IValue>& values, Collector* coll
   }
 }
 
-std::vector<Slot> SlotsRead(const Step& step) {
-  std::vector<Slot> read;
-  if (step.returns_argument) {
-    const ArgumentSource& returned = step.arguments[*step.returns_argument];
-    if (returned.kind == ArgumentSource::Kind::kSlot) read.push_back(returned.slot);
-    return read;
-  }
-  for (const ArgumentSource& source : step.arguments) {
-    if (source.kind == ArgumentSource::Kind::kSlot) read.push_back(source.slot);
-    for (const auto& [slot, constant] : source.elements) {
-      if (slot != kNoSlot) read.push_back(slot);
-    }
-  }
-  return read;
-}
-
 }  // namespace recal::engine::exported

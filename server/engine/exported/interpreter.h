@@ -19,7 +19,4 @@ namespace recal::engine::exported {
 // LibTorch throws, prefixed with the node.
 void RunStep(const Step& step, std::vector<c10::IValue>& values, Collector* collector);
 
-// The slots a step reads (of one that returns an argument, that argument's alone).
-std::vector<Slot> SlotsRead(const Step& step);
-
 }  // namespace recal::engine::exported

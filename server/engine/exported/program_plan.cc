@@ -667,6 +667,22 @@ absl::StatusOr<Plan> PlanGraph(const json& program, const GraphPolicy& policy, c
 
 }  // namespace
 
+std::vector<Slot> SlotsRead(const Step& step) {
+  std::vector<Slot> read;
+  if (step.returns_argument) {
+    const ArgumentSource& returned = step.arguments[*step.returns_argument];
+    if (returned.kind == ArgumentSource::Kind::kSlot) read.push_back(returned.slot);
+    return read;
+  }
+  for (const ArgumentSource& source : step.arguments) {
+    if (source.kind == ArgumentSource::Kind::kSlot) read.push_back(source.slot);
+    for (const auto& [slot, constant] : source.elements) {
+      if (slot != kNoSlot) read.push_back(slot);
+    }
+  }
+  return read;
+}
+
 void ForEachStep(Graph& graph, const std::function<void(Step&)>& visit) {
   for (Step& step : graph.steps) {
     visit(step);

@@ -123,6 +123,9 @@ struct Plan : Graph {
   std::vector<GraphInput> inputs;  // in the graph's order
 };
 
+// The slots a step reads (of one that returns an argument, that argument's alone).
+std::vector<Slot> SlotsRead(const Step& step);
+
 // Runs `visit` on every step of `graph` and of the graphs nested in its steps, outer first.
 void ForEachStep(Graph& graph, const std::function<void(Step&)>& visit);
 void ForEachStep(const Graph& graph, const std::function<void(const Step&)>& visit);
