@@ -649,10 +649,26 @@ class TorchSdkTest(unittest.TestCase):
         deadline = time.monotonic() + 60
         while client.get(busy).state != recal.RUNNING and time.monotonic() < deadline:
             time.sleep(0.05)
-        freed = threading.Timer(3.0, client.cancel, (busy,))
-        freed.start()
-        self.addCleanup(freed.cancel)
+        # The worker is freed once the SDK has said its job waits (not after a fixed time, which
+        # a slow server, e.g. a sanitizer build, may pass before the job is even submitted),
+        # or after 120 s whatever happens.
+        freed = threading.Event()
+
+        def free_worker():
+            if not freed.is_set():
+                freed.set()
+                client.cancel(busy)
+
+        class FreeOnWait(logging.Handler):
+            def emit(self, record):
+                if "waits" in record.getMessage():
+                    threading.Thread(target=free_worker).start()
+
+        backstop = threading.Timer(120.0, free_worker)
+        backstop.start()
+        self.addCleanup(backstop.cancel)
         with _tqdm_as(None), self.assertLogs("recal.torch", "INFO") as logs:
+            logging.getLogger("recal.torch").addHandler(FreeOnWait())
             result = recal.torch.recalibrate(_seeded(SmallNet), _small_batches(3, (4, 4)), num_batches=2,
                                              **self.options)
         self.assertEqual(result.job.state, recal.SUCCEEDED)
