@@ -8,6 +8,7 @@
 // not the disks). Prints one table.
 //
 //   build/bin/control_plane_bench [--jobs 24] [--calls 400] [--clients 8] [--lease_seconds 3]
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -51,26 +52,34 @@ class Cluster {
       : token_(recal::testing::NewToken()) {
     std::filesystem::create_directories(dir);
     std::ofstream(dir + "/auth.txt") << recal::testing::AuthLine(token_, "default", "admin");
-    const std::vector<std::string> shared = {"--store=" + store, "--blobs=file:" + dir + "/blobs",
+    // Cluster mode's shared secret: api replicas have workers inspect their uploads.
+    std::ofstream(dir + "/internal_token") << recal::testing::NewToken() << "\n";
+    const std::vector<std::string> shared = {"--internal_token_file=" + dir + "/internal_token","--store=" + store, "--blobs=file:" + dir + "/blobs",
                                              "--data_root=" + absl::GetFlag(FLAGS_fixtures),
                                              "--auth_file=" + dir + "/auth.txt",
                                              absl::StrCat("--store_connections=", connections),
+                                             "--max_queued_jobs=1000000",  // the calls queue thousands
                                              absl::StrCat("--lease_seconds=", lease_seconds)};
     auto flags = shared;
     flags.push_back("--role=api");
     api_ = std::make_unique<ServerProcess>(dir + "/api", flags, ServerProcess::Auth::kOpen);
     for (int i = 0; i < workers; ++i) {
       flags = shared;
-      flags.push_back("--role=worker");
+      flags.insert(flags.end(), {"--role=worker", "--internal_listen=127.0.0.1:0"});
       workers_.push_back(std::make_unique<ServerProcess>(absl::StrCat(dir, "/worker", i), flags,
                                                          ServerProcess::Auth::kOpen));
     }
   }
+  // Says on stderr which process did not start, with its log.
   bool ok() const {
     for (const auto& w : workers_) {
-      if (!w->ok()) return false;
+      if (!w->ok()) return Failed("a worker", *w);
     }
-    return api_->ok();
+    return api_->ok() || Failed("the api process", *api_);
+  }
+  static bool Failed(const char* which, const ServerProcess& process) {
+    std::fprintf(stderr, "control_plane_bench: %s did not start:\n%s\n", which, process.log().c_str());
+    return false;
   }
   std::unique_ptr<recal::v1::Recal::Stub> Stub() const { return api_->Stub(token_); }
   std::vector<std::unique_ptr<ServerProcess>>& workers() { return workers_; }
@@ -81,19 +90,26 @@ class Cluster {
   std::vector<std::unique_ptr<ServerProcess>> workers_;
 };
 
-// `calls` calls of `call` split between `clients` threads, each with its own channel: calls/s.
+// `calls` calls of `call` (which returns its status) split between `clients` threads, each
+// with its own channel: successful calls/s; 0 if any failed (the first failure on stderr).
 template <typename Call>
 double CallsPerSecond(const Cluster& cluster, int clients, int calls, const Call& call) {
   std::vector<std::thread> threads;
+  std::atomic<int> failed{0};
   const auto start = Clock::now();
   for (int c = 0; c < clients; ++c) {
     threads.emplace_back([&, c] {
       auto stub = cluster.Stub();
-      for (int i = c; i < calls; i += clients) call(*stub, i);
+      for (int i = c; i < calls; i += clients) {
+        const grpc::Status status = call(*stub, i);
+        if (!status.ok() && failed.fetch_add(1) == 0) {
+          std::fprintf(stderr, "control_plane_bench: a call failed: %s\n", status.error_message().c_str());
+        }
+      }
     });
   }
   for (std::thread& thread : threads) thread.join();
-  return calls / Seconds(start);
+  return failed == 0 ? calls / Seconds(start) : 0;
 }
 
 // `calls_store` and `jobs_store`: two empty stores (the call phase leaves hundreds of queued jobs).
@@ -102,15 +118,19 @@ Row Measure(const std::string& dir, const std::string& calls_store, const std::s
   const std::string fixtures = absl::GetFlag(FLAGS_fixtures);
   const int calls = absl::GetFlag(FLAGS_calls), jobs = absl::GetFlag(FLAGS_jobs);
   {
-    // The API alone: no worker takes the jobs, so every call is the API and the store.
-    Cluster api_only(dir + "/calls", calls_store, connections, 0, absl::GetFlag(FLAGS_lease_seconds));
+    // The API alone: a worker inspects the upload and is stopped, so no worker takes the jobs
+    // and every call is the API and the store.
+    Cluster api_only(dir + "/calls", calls_store, connections, 1, absl::GetFlag(FLAGS_lease_seconds));
     if (!api_only.ok()) return row;
     auto stub = api_only.Stub();
     recal::v1::Model model;
-    if (!recal::testing::Upload(*stub, recal::testing::ReadBytes(fixtures + "/models/bn1d_2d.traced_train.pt"), &model)
-             .ok()) {
+    const grpc::Status uploaded =
+        recal::testing::Upload(*stub, recal::testing::ReadBytes(fixtures + "/models/bn1d_2d.traced_train.pt"), &model);
+    if (!uploaded.ok()) {
+      std::fprintf(stderr, "control_plane_bench: upload failed: %s\n", uploaded.error_message().c_str());
       return row;
     }
+    api_only.workers()[0]->Kill();
     std::vector<std::string> ids;
     auto start = Clock::now();
     for (int i = 0; i < calls; ++i) {
@@ -134,14 +154,14 @@ Row Measure(const std::string& dir, const std::string& calls_store, const std::s
     row.concurrent_submits_per_s = CallsPerSecond(api_only, clients, calls, [&](recal::v1::Recal::Stub& s, int) {
       grpc::ClientContext context;
       recal::v1::Job job;
-      s.SubmitJob(&context, recal::testing::NpyJob(model.id(), "data/bn1d_2d.npy", 8), &job).IgnoreError();
+      return s.SubmitJob(&context, recal::testing::NpyJob(model.id(), "data/bn1d_2d.npy", 8), &job);
     });
     row.concurrent_gets_per_s = CallsPerSecond(api_only, clients, calls, [&](recal::v1::Recal::Stub& s, int i) {
       grpc::ClientContext context;
       recal::v1::GetJobRequest request;
       request.set_id(ids[i % ids.size()]);
       recal::v1::Job job;
-      s.GetJob(&context, request, &job).IgnoreError();
+      return s.GetJob(&context, request, &job);
     });
   }
   {
