@@ -54,7 +54,8 @@ class Cluster {
     std::ofstream(dir + "/auth.txt") << recal::testing::AuthLine(token_, "default", "admin");
     // Cluster mode's shared secret: api replicas have workers inspect their uploads.
     std::ofstream(dir + "/internal_token") << recal::testing::NewToken() << "\n";
-    const std::vector<std::string> shared = {"--internal_token_file=" + dir + "/internal_token","--store=" + store, "--blobs=file:" + dir + "/blobs",
+    const std::vector<std::string> shared = {"--internal_token_file=" + dir + "/internal_token",
+                                             "--store=" + store, "--blobs=file:" + dir + "/blobs",
                                              "--data_root=" + absl::GetFlag(FLAGS_fixtures),
                                              "--auth_file=" + dir + "/auth.txt",
                                              absl::StrCat("--store_connections=", connections),

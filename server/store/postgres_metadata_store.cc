@@ -1,6 +1,5 @@
 #include "server/store/postgres_metadata_store.h"
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -188,10 +187,9 @@ absl::StatusOr<std::vector<v1::Job>> ParseJobs(const Result& r) {  // columns: i
 // Also answers CreateJob's queries (internal::JobCreation), inside the transaction CreateJob
 // holds on the connection.
 struct PostgresMetadataStore::Impl final : internal::JobCreationQueries {
-  Impl(Connection first, std::string uri, int max_connections)
-      : uri(std::move(uri)), max_connections_(std::max(max_connections, 1)) {
+  // `max_connections` >= 1 (Open checks it); `first` is the pool's first connection.
+  Impl(Connection first, std::string uri, int max_connections) : uri(std::move(uri)), max_connections_(max_connections) {
     idle_.push_back(std::make_unique<Connection>(std::move(first)));
-    opened_ = 1;
   }
   const std::string uri;  // for the pool's connections and the change watch's own
   // The connection the calling thread's Run holds (one per call, for the whole of `op`).
@@ -285,7 +283,7 @@ struct PostgresMetadataStore::Impl final : internal::JobCreationQueries {
   std::mutex mu_;  // guards idle_ and opened_
   std::condition_variable given_back_;
   std::vector<std::unique_ptr<Connection>> idle_;
-  int opened_ = 0;
+  int opened_ = 1;  // idle_ or leased
 };
 
 Connection*& PostgresMetadataStore::Impl::ThisThreadsConnection() {
